@@ -1,0 +1,3 @@
+from wisp.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,222 @@
+"""Configuration: one normalised model config and the engine options, both frozen and validated once.
+
+`ModelConfig.from_hf` is the only place that reads a Hugging Face `config.json`; every naming quirk of
+the supported families (num_experts vs num_local_experts, rope_theta vs rope_parameters, Mixtral's
+always-renormalised router, Qwen2-MoE's shared expert and sparse-step layout, OLMoE's full-width q/k
+norms) is resolved here, so the model code reads plain fields.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from wisp.errors import WispError
+
+# architecture name (config.json "architectures"[0]) -> family key used by the model code
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "OlmoeForCausalLM": "olmoe",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+}
+
+MODES = ("paged", "resident", "offload")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    """'auto'/None -> None (use the checkpoint's), else a torch dtype; unknown names raise WispError."""
+    if name is None or name == "auto":
+        return None
+    if isinstance(name, torch.dtype):
+        return name
+    key = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(name, name)
+    if key not in DTYPES:
+        raise WispError(f"unsupported dtype {name!r}; choose one of: auto, {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the decoder needs, with one name per concept."""
+
+    family: str
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling_factor: float  # 1.0 unless rope_type == "linear"
+    num_experts: int
+    top_k: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool
+    dense_intermediate_size: int  # MLP width of non-MoE layers (Qwen2/3-MoE mlp_only_layers)
+    moe_layers: tuple[bool, ...]  # per layer: True when its MLP is a routed MoE block
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: 0 = no shared expert
+    attention_bias: bool = False
+    qk_norm: str = "none"  # "none" | "per_head" (Qwen3) | "full" (OLMoE)
+    clip_qkv: float | None = None
+    sliding_window: int | None = None
+    tie_word_embeddings: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def moe_layer_ids(self) -> list[int]:
+        return [i for i, m in enumerate(self.moe_layers) if m]
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert (gate, up and down) in `dtype`: the unit the pager moves."""
+        elems = 3 * self.hidden_size * self.moe_intermediate_size
+        return elems * torch.empty((), dtype=self.dtype).element_size()
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "ModelConfig":
+        cfg_path = Path(path) / "config.json"
+        if not cfg_path.is_file():
+            raise WispError(f"no config.json in {path}")
+        try:
+            raw = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise WispError(f"{cfg_path} is not valid JSON: {exc}") from None
+        gen_path = Path(path) / "generation_config.json"
+        gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+        return cls.from_hf(raw, gen)
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None) -> "ModelConfig":
+        archs = raw.get("architectures") or []
+        arch = archs[0] if archs else None
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise WispError(
+                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        family = SUPPORTED_ARCHITECTURES[arch]
+        hidden = int(raw["hidden_size"])
+        n_heads = int(raw["num_attention_heads"])
+        n_layers = int(raw["num_hidden_layers"])
+        head_dim = raw.get("head_dim") or hidden // n_heads
+
+        n_experts = raw.get("num_experts") or raw.get("num_local_experts")
+        if not n_experts:
+            raise WispError(f"{arch} config has no num_experts / num_local_experts")
+        if family in ("mixtral", "olmoe"):
+            moe_inter = int(raw["intermediate_size"])
+            dense_inter = moe_inter
+        else:
+            moe_inter = int(raw["moe_intermediate_size"])
+            dense_inter = int(raw.get("intermediate_size", moe_inter))
+
+        moe_layers = tuple(_is_moe_layer(raw, family, i) for i in range(n_layers))
+
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "linear"):
+            raise WispError(f"unsupported rope_type {rope_type!r}; supported: default, linear")
+        rope_theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
+        rope_factor = float(rope.get("factor", 1.0)) if rope_type == "linear" else 1.0
+
+        sliding = raw.get("sliding_window")
+        if family == "qwen2_moe" and not raw.get("use_sliding_window", False):
+            sliding = None
+        if family == "qwen3_moe" and not raw.get("use_sliding_window", False):
+            sliding = None
+
+        eos: list[int] = []
+        for src in (raw.get("eos_token_id"), (generation or {}).get("eos_token_id")):
+            for tok in src if isinstance(src, list) else [src]:
+                if isinstance(tok, int) and 0 <= tok < int(raw["vocab_size"]) and tok not in eos:
+                    eos.append(tok)
+
+        dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+        return cls(
+            family=family,
+            architecture=arch,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            num_layers=n_layers,
+            num_heads=n_heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or n_heads),
+            head_dim=int(head_dim),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling_factor=rope_factor,
+            num_experts=int(n_experts),
+            top_k=int(raw["num_experts_per_tok"]),
+            moe_intermediate_size=moe_inter,
+            norm_topk_prob=True if family == "mixtral" else bool(raw.get("norm_topk_prob", False)),
+            dense_intermediate_size=dense_inter,
+            moe_layers=moe_layers,
+            shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0)
+            if family == "qwen2_moe"
+            else 0,
+            attention_bias=bool(raw.get("qkv_bias", True) if family == "qwen2_moe" else raw.get("attention_bias", False)),
+            qk_norm={"qwen3_moe": "per_head", "olmoe": "full"}.get(family, "none"),
+            clip_qkv=raw.get("clip_qkv"),
+            sliding_window=int(sliding) if sliding else None,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            eos_token_ids=tuple(eos),
+            dtype=parse_dtype(dtype_name) or torch.float32,
+        )
+
+
+def _is_moe_layer(raw: dict[str, Any], family: str, i: int) -> bool:
+    if family in ("mixtral", "olmoe"):
+        return True
+    step = int(raw.get("decoder_sparse_step", 1) or 1)
+    return i not in (raw.get("mlp_only_layers") or []) and (i + 1) % step == 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to run a model: device, expert residency mode, scratch capacity and compute dtype.
+
+    `expert_cap` None means: all experts in resident/offload mode; in paged mode, half the experts
+    (at least top_k). Validated against the model by `resolve`.
+    """
+
+    model: str
+    device: str = "auto"
+    mode: str = "paged"
+    expert_cap: int | None = None
+    dtype: str | None = None
+    pin_memory: bool = field(default=True)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise WispError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise WispError(f"unknown device {self.device!r}; choose one of: auto, cpu, cuda")
+        parse_dtype(self.dtype)
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise WispError("--device cuda was asked for but no CUDA device is available")
+        return torch.device(self.device)
+
+    def resolve_cap(self, model: ModelConfig) -> int:
+        """The per-layer scratch capacity C, checked against top_k <= C <= num_experts."""
+        n, k = model.num_experts, model.top_k
+        if self.expert_cap is None:
+            return n if self.mode != "paged" else max(k, n // 2)
+        cap = int(self.expert_cap)
+        if cap < k or cap > n:
+            raise WispError(
+                f"expert cap {cap} is out of range: it must be between top_k={k} and num_experts={n}"
+            )
+        return cap

@@ -1,0 +1,37 @@
+"""Expert traffic counters, per MoE layer; `sum_counters` folds layers into totals.
+
+hits: routed experts already resident at the step; misses: routed experts that were not;
+loads: experts copied host -> device (a miss in paged mode, every expert of the layer in offload
+mode); evictions: resident experts displaced; bytes_h2d: expert bytes copied host -> device;
+steps: MoE layer executions (one per token group).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Iterable
+
+
+@dataclass
+class ExpertCounters:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    loads: int = 0
+    bytes_h2d: int = 0
+    steps: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def reset(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, 0)
+
+
+def sum_counters(items: Iterable[ExpertCounters]) -> ExpertCounters:
+    total = ExpertCounters()
+    for c in items:
+        for f in fields(c):
+            setattr(total, f.name, getattr(total, f.name) + getattr(c, f.name))
+    return total

@@ -1,0 +1,126 @@
+"""Expert stores: where one MoE layer's experts live, and how a routed batch reaches fused_moe.
+
+Three modes share one contract, `ExpertStore.forward(hidden, topk_ids, topk_weights) -> [T, D]`:
+- `ResidentExperts`: the whole bank on the device, expert_map = identity;
+- `PagedExperts`: an `ExpertPager` of C slots; when a batch's expert union exceeds C, its tokens are
+  split into consecutive groups that fit (`plan_groups`), run in order, written back in token order;
+- `OffloadExperts`: the baseline of layer offload (vLLM --cpu-offload-gb without UVA, accelerate):
+  every forward copies all N experts of the layer into one layer-sized device buffer shared by layers.
+
+Invariant: for the same routing all three return torch.equal outputs (fused_moe is slot- and
+batch-invariant), so modes can be swapped without changing a single token.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from wisp.core.counters import ExpertCounters
+from wisp.core.moe import fused_moe
+from wisp.core.pager import ExpertPager, plan_groups
+
+GATE_UP, DOWN = "gate_up", "down"
+
+
+class ExpertStore(ABC):
+    mode: str
+    counters: ExpertCounters
+
+    @abstractmethod
+    def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor: ...
+
+    @property
+    @abstractmethod
+    def device_bytes(self) -> int:
+        """Expert bytes this layer holds on the device (a shared buffer counts once, on its owner)."""
+
+
+def _distinct(topk_ids: torch.Tensor) -> list[int]:
+    return torch.unique(topk_ids).tolist()
+
+
+class ResidentExperts(ExpertStore):
+    mode = "resident"
+
+    def __init__(self, bank: dict[str, torch.Tensor]):
+        self.bank = bank  # on the device, [N, ...] per tensor
+        n = bank[GATE_UP].shape[0]
+        self.expert_map = torch.arange(n, dtype=torch.int32, device=bank[GATE_UP].device)
+        self.counters = ExpertCounters()
+
+    def forward(self, hidden, topk_ids, topk_weights):
+        self.counters.steps += 1
+        self.counters.hits += len(_distinct(topk_ids))
+        return fused_moe(hidden, self.bank[GATE_UP], self.bank[DOWN], topk_ids, topk_weights, self.expert_map)
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.bank.values())
+
+
+class PagedExperts(ExpertStore):
+    mode = "paged"
+
+    def __init__(self, host: dict[str, torch.Tensor], capacity: int, device: torch.device):
+        self.pager = ExpertPager(host, capacity, device)
+
+    @property
+    def counters(self) -> ExpertCounters:
+        return self.pager.counters
+
+    def forward(self, hidden, topk_ids, topk_weights):
+        pager = self.pager
+        distinct = _distinct(topk_ids)
+        if len(distinct) <= pager.capacity:
+            expert_map = pager.prepare(distinct)
+            return fused_moe(hidden, pager.scratch[GATE_UP], pager.scratch[DOWN], topk_ids, topk_weights, expert_map)
+        out = torch.empty_like(hidden)
+        for start, end in plan_groups(topk_ids.tolist(), pager.capacity):
+            ids = topk_ids[start:end]
+            expert_map = pager.prepare(_distinct(ids))
+            out[start:end] = fused_moe(
+                hidden[start:end], pager.scratch[GATE_UP], pager.scratch[DOWN], ids, topk_weights[start:end], expert_map
+            )
+        return out
+
+    @property
+    def device_bytes(self) -> int:
+        return self.pager.capacity * self.pager.expert_bytes
+
+
+class LayerBuffer:
+    """One layer-sized device buffer shared by every OffloadExperts of a model."""
+
+    def __init__(self, like: dict[str, torch.Tensor], device: torch.device):
+        self.tensors = {n: torch.empty(t.shape, dtype=t.dtype, device=device) for n, t in like.items()}
+
+
+class OffloadExperts(ExpertStore):
+    mode = "offload"
+
+    def __init__(self, host: dict[str, torch.Tensor], buffer: LayerBuffer, owns_buffer: bool):
+        self.host = host
+        self.buffer = buffer
+        self.owns_buffer = owns_buffer
+        n = host[GATE_UP].shape[0]
+        self.layer_bytes = sum(t.numel() * t.element_size() for t in host.values())
+        self.expert_map = torch.arange(n, dtype=torch.int32, device=buffer.tensors[GATE_UP].device)
+        self.counters = ExpertCounters()
+
+    def forward(self, hidden, topk_ids, topk_weights):
+        for name, master in self.host.items():
+            self.buffer.tensors[name].copy_(master, non_blocking=True)
+        c = self.counters
+        n_routed = len(_distinct(topk_ids))
+        c.steps += 1
+        c.misses += n_routed
+        c.loads += self.host[GATE_UP].shape[0]
+        c.bytes_h2d += self.layer_bytes
+        w = self.buffer.tensors
+        return fused_moe(hidden, w[GATE_UP], w[DOWN], topk_ids, topk_weights, self.expert_map)
+
+    @property
+    def device_bytes(self) -> int:
+        return self.layer_bytes if self.owns_buffer else 0

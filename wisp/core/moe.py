@@ -1,0 +1,71 @@
+"""The fused-MoE function: the PyTorch reference (CPU and CUDA) and the oracle for faster kernels.
+
+`fused_moe(hidden, w_gate_up, w_down, topk_ids, topk_weights, expert_map)` computes, for every token t,
+
+    out[t] = sum over k = 0..K-1, in routing order, of topk_weights[t, k] * expert(topk_ids[t, k])(hidden[t])
+    expert(e)(x) = w_down[s] @ (silu(gate) * up),  [gate; up] = w_gate_up[s] @ x,  s = expert_map[e]
+
+Weights are indexed by *slot*: `expert_map` [N] maps a logical expert id to the slot holding its bytes
+(-1: not present, and that term is skipped). Invariants:
+- the result does not depend on which slot holds which expert, nor on the other tokens in the call
+  (expert GEMMs run on fixed row tiles, see `wisp.core.rows`), so paged, resident and offloaded
+  layouts give torch.equal outputs for the same routing;
+- the sum over k is taken in float32 in routing order, then cast to hidden's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from wisp.core.rows import map_row_tiles
+
+
+def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """One expert on rows x [M, D]: w_gate_up [2I, D], w_down [D, I] -> [M, D] (row-invariant)."""
+
+    def tile_fn(tile: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(tile, w_gate_up).chunk(2, dim=-1)  # [R, I] each
+        return F.linear(F.silu(gate) * up, w_down)  # [R, D]
+
+    return map_row_tiles(x, tile_fn)
+
+
+def fused_moe(
+    hidden: torch.Tensor,  # [T, D]
+    w_gate_up: torch.Tensor,  # [S, 2I, D]
+    w_down: torch.Tensor,  # [S, D, I]
+    topk_ids: torch.Tensor,  # [T, K] logical expert ids
+    topk_weights: torch.Tensor,  # [T, K]
+    expert_map: torch.Tensor | None = None,  # [N] int, logical -> slot or -1; None = identity
+) -> torch.Tensor:
+    t, k = topk_ids.shape
+    per_k = torch.zeros((t, k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T, K, D]
+    flat_ids = topk_ids.reshape(-1)
+    experts = torch.unique(flat_ids).tolist()
+    slots = expert_map[experts].tolist() if expert_map is not None else experts
+    for expert, slot in zip(experts, slots):
+        if slot < 0:
+            continue
+        pairs = torch.nonzero(flat_ids == expert).squeeze(1)  # flat (t, k) positions, token order
+        rows = pairs // k
+        y = expert_mlp(hidden[rows], w_gate_up[slot], w_down[slot])  # [M, D]
+        per_k.view(t * k, -1)[pairs] = y.float()
+    weights = topk_weights.float()
+    out = per_k[:, 0] * weights[:, :1]
+    for j in range(1, k):
+        out = out + per_k[:, j] * weights[:, j : j + 1]
+    return out.to(hidden.dtype)
+
+
+def reference_moe(
+    hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+) -> torch.Tensor:
+    """Token-by-token float64 oracle (no slots, no tiles): for tests of fused_moe and faster kernels."""
+    out = torch.zeros(hidden.shape, dtype=torch.float64, device=hidden.device)
+    for t in range(hidden.shape[0]):
+        x = hidden[t].double()
+        for e, w in zip(topk_ids[t].tolist(), topk_weights[t].double()):
+            gate, up = (w_gate_up[e].double() @ x).chunk(2)
+            out[t] += w * (w_down[e].double() @ (F.silu(gate) * up))
+    return out

@@ -1,0 +1,126 @@
+"""ExpertPager: one MoE layer's C-slot device scratch over pinned host masters, managed LRU.
+
+The pager owns, for one layer:
+- `host[name]`  [N, ...]  every expert's tensors in host memory (pinned when the device is CUDA);
+- `scratch[name]` [C, ...] the device slots; a slot holds all tensors of one expert;
+- `pi`  (list, N)  logical expert -> slot or -1;  `pi_inv` (list, C)  slot -> logical expert or -1;
+- `pi_dev` (int32 tensor, N, on the device) the expert_map the MoE kernel reads; updated in place, so
+  its address never changes (CUDA graphs captured over it stay valid);
+- `tick` (list, C) the LRU clock of each slot (-1: never used).
+
+`prepare(experts)` makes a step's routed experts resident: misses are copied, each expert alone (all of
+its tensors, never the layer), from its host master into a victim slot, on the current stream, so the
+copies are ordered before the kernel that follows. Victims are the least recently used slots that
+the step does not need (empty slots first, in slot order).
+
+Recency is defined exactly so a plain LRU model can replay it: within a step the routed experts are
+touched in ascending id order, each getting the next clock value.
+
+Invariants (`check_integrity`): pi[e] == s <=> pi_inv[s] == e; pi_dev == pi; slot s holds exactly the
+bytes of expert pi_inv[s]; an expert routed in the current step is never evicted during it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from wisp.core.counters import ExpertCounters
+
+
+class ExpertPager:
+    def __init__(self, host: dict[str, torch.Tensor], capacity: int, device: torch.device | str):
+        shapes = {t.shape[0] for t in host.values()}
+        if len(shapes) != 1:
+            raise ValueError("every host master tensor must have the expert count as its first dim")
+        self.num_experts = shapes.pop()
+        if not 1 <= capacity <= self.num_experts:
+            raise ValueError(f"capacity {capacity} must be in [1, {self.num_experts}]")
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self.host = host
+        self.scratch = {
+            name: torch.empty((capacity, *t.shape[1:]), dtype=t.dtype, device=self.device) for name, t in host.items()
+        }
+        self.expert_bytes = sum(t[0].numel() * t.element_size() for t in host.values())
+        self.pi: list[int] = [-1] * self.num_experts
+        self.pi_inv: list[int] = [-1] * capacity
+        self.tick: list[int] = [-1] * capacity
+        self._clock = 0
+        self.pi_dev = torch.full((self.num_experts,), -1, dtype=torch.int32, device=self.device)
+        pin = self.device.type == "cuda"
+        self._pi_staging = torch.full((self.num_experts,), -1, dtype=torch.int32, pin_memory=pin)
+        self.counters = ExpertCounters()
+
+    def prepare(self, experts: Sequence[int]) -> torch.Tensor:
+        """Make the distinct routed `experts` of one step resident; return pi_dev (the expert_map)."""
+        need = sorted(set(int(e) for e in experts))
+        if len(need) > self.capacity:
+            raise ValueError(f"step needs {len(need)} experts but the scratch has {self.capacity} slots")
+        misses = [e for e in need if self.pi[e] < 0]
+        if misses:
+            needed_slots = {self.pi[e] for e in need if self.pi[e] >= 0}
+            candidates = sorted(
+                (s for s in range(self.capacity) if s not in needed_slots), key=lambda s: (self.tick[s], s)
+            )
+            for expert, slot in zip(misses, candidates):
+                old = self.pi_inv[slot]
+                if old >= 0:
+                    self.pi[old] = -1
+                    self.counters.evictions += 1
+                for name, master in self.host.items():
+                    self.scratch[name][slot].copy_(master[expert], non_blocking=True)
+                self.pi[expert] = slot
+                self.pi_inv[slot] = expert
+            self._publish_map()
+        for e in need:
+            self.tick[self.pi[e]] = self._clock
+            self._clock += 1
+        c = self.counters
+        c.steps += 1
+        c.hits += len(need) - len(misses)
+        c.misses += len(misses)
+        c.loads += len(misses)
+        c.bytes_h2d += len(misses) * self.expert_bytes
+        return self.pi_dev
+
+    def _publish_map(self) -> None:
+        # A pinned staging buffer keeps the update asynchronous; it is safe to rewrite because the next
+        # prepare() runs after the host has read that step's routing, which waited for this copy.
+        self._pi_staging.copy_(torch.tensor(self.pi, dtype=torch.int32))
+        self.pi_dev.copy_(self._pi_staging, non_blocking=True)
+
+    def resident_experts(self) -> list[int]:
+        return sorted(e for e in self.pi_inv if e >= 0)
+
+    def check_integrity(self, check_bytes: bool = True) -> None:
+        """Assert every invariant in the module docstring (used by tests)."""
+        for e, s in enumerate(self.pi):
+            assert s == -1 or self.pi_inv[s] == e, f"pi[{e}]={s} but pi_inv[{s}]={self.pi_inv[s]}"
+        for s, e in enumerate(self.pi_inv):
+            assert e == -1 or self.pi[e] == s, f"pi_inv[{s}]={e} but pi[{e}]={self.pi[e]}"
+        assert self.pi_dev.tolist() == self.pi, "pi_dev differs from pi"
+        if check_bytes:
+            for s, e in enumerate(self.pi_inv):
+                if e >= 0:
+                    for name, master in self.host.items():
+                        assert torch.equal(self.scratch[name][s].cpu(), master[e]), f"slot {s} != expert {e} ({name})"
+
+
+def plan_groups(token_experts: Sequence[Sequence[int]], capacity: int) -> list[tuple[int, int]]:
+    """Split tokens into consecutive [start, end) groups whose expert unions each fit in `capacity`.
+
+    Greedy: a group grows while its union fits. Each token's own experts must fit (top_k <= capacity).
+    """
+    groups: list[tuple[int, int]] = []
+    start, union = 0, set()
+    for t, experts in enumerate(token_experts):
+        grown = union | set(experts)
+        if len(grown) > capacity:
+            groups.append((start, t))
+            start, grown = t, set(experts)
+        union = grown
+    if len(token_experts) > start:
+        groups.append((start, len(token_experts)))
+    return groups

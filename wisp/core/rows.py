@@ -1,0 +1,46 @@
+"""Row-invariant primitives: a row's result never depends on the other rows it is computed with.
+
+A GEMM library picks its algorithm (and so its reduction order) from the problem shape: one row is a
+GEMV, sixteen rows a GEMM, and a large M may split K. A token's output would then depend on how many
+other tokens share its batch, its expert or its prefill group. Every per-row operation whose result
+could depend on M therefore runs on fixed tiles of `ROW_TILE` rows (the last tile zero-padded), so the
+library always sees the same shape and each row is reduced the same way wherever it sits.
+
+Invariant (tested): for any x and any split of its rows into consecutive chunks,
+`op(x) == cat([op(chunk) for chunk])` with torch.equal.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+ROW_TILE = 16
+
+
+def map_row_tiles(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Apply `fn` to consecutive [ROW_TILE, ...] tiles of x (zero-padded) and return the first T rows."""
+    t = x.shape[0]
+    pad = (-t) % ROW_TILE
+    if pad:
+        x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])
+    outs = [fn(x[i : i + ROW_TILE]) for i in range(0, t + pad, ROW_TILE)]
+    return torch.cat(outs)[:t] if len(outs) > 1 else outs[0][:t]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, in] @ weight[out, in]^T (+ bias) -> [T, out], row-invariant."""
+    return map_row_tiles(x, lambda tile: F.linear(tile, weight, bias))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim in float32, cast back, times weight (the HF formula); row-invariant."""
+
+    def norm(tile: torch.Tensor) -> torch.Tensor:
+        h = tile.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(tile.dtype)
+
+    return map_row_tiles(x, norm)

@@ -1,0 +1,31 @@
+"""Text <-> token ids through the checkpoint's tokenizer.json (Hugging Face `tokenizers`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from wisp.errors import WispError
+
+
+class TextTokenizer:
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+
+    @classmethod
+    def from_dir(cls, path: Path) -> "TextTokenizer | None":
+        file = path / "tokenizer.json"
+        return cls(file) if file.is_file() else None
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
+def require(tok: TextTokenizer | None, path: Path) -> TextTokenizer:
+    if tok is None:
+        raise WispError(f"{path} has no tokenizer.json: pass token ids (--prompt-ids) instead of text")
+    return tok

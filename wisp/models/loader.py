@@ -1,0 +1,167 @@
+"""Checkpoint loading: Hugging Face layout -> MoEDecoder with experts placed by mode.
+
+Non-expert weights go to the compute device. Expert weights are streamed one tensor at a time from the
+safetensors files (memory-mapped) into per-layer host masters [N, 2I, D] / [N, D, I], pinned when the
+device is CUDA; in resident mode they are copied expert by expert straight into the device bank. So in
+paged and offload modes peak device memory during load stays near non-expert bytes + scratch: no
+layer's full bank ever exists on the device.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tqdm import tqdm
+
+from wisp.config import EngineConfig, ModelConfig
+from wisp.core.experts import DOWN, GATE_UP, ExpertStore, LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts
+from wisp.errors import WispError
+from wisp.models.families import FamilyNames, family_names
+from wisp.models.moe_decoder import AttentionWeights, LayerWeights, MLPWeights, MoEDecoder
+
+
+class CheckpointReader:
+    """Name -> tensor access over one or many safetensors files (index.json or a plain directory)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as exc:
+                raise WispError(f"{index} is not a valid safetensors index: {exc}") from None
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in path.glob("*.safetensors"))
+            if not files:
+                raise WispError(f"no *.safetensors files in {path}")
+            weight_map = {}
+        self._stack = ExitStack()
+        self._handles = {}
+        for name in files:
+            file = path / name
+            if not file.is_file():
+                raise WispError(f"checkpoint file {file} is missing (listed in the index)")
+            try:
+                self._handles[name] = self._stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
+            except (SafetensorError, OSError) as exc:
+                raise WispError(f"checkpoint file {file} is truncated or unreadable ({exc})") from None
+        self.where: dict[str, str] = {}
+        for name, handle in self._handles.items():
+            for key in handle.keys():
+                self.where[key] = name
+        for key, name in weight_map.items():
+            if key not in self.where:
+                raise WispError(f"tensor {key} is listed in the index for {name} but not found there")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.where
+
+    def get(self, key: str) -> torch.Tensor:
+        if key not in self.where:
+            raise WispError(f"checkpoint in {self.path} has no tensor {key}")
+        try:
+            return self._handles[self.where[key]].get_tensor(key)
+        except SafetensorError as exc:
+            raise WispError(f"could not read {key} from {self.where[key]} ({exc})") from None
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def load_model(path: Path, model_cfg: ModelConfig, engine: EngineConfig, device: torch.device) -> MoEDecoder:
+    dtype = model_cfg.dtype
+    reader = CheckpointReader(path)
+    try:
+        names = family_names(model_cfg.family)
+
+        def dev(key: str) -> torch.Tensor:
+            return reader.get(key).to(device=device, dtype=dtype)
+
+        def opt(key: str) -> torch.Tensor | None:
+            return dev(key) if key in reader else None
+
+        embed = dev("model.embed_tokens.weight")
+        lm_head = embed if model_cfg.tie_word_embeddings or "lm_head.weight" not in reader else dev("lm_head.weight")
+        layers = [_load_layer(i, model_cfg, names, dev, opt) for i in range(model_cfg.num_layers)]
+        experts = _load_experts(reader, model_cfg, engine, names, device)
+        return MoEDecoder(model_cfg, embed, dev("model.norm.weight"), lm_head, layers, experts)
+    finally:
+        reader.close()
+
+
+def _load_layer(i: int, cfg: ModelConfig, n: FamilyNames, dev, opt) -> LayerWeights:
+    attn = AttentionWeights(
+        q=dev(n.attn(i, "q_proj.weight")),
+        k=dev(n.attn(i, "k_proj.weight")),
+        v=dev(n.attn(i, "v_proj.weight")),
+        o=dev(n.attn(i, "o_proj.weight")),
+        q_bias=opt(n.attn(i, "q_proj.bias")),
+        k_bias=opt(n.attn(i, "k_proj.bias")),
+        v_bias=opt(n.attn(i, "v_proj.bias")),
+        q_norm=opt(n.attn(i, "q_norm.weight")) if cfg.qk_norm != "none" else None,
+        k_norm=opt(n.attn(i, "k_norm.weight")) if cfg.qk_norm != "none" else None,
+    )
+    lw = LayerWeights(
+        input_norm=dev(f"{n.layer(i)}.input_layernorm.weight"),
+        post_norm=dev(f"{n.layer(i)}.post_attention_layernorm.weight"),
+        attn=attn,
+    )
+    if cfg.moe_layers[i]:
+        lw.router = dev(n.router(i))
+        if cfg.shared_expert_intermediate_size:
+            lw.shared = MLPWeights(*(dev(n.shared_expert(i, w)) for w in ("gate", "up", "down")))
+            lw.shared_gate = dev(n.shared_expert_gate(i))
+    else:
+        lw.dense = MLPWeights(*(dev(n.dense_mlp(i, w)) for w in ("gate", "up", "down")))
+    return lw
+
+
+def _load_experts(
+    reader: CheckpointReader, cfg: ModelConfig, engine: EngineConfig, n: FamilyNames, device: torch.device
+) -> dict[int, ExpertStore]:
+    """Fill each MoE layer's expert tensors, expert by expert, and wrap them in the mode's store."""
+    cap = engine.resolve_cap(cfg)
+    ne, inter, d, dtype = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.dtype
+    on_device = engine.mode == "resident"
+    pin = device.type == "cuda" and not on_device and engine.pin_memory
+    target = device if on_device else torch.device("cpu")
+    stores: dict[int, ExpertStore] = {}
+    shared_buffer: LayerBuffer | None = None
+    moe_ids = cfg.moe_layer_ids
+    bar = tqdm(total=len(moe_ids) * ne, desc="Loading experts", unit="expert", file=sys.stderr, disable=None)
+    for li in moe_ids:
+        try:
+            gate_up = torch.empty((ne, 2 * inter, d), dtype=dtype, device=target, pin_memory=pin)
+            down = torch.empty((ne, d, inter), dtype=dtype, device=target, pin_memory=pin)
+        except RuntimeError as exc:
+            raise WispError(f"could not allocate {'pinned ' if pin else ''}expert memory for layer {li}: {exc}") from None
+        fused = n.fused_experts(li, "gate_up") in reader
+        stacked = (reader.get(n.fused_experts(li, "gate_up")), reader.get(n.fused_experts(li, "down"))) if fused else None
+        for e in range(ne):
+            if stacked is not None:
+                gate_up[e].copy_(stacked[0][e])
+                down[e].copy_(stacked[1][e])
+            else:
+                gate_up[e, :inter].copy_(reader.get(n.expert(li, e, "gate")))
+                gate_up[e, inter:].copy_(reader.get(n.expert(li, e, "up")))
+                down[e].copy_(reader.get(n.expert(li, e, "down")))
+            bar.update(1)
+        bank = {GATE_UP: gate_up, DOWN: down}
+        if engine.mode == "resident":
+            stores[li] = ResidentExperts(bank)
+        elif engine.mode == "paged":
+            stores[li] = PagedExperts(bank, cap, device)
+        else:
+            owner = shared_buffer is None
+            if owner:
+                shared_buffer = LayerBuffer(bank, device)
+            stores[li] = OffloadExperts(bank, shared_buffer, owns_buffer=owner)
+    bar.close()
+    return stores

@@ -1,0 +1,172 @@
+"""One generic MoE decoder for the four supported families (our code; transformers is the test oracle).
+
+Forward contract: `forward(tokens [T], chunks)` where `chunks` lists, in token order, the sequences the
+T tokens belong to: (kv, start, length). A chunk's tokens sit at positions start..start+length-1 of its
+sequence; their keys/values are written into `kv` and attend causally to everything before them. A
+prefill is one chunk of many tokens; a batched decode step is one chunk of one token per sequence.
+
+Batch invariance: every per-row op is row-invariant (`wisp.core.rows`), attention runs per chunk, and
+the MoE stores are slot- and batch-invariant, so a sequence's logits do not depend on what else is in
+the batch or on the expert mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from wisp.config import ModelConfig
+from wisp.core import rows
+from wisp.core.experts import ExpertStore
+
+
+class KVStorage(Protocol):
+    k: torch.Tensor  # [L, Hkv, max_len, hd]
+    v: torch.Tensor
+
+
+@dataclass
+class Chunk:
+    kv: KVStorage
+    start: int
+    length: int
+
+
+@dataclass
+class AttentionWeights:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    o: torch.Tensor
+    q_bias: torch.Tensor | None = None
+    k_bias: torch.Tensor | None = None
+    v_bias: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+
+
+@dataclass
+class MLPWeights:
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    attn: AttentionWeights
+    router: torch.Tensor | None = None  # [N, D] for MoE layers
+    dense: MLPWeights | None = None  # non-MoE layers
+    shared: MLPWeights | None = None  # Qwen2-MoE shared expert
+    shared_gate: torch.Tensor | None = None  # [1, D]
+
+
+def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
+    return rows.linear(F.silu(rows.linear(x, w.gate)) * rows.linear(x, w.up), w.down)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class MoEDecoder:
+    def __init__(
+        self,
+        config: ModelConfig,
+        embed: torch.Tensor,
+        final_norm: torch.Tensor,
+        lm_head: torch.Tensor,
+        layers: list[LayerWeights],
+        experts: dict[int, ExpertStore],
+    ):
+        self.config = config
+        self.embed = embed
+        self.final_norm = final_norm
+        self.lm_head = lm_head
+        self.layers = layers
+        self.experts = experts  # layer index -> store, MoE layers only
+        self.device = embed.device
+        self.dtype = embed.dtype
+        hd = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+        self.inv_freq = (inv_freq / config.rope_scaling_factor).to(self.device)
+
+    # -- pieces -------------------------------------------------------------------------------------
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
+        return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
+
+    def attention(self, li: int, x: torch.Tensor, positions: torch.Tensor, chunks: Sequence[Chunk]) -> torch.Tensor:
+        cfg, w = self.config, self.layers[li].attn
+        t, h, hkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q = rows.linear(x, w.q, w.q_bias)
+        k = rows.linear(x, w.k, w.k_bias)
+        v = rows.linear(x, w.v, w.v_bias)
+        if cfg.qk_norm == "full":
+            q, k = rows.rms_norm(q, w.q_norm, cfg.rms_norm_eps), rows.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+        q, k, v = q.view(t, h, hd), k.view(t, hkv, hd), v.view(t, hkv, hd)
+        if cfg.qk_norm == "per_head":
+            q, k = rows.rms_norm(q, w.q_norm, cfg.rms_norm_eps), rows.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+        if cfg.clip_qkv is not None:
+            q, k, v = (z.clamp(-cfg.clip_qkv, cfg.clip_qkv) for z in (q, k, v))
+        cos, sin = self.rope(positions)
+        q = q * cos + rotate_half(q) * sin  # [T, H, hd]
+        k = k * cos + rotate_half(k) * sin  # [T, Hkv, hd]
+
+        out = torch.empty((t, h, hd), dtype=x.dtype, device=x.device)
+        offset = 0
+        for c in chunks:
+            sl = slice(offset, offset + c.length)
+            end = c.start + c.length
+            c.kv.k[li, :, c.start : end] = k[sl].transpose(0, 1)
+            c.kv.v[li, :, c.start : end] = v[sl].transpose(0, 1)
+            keys = c.kv.k[li, :, :end].repeat_interleave(h // hkv, dim=0)  # [H, S, hd]
+            values = c.kv.v[li, :, :end].repeat_interleave(h // hkv, dim=0)
+            scores = torch.matmul(q[sl].transpose(0, 1), keys.transpose(1, 2)) * hd**-0.5  # [H, n, S]
+            qpos = torch.arange(c.start, end, device=x.device)[:, None]
+            kpos = torch.arange(end, device=x.device)[None, :]
+            allowed = kpos <= qpos
+            if cfg.sliding_window is not None:
+                allowed &= kpos > qpos - cfg.sliding_window
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
+            out[sl] = torch.matmul(probs, values).transpose(0, 1)  # [n, H, hd]
+            offset += c.length
+        return rows.linear(out.view(t, h * hd), w.o)
+
+    def moe(self, li: int, x: torch.Tensor) -> torch.Tensor:
+        cfg, lw = self.config, self.layers[li]
+        logits = rows.linear(x, lw.router)  # [T, N]
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+        topk_weights, topk_ids = torch.topk(probs, cfg.top_k, dim=-1)  # [T, K]
+        if cfg.norm_topk_prob:
+            topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+        if cfg.family != "mixtral":
+            topk_weights = topk_weights.to(x.dtype)
+        out = self.experts[li].forward(x, topk_ids, topk_weights)
+        if lw.shared is not None:
+            gate = torch.sigmoid(rows.linear(x, lw.shared_gate))
+            out = out + gate * mlp(x, lw.shared)
+        return out
+
+    # -- whole model --------------------------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, chunks: Sequence[Chunk]) -> torch.Tensor:
+        """tokens [T] -> final hidden states [T, D] (after the last norm)."""
+        positions = torch.cat([torch.arange(c.start, c.start + c.length) for c in chunks]).to(self.device)
+        x = self.embed[tokens]
+        eps = self.config.rms_norm_eps
+        for li, lw in enumerate(self.layers):
+            x = x + self.attention(li, rows.rms_norm(x, lw.input_norm, eps), positions, chunks)
+            h = rows.rms_norm(x, lw.post_norm, eps)
+            x = x + (self.moe(li, h) if lw.router is not None else mlp(h, lw.dense))
+        return rows.rms_norm(x, self.final_norm, eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return rows.linear(hidden, self.lm_head).float()
