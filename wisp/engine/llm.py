@@ -7,6 +7,7 @@ Every op in the model is row-invariant, so a request's tokens do not depend on i
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -32,6 +33,9 @@ class RequestOutput:
     text: str = ""
     finish_reason: str | None = None  # "stop" (EOS) or "length"
     logits: list[torch.Tensor] | None = None  # per generated token, float32 [V], when asked for
+    arrival_time: float = 0.0  # time.perf_counter() when generate() accepted it
+    first_token_time: float | None = None
+    finish_time: float | None = None
 
 
 @dataclass
@@ -92,7 +96,8 @@ class LLM:
         if len(plist) != len(prompts):
             raise WispError(f"{len(prompts)} prompts but {len(plist)} sampling params")
         encoded = [self.encode(p) for p in prompts]  # validate all before running any
-        running = [self._prefill(ids, p, return_logits) for ids, p in zip(encoded, plist)]
+        arrival = time.perf_counter()
+        running = [self._prefill(ids, p, return_logits, arrival) for ids, p in zip(encoded, plist)]
         active = [r for r in running if r.out.finish_reason is None]
         while active:
             self._decode_step(active)
@@ -101,11 +106,12 @@ class LLM:
             r.out.text = self.decode(r.out.token_ids)
         return [r.out for r in running]
 
-    def _prefill(self, ids: list[int], params: SamplingParams, return_logits: bool) -> _Running:
+    def _prefill(self, ids: list[int], params: SamplingParams, return_logits: bool, arrival: float) -> _Running:
         cfg = self.config
         max_len = min(len(ids) + params.max_tokens, cfg.max_position_embeddings)
         kv = SequenceKV(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_len, cfg.dtype, self.device)
-        r = _Running(RequestOutput(list(ids), logits=[] if return_logits else None), kv, Sampler(params), params, 0)
+        out = RequestOutput(list(ids), logits=[] if return_logits else None, arrival_time=arrival)
+        r = _Running(out, kv, Sampler(params), params, 0)
         hidden = self.model.forward(torch.tensor(ids, device=self.device), [Chunk(kv, 0, len(ids))])
         r.position = len(ids)
         self.tokens_prefilled += len(ids)
@@ -124,6 +130,9 @@ class LLM:
     def _accept(self, r: _Running, logits: torch.Tensor) -> None:
         token = r.sampler(logits)
         out = r.out
+        now = time.perf_counter()  # the sampler read the logits back, so the device work is done
+        if out.first_token_time is None:
+            out.first_token_time = now
         out.token_ids.append(token)
         if out.logits is not None:
             out.logits.append(logits.cpu())
@@ -131,6 +140,8 @@ class LLM:
             out.finish_reason = "stop"
         elif len(out.token_ids) >= r.params.max_tokens or r.position >= r.kv.max_len:
             out.finish_reason = "length"
+        if out.finish_reason is not None:
+            out.finish_time = now
 
     @torch.inference_mode()
     def prompt_logits(self, prompt: Prompt) -> torch.Tensor:
