@@ -86,7 +86,7 @@ def run_mode(path: Path, mode: str, cap: int | None, args, device: str) -> dict:
     llm.reset_stats()
     _reset_peak(device)
     # prefill, then decode, driven step by step so the counters can be split at the first token
-    params = SamplingParams(max_tokens=args.decode_tokens + 1, ignore_eos=True)
+    params = SamplingParams(max_tokens=args.decode_tokens + 1, ignore_eos=True, temperature=args.temperature, seed=0)
     t_start = time.perf_counter()
     with torch.inference_mode():
         run = llm._prefill(prompt, params, False, t_start)
@@ -108,6 +108,7 @@ def run_mode(path: Path, mode: str, cap: int | None, args, device: str) -> dict:
         "layers": llm.config.num_layers,
         "prompt_len": args.prompt_len,
         "decode_tokens": n_dec,
+        "temperature": args.temperature,
         "load_s": round(load_s, 2),
         "ttft_s": round(ttft, 4),
         "decode_tok_s": round(n_dec / decode_s, 2),
@@ -130,6 +131,8 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--offload-decode-tokens", type=int, default=8, help="offload copies every expert: keep it short")
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="sampling keeps a random model from looping on one token (which would fake a high hit rate)")
     ap.add_argument("--workdir", default="/tmp/wisp-bench-ckpt")
     ap.add_argument("--keep", action="store_true", help="keep the written checkpoint")
     ap.add_argument("--out", default=None)

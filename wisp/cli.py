@@ -21,6 +21,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def fail(message: str) -> NoReturn:
+    # one line, whatever the message holds (hub and safetensors errors can span several)
+    message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     print(f"wisp: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 

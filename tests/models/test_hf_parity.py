@@ -17,7 +17,7 @@ def test_logits_match_transformers(hf_checkpoints, family, device):
     with torch.no_grad():
         ref = hf(torch.tensor([PROMPT])).logits[0].float()
     llm = LLM(str(hf_checkpoints[family]), device=device, mode="resident")
-    ours = llm.prompt_logits(PROMPT)
+    ours = llm.prompt_logits(PROMPT).cpu()
     assert ours.shape == ref.shape
     assert (ours - ref).abs().max().item() < 1e-4
 

@@ -42,14 +42,17 @@ def fused_moe(
     t, k = topk_ids.shape
     per_k = torch.zeros((t, k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T, K, D]
     flat_ids = topk_ids.reshape(-1)
-    experts = torch.unique(flat_ids).tolist()
-    slots = expert_map[experts].tolist() if expert_map is not None else experts
-    for expert, slot in zip(experts, slots):
+    order = torch.argsort(flat_ids, stable=True)  # (t, k) pairs grouped by expert, token order inside
+    experts, counts = torch.unique(flat_ids, return_counts=True)
+    slots = expert_map[experts].to(experts.dtype) if expert_map is not None else experts
+    plan = torch.stack([experts, counts, slots]).tolist()  # the one host read of the call
+    start = 0
+    for expert, count, slot in zip(*plan):
+        pairs = order[start : start + count]
+        start += count
         if slot < 0:
             continue
-        pairs = torch.nonzero(flat_ids == expert).squeeze(1)  # flat (t, k) positions, token order
-        rows = pairs // k
-        y = expert_mlp(hidden[rows], w_gate_up[slot], w_down[slot])  # [M, D]
+        y = expert_mlp(hidden[pairs // k], w_gate_up[slot], w_down[slot])  # [M, D]
         per_k.view(t * k, -1)[pairs] = y.float()
     weights = topk_weights.float()
     out = per_k[:, 0] * weights[:, :1]
