@@ -1,0 +1,60 @@
+"""ModelConfig.from_hf: every family's quirks resolved into one set of fields."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from wisp.config import EngineConfig, ModelConfig
+from wisp.errors import WispError
+from wisp.models.random_checkpoint import DEMO_CONFIG
+
+
+def test_each_family_config_normalises(hf_checkpoints):
+    cfgs = {f: ModelConfig.from_dir(p) for f, p in hf_checkpoints.items()}
+    assert cfgs["qwen3_moe"].moe_layers == (True, False, True)  # mlp_only_layers=[1]
+    assert cfgs["qwen3_moe"].qk_norm == "per_head" and cfgs["qwen3_moe"].head_dim == 16
+    assert cfgs["qwen2_moe"].moe_layers == (False, True, False, True)  # decoder_sparse_step=2
+    assert cfgs["qwen2_moe"].shared_expert_intermediate_size == 40 and cfgs["qwen2_moe"].attention_bias
+    assert cfgs["olmoe"].qk_norm == "full" and not cfgs["olmoe"].norm_topk_prob
+    assert cfgs["mixtral"].norm_topk_prob  # Mixtral always renormalises its top-k
+    for cfg in cfgs.values():
+        assert cfg.num_experts == 8 and cfg.top_k == 2 and cfg.dtype == torch.float32
+
+
+def test_legacy_rope_fields_and_num_local_experts():
+    raw = dict(DEMO_CONFIG, rope_theta=5e5)
+    raw.pop("num_experts")
+    raw["num_local_experts"] = 16
+    raw["rope_scaling"] = {"type": "linear", "factor": 2.0}
+    cfg = ModelConfig.from_hf(raw)
+    assert cfg.num_experts == 16 and cfg.rope_theta == 5e5 and cfg.rope_scaling_factor == 2.0
+
+
+def test_unsupported_rope_type_is_a_clear_error():
+    with pytest.raises(WispError, match="rope_type"):
+        ModelConfig.from_hf(dict(DEMO_CONFIG, rope_parameters={"rope_type": "yarn", "factor": 4.0}))
+
+
+def test_expert_bytes_and_default_caps():
+    cfg = ModelConfig.from_hf(DEMO_CONFIG)
+    assert cfg.expert_bytes == 3 * 128 * 64 * 4
+    assert EngineConfig(model="demo", mode="paged").resolve_cap(cfg) == 8
+    assert EngineConfig(model="demo", mode="resident").resolve_cap(cfg) == 16
+    with pytest.raises(WispError, match="between top_k=4 and num_experts=16"):
+        EngineConfig(model="demo", expert_cap=3).resolve_cap(cfg)
+
+
+def test_bad_engine_options():
+    with pytest.raises(WispError, match="unknown mode"):
+        EngineConfig(model="demo", mode="swap")
+    with pytest.raises(WispError, match="dtype"):
+        EngineConfig(model="demo", dtype="int3")
+
+
+def test_eos_ids_come_from_config_and_generation_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(DEMO_CONFIG, eos_token_id=[256, 257])))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 258}))
+    assert ModelConfig.from_dir(tmp_path).eos_token_ids == (256, 257, 258)
