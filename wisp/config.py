@@ -92,8 +92,16 @@ class ModelConfig:
         except json.JSONDecodeError as exc:
             raise WispError(f"{cfg_path} is not valid JSON: {exc}") from None
         gen_path = Path(path) / "generation_config.json"
-        gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-        return cls.from_hf(raw, gen)
+        try:
+            gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+        except json.JSONDecodeError as exc:
+            raise WispError(f"{gen_path} is not valid JSON: {exc}") from None
+        try:
+            return cls.from_hf(raw, gen)
+        except KeyError as exc:
+            raise WispError(f"{cfg_path} has no {exc.args[0]!r} field") from None
+        except (TypeError, ValueError) as exc:
+            raise WispError(f"{cfg_path} has an invalid value: {exc}") from None
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None) -> "ModelConfig":

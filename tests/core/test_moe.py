@@ -142,15 +142,17 @@ def test_bfloat16_layout_and_batch_invariance(t, n, k):
     torch.testing.assert_close(ref.double(), reference_moe(h, gu, dn, ids, w), rtol=5e-2, atol=5e-2)
 
 
-def test_sum_over_k_in_routing_order_float32():
-    """The k terms are accumulated in float32 in routing order, then cast (bf16 output)."""
-    h, gu, dn, ids, w = make_problem(5, 8, 3, 77, dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sum_over_k_in_routing_order_float32(dtype):
+    """The k terms are accumulated in float32 in routing order, then cast to hidden's dtype."""
+    t, k = 24, 4
+    h, gu, dn, ids, w = make_problem(t, 8, k, 77, dtype=dtype)
     out = fused_moe(h, gu, dn, ids, w)
-    expected = torch.zeros(5, D, dtype=torch.float32)
-    for j in range(3):
-        y = torch.stack([expert_mlp(h[i : i + 1], gu[ids[i, j]], dn[ids[i, j]])[0] for i in range(5)])
+    expected = torch.zeros(t, D, dtype=torch.float32)
+    for j in range(k):
+        y = torch.stack([expert_mlp(h[i : i + 1], gu[ids[i, j]], dn[ids[i, j]])[0] for i in range(t)])
         expected = expected + y.float() * w[:, j : j + 1].float()
-    assert torch.equal(out, expected.to(torch.bfloat16))
+    assert torch.equal(out, expected.to(dtype))
 
 
 def test_duplicate_expert_in_a_token():

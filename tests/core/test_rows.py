@@ -109,6 +109,16 @@ def test_rms_norm_matches_formula(dtype, ndim):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_casts_before_weight(dtype):
+    """The HF order: normalise in float32, cast to x's dtype, then multiply by weight (exactly)."""
+    x = randn((21, 40), dtype, 3) * 4.0
+    w = randn((40,), dtype, 4)
+    h = x.float()
+    expected = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    assert torch.equal(rows.rms_norm(x, w, 1e-6), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("t", [1, 15, 16, 17, 33, 70])
 @pytest.mark.parametrize("use_bias", [False, True])
 def test_linear_close_to_f_linear(dtype, t, use_bias):

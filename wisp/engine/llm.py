@@ -7,6 +7,7 @@ Every op in the model is row-invariant, so a request's tokens do not depend on i
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
@@ -67,7 +68,10 @@ class LLM:
         if isinstance(prompt, str):
             ids = require(self.tokenizer, self.path).encode(prompt)
         else:
-            ids = [int(t) for t in prompt]
+            try:
+                ids = [operator.index(t) for t in prompt]
+            except TypeError:
+                raise WispError(f"prompt token ids must be integers, got {list(prompt)[:8]!r}") from None
         if not ids:
             raise WispError("prompt is empty")
         bad = [t for t in ids if not 0 <= t < self.config.vocab_size]

@@ -11,7 +11,10 @@ class TextTokenizer:
     def __init__(self, path: Path):
         from tokenizers import Tokenizer
 
-        self._tok = Tokenizer.from_file(str(path))
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception
+            raise WispError(f"{path} is not a valid tokenizer file: {exc}") from None
 
     @classmethod
     def from_dir(cls, path: Path) -> "TextTokenizer | None":
