@@ -10,8 +10,8 @@ Parametrised over token counts, expert counts N and top_k, with random routing a
   that expert are zero, and allclose to the oracle without that term;
 - bfloat16: slot-layout identity and batch invariance.
 
-Shapes use D=16, I=8 (K of both GEMMs a multiple of 4): see test_rows.py for the float32 CPU GEMM
-row-position dependence with other inner dims, reproduced here at MoE level as an xfail.
+Shapes use D=16, I=8; `test_batch_invariance_float32_odd_intermediate` covers an odd inner dim (I=6),
+where the CPU float32 GEMM's row-position dependence (see test_rows.py) once broke batch invariance.
 """
 
 from __future__ import annotations
@@ -163,11 +163,6 @@ def test_duplicate_expert_in_a_token():
     torch.testing.assert_close(fused_moe(h, gu, dn, ids, w).double(), reference_moe(h, gu, dn, ids, w), **F32_TOL)
 
 
-@pytest.mark.xfail(
-    reason="float32 CPU GEMM row-position dependence (see test_rows.py): with I=6 the down projection "
-    "(K=6) gives a token a result that depends on its row among the expert's gathered tokens",
-    strict=False,
-)
 def test_batch_invariance_float32_odd_intermediate():
     h, gu, dn, ids, w = make_problem(17, 4, 2, 3, d=8, i=6)
     whole = fused_moe(h, gu, dn, ids, w)

@@ -234,3 +234,13 @@ def test_capacity_bounds_accepted(cap):
 def test_mismatched_expert_dims_raise():
     with pytest.raises(ValueError):
         ExpertPager({"gate_up": torch.zeros(4, 2), "down": torch.zeros(5, 2)}, 2, "cpu")
+
+
+@pytest.mark.parametrize("bad", [[-1], [4], [0, 7]])
+def test_out_of_range_expert_ids_raise_and_leave_state(bad):
+    pager = ExpertPager(make_host(4, "two"), 2, "cpu")
+    pager.prepare([1])
+    with pytest.raises(ValueError, match="expert ids"):
+        pager.prepare(bad)
+    assert pager.resident_experts() == [1]
+    pager.check_integrity()

@@ -99,3 +99,10 @@ def test_hand_examples():
     assert plan_groups([[0], [1], [2], [3], [0]], 2) == [(0, 2), (2, 4), (4, 5)]
     # a group restarts from the overflowing token's own experts, not the old union
     assert plan_groups([[0, 1], [2, 3], [2], [3], [4]], 2) == [(0, 1), (1, 4), (4, 5)]
+
+
+def test_a_token_wider_than_capacity_raises():
+    import pytest
+
+    with pytest.raises(ValueError, match="token 0"):
+        plan_groups([[0, 1, 2], [3]], 2)

@@ -18,15 +18,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wisp.core.rows import map_row_tiles
+from wisp.core.rows import map_row_tiles, tile_linear
 
 
 def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """One expert on rows x [M, D]: w_gate_up [2I, D], w_down [D, I] -> [M, D] (row-invariant)."""
 
     def tile_fn(tile: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(tile, w_gate_up).chunk(2, dim=-1)  # [R, I] each
-        return F.linear(F.silu(gate) * up, w_down)  # [R, D]
+        gate, up = tile_linear(tile, w_gate_up).chunk(2, dim=-1)  # [R, I] each
+        return tile_linear(F.silu(gate) * up, w_down)  # [R, D]
 
     return map_row_tiles(x, tile_fn)
 

@@ -56,6 +56,8 @@ class ExpertPager:
     def prepare(self, experts: Sequence[int]) -> torch.Tensor:
         """Make the distinct routed `experts` of one step resident; return pi_dev (the expert_map)."""
         need = sorted(set(int(e) for e in experts))
+        if need and not (0 <= need[0] and need[-1] < self.num_experts):
+            raise ValueError(f"expert ids must be in [0, {self.num_experts}), got {need}")
         if len(need) > self.capacity:
             raise ValueError(f"step needs {len(need)} experts but the scratch has {self.capacity} slots")
         misses = [e for e in need if self.pi[e] < 0]
@@ -116,6 +118,8 @@ def plan_groups(token_experts: Sequence[Sequence[int]], capacity: int) -> list[t
     groups: list[tuple[int, int]] = []
     start, union = 0, set()
     for t, experts in enumerate(token_experts):
+        if len(set(experts)) > capacity:
+            raise ValueError(f"token {t} alone routes to {len(set(experts))} experts, more than capacity {capacity}")
         grown = union | set(experts)
         if len(grown) > capacity:
             groups.append((start, t))

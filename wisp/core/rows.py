@@ -6,6 +6,10 @@ other tokens share its batch, its expert or its prefill group. Every per-row ope
 could depend on M therefore runs on fixed tiles of `ROW_TILE` rows (the last tile zero-padded), so the
 library always sees the same shape and each row is reduced the same way wherever it sits.
 
+A second effect: some CPU float32 GEMM kernels reduce a row differently by its position in the tile
+when the inner dimension is not a multiple of 4. `tile_linear` zero-pads such an inner dimension to a
+multiple of 8 (exact: the added products are zeros); real models' widths never need it.
+
 Invariant (tested): for any x and any split of its rows into consecutive chunks,
 `op(x) == cat([op(chunk) for chunk])` with torch.equal.
 """
@@ -23,16 +27,24 @@ ROW_TILE = 16
 def map_row_tiles(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Apply `fn` to consecutive [ROW_TILE, ...] tiles of x (zero-padded) and return the first T rows."""
     t = x.shape[0]
-    pad = (-t) % ROW_TILE
+    pad = (-t) % ROW_TILE if t else ROW_TILE
     if pad:
         x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])
     outs = [fn(x[i : i + ROW_TILE]) for i in range(0, t + pad, ROW_TILE)]
     return torch.cat(outs)[:t] if len(outs) > 1 else outs[0][:t]
 
 
+def tile_linear(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear on one tile, with an odd inner dimension zero-padded to a multiple of 8."""
+    pad = (-weight.shape[-1]) % 8
+    if pad:
+        tile, weight = F.pad(tile, (0, pad)), F.pad(weight, (0, pad))
+    return F.linear(tile, weight, bias)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, in] @ weight[out, in]^T (+ bias) -> [T, out], row-invariant."""
-    return map_row_tiles(x, lambda tile: F.linear(tile, weight, bias))
+    return map_row_tiles(x, lambda tile: tile_linear(tile, weight, bias))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
