@@ -1,0 +1,63 @@
+"""Loader placement by mode, pinned masters on CUDA, and the fused-experts checkpoint layout."""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from wisp import LLM
+from wisp.config import ModelConfig
+from wisp.core.experts import OffloadExperts, PagedExperts, ResidentExperts
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+def test_expert_placement_by_mode(hf_checkpoints, device):
+    path = hf_checkpoints["qwen3_moe"]
+    cfg = ModelConfig.from_dir(path)
+    dev = torch.device(device).type
+    paged = LLM(str(path), device=device, mode="paged", expert_cap=3)
+    for store in paged.model.experts.values():
+        assert isinstance(store, PagedExperts)
+        for name, master in store.pager.host.items():
+            assert master.device.type == "cpu" and master.shape[0] == cfg.num_experts
+            assert master.is_pinned() == (dev == "cuda")
+            assert store.pager.scratch[name].device.type == dev and store.pager.scratch[name].shape[0] == 3
+        assert store.device_bytes == 3 * cfg.expert_bytes
+    resident = LLM(str(path), device=device, mode="resident")
+    for store in resident.model.experts.values():
+        assert isinstance(store, ResidentExperts)
+        assert all(t.device.type == dev for t in store.bank.values())
+        assert store.device_bytes == cfg.num_experts * cfg.expert_bytes
+    offload = LLM(str(path), device=device, mode="offload")
+    stores = list(offload.model.experts.values())
+    assert all(isinstance(s, OffloadExperts) for s in stores)
+    assert len({id(s.buffer) for s in stores}) == 1  # one layer-sized buffer for the whole model
+    assert sum(s.device_bytes for s in stores) == cfg.num_experts * cfg.expert_bytes
+
+
+def test_fused_expert_tensors_load_the_same(hf_checkpoints, tmp_path, device):
+    """A checkpoint storing experts stacked (experts.gate_up_proj / experts.down_proj) gives equal logits."""
+    src = hf_checkpoints["olmoe"]
+    dst = tmp_path / "fused"
+    shutil.copytree(src, dst)
+    tensors = {}
+    for f in sorted(dst.glob("*.safetensors")):
+        tensors.update(load_file(f))
+        f.unlink()
+    (dst / "model.safetensors.index.json").unlink()
+    cfg = ModelConfig.from_dir(dst)
+    for li in range(cfg.num_layers):
+        p = f"model.layers.{li}.mlp.experts"
+        gate_up, down = [], []
+        for e in range(cfg.num_experts):
+            gate_up.append(torch.cat([tensors.pop(f"{p}.{e}.gate_proj.weight"), tensors.pop(f"{p}.{e}.up_proj.weight")]))
+            down.append(tensors.pop(f"{p}.{e}.down_proj.weight"))
+        tensors[f"{p}.gate_up_proj"] = torch.stack(gate_up)
+        tensors[f"{p}.down_proj"] = torch.stack(down)
+    save_file(tensors, str(dst / "model.safetensors"))
+    a = LLM(str(src), device=device, mode="paged", expert_cap=2).prompt_logits(PROMPT)
+    b = LLM(str(dst), device=device, mode="paged", expert_cap=2).prompt_logits(PROMPT)
+    assert torch.equal(a, b)
