@@ -9,37 +9,17 @@ max_position_embeddings 256, sharded with model.safetensors.index.json, no token
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from tests.cli_runner import run_many
 from wisp import LLM, SamplingParams, WispError
 
 SUPPORTED = ("Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
 TOO_LONG = ",".join(["1"] * 300)  # > max_position_embeddings (256) of the fixture models
-
-
-def run_wisp(args, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    # offline; one torch thread each: processes run side by side, and tiny models gain nothing from more
-    env = dict(os.environ, WISP_CACHE=str(cache), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "wisp", "generate", *map(str, args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def run_many(cases: dict[str, list], cache: Path) -> dict[str, subprocess.CompletedProcess]:
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        futures = {name: pool.submit(run_wisp, args, cache) for name, args in cases.items()}
-        return {name: f.result() for name, f in futures.items()}
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:

@@ -7,13 +7,11 @@ at a time (`runs`), and the tests compare those results.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+
+from tests.cli_runner import run_many, run_wisp
 
 DEMO_EOS = 256
 # demo: hidden 128, moe_intermediate 64, float32 -> gate + up + down of one expert
@@ -21,23 +19,6 @@ DEMO_EXPERT_BYTES = 3 * 128 * 64 * 4
 GREEDY = ("--model", "demo", "--prompt", "Hello", "--max-tokens", "8", "--json")
 SAMPLED = (*GREEDY, "--temperature", "0.8", "--seed", "7")
 HF_FAMILY = "qwen2_moe"  # the most quirks: shared expert, dense layers between MoE layers
-
-
-def run_wisp(args, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m wisp generate *args` with WISP_CACHE=cache, offline, one torch thread (runs go side by side)."""
-    return subprocess.run(
-        [sys.executable, "-m", "wisp", "generate", *map(str, args)],
-        env=dict(os.environ, WISP_CACHE=str(cache), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def run_many(cases: dict[str, tuple], cache: Path) -> dict[str, subprocess.CompletedProcess]:
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        futures = {name: pool.submit(run_wisp, args, cache) for name, args in cases.items()}
-        return {name: f.result() for name, f in futures.items()}
 
 
 @pytest.fixture(scope="module")
