@@ -202,8 +202,21 @@ class EngineConfig:
     expert_cap: int | None = None
     dtype: str | None = None
     pin_memory: bool = field(default=True)
+    # KV pool and scheduling
+    kv_block_size: int = 16
+    kv_blocks: int | None = None  # pool size in blocks; default: the admission floor
+    kv_bytes: int | None = None  # or in bytes (exclusive with kv_blocks)
+    max_concurrency: int = 4  # W: requests running at once, and the promise the floor protects
+    max_model_len: int | None = None  # L: prompt + output tokens; default min(max_position_embeddings, 4096)
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
+        if self.kv_blocks is not None and self.kv_bytes is not None:
+            raise WispError("give the KV pool size as --kv-blocks or --kv-bytes, not both")
+        for name in ("kv_block_size", "max_concurrency", "kv_blocks", "kv_bytes", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise WispError(f"{name.replace('_', '-')} must be >= 1, got {value}")
         if self.mode not in MODES:
             raise WispError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -216,6 +229,14 @@ class EngineConfig:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise WispError("--device cuda was asked for but no CUDA device is available")
         return torch.device(self.device)
+
+    def resolve_max_model_len(self, model: ModelConfig) -> int:
+        limit = model.max_position_embeddings
+        if self.max_model_len is None:
+            return min(limit, 4096)
+        if self.max_model_len > limit:
+            raise WispError(f"max-model-len {self.max_model_len} exceeds the model's max_position_embeddings {limit}")
+        return self.max_model_len
 
     def resolve_cap(self, model: ModelConfig) -> int:
         """The per-layer scratch capacity C, checked against top_k <= C <= num_experts."""

@@ -26,14 +26,17 @@ def test_max_tokens_and_text(demo):
 
 def test_stops_at_eos(demo):
     first = demo.generate(["Hello"], SamplingParams(max_tokens=3, ignore_eos=True))[0].token_ids
-    saved = demo.config
-    demo.config = replace(saved, eos_token_ids=(first[1],))
+    engine = demo.engine
+    saved = engine.model_config
+    engine.model_config = replace(saved, eos_token_ids=(first[1],))
     try:
         out = demo.generate(["Hello"], SamplingParams(max_tokens=10))[0]
         assert out.token_ids == first[:2] and out.finish_reason == "stop"
         assert len(demo.generate(["Hello"], SamplingParams(max_tokens=10, ignore_eos=True))[0].token_ids) == 10
     finally:
-        demo.config = saved
+        engine.model_config = saved
+    out = demo.generate(["Hello"], SamplingParams(max_tokens=10, stop_token_ids=(first[2],)))[0]
+    assert out.token_ids == first[:3] and out.finish_reason == "stop"
 
 
 def test_text_and_token_id_prompts_agree(demo):

@@ -1,16 +1,101 @@
-"""A plain contiguous KV cache for one sequence (the paged block pool replaces it later).
+"""The KV cache tensors over the block pool, and attention over a sequence's block table.
 
-k, v: [num_layers, num_kv_heads, max_len, head_dim]; positions 0..length-1 are valid.
+`KVCache.k/v`: [num_layers, num_blocks, num_kv_heads, block_size, head_dim] on the device. Position p of
+a sequence lives in block `table[p // block_size]` at offset `p % block_size`.
+
+`paged_attention` is written for exactness, not speed (the GPU kernel comes later): queries run in
+16-row tiles aligned on absolute positions and keys in whole blocks, combined with an online softmax
+in block order. A query's result is then a fixed computation over keys 0..p alone: extra (masked)
+blocks add exact zeros. So a token's attention output is bit-identical whether its prefix came from
+the prefix cache, a chunked or whole prefill, a recompute after preemption, or decode, and whatever
+else shares the batch.
 """
 
 from __future__ import annotations
 
 import torch
 
+from wisp.core.rows import ROW_TILE
 
-class SequenceKV:
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, dtype, device):
-        shape = (num_layers, num_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.max_len = max_len
+
+class KVCache:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, num_blocks: int, dtype, device):
+        self.shape_tail = (num_kv_heads, block_size, head_dim)
+        self.num_layers, self.block_size, self.dtype, self.device = num_layers, block_size, dtype, torch.device(device)
+        self.k = self.v = None
+        self.resize(num_blocks)
+
+    @staticmethod
+    def block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype) -> int:
+        """Bytes of one block across layers, K and V (the paper's b)."""
+        return 2 * num_layers * num_kv_heads * block_size * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def resize(self, num_blocks: int) -> None:
+        self.k = self.v = None  # free the old tensors before allocating the new ones
+        shape = (self.num_layers, num_blocks, *self.shape_tail)
+        self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.num_blocks = num_blocks
+
+
+class BlockTableKV:
+    """One sequence's view of the cache: what the model's attention writes to and reads from."""
+
+    def __init__(self, cache: KVCache, block_table: list[int]):
+        self.cache = cache
+        self.table = block_table
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+        """k, v [n, Hkv, hd] for positions start..start+n-1."""
+        bs = self.cache.block_size
+        pos = torch.arange(start, start + k.shape[0])
+        blocks = torch.tensor(self.table, dtype=torch.long)[pos // bs].to(self.cache.device)
+        offs = (pos % bs).to(self.cache.device)
+        self.cache.k[layer][blocks, :, offs] = k
+        self.cache.v[layer][blocks, :, offs] = v
+
+    def attend(self, layer: int, q: torch.Tensor, start: int, window: int | None) -> torch.Tensor:
+        return paged_attention(q, self.cache.k[layer], self.cache.v[layer], self.table, start, window)
+
+
+def paged_attention(
+    q: torch.Tensor,  # [n, H, hd], positions start..start+n-1
+    k_cache: torch.Tensor,  # [NB, Hkv, bs, hd] (one layer)
+    v_cache: torch.Tensor,
+    table: list[int],
+    start: int,
+    window: int | None = None,
+) -> torch.Tensor:
+    n, h, hd = q.shape
+    hkv, bs = k_cache.shape[1], k_cache.shape[2]
+    group = h // hkv
+    end = start + n
+    first = start - start % ROW_TILE  # query tiles aligned on absolute positions
+    n_tiles = -(-(end - first) // ROW_TILE)
+    qt = q.new_zeros((n_tiles * ROW_TILE, h, hd))
+    qt[start - first : end - first] = q
+    qt = qt.view(n_tiles, ROW_TILE, hkv, group, hd).permute(2, 3, 0, 1, 4)  # [Hkv, G, T, R, hd]
+    qpos = torch.arange(first, first + n_tiles * ROW_TILE, device=q.device).view(n_tiles, ROW_TILE, 1)
+    scale = hd**-0.5
+    m = torch.full((hkv, group, n_tiles, ROW_TILE, 1), float("-inf"), device=q.device)
+    denom = torch.zeros_like(m)
+    acc = torch.zeros((hkv, group, n_tiles, ROW_TILE, hd), dtype=torch.float32, device=q.device)
+    for j in range(-(-end // bs)):
+        kb = k_cache[table[j]][:, None, None]  # [Hkv, 1, 1, bs, hd]
+        vb = v_cache[table[j]][:, None, None].float()
+        s = torch.matmul(qt, kb.transpose(-1, -2)).float() * scale  # [Hkv, G, T, R, bs]
+        kpos = torch.arange(j * bs, (j + 1) * bs, device=q.device)
+        allowed = (kpos <= qpos) & (kpos < end)
+        if window is not None:
+            allowed &= kpos > qpos - window
+        s = s.masked_fill(~allowed, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # a row with no key yet
+        p = torch.exp(s - m_safe)
+        corr = torch.exp(m - m_safe)
+        denom = denom * corr + p.sum(-1, keepdim=True)
+        acc = acc * corr + torch.matmul(p, vb)
+        m = m_new
+    out = (acc / denom).to(q.dtype)  # [Hkv, G, T, R, hd]
+    out = out.permute(2, 3, 0, 1, 4).reshape(n_tiles * ROW_TILE, h, hd)
+    return out[start - first : end - first]

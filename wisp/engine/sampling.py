@@ -21,6 +21,8 @@ class SamplingParams:
     top_k: int = 0  # 0 = no top-k
     seed: int | None = None
     ignore_eos: bool = False
+    stop: tuple[str, ...] = ()  # generation ends before the first occurrence of any of these strings
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

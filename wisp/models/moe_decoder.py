@@ -24,8 +24,12 @@ from wisp.core.experts import ExpertStore
 
 
 class KVStorage(Protocol):
-    k: torch.Tensor  # [L, Hkv, max_len, hd]
-    v: torch.Tensor
+    """One sequence's KV: `write` stores a layer's new keys/values at positions start.., `attend` runs
+    causal attention of queries at positions start.. over everything stored up to them."""
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None: ...
+
+    def attend(self, layer: int, q: torch.Tensor, start: int, window: int | None) -> torch.Tensor: ...
 
 
 @dataclass
@@ -124,20 +128,8 @@ class MoEDecoder:
         offset = 0
         for c in chunks:
             sl = slice(offset, offset + c.length)
-            end = c.start + c.length
-            c.kv.k[li, :, c.start : end] = k[sl].transpose(0, 1)
-            c.kv.v[li, :, c.start : end] = v[sl].transpose(0, 1)
-            keys = c.kv.k[li, :, :end].repeat_interleave(h // hkv, dim=0)  # [H, S, hd]
-            values = c.kv.v[li, :, :end].repeat_interleave(h // hkv, dim=0)
-            scores = torch.matmul(q[sl].transpose(0, 1), keys.transpose(1, 2)) * hd**-0.5  # [H, n, S]
-            qpos = torch.arange(c.start, end, device=x.device)[:, None]
-            kpos = torch.arange(end, device=x.device)[None, :]
-            allowed = kpos <= qpos
-            if cfg.sliding_window is not None:
-                allowed &= kpos > qpos - cfg.sliding_window
-            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
-            out[sl] = torch.matmul(probs, values).transpose(0, 1)  # [n, H, hd]
+            c.kv.write(li, k[sl], v[sl], c.start)
+            out[sl] = c.kv.attend(li, q[sl], c.start, cfg.sliding_window)
             offset += c.length
         return rows.linear(out.view(t, h * hd), w.o)
 

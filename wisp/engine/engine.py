@@ -1,0 +1,254 @@
+"""LLMEngine: one loop of schedule() -> model forward over the KV pool -> postprocess().
+
+Owns the model, the KV cache tensors, the block pool and the scheduler, sized and validated at start:
+the engine refuses to start unless the pool holds the admission floor, max_concurrency (W) x
+ceil(max_model_len (L) / block_size) blocks, and says in one line how many bytes it has and needs.
+
+Not thread-safe: one thread calls add_request / abort_request / step (the server runs it in its own).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from wisp.config import EngineConfig, ModelConfig, parse_dtype
+from wisp.core.counters import sum_counters
+from wisp.engine.block_pool import BlockPool
+from wisp.engine.kv_cache import BlockTableKV, KVCache
+from wisp.engine.sampling import SamplingParams
+from wisp.engine.scheduler import Scheduler
+from wisp.engine.sequence import Sequence, Status
+from wisp.engine.tokenizer import TextTokenizer
+from wisp.errors import WispError
+from wisp.models.loader import load_model
+from wisp.models.moe_decoder import Chunk
+from wisp.models.source import resolve_model_path
+
+
+@dataclass
+class StepOutput:
+    request_id: str
+    new_token_ids: list[int]
+    token_ids: list[int]  # all generated so far
+    text: str  # all text so far, cut at a matched stop string
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.path = resolve_model_path(config.model)
+        cfg = ModelConfig.from_dir(self.path)
+        if (override := parse_dtype(config.dtype)) is not None:
+            cfg = replace(cfg, dtype=override)
+        self.model_config = cfg
+        self.device = config.torch_device()
+        self.expert_cap = config.resolve_cap(cfg)
+        self.max_model_len = config.resolve_max_model_len(cfg)
+        bs = config.kv_block_size
+        self.block_bytes = KVCache.block_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bs, cfg.dtype)
+        self.floor_blocks = config.max_concurrency * -(-self.max_model_len // bs)
+        num_blocks = self._pool_blocks()
+        self.tokenizer = TextTokenizer.from_dir(self.path)
+        self.chat_template, self.special_tokens = _tokenizer_config(self.path)
+        self.model = load_model(self.path, cfg, config, self.device)
+        self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bs, num_blocks, cfg.dtype, self.device)
+        self.pool = BlockPool(num_blocks, bs)
+        self.scheduler = Scheduler(
+            self.pool, config.max_concurrency, max(self.max_model_len, 2048), config.enable_prefix_caching
+        )
+        self.requests: dict[str, Sequence] = {}
+        self.tokens_prefilled = 0
+        self.tokens_decoded = 0
+
+    def _pool_blocks(self) -> int:
+        c = self.config
+        blocks = c.kv_blocks if c.kv_blocks is not None else (c.kv_bytes // self.block_bytes if c.kv_bytes else self.floor_blocks)
+        self.check_floor(blocks)
+        return blocks
+
+    def check_floor(self, blocks: int) -> None:
+        if blocks < self.floor_blocks:
+            c = self.config
+            raise WispError(
+                f"KV pool too small: it has {blocks * self.block_bytes} bytes ({blocks} blocks) but "
+                f"--max-concurrency {c.max_concurrency} x --max-model-len {self.max_model_len} needs "
+                f"{self.floor_blocks * self.block_bytes} bytes ({self.floor_blocks} blocks of {self.block_bytes} bytes)"
+            )
+
+    # -- requests -----------------------------------------------------------------------------------
+    def validate_prompt(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise WispError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise WispError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        limit = self.model_config.max_position_embeddings
+        if len(prompt_ids) >= limit:
+            raise WispError(f"prompt has {len(prompt_ids)} tokens; the model's limit is {limit} (max_position_embeddings)")
+        if len(prompt_ids) >= self.max_model_len:
+            raise WispError(f"prompt has {len(prompt_ids)} tokens; max-model-len is {self.max_model_len}")
+
+    def add_request(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, strict_length: bool = True, keep_logits: bool = False
+    ) -> None:
+        """Queue a request. strict_length: prompt + max_tokens must fit max_model_len (else generation
+        simply stops there)."""
+        self.validate_prompt(prompt_ids)
+        if strict_length and len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise WispError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{len(prompt_ids) + params.max_tokens} exceeds max-model-len {self.max_model_len}"
+            )
+        if request_id in self.requests:
+            raise WispError(f"request id {request_id!r} is already in use")
+        seq = Sequence(request_id, list(prompt_ids), params, self.max_model_len, keep_logits=keep_logits)
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self.requests.pop(request_id, None)
+        if seq is not None and not seq.finished:
+            self.scheduler.finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- the loop -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[StepOutput]:
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        chunks, tokens = [], []
+        for seq in batch.seqs:
+            ids = seq.token_ids[seq.num_computed :]
+            chunks.append(Chunk(BlockTableKV(self.kv, seq.block_table), seq.num_computed, len(ids)))
+            tokens.extend(ids)
+        hidden = self.model.forward(torch.tensor(tokens, device=self.device), chunks)
+        last = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
+        logits = self.model.logits(hidden[last.to(self.device)])
+        if batch.is_prefill:
+            self.tokens_prefilled += len(tokens)
+        else:
+            self.tokens_decoded += len(tokens)
+        return [self._postprocess(seq, c.length, row) for seq, c, row in zip(batch.seqs, chunks, logits)]
+
+    def _postprocess(self, seq: Sequence, computed: int, logits: torch.Tensor) -> StepOutput:
+        seq.num_computed += computed
+        self._register_full_blocks(seq)
+        token = seq.sampler(logits)
+        now = time.perf_counter()
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.output_ids.append(token)
+        if seq.logits is not None:
+            seq.logits.append(logits.cpu())
+        p = seq.params
+        reason = None
+        if not p.ignore_eos and (token in self.model_config.eos_token_ids or token in p.stop_token_ids):
+            reason = "stop"
+        elif len(seq.output_ids) >= p.max_tokens or len(seq) >= seq.max_len:
+            reason = "length"
+        if self.tokenizer is not None:
+            seq.text = self.tokenizer.decode(seq.output_ids)
+            for stop in p.stop:
+                cut = seq.text.find(stop)
+                if cut >= 0:
+                    seq.text, reason = seq.text[:cut], "stop"
+        if reason is not None:
+            seq.finish_time = now
+            self.scheduler.finish(seq, reason)
+            self.requests.pop(seq.request_id, None)
+        return StepOutput(seq.request_id, [token], list(seq.output_ids), seq.text, seq.finished, seq.finish_reason, len(seq.prompt_ids))
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        bs, ids = self.pool.block_size, seq.token_ids
+        for i in range(len(seq.block_keys), seq.num_computed // bs):
+            parent = seq.block_keys[-1] if seq.block_keys else None
+            seq.block_keys.append(self.pool.register(seq.block_table[i], parent, ids[i * bs : (i + 1) * bs]))
+
+    # -- extras -------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
+        """Logits [T, V] at every prompt position (teacher forcing), computed in fresh blocks."""
+        self.validate_prompt(prompt_ids)
+        need = -(-len(prompt_ids) // self.pool.block_size)
+        if need > self.pool.available():
+            raise WispError(f"the KV pool has no room for a {len(prompt_ids)}-token prompt right now")
+        table = self.pool.allocate(need)
+        try:
+            kv = BlockTableKV(self.kv, table)
+            hidden = self.model.forward(torch.tensor(prompt_ids, device=self.device), [Chunk(kv, 0, len(prompt_ids))])
+            return self.model.logits(hidden)
+        finally:
+            self.pool.release(table)
+
+    def resize_kv(self, num_blocks: int) -> None:
+        """Shrink or grow the KV pool; only when no request is running (the prefix cache is dropped)."""
+        if self.scheduler.running:
+            raise WispError(f"cannot resize the KV pool while {len(self.scheduler.running)} requests run")
+        self.check_floor(num_blocks)
+        self.pool.resize(num_blocks)
+        self.kv.resize(num_blocks)
+
+    def stats(self) -> dict:
+        stores = self.model.experts
+        total = sum_counters(s.counters for s in stores.values())
+        routed = total.hits + total.misses
+        pool, kvc = self.pool, self.pool.counters
+        return {
+            "mode": self.config.mode,
+            "expert_cap": self.expert_cap,
+            "expert_hits": total.hits,
+            "expert_misses": total.misses,
+            "expert_evictions": total.evictions,
+            "expert_loads": total.loads,
+            "bytes_h2d": total.bytes_h2d,
+            "moe_steps": total.steps,
+            "hit_rate": total.hits / routed if routed else 0.0,
+            "tokens_prefilled": self.tokens_prefilled,
+            "tokens_decoded": self.tokens_decoded,
+            "expert_device_bytes": sum(s.device_bytes for s in stores.values()),
+            "kv_block_size": pool.block_size,
+            "kv_block_bytes": self.block_bytes,
+            "kv_blocks_total": pool.num_blocks,
+            "kv_blocks_used": pool.num_used,
+            "kv_blocks_cached": pool.num_cached,
+            "kv_blocks_free": pool.num_free,
+            "kv_peak_blocks_used": kvc.peak_blocks_used,
+            "prefix_hit_tokens": kvc.prefix_hit_tokens,
+            "prefix_miss_tokens": kvc.prefix_miss_tokens,
+            "preemptions": kvc.preemptions,
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "per_layer": {str(li): s.counters.as_dict() for li, s in stores.items()},
+        }
+
+    def reset_stats(self) -> None:
+        for s in self.model.experts.values():
+            s.counters.reset()
+        peak = self.pool.counters.peak_blocks_used
+        self.pool.counters = type(self.pool.counters)()
+        self.pool.counters.peak_blocks_used = min(peak, self.pool.num_used)
+        self.tokens_prefilled = self.tokens_decoded = 0
+
+
+def _tokenizer_config(path) -> tuple[str | None, dict]:
+    file = path / "tokenizer_config.json"
+    if not file.is_file():
+        return None, {}
+    try:
+        raw = json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise WispError(f"{file} is not valid JSON: {exc}") from None
+    specials = {k: v for k, v in raw.items() if k in ("bos_token", "eos_token") and isinstance(v, str)}
+    template = raw.get("chat_template")
+    return (template if isinstance(template, str) else None), specials
