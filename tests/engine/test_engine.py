@@ -15,7 +15,15 @@ from wisp.errors import WispError
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 
 
-def make_engine(device="cpu", **kw) -> LLMEngine:
+@pytest.fixture
+def make_engine(device):
+    def make(**kw) -> LLMEngine:
+        return _engine(device, **kw)
+
+    return make
+
+
+def _engine(device: str, **kw) -> LLMEngine:
     opts = dict(model="demo", device=device, mode="paged", expert_cap=6, max_model_len=256, max_concurrency=4)
     opts.update(kw)
     return LLMEngine(EngineConfig(**opts))
@@ -33,7 +41,7 @@ def generate(engine: LLMEngine, prompt: list[int], params=GREEDY, rid="r"):
     return seq
 
 
-def test_admission_floor_refuses_a_small_pool():
+def test_admission_floor_refuses_a_small_pool(make_engine):
     with pytest.raises(WispError) as err:
         make_engine(max_concurrency=4, max_model_len=256, kv_blocks=63)  # floor: 4 x 256/16 = 64 blocks
     msg = str(err.value)
@@ -43,13 +51,13 @@ def test_admission_floor_refuses_a_small_pool():
     assert engine.stats()["kv_blocks_total"] == 64
 
 
-def test_kv_bytes_sizes_the_pool():
+def test_kv_bytes_sizes_the_pool(make_engine):
     probe = make_engine()
     engine = make_engine(kv_bytes=100 * probe.block_bytes + 7)
     assert engine.pool.num_blocks == 100
 
 
-def test_second_turn_computes_only_new_tokens_and_matches_no_cache():
+def test_second_turn_computes_only_new_tokens_and_matches_no_cache(make_engine):
     bs = 16
     turn1 = [(5 * i + 1) % 250 for i in range(37)]
     cached = make_engine()
@@ -70,7 +78,7 @@ def test_second_turn_computes_only_new_tokens_and_matches_no_cache():
     assert all(torch.equal(a, b) for a, b in zip(second.logits, ref.logits))
 
 
-def test_resize_shrinks_and_grows_with_identical_outputs():
+def test_resize_shrinks_and_grows_with_identical_outputs(make_engine):
     engine = make_engine(max_concurrency=2, max_model_len=128)  # floor 16 blocks
     prompts = [[(3 * i + j) % 250 for i in range(20 + j)] for j in range(3)]
     base = [generate(engine, p, rid=f"a{j}").output_ids for j, p in enumerate(prompts)]
@@ -90,7 +98,7 @@ def test_resize_shrinks_and_grows_with_identical_outputs():
     engine.pool.check_integrity()
 
 
-def test_preemption_by_recompute_loses_nothing_and_changes_nothing():
+def test_preemption_by_recompute_loses_nothing_and_changes_nothing(make_engine):
     prompts = [[(7 * i + 11 * j) % 250 for i in range(10 + 3 * j)] for j in range(6)]
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     roomy = make_engine(max_concurrency=6, max_model_len=64)
@@ -110,7 +118,7 @@ def test_preemption_by_recompute_loses_nothing_and_changes_nothing():
         assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
 
 
-def test_random_requests_and_aborts_leave_no_leak():
+def test_random_requests_and_aborts_leave_no_leak(make_engine):
     engine = make_engine(max_concurrency=3, max_model_len=96)
     rng = random.Random(0)
     bases = [[rng.randrange(250) for _ in range(40)] for _ in range(3)]
@@ -134,7 +142,7 @@ def test_random_requests_and_aborts_leave_no_leak():
     engine.pool.check_integrity([])
 
 
-def test_request_validation():
+def test_request_validation(make_engine):
     engine = make_engine(max_model_len=64)
     with pytest.raises(WispError, match=r"prompt \(60 tokens\) \+ max_tokens \(10\) = 70 exceeds max-model-len 64"):
         engine.add_request("x", [1] * 60, SamplingParams(max_tokens=10))
