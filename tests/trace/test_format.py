@@ -1,0 +1,134 @@
+"""RoutingTrace: exact npz/JSONL round trips, step sets, validation, concatenation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wisp.trace import RoutingTrace
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@st.composite
+def traces(draw):
+    T, L, K = draw(st.integers(0, 12)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    n = draw(st.integers(1, 9))
+    flat = draw(st.lists(st.integers(-1, n - 1), min_size=T * L * K, max_size=T * L * K))
+    ids = np.array(flat, dtype=np.int16).reshape(T, L, K)
+    weights = None
+    if draw(st.booleans()):
+        weights = np.arange(T * L * K, dtype=np.float32).reshape(T, L, K) / 7
+    step = None
+    if draw(st.booleans()):
+        step = np.cumsum(draw(st.lists(st.integers(0, 2), min_size=T, max_size=T)), dtype=np.int64)
+    layers = draw(st.lists(st.integers(0, 40), min_size=L, max_size=L, unique=True))
+    num_experts = draw(st.sampled_from([None, n]))
+    return RoutingTrace(ids, weights, step, layers, num_experts, {"model": "m", "note": "x"})
+
+
+def same_trace(a: RoutingTrace, b: RoutingTrace) -> None:
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.layers, b.layers)
+    assert a.num_experts == b.num_experts and a.metadata.get("model") == b.metadata.get("model")
+    assert (a.weights is None) == (b.weights is None)
+    if a.weights is not None:
+        np.testing.assert_array_equal(a.weights, b.weights)
+    for layer in a.layers.tolist():
+        assert a.steps(layer) == b.steps(layer)
+
+
+@SETTINGS
+@given(traces())
+def test_npz_and_jsonl_round_trips_are_exact(tmp_path, tr):
+    for name in ("t.npz", "t.jsonl"):
+        tr.save(tmp_path / name)
+        back = RoutingTrace.load(tmp_path / name)
+        same_trace(tr, back)
+        if name.endswith(".npz"):
+            assert (back.step is None) == (tr.step is None)
+            assert back.ids.dtype == np.int16 and back.layers.dtype == np.int32
+
+
+@SETTINGS
+@given(traces())
+def test_steps_are_sorted_distinct_sets(tr):
+    for layer in tr.layers.tolist():
+        steps = tr.steps(layer)
+        per_token = tr.steps(layer, per_token=True)
+        assert len(per_token) == tr.num_tokens
+        if tr.step is None:
+            assert steps == per_token
+        else:
+            assert len(steps) == len(np.unique(tr.step))
+            # a step's set is the union of its tokens' sets
+            bounds = np.flatnonzero(np.diff(tr.step)) + 1
+            starts = [0, *bounds.tolist()]
+            ends = [*bounds.tolist(), tr.num_tokens]
+            for s, a, b in zip(steps, starts, ends):
+                assert s == sorted(set().union(*[set(x) for x in per_token[a:b]]))
+        for s in steps:
+            assert s == sorted(set(s)) and all(0 <= e < tr.num_experts for e in s)
+
+
+def test_steps_by_hand_and_num_experts():
+    ids = np.array([[[3, -1]], [[3, 1]], [[-1, -1]], [[0, 2]]], dtype=np.int16)  # T=4, L=1, K=2
+    tr = RoutingTrace(ids, layers=[5])
+    assert tr.steps(5) == [[3], [1, 3], [], [0, 2]]
+    assert tr.num_experts == 4
+    assert RoutingTrace(ids, step=[0, 0, 1, 1], layers=[5], num_experts=8).steps(5) == [[1, 3], [0, 2]]
+    with pytest.raises(ValueError):
+        tr.steps(0)  # 0 is not one of the trace's MoE layers
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"ids": np.zeros((2, 2), dtype=np.int16)},
+        {"ids": np.full((1, 1, 1), -2)},
+        {"ids": np.full((1, 1, 1), 5), "num_experts": 5},
+        {"ids": np.zeros((2, 1, 1)), "step": [1, 0]},
+        {"ids": np.zeros((2, 1, 1)), "step": [0]},
+        {"ids": np.zeros((1, 2, 1)), "layers": [3, 3]},
+        {"ids": np.zeros((1, 1, 2)), "weights": np.zeros((1, 1, 1))},
+        {"ids": np.full((1, 1, 1), 40000)},
+    ],
+)
+def test_invalid_traces_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        RoutingTrace(**kwargs)
+
+
+def test_jsonl_without_token_field(tmp_path):
+    """The i-th line of a (step, layer) pair is the step's i-th token; ids may be short."""
+    lines = [
+        {"meta": {"model": "m", "num_experts": 6}},
+        {"step": 7, "layer": 2, "ids": [1, 2], "weights": [0.5, 0.5]},
+        {"step": 7, "layer": 4, "ids": [3]},
+        {"step": 7, "layer": 2, "ids": [4, 5]},
+        {"step": 3, "layer": 4, "ids": [0, 1]},
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    tr = RoutingTrace.load(path)
+    assert tr.layers.tolist() == [2, 4] and tr.num_experts == 6 and tr.num_tokens == 3
+    assert tr.step.tolist() == [3, 7, 7]
+    assert tr.steps(2) == [[], [1, 2, 4, 5]] and tr.steps(4) == [[0, 1], [3]]
+    assert tr.ids[1].tolist() == [[1, 2], [3, -1]]
+    assert tr.weights[1, 0].tolist() == [0.5, 0.5] and np.isnan(tr.weights[2, 1]).all()
+    path.write_text(json.dumps({"layer": 0, "ids": [1]}) + "\n")
+    with pytest.raises(ValueError):
+        RoutingTrace.load(path)
+
+
+def test_concat_keeps_steps_distinct():
+    a = RoutingTrace(np.array([[[0]], [[1]]]), step=[4, 4], num_experts=3)
+    b = RoutingTrace(np.array([[[2]], [[1]]]))
+    c = RoutingTrace.concat([a, b])
+    assert c.steps(0) == [[0, 1], [2], [1]] and c.num_experts == 3
+    assert RoutingTrace.concat([b, b]).step is None and RoutingTrace.concat([b, b]).steps(0) == [[2], [1]] * 2
+    with pytest.raises(ValueError):
+        RoutingTrace.concat([a, RoutingTrace(np.zeros((1, 2, 1)))])

@@ -1,0 +1,159 @@
+"""Policy simulation: LRU equals the exact one-pass curve, OPT is optimal (exhaustive search) and never
+worse than LRU/LFU, static pinning is what it says; then the same checks on the shared real traces
+(Mixtral all 32 layers, FLAME, OLMoE / Qwen layer 0), skipped when ../shared/data is absent."""
+
+from __future__ import annotations
+
+from itertools import combinations, pairwise
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wisp.core.pager import ExpertPager
+from wisp.core.reuse import expert_miss_curve
+from wisp.trace.policies import (
+    OUT_OF_DOMAIN,
+    POLICIES,
+    miss_table,
+    pinned_set,
+    simulate,
+)
+from wisp.trace.readers import load_any
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+@st.composite
+def step_sequences(draw, max_experts=10, max_steps=30, max_set=4):
+    n = draw(st.integers(1, max_experts))
+    return n, draw(st.lists(st.lists(st.integers(0, n - 1), max_size=max_set), max_size=max_steps))
+
+
+def widest(steps) -> int:
+    return max([len(set(s)) for s in steps] + [0])
+
+
+def exhaustive_min(steps, capacity) -> int:
+    """Fewest misses over EVERY demand eviction choice (dynamic programming over resident sets)."""
+    states = {frozenset(): 0}
+    for s in steps:
+        need = frozenset(s)
+        nxt: dict[frozenset, int] = {}
+        for res, cost in states.items():
+            missing = need - res
+            k = len(res) + len(missing) - capacity
+            options = [res | need] if k <= 0 else [(res - set(v)) | need for v in combinations(sorted(res - need), k)]
+            for o in options:
+                nxt[o] = min(nxt.get(o, 1 << 30), cost + len(missing))
+        states = nxt
+    return min(states.values())
+
+
+@SETTINGS
+@given(step_sequences())
+def test_lru_equals_curve_and_opt_is_best(case):
+    n, steps = case
+    m = expert_miss_curve(steps, n)
+    distinct = len({e for s in steps for e in s})
+    for c in range(max(widest(steps), 1), n + 1):
+        lru, opt, lfu = (simulate(steps, c, p) for p in ("lru", "opt", "lfu"))
+        assert lru == m[c]
+        assert distinct <= opt <= min(lru, lfu)
+    for p in ("lru", "opt", "static"):
+        counts = [simulate(steps, c, p) for c in range(max(widest(steps), 1), n + 1)]
+        assert all(a >= b for a, b in pairwise(counts)), p
+
+
+@settings(max_examples=60, deadline=None)
+@given(step_sequences(max_experts=5, max_steps=9, max_set=3))
+def test_opt_equals_exhaustive_search(case):
+    n, steps = case
+    for c in range(max(widest(steps), 1), n + 1):
+        assert simulate(steps, c, "opt") == exhaustive_min(steps, c)
+
+
+def test_static_pins_the_most_referenced():
+    steps = [[0, 1], [1], [1, 2], [2], [3]]
+    assert pinned_set(steps, 2) == [1, 2]
+    assert simulate(steps, 2, "static") == 2  # 0 and 3
+    assert simulate(steps, 0, "static") == 7
+    assert pinned_set(steps, 3) == [0, 1, 2]  # ties broken by lowest id
+    # static can beat every demand policy: alternating singletons at C = 1
+    alt = [[0], [1]] * 5
+    assert simulate(alt, 1, "static") == 5 < simulate(alt, 1, "opt") == 10
+
+
+def test_miss_table_and_errors():
+    steps = [[0, 1, 2], [2, 3], [0], [4]]
+    table = miss_table(steps, [1, 3, 5, 9])
+    assert set(table) == set(POLICIES)
+    assert table["lru"][0] == table["opt"][0] == table["lfu"][0] == OUT_OF_DOMAIN and table["static"][0] >= 0
+    for p in POLICIES:
+        for i, c in enumerate([3, 5, 9]):
+            assert table[p][i + 1] == simulate(steps, c, p)
+    with pytest.raises(ValueError):
+        simulate(steps, 2, "lru")  # below the widest step
+    with pytest.raises(ValueError):
+        simulate(steps, 3, "fifo")
+    with pytest.raises(ValueError):
+        miss_table(steps, [3], ["fifo"])
+
+
+# -- the shared real traces -------------------------------------------------------------------------
+def real(rel: str):
+    path = DATA / rel
+    if not path.exists():
+        pytest.skip(f"shared data not present: {path}")
+    return load_any(path)
+
+
+def check_layer(steps, n, caps=None, opt=True):
+    m = expert_miss_curve(steps, n)
+    lo = max(widest(steps), 1)
+    for c in caps or range(lo, n + 1):
+        lru = simulate(steps, c, "lru")
+        assert lru == m[c], c
+        if opt:
+            assert simulate(steps, c, "opt") <= lru
+    return m
+
+
+@pytest.mark.parametrize("name", ["humaneval_2", "gsm8k_2"])
+def test_mixtral_every_layer_every_capacity(name):
+    tr = real(f"routing_mixtral8x7b/{name}_decode_TxLxK.npz")
+    for layer in tr.layers.tolist():
+        steps = tr.steps(layer)
+        m = check_layer(steps, tr.num_experts)
+        if layer in (0, 31):  # the real pager too, on two layers
+            for c in range(2, 9):
+                pager = ExpertPager({"w": torch.zeros(8, 1)}, c, "cpu")
+                for s in steps:
+                    pager.prepare(s)
+                assert pager.counters.misses == m[c]
+
+
+def test_flame_curves_and_brute_force():
+    tr = real("flame_moe_290m_dynande/flame290m_iter5473_32seq_x64tok_TxLxK.npz")
+    curves = {layer: expert_miss_curve(tr.steps(layer), 64) for layer in tr.layers.tolist()}  # all 8 layers
+    assert all(m[0] == 2048 * 6 and np.all(np.diff(m) <= 0) for m in curves.values())
+    check_layer(tr.steps(2), 64)  # every capacity 6..64
+    check_layer(tr.steps(9), 64, caps=range(6, 65, 7))
+
+
+def test_olmoe_layer0_prefix():
+    tr = real("layer0_only_vllm_logs/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl")
+    full = expert_miss_curve(tr.steps(0), 64)
+    assert full[0] == 4471 * 8
+    check_layer(tr.steps(0)[:2000], 64)
+
+
+def test_qwen_layer0_tokens_and_passes():
+    tr = real("layer0_only_vllm_logs/qwen15moe_a27b_layer0_gsm8k_TotaniYash.jsonl")
+    check_layer(tr.steps(0, per_token=True), 60)
+    passes = tr.steps(0)  # batched forward passes: sets of up to 57 experts
+    check_layer(passes, 60)

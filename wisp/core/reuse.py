@@ -1,0 +1,241 @@
+"""Reuse (stack) distances -> exact LRU miss curves for both working sets, in one pass each.
+
+This module owns the miss curves m(C) that size the expert scratch and the KV pool: the expert stream
+(`expert_miss_curve`, one MoE layer's routed-expert sets, replayed by `ExpertPager`) and the KV stream
+(`kv_miss_curve`, requests' full-block chain keys, replayed by `BlockPool`'s prefix cache), plus
+`DecayedHistogram`, the online (exponentially forgotten) version of the same curve.
+
+Why one pass suffices (LRU with set semantics is a stack algorithm)
+------------------------------------------------------------------
+A step references a SET S of items that must be resident together; the cache evicts the least recently
+used residents NOT in S. Define the recency order after step t: S_t on top, touched in the step's order
+(experts: ascending id, so a larger id is more recent; KV: see `kv_stack_distances`), then every other
+item in its previous order. Claim: after every step, a cache of capacity C >= max|S| holds exactly the
+top-C items of this order (or every item seen so far, if fewer). Induction: let R = top-C of the old
+order, H = S & R (hits), M = S - R (misses). R - S is a prefix of (old order - S), because R is a prefix
+of the old order. The cache drops the |M| - (C - |R|) least recent of R - S (empty slots are used first),
+keeping its C - |S| most recent ones, i.e. the (C - |S|)-prefix of (old order - S); together with S that
+is the top-C of the new order. ExpertPager's ticks are exactly this order (every step re-ticks its
+experts in ascending id), so its resident set is the top-C set at every capacity at once.
+Hence an item e referenced at step t hits iff its position in the order BEFORE step t's updates is <= C.
+That position is its stack distance:
+    d(e, t) = 1 + #{distinct items whose recency is newer than e's}, counted before step t's updates,
+so items of the same step never count against each other. A first reference has infinite distance
+(a cold miss, stored as COLD = -1). Therefore, for every C >= max|S|,
+    m[C] = #cold references + #{references with d > C}.
+Entries with C < max|S| are still given by that formula but lie outside the pager's domain (the pager
+refuses such a step; `plan_groups` splits it first) -- they are not the misses of any real replay.
+
+Computation: each reference gets a fresh clock value; a Fenwick tree over clock values marks the latest
+clock of every item, so d = 1 + (#marks newer than the item's last clock), one O(log n) query; a step
+queries all its references first and then moves their marks. O(n log n) time, O(n) memory for n
+references.
+
+Invariants: m is non-increasing in C; m[0] = number of references; m[C] = #cold for C >= #distinct
+items; every distance is COLD or in [1, #distinct items].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+COLD = -1  # the stack distance of a first reference (infinite: a miss at every capacity)
+
+
+class Fenwick:
+    """Binary indexed tree over positions 0..n-1: point add, prefix sum, both O(log n)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.tree = [0] * (n + 1)
+        self.total = 0
+
+    def add(self, i: int, delta: int) -> None:
+        self.total += delta
+        i += 1
+        tree, n = self.tree, self.n
+        while i <= n:
+            tree[i] += delta
+            i += i & -i
+
+    def prefix(self, i: int) -> int:
+        """Sum of positions 0..i-1."""
+        s, tree = 0, self.tree
+        while i > 0:
+            s += tree[i]
+            i -= i & -i
+        return s
+
+
+def _ordered_distances(steps: Sequence[Sequence[Hashable]]) -> np.ndarray:
+    """Stack distances of every reference; each step is a list of DISTINCT keys in touch order
+    (later in the list = more recent after the step). Returns int64 [n], COLD for first references."""
+    n = sum(len(s) for s in steps)
+    fen = Fenwick(n)
+    last: dict[Hashable, int] = {}  # key -> clock of its latest reference
+    out = np.empty(n, dtype=np.int64)
+    clock = 0
+    for step in steps:
+        base = clock
+        for j, key in enumerate(step):
+            t = last.get(key)
+            # marks newer than t: total - prefix(t + 1); none of this step's marks are placed yet
+            out[base + j] = COLD if t is None else 1 + fen.total - fen.prefix(t + 1)
+        for key in step:
+            t = last.get(key)
+            if t is not None:
+                fen.add(t, -1)
+            fen.add(clock, 1)
+            last[key] = clock
+            clock += 1
+    return out
+
+
+def _expert_sets(steps: Sequence[Sequence[int]], num_experts: int | None) -> list[list[int]]:
+    sets = [sorted({int(e) for e in step}) for step in steps]
+    if num_experts is not None:
+        for t, s in enumerate(sets):
+            if s and not (0 <= s[0] and s[-1] < num_experts):
+                raise ValueError(f"step {t}: expert ids must be in [0, {num_experts}), got {s}")
+    return sets
+
+
+def stack_distances(steps: Sequence[Sequence[int]], num_experts: int | None = None) -> np.ndarray:
+    """Per-reference stack distances of an expert step sequence (ExpertPager semantics).
+
+    References are ordered step by step and, within a step, by ascending DISTINCT expert id (repeats
+    within a step are one reference, as in `ExpertPager.prepare`). int64 [n]; COLD (-1) marks a first
+    reference. With `num_experts`, ids outside [0, num_experts) raise ValueError.
+    """
+    return _ordered_distances(_expert_sets(steps, num_experts))
+
+
+def miss_curve_from_distances(distances: np.ndarray, max_c: int) -> np.ndarray:
+    """m[C] = #COLD + #{d > C} for C = 0..max_c (int64 [max_c + 1])."""
+    if max_c < 0:
+        raise ValueError("max_c must be >= 0")
+    d = np.asarray(distances, dtype=np.int64)
+    cold = int(np.count_nonzero(d == COLD))
+    finite = d[d != COLD]
+    hist = np.bincount(np.minimum(finite, max_c + 1), minlength=max_c + 2)  # hist[max_c+1]: d > max_c
+    tail = np.cumsum(hist[::-1])[::-1]  # tail[k] = #{d >= k} (capped at max_c + 1)
+    return (cold + tail[1:]).astype(np.int64)  # misses at C: cold + #{d >= C + 1}
+
+
+def expert_miss_curve(steps: Sequence[Sequence[int]], num_experts: int) -> np.ndarray:
+    """Exact LRU misses of one MoE layer's step sequence at every capacity: int64 [num_experts + 1].
+
+    m[C] equals `ExpertPager(host, C, ...).counters.misses` after `prepare(step)` for every step, for
+    every C with max_step_set_size <= C <= num_experts. Entries C < max set size (including m[0], the
+    total number of references) follow the same formula but are outside the pager's domain.
+    """
+    return miss_curve_from_distances(stack_distances(steps, num_experts), num_experts)
+
+
+def kv_stack_distances(requests: Sequence[Sequence[int]], evict_tail_first: bool = True) -> np.ndarray:
+    """Per-block stack distances of a KV request stream, one request = one step (set semantics).
+
+    Each request lists its full blocks' chain keys in position order; a key repeated within a request is
+    one block (its first position counts). Returns int64 [n] in request order, block position order;
+    COLD for a block never seen before.
+
+    Recency within a request: with `evict_tail_first` (default, as `BlockPool.release`, which frees tail
+    blocks first) EARLIER blocks are more recent, so a chain's prefix outlives its tail, the resident set
+    stays prefix-closed and every LRU miss is a block the prefix cache must recompute. With
+    evict_tail_first=False later blocks are more recent: a cache can then keep a tail whose head was
+    evicted, and its block misses under-count the blocks a prefix cache recomputes.
+    """
+    steps = []
+    for req in requests:
+        blocks = list(dict.fromkeys(int(k) for k in req))
+        steps.append(blocks[::-1] if evict_tail_first else blocks)
+    d = _ordered_distances(steps)
+    if evict_tail_first:  # back to position order within each request
+        pos = 0
+        for s in steps:
+            d[pos : pos + len(s)] = d[pos : pos + len(s)][::-1]
+            pos += len(s)
+    return d
+
+
+def kv_miss_curve(requests: Sequence[Sequence[int]], max_blocks: int, evict_tail_first: bool = True) -> np.ndarray:
+    """Exact LRU block misses of a KV request stream at every pool size kappa = 0..max_blocks.
+
+    m[kappa] = blocks missed (each costs block_size tokens of recompute) by a prefix-caching pool of
+    kappa blocks that serves the requests one at a time, a request pinning its own blocks and evicting
+    the least recently used others. Valid for kappa >= the largest request's block count; below that it
+    is the formula's value, outside the pool's domain. See `kv_stack_distances` for the recency order.
+    """
+    return miss_curve_from_distances(kv_stack_distances(requests, evict_tail_first), max_blocks)
+
+
+class DecayedHistogram:
+    """Exponentially decayed histogram of stack distances, for an online miss curve.
+
+    Bucket d in 1..max_distance counts references at distance d; one more bucket counts COLD and
+    d > max_distance (a miss at every capacity the histogram can answer). Weights are forgotten either
+    explicitly, `decay(factor)` (multiply every weight by factor in (0, 1]), or per reference with
+    `half_life` (each `add` first multiplies the existing weights by 2**(-1/half_life), so a reference
+    counts half as much `half_life` references later). With neither (or decay(1.0)) it is an exact count,
+    and miss_curve(C) * n_references equals the exact curve.
+
+    Invariants: all weights >= 0; miss_curve is non-increasing in C, in [0, 1].
+    """
+
+    _RESCALE = 1e100  # renormalise the growing per-add scale before it can overflow
+
+    def __init__(self, max_distance: int, half_life: float | None = None):
+        if max_distance < 1:
+            raise ValueError("max_distance must be >= 1")
+        if half_life is not None and not half_life > 0:
+            raise ValueError("half_life must be > 0")
+        self.max_distance = max_distance
+        self.half_life = half_life
+        self._growth = 1.0 if half_life is None else 2.0 ** (1.0 / half_life)
+        self._scale = 1.0  # stored weights are true weights times _scale
+        self._w = np.zeros(max_distance + 2, dtype=np.float64)  # [0] unused, [max_distance + 1] cold/far
+
+    def add(self, distance: int) -> None:
+        """Record one reference at `distance` (COLD for a first reference)."""
+        d = int(distance)
+        if d != COLD and d < 1:
+            raise ValueError(f"a stack distance is >= 1 or COLD, got {d}")
+        self._scale *= self._growth
+        if self._scale > self._RESCALE:
+            self._w /= self._scale
+            self._scale = 1.0
+        idx = self.max_distance + 1 if d == COLD or d > self.max_distance else d
+        self._w[idx] += self._scale
+
+    def add_many(self, distances: Sequence[int] | np.ndarray) -> None:
+        for d in np.asarray(distances, dtype=np.int64).tolist():
+            self.add(d)
+
+    def decay(self, factor: float) -> None:
+        if not 0.0 < factor <= 1.0:
+            raise ValueError(f"decay factor must be in (0, 1], got {factor}")
+        self._w *= factor
+
+    @property
+    def total(self) -> float:
+        """The decayed number of references recorded."""
+        return float(self._w.sum() / self._scale)
+
+    def weights(self) -> np.ndarray:
+        """Decayed counts: [d] for d = 1..max_distance at index d, index max_distance+1 = cold/far."""
+        return self._w / self._scale
+
+    def miss_curve(self, max_c: int | None = None) -> np.ndarray:
+        """Expected misses per reference for C = 0..max_c (float64 [max_c + 1]); all ones when empty."""
+        max_c = self.max_distance if max_c is None else max_c
+        if not 0 <= max_c <= self.max_distance:
+            raise ValueError(f"max_c must be in [0, {self.max_distance}]")
+        w = self._w
+        total = w.sum()
+        if total <= 0.0 or not math.isfinite(total):
+            return np.ones(max_c + 1)
+        beyond = np.cumsum(w[::-1])[::-1]  # beyond[k] = sum of w[k:], so misses at C = beyond[C + 1]
+        return np.clip(beyond[1 : max_c + 2] / total, 0.0, 1.0)

@@ -1,0 +1,253 @@
+"""RoutingTrace: wisp's routing-trace format (what the recorder writes and `wisp plan` / `wisp sim` read).
+
+A trace is T tokens in processing order, L MoE layers, top-K routing:
+- `ids`      int16   [T, L, K]  routed expert ids; -1 = missing (not logged / padding);
+- `weights`  float32 [T, L, K]  optional router weights (NaN or anything where ids == -1);
+- `step`     int32   [T]        optional engine step of each token, non-decreasing: the tokens of one
+                                step form ONE expert set per layer (a prefill or a batched decode step).
+                                Absent: every token is its own step (single-stream decode);
+- `layers`   int32   [L]        the model's index of each MoE layer (distinct);
+- `metadata` a JSON object: "model", "note", and "num_experts" when known.
+
+On disk (`save` / `load`, chosen by suffix):
+- `.npz`: arrays `ids`, `layers`, optional `weights`, `step`, and `metadata` (a JSON string, 0-d unicode
+  array, so loading never needs pickle);
+- `.jsonl`: an optional first line {"meta": {...}} (the metadata, plus "layers", "top_k" and
+  "has_weights"), then one object per (token, layer):
+  {"step": int, "layer": int, "ids": [...], "weights": [...]} with an optional "token": int.
+  Without "token", the i-th line of a (step, layer) pair is the step's i-th token; steps are sorted by
+  value and a step has as many tokens as its most-populated layer. "ids" may be shorter than K (padded
+  with -1) and may contain -1; "weights" is optional. Layers are the meta's "layers" or the sorted
+  distinct "layer" values. `save` writes "token" and the full K-wide rows, so a round trip is exact
+  (a trace without `step` comes back with step = token index, which means the same).
+
+Invariants: ids >= -1 and, when num_experts is given, ids < num_experts; weights (if any) has ids' shape;
+step (if any) is non-decreasing with length T; layers are distinct. `steps(layer)` is a pure function
+of ids and step: each step's sorted distinct non-missing experts at that layer (possibly empty).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class RoutingTrace:
+    def __init__(
+        self,
+        ids: np.ndarray,
+        weights: np.ndarray | None = None,
+        step: np.ndarray | None = None,
+        layers: Sequence[int] | np.ndarray | None = None,
+        num_experts: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ):
+        ids = np.asarray(ids)
+        if ids.ndim != 3:
+            raise ValueError(f"ids must be [T, L, K], got shape {ids.shape}")
+        if ids.size and ids.min() < -1:
+            raise ValueError("expert ids must be >= -1 (-1 = missing)")
+        self.ids = ids.astype(np.int16)
+        if not np.array_equal(self.ids, ids):
+            raise ValueError("expert ids do not fit int16")
+        T, L, _ = ids.shape
+        self.weights = None if weights is None else np.asarray(weights, dtype=np.float32)
+        if self.weights is not None and self.weights.shape != ids.shape:
+            raise ValueError(f"weights shape {self.weights.shape} != ids shape {ids.shape}")
+        self.step = None if step is None else np.asarray(step).astype(np.int32)
+        if self.step is not None:
+            if self.step.shape != (T,):
+                raise ValueError(f"step must be [T] = [{T}], got {self.step.shape}")
+            if T > 1 and np.any(np.diff(self.step) < 0):
+                raise ValueError("step must be non-decreasing (tokens in processing order)")
+        self.layers = np.arange(L, dtype=np.int32) if layers is None else np.asarray(layers, dtype=np.int32)
+        if self.layers.shape != (L,) or len(set(self.layers.tolist())) != L:
+            raise ValueError(f"layers must be {L} distinct indices, got {self.layers.tolist()}")
+        self.metadata = dict(metadata or {})
+        if num_experts is None:
+            num_experts = self.metadata.get("num_experts")
+        if num_experts is not None:
+            num_experts = int(num_experts)
+            if ids.size and ids.max() >= num_experts:
+                raise ValueError(f"expert id {int(ids.max())} >= num_experts {num_experts}")
+            self.metadata["num_experts"] = num_experts
+        self._num_experts = num_experts
+
+    # -- shape ----------------------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.ids.shape[1]
+
+    @property
+    def top_k(self) -> int:
+        return self.ids.shape[2]
+
+    @property
+    def num_experts(self) -> int:
+        """As given (or in metadata), else the largest id + 1 (0 for an all-missing trace)."""
+        if self._num_experts is not None:
+            return self._num_experts
+        return int(self.ids.max()) + 1 if self.ids.size else 0
+
+    def __repr__(self) -> str:
+        model = self.metadata.get("model", "?")
+        return (f"RoutingTrace(model={model!r}, T={self.num_tokens}, L={self.num_layers}, K={self.top_k}, "
+                f"N={self.num_experts}, steps={'per-token' if self.step is None else len(np.unique(self.step))})")
+
+    # -- views ----------------------------------------------------------------------------------------
+    def layer_position(self, layer: int) -> int:
+        hit = np.flatnonzero(self.layers == int(layer))
+        if hit.size == 0:
+            raise ValueError(f"layer {layer} is not a MoE layer of this trace (layers {self.layers.tolist()})")
+        return int(hit[0])
+
+    def steps(self, layer: int, per_token: bool = False) -> list[list[int]]:
+        """Each step's sorted distinct experts at model layer `layer` (a value of `layers`).
+
+        Missing ids are dropped; a step with none is an empty list (kept, so steps align across layers).
+        per_token=True ignores `step` and makes every token its own step.
+        """
+        col = self.ids[:, self.layer_position(layer), :]
+        if self.num_tokens == 0:
+            return []
+        if self.step is None or per_token:
+            return [sorted(set(row[row >= 0].tolist())) for row in col]
+        bounds = np.flatnonzero(np.diff(self.step)) + 1
+        out = []
+        for block in np.split(col, bounds):
+            valid = block[block >= 0]
+            out.append(np.unique(valid).tolist())
+        return out
+
+    @classmethod
+    def concat(cls, traces: Sequence[RoutingTrace], metadata: dict[str, Any] | None = None) -> RoutingTrace:
+        """Traces one after another (same layers and K). Steps stay distinct; a trace without `step`
+        contributes one step per token. num_experts is the largest known one."""
+        if not traces:
+            raise ValueError("nothing to concatenate")
+        first = traces[0]
+        for t in traces[1:]:
+            if not np.array_equal(t.layers, first.layers) or t.top_k != first.top_k:
+                raise ValueError("traces to concatenate must share layers and top_k")
+        ids = np.concatenate([t.ids for t in traces])
+        weights = None
+        if all(t.weights is not None for t in traces):
+            weights = np.concatenate([t.weights for t in traces])
+        step = None
+        if any(t.step is not None for t in traces):
+            parts, offset = [], 0
+            for t in traces:
+                s = np.arange(t.num_tokens) if t.step is None else t.step.astype(np.int64) - int(t.step.min(initial=0))
+                parts.append(s + offset)
+                offset += int(s.max(initial=-1)) + 1
+            step = np.concatenate(parts)
+        meta = dict(first.metadata) if metadata is None else dict(metadata)
+        if metadata is None and len(traces) > 1:
+            meta["note"] = " + ".join(str(t.metadata.get("note", "?")) for t in traces)
+        meta["num_experts"] = max(t.num_experts for t in traces)
+        return cls(ids, weights, step, first.layers, metadata=meta)
+
+    # -- files ----------------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        if path.suffix == ".jsonl":
+            self._save_jsonl(path)
+            return
+        arrays = {"ids": self.ids, "layers": self.layers, "metadata": np.array(json.dumps(self.metadata))}
+        if self.weights is not None:
+            arrays["weights"] = self.weights
+        if self.step is not None:
+            arrays["step"] = self.step
+        with open(path, "wb") as f:  # a file object, so numpy does not append ".npz" to other suffixes
+            np.savez_compressed(f, **arrays)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RoutingTrace:
+        path = Path(path)
+        if path.suffix == ".jsonl":
+            return cls._load_jsonl(path)
+        with np.load(path, allow_pickle=False) as z:
+            if "ids" not in z.files:
+                raise ValueError(f"{path}: not a wisp routing trace (no 'ids' array; keys {z.files})")
+            meta = json.loads(str(z["metadata"])) if "metadata" in z.files else {}
+            return cls(
+                z["ids"],
+                z["weights"] if "weights" in z.files else None,
+                z["step"] if "step" in z.files else None,
+                z["layers"] if "layers" in z.files else None,
+                metadata=meta,
+            )
+
+    def _save_jsonl(self, path: Path) -> None:
+        step = np.arange(self.num_tokens) if self.step is None else self.step
+        with open(path, "w") as f:
+            head = {**self.metadata, "layers": self.layers.tolist(), "top_k": self.top_k,
+                    "has_weights": self.weights is not None}
+            f.write(json.dumps({"meta": head}) + "\n")
+            for t in range(self.num_tokens):
+                for j, layer in enumerate(self.layers.tolist()):
+                    rec = {"token": t, "step": int(step[t]), "layer": layer, "ids": self.ids[t, j].tolist()}
+                    if self.weights is not None:
+                        rec["weights"] = [float(w) for w in self.weights[t, j]]
+                    f.write(json.dumps(rec) + "\n")
+
+    @classmethod
+    def _load_jsonl(cls, path: Path) -> RoutingTrace:
+        meta: dict[str, Any] = {}
+        recs = []
+        with open(path) as f:
+            for n, line in enumerate(f):
+                if not line.strip():
+                    continue
+                obj = json.loads(line)
+                if "meta" in obj:
+                    meta = dict(obj["meta"])
+                    continue
+                if not {"step", "layer", "ids"} <= obj.keys():
+                    raise ValueError(f"{path}:{n + 1}: a record needs 'step', 'layer' and 'ids'")
+                recs.append(obj)
+        layers = meta.pop("layers", None)
+        top_k = int(meta.pop("top_k", 0))
+        has_w = bool(meta.pop("has_weights", False)) or any("weights" in r for r in recs)
+        if layers is None:
+            layers = sorted({int(r["layer"]) for r in recs})
+        col = {int(l): j for j, l in enumerate(layers)}
+        K = max([len(r["ids"]) for r in recs] + [top_k])
+        if recs and all("token" in r for r in recs):
+            tok = [int(r["token"]) for r in recs]
+            T = max(tok) + 1
+            step = np.zeros(T, dtype=np.int64)
+            for r, t in zip(recs, tok):
+                step[t] = int(r["step"])
+        else:  # i-th record of (step, layer) = the step's i-th token
+            step_vals = sorted({int(r["step"]) for r in recs})
+            seen: dict[tuple[int, int], int] = {}
+            for r in recs:
+                key = (int(r["step"]), int(r["layer"]))
+                r["_i"] = seen.get(key, 0)
+                seen[key] = r["_i"] + 1
+            width = {s: 0 for s in step_vals}
+            for (s, _), c in seen.items():
+                width[s] = max(width[s], c)
+            first, T = {}, 0
+            for s in step_vals:
+                first[s], T = T, T + width[s]
+            tok = [first[int(r["step"])] + r["_i"] for r in recs]
+            step = np.repeat(np.array(step_vals, dtype=np.int64), [width[s] for s in step_vals])
+        ids = np.full((T, len(layers), K), -1, dtype=np.int64)
+        weights = np.full((T, len(layers), K), np.nan, dtype=np.float32) if has_w else None
+        for r, t in zip(recs, tok):
+            j = col[int(r["layer"])]
+            row = r["ids"]
+            ids[t, j, : len(row)] = row
+            if has_w and "weights" in r:
+                weights[t, j, : len(r["weights"])] = r["weights"]
+        return cls(ids, weights, step, layers, metadata=meta)
