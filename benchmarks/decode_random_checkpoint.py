@@ -8,8 +8,8 @@ probe in the same process. Prints a table and writes JSON.
     python benchmarks/decode_random_checkpoint.py --layers 24 --modes paged:16,resident,offload \
         --prompt-len 32 --decode-tokens 64 --out results.json
 
-Random weights route near-uniformly, so the hit rate here is a floor for real traffic. The decode
-loop is driven through LLM's step methods so the counters can be split between prefill and decode.
+Random weights route near-uniformly, so the hit rate here is a floor for real traffic. The engine
+is stepped by hand so the counters can be split between prefill and decode.
 """
 
 from __future__ import annotations
@@ -24,31 +24,8 @@ from pathlib import Path
 import torch
 
 from wisp import LLM, SamplingParams
+from wisp.models.presets import QWEN3_30B_A3B
 from wisp.models.random_checkpoint import write_random_checkpoint
-
-QWEN3_30B_A3B = {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "model_type": "qwen3_moe",
-    "vocab_size": 151936,
-    "hidden_size": 2048,
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "norm_topk_prob": True,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "tie_word_embeddings": False,
-    "eos_token_id": 151645,
-    "dtype": "bfloat16",
-}
 
 
 def probe_h2d_gbps(nbytes: int = 1 << 30) -> float:
@@ -78,7 +55,8 @@ def _reset_peak(device: str) -> None:
 def run_mode(path: Path, mode: str, cap: int | None, args, device: str) -> dict:
     _reset_peak(device)
     t0 = time.perf_counter()
-    llm = LLM(str(path), device=device, mode=mode, expert_cap=cap, dtype="bfloat16" if device == "cuda" else None)
+    llm = LLM(str(path), device=device, mode=mode, expert_cap=cap, dtype="bfloat16" if device == "cuda" else None,
+              max_concurrency=1, max_model_len=args.prompt_len + args.decode_tokens + 8)
     load_s = time.perf_counter() - t0
     peak_load = _peak(device)
     prompt = torch.randint(0, llm.config.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -88,17 +66,19 @@ def run_mode(path: Path, mode: str, cap: int | None, args, device: str) -> dict:
     # prefill, then decode, driven step by step so the counters can be split at the first token
     params = SamplingParams(max_tokens=args.decode_tokens + 1, ignore_eos=True, temperature=args.temperature, seed=0)
     t_start = time.perf_counter()
-    with torch.inference_mode():
-        run = llm._prefill(prompt, params, False, t_start)
-        prefill = llm.stats()
-        t_first = time.perf_counter()
-        while run.out.finish_reason is None:
-            llm._decode_step([run])
+    engine = llm.engine
+    engine.add_request("bench", prompt, params, strict_length=False)
+    seq = engine.requests["bench"]
+    engine.step()  # the prefill, which samples the first token
+    prefill = llm.stats()
+    t_first = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
     t_end = time.perf_counter()
     s = llm.stats()
     ttft = t_first - t_start
     decode_s = t_end - t_first
-    n_dec = len(run.out.token_ids) - 1
+    n_dec = len(seq.output_ids) - 1
     decode_bytes = s["bytes_h2d"] - prefill["bytes_h2d"]
     hits = s["expert_hits"] - prefill["expert_hits"]
     routed = hits + s["expert_misses"] - prefill["expert_misses"]

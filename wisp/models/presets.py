@@ -1,0 +1,86 @@
+"""Real models' shapes as Hugging Face config dicts, for planning and benchmarks without a checkpoint.
+
+`--model qwen3-30b-a3b` (or olmoe-1b-7b, mixtral-8x7b) resolves here wherever only the shape matters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wisp.errors import WispError
+
+QWEN3_30B_A3B: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "eos_token_id": 151645,
+    "dtype": "bfloat16",
+}
+
+OLMOE_1B_7B: dict[str, Any] = {
+    "architectures": ["OlmoeForCausalLM"],
+    "model_type": "olmoe",
+    "vocab_size": 50304,
+    "hidden_size": 2048,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "intermediate_size": 1024,
+    "num_experts": 64,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": False,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "eos_token_id": 50279,
+    "dtype": "bfloat16",
+}
+
+MIXTRAL_8X7B: dict[str, Any] = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "eos_token_id": 2,
+    "dtype": "bfloat16",
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "olmoe-1b-7b": OLMOE_1B_7B,
+    "mixtral-8x7b": MIXTRAL_8X7B,
+}
+
+
+def preset(name: str) -> dict[str, Any]:
+    if name not in PRESETS:
+        raise WispError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    return dict(PRESETS[name])
