@@ -64,6 +64,7 @@ class LLMEngine:
             self.pool, config.max_concurrency, max(self.max_model_len, 2048), config.enable_prefix_caching
         )
         self.requests: dict[str, Sequence] = {}
+        self.step_hooks: list = []  # called before each forward (e.g. a routing recorder opening a step)
         self.tokens_prefilled = 0
         self.tokens_decoded = 0
 
@@ -127,6 +128,8 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
+        for hook in self.step_hooks:
+            hook()
         chunks, tokens = [], []
         for seq in batch.seqs:
             ids = seq.token_ids[seq.num_computed :]

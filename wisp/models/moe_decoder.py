@@ -95,6 +95,7 @@ class MoEDecoder:
         self.lm_head = lm_head
         self.layers = layers
         self.experts = experts  # layer index -> store, MoE layers only
+        self.routing_hook = None  # called as hook(layer, topk_ids, topk_weights) when set (trace recording)
         self.device = embed.device
         self.dtype = embed.dtype
         hd = config.head_dim
@@ -142,6 +143,8 @@ class MoEDecoder:
             topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
         if cfg.family != "mixtral":
             topk_weights = topk_weights.to(x.dtype)
+        if self.routing_hook is not None:
+            self.routing_hook(li, topk_ids, topk_weights)
         out = self.experts[li].forward(x, topk_ids, topk_weights)
         if lw.shared is not None:
             gate = torch.sigmoid(rows.linear(x, lw.shared_gate))

@@ -1,0 +1,25 @@
+"""The routing recorder: a recorded trace replays to exactly the pager's live counters."""
+
+from __future__ import annotations
+
+import pytest
+
+from wisp import LLM, SamplingParams
+from wisp.core.reuse import expert_miss_curve
+from wisp.trace.format import RoutingTrace
+from wisp.trace.recorder import RoutingRecorder
+
+
+@pytest.mark.parametrize("cap, prompts", [(4, ["h"]), (6, ["h"]), (8, ["a", "b"]), (12, ["a", "b", "c"])])
+def test_recorded_trace_predicts_the_live_misses_exactly(cap, prompts, tmp_path):
+    llm = LLM("demo", device="cpu", mode="paged", expert_cap=cap)
+    recorder = RoutingRecorder(llm.config.moe_layer_ids, llm.config.num_experts, "demo").attach(llm.engine)
+    llm.generate(prompts, SamplingParams(max_tokens=25, ignore_eos=True))
+    trace = recorder.trace()
+    assert trace.num_tokens == sum(len(llm.encode(p)) for p in prompts) + 24 * len(prompts)
+    assert list(trace.layers) == llm.config.moe_layer_ids and trace.top_k == llm.config.top_k
+    predicted = sum(expert_miss_curve(trace.steps(layer), llm.config.num_experts)[cap] for layer in trace.layers)
+    assert predicted == llm.stats()["expert_misses"] > 0
+    trace.save(tmp_path / "t.npz")
+    again = RoutingTrace.load(tmp_path / "t.npz")
+    assert (again.ids == trace.ids).all() and (again.step == trace.step).all()

@@ -1,0 +1,57 @@
+"""RoutingRecorder: capture the routed experts of every token, per engine step and MoE layer.
+
+Attach with `recorder.attach(engine)`: the model calls `record(layer, topk_ids, topk_weights)` from its
+MoE blocks, and the engine opens a new step before each forward. `trace()` returns a `RoutingTrace`
+whose tokens are in processing order with `step` marking which tokens were computed together (a
+prefill, a grouped batch, or one batched decode step), exactly the sets the expert pager saw.
+Recording reads the routing back to the host every layer: it is for traces, not for speed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from wisp.trace.format import RoutingTrace
+
+
+class RoutingRecorder:
+    def __init__(self, moe_layers: list[int], num_experts: int, model_name: str = ""):
+        self.layers = list(moe_layers)
+        self.num_experts = num_experts
+        self.model_name = model_name
+        self._pos = {layer: i for i, layer in enumerate(self.layers)}
+        self._steps: list[tuple[np.ndarray, np.ndarray]] = []  # per step: ids [n, L, K], weights [n, L, K]
+        self._current: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def begin_step(self) -> None:
+        self._flush()
+
+    def record(self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        self._current[layer] = (topk_ids.to(torch.int16).cpu().numpy(), topk_weights.float().cpu().numpy())
+
+    def _flush(self) -> None:
+        if not self._current:
+            return
+        n, k = next(iter(self._current.values()))[0].shape
+        ids = np.full((n, len(self.layers), k), -1, dtype=np.int16)
+        weights = np.zeros((n, len(self.layers), k), dtype=np.float32)
+        for layer, (i, w) in self._current.items():
+            ids[:, self._pos[layer]], weights[:, self._pos[layer]] = i, w
+        self._steps.append((ids, weights))
+        self._current = {}
+
+    def trace(self) -> RoutingTrace:
+        self._flush()
+        if not self._steps:
+            raise ValueError("nothing was recorded")
+        ids = np.concatenate([s[0] for s in self._steps])
+        weights = np.concatenate([s[1] for s in self._steps])
+        step = np.concatenate([np.full(len(s[0]), i, dtype=np.int32) for i, s in enumerate(self._steps)])
+        meta = {"model": self.model_name, "note": "recorded by wisp"}
+        return RoutingTrace(ids, weights, step, self.layers, self.num_experts, meta)
+
+    def attach(self, engine) -> "RoutingRecorder":
+        engine.model.routing_hook = self.record
+        engine.step_hooks.append(self.begin_step)
+        return self
