@@ -1,13 +1,16 @@
-"""The `wisp` command line: `wisp generate ...`.
+"""The `wisp` command line: `wisp generate ...` and `wisp serve ...`.
 
 Bad input is one line on stderr and exit status 2, never a traceback: argparse errors and every
-`WispError` raised below go through `fail`.
+`WispError` raised below go through `fail`. `wisp serve` exits 0 after SIGINT/SIGTERM once its
+requests have finished or, past a grace period, been aborted (see wisp/server/serve.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import socket
 import sys
 from typing import NoReturn
 
@@ -37,6 +40,44 @@ def _token_ids(text: str) -> list[int]:
     return ids
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
+    return value
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'2GiB' -> 2*2**30, '512MiB', '1.5GB' -> 1.5e9, '1e9' -> 10**9, '4096' -> 4096 (bytes, > 0)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a size like 2GiB, 512MiB, 1e9 or 4096, got {text!r}")
+    number, prefix, binary = match.groups()
+    power = "kmgt".find(prefix.lower()) + 1 if prefix else 0
+    if binary and not prefix:
+        raise argparse.ArgumentTypeError(f"expected a size like 2GiB, 512MiB, 1e9 or 4096, got {text!r}")
+    value = int(float(number) * ((1024 if binary else 1000) ** power))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="wisp", description="Serve MoE models on GPUs too small to hold them.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -56,6 +97,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="auto", help="auto, cpu or cuda")
     gen.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
     gen.add_argument("--json", action="store_true", help="print one JSON object with tokens, text and stats")
+
+    srv = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
+    srv.add_argument("--model", required=True, help="checkpoint directory, or 'demo' for the built-in tiny MoE")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=_port, default=8000, help="port to bind (0: any free port)")
+    srv.add_argument("--mode", choices=MODES, default="paged")
+    srv.add_argument("--expert-cap", type=int, default=None, help="scratch slots per MoE layer (paged mode)")
+    kv = srv.add_mutually_exclusive_group()
+    kv.add_argument("--kv-blocks", type=_positive_int, default=None, help="KV cache size in blocks")
+    kv.add_argument("--kv-bytes", type=parse_size, default=None, help="KV cache size in bytes, e.g. 2GiB, 512MiB, 1e9")
+    srv.add_argument("--max-concurrency", type=_positive_int, default=4, help="most requests running at once")
+    srv.add_argument("--max-model-len", type=_positive_int, default=None, help="longest prompt + completion, tokens")
+    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    srv.add_argument("--device", default="auto", help="auto, cpu or cuda")
     return parser
 
 
@@ -80,10 +135,45 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bind(host: str, port: int) -> socket.socket:
+    """A bound (not yet listening) TCP socket, so a taken port is a one-line error before the model loads."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as exc:
+        raise WispError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from wisp.config import EngineConfig
+    from wisp.engine.async_engine import AsyncEngine
+    from wisp.engine.engine import LLMEngine
+    from wisp.server.app import build_app
+    from wisp.server.serve import serve
+
+    sock = _bind(args.host, args.port)
+    try:
+        engine = LLMEngine(EngineConfig(
+            model=args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, kv_blocks=args.kv_blocks,
+            kv_bytes=args.kv_bytes, max_concurrency=args.max_concurrency, max_model_len=args.max_model_len,
+        ))
+    except BaseException:
+        sock.close()
+        raise
+    async_engine = AsyncEngine(engine)
+    app = build_app(async_engine, args.model, api_key=args.api_key)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    serve(app, async_engine, sock, f"wisp: serving {args.model} on http://{host}:{sock.getsockname()[1]}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate}[args.command](args)
+        return {"generate": cmd_generate, "serve": cmd_serve}[args.command](args)
     except WispError as exc:
         fail(str(exc))
 

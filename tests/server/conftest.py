@@ -1,0 +1,30 @@
+"""Fixtures for the server tests: an app over a FakeEngine, run through its lifespan."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.server.fake_engine import FakeEngine
+from wisp.engine.async_engine import AsyncEngine
+from wisp.server.app import build_app
+
+MODEL = "fake"
+
+
+def make_client(api_key: str | None = None, **engine_kw) -> tuple[TestClient, FakeEngine, AsyncEngine]:
+    fake = FakeEngine(**engine_kw)
+    engine = AsyncEngine(fake)
+    return TestClient(build_app(engine, MODEL, api_key=api_key)), fake, engine
+
+
+@pytest.fixture
+def served():
+    client, fake, engine = make_client()
+    with client:
+        yield client, fake, engine
+
+
+@pytest.fixture
+def client(served) -> TestClient:
+    return served[0]

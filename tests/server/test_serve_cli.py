@@ -1,0 +1,82 @@
+"""`wisp serve` flag handling: bad flags, a taken port and engine refusals are one stderr line and exit 2.
+
+Run in-process through `wisp.cli.main`; every case fails before uvicorn starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+
+import pytest
+
+from wisp.cli import main, parse_size
+
+
+def fails(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wisp: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        ([], "--model"),
+        (["--port", "70000"], "port"),
+        (["--port", "http"], "port"),
+        (["--kv-bytes", "2XB"], "size"),
+        (["--kv-bytes", "0"], "size"),
+        (["--kv-blocks", "0"], "positive"),
+        (["--kv-blocks", "8", "--kv-bytes", "1GiB"], "not allowed with"),
+        (["--max-concurrency", "0"], "positive"),
+        (["--max-model-len", "-5"], "positive"),
+        (["--mode", "swap"], "invalid choice"),
+        (["--expert-cap", "many"], "invalid int"),
+        (["--bogus"], "unrecognized"),
+    ],
+)
+def test_bad_flags(capsys, flags, needle):
+    model = [] if not flags else ["--model", "demo"]
+    assert needle in fails(capsys, ["serve", *model, *flags])
+
+
+def test_taken_port(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert f"127.0.0.1:{port}" in fails(capsys, ["serve", "--model", "demo", "--port", str(port)])
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--device", "tpu"], "unknown device"),
+        (["--kv-blocks", "4"], "KV pool too small"),
+        (["--max-model-len", "999999"], "max_position_embeddings"),
+        (["--expert-cap", "99"], "expert cap"),
+        (["--model", "/nonexistent/model"], "nonexistent"),
+    ],
+)
+def test_engine_refusals(capsys, flags, needle):
+    model = [] if "--model" in flags else ["--model", "demo"]
+    assert needle in fails(capsys, ["serve", *model, "--port", "0", "--device", "cpu", *flags])
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("2GiB", 2 * 2**30), ("512MiB", 512 * 2**20), ("1e9", 10**9), ("1.5GB", 1_500_000_000), ("4096", 4096),
+     ("64 KiB", 65536), ("3k", 3000)],
+)
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "2 XB", "-1GiB", "2iB", "0.1"])
+def test_parse_size_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_size(text)

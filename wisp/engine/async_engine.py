@@ -1,0 +1,355 @@
+"""`AsyncEngine`: one `LLMEngine` driven by one background thread, consumed from asyncio.
+
+Owns the engine thread, the command queue into it and each request's output queue out of it.
+
+Invariants:
+- Every call into the wrapped engine (add_request, abort_request, step, has_unfinished, stats) is made
+  on the engine thread; other threads only post commands (FIFO) and read the last stats snapshot.
+- A request is live from its admission until its final output is dispatched, its consumer aborts it,
+  or the engine shuts down. A consumer that stops early (close, cancellation, garbage collection of
+  its stream) aborts its request, so its KV blocks are freed.
+- The stats snapshot is taken after every loop turn, so once the thread is idle it is exact.
+- The thread sleeps on a condition while there is neither a command nor unfinished work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
+
+import torch
+
+from wisp.errors import WispError
+
+if TYPE_CHECKING:
+    from wisp.engine.engine import LLMEngine, StepOutput
+    from wisp.engine.sampling import SamplingParams
+
+log = logging.getLogger("wisp.engine")
+
+
+class EngineShutDown(RuntimeError):
+    """The engine stopped (shutdown, or a fatal error) before this request finished."""
+
+
+class RequestObserver(Protocol):
+    """Receives per-request timings from the engine thread (must be thread-safe)."""
+
+    def observe_ttft(self, seconds: float) -> None: ...
+
+    def observe_inter_token(self, seconds: float) -> None: ...
+
+    def observe_finished(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> None: ...
+
+
+@dataclass
+class _Live:
+    """Engine-thread bookkeeping of one admitted request."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    arrival: float
+    prompt_tokens: int
+    last_token_time: float | None = None
+    completion_tokens: int = 0
+
+    def put(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+            pass
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt_ids: list[int]
+    params: "SamplingParams"
+    live: _Live
+    admitted: asyncio.Future = field(repr=False)
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    """Resolve an admission future on its own loop (it may have been cancelled meanwhile)."""
+
+    def settle() -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    try:
+        future.get_loop().call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass
+
+
+class RequestStream:
+    """The outputs of one admitted request, in order; the last one has `finished` set.
+
+    Iterate it with `async for`. `close()` (also on `async with` exit, on cancellation while waiting,
+    and when the stream is garbage collected) aborts the request unless it already finished.
+    """
+
+    def __init__(self, engine: "AsyncEngine", request_id: str, queue: asyncio.Queue):
+        self.request_id = request_id
+        self._engine = engine
+        self._queue = queue
+        self._done = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> "StepOutput":
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:
+            self.close()
+            raise
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finished:
+            self._done = True
+        return item
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._engine.abort(self.request_id)
+
+    async def __aenter__(self) -> "RequestStream":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class AsyncEngine:
+    def __init__(self, engine: "LLMEngine", observers: list[RequestObserver] | None = None):
+        self.engine = engine  # touch only its immutable facts (tokenizer, chat template, limits) off-thread
+        self._observers: list[RequestObserver] = list(observers or [])
+        self._cond = threading.Condition()
+        self._commands: deque[_Add | _Abort] = deque()
+        self._stopping = False
+        self._failure: BaseException | None = None
+        self._live: dict[str, _Live] = {}  # engine thread only
+        self._stats: dict = engine.stats()  # replaced (never mutated) by the engine thread
+        self._thread: threading.Thread | None = None
+
+    # -- facts fixed at load time (safe from any thread) ---------------------------------------------
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.engine.chat_template
+
+    @property
+    def special_tokens(self) -> dict:
+        return dict(getattr(self.engine, "special_tokens", None) or {})
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.max_model_len)
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def add_observer(self, observer: RequestObserver) -> None:
+        """Register before serving starts; observers are called from the engine thread."""
+        self._observers.append(observer)
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="wisp-engine", daemon=True)
+                self._thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def shutdown(self, timeout: float | None = 30.0) -> None:
+        """Abort every request (their streams raise EngineShutDown) and join the engine thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is None:  # never started: only queued admissions to refuse
+            self._fail_all(EngineShutDown("the engine is shutting down"))
+        elif thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def stats(self) -> dict:
+        """The engine's stats as of the end of the engine thread's last loop turn."""
+        return self._stats
+
+    # -- requests ------------------------------------------------------------------------------------
+    async def submit(self, request_id: str, prompt_ids: list[int], params: "SamplingParams") -> RequestStream:
+        """Admit a request into the engine; raises what `add_request` raised (WispError) or EngineShutDown."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        live = _Live(loop, queue, time.perf_counter(), len(prompt_ids))
+        admitted = loop.create_future()
+        self._post(_Add(request_id, list(prompt_ids), params, live, admitted))
+        try:
+            await admitted
+        except asyncio.CancelledError:
+            self.abort(request_id)  # posted after the add, so it undoes it
+            raise
+        return RequestStream(self, request_id, queue)
+
+    async def generate(self, request_id: str, prompt_ids: list[int], params: "SamplingParams") -> AsyncIterator["StepOutput"]:
+        """Outputs of one request as the engine produces them; stopping early aborts it."""
+        stream = await self.submit(request_id, prompt_ids, params)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()
+
+    def abort(self, request_id: str) -> None:
+        """Thread-safe; aborting a finished or unknown request does nothing."""
+        self._post(_Abort(request_id))
+
+    def _post(self, command: _Add | _Abort) -> None:
+        with self._cond:
+            if self._stopping or self._failure is not None:
+                if isinstance(command, _Add):
+                    _settle(command.admitted, EngineShutDown("the engine is shutting down"))
+                return
+            self._commands.append(command)
+            self._cond.notify()
+
+    # -- the engine thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            with torch.no_grad():
+                self._loop()
+        except BaseException as exc:  # a bug in the engine: fail every request rather than hang them
+            log.exception("engine thread failed")
+            with self._cond:
+                self._failure = exc
+            self._fail_all(EngineShutDown(f"the engine failed: {exc!r}"))
+        else:
+            self._fail_all(EngineShutDown("the engine is shutting down"))
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._commands and not self._stopping and not self.engine.has_unfinished():
+                    self._cond.wait()
+                commands = list(self._commands)
+                self._commands.clear()
+                stopping = self._stopping
+            for command in commands:
+                if stopping and isinstance(command, _Add):
+                    _settle(command.admitted, EngineShutDown("the engine is shutting down"))
+                elif isinstance(command, _Add):
+                    self._admit(command)
+                else:
+                    self._abort(command.request_id, "abort")
+            if stopping:
+                return
+            if self.engine.has_unfinished() and not self._step():
+                with self._cond:  # work exists but nothing could be scheduled: don't spin on it
+                    self._cond.wait(0.001)
+            self._stats = self.engine.stats()
+
+    def _admit(self, cmd: _Add) -> None:
+        if cmd.request_id in self._live:
+            _settle(cmd.admitted, WispError(f"request id {cmd.request_id!r} is already running"))
+            return
+        try:
+            self.engine.add_request(cmd.request_id, cmd.prompt_ids, cmd.params)
+        except Exception as exc:
+            _settle(cmd.admitted, exc)
+            return
+        self._live[cmd.request_id] = cmd.live
+        _settle(cmd.admitted, None)
+
+    def _abort(self, request_id: str, reason: str) -> None:
+        live = self._live.pop(request_id, None)
+        self.engine.abort_request(request_id)
+        if live is not None:
+            for obs in self._observers:
+                obs.observe_finished(reason, live.prompt_tokens, live.completion_tokens)
+
+    def _step(self) -> int:
+        """One engine step, its outputs dispatched; returns how many there were."""
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            log.exception("engine step failed; aborting its requests")
+            error = EngineShutDown(f"the engine step failed: {exc!r}")
+            for request_id, live in list(self._live.items()):
+                self._abort(request_id, "error")
+                live.put(error)
+            if self.engine.has_unfinished():
+                raise
+            return 0
+        now = time.perf_counter()
+        for out in outputs:
+            live = self._live.get(out.request_id)
+            if live is None:  # aborted by its consumer after this step was scheduled
+                continue
+            self._observe(live, out, now)
+            if out.finished:
+                del self._live[out.request_id]
+                for obs in self._observers:
+                    obs.observe_finished(out.finish_reason or "stop", out.prompt_tokens, len(out.token_ids))
+            live.put(out)
+        return len(outputs)
+
+    def _observe(self, live: _Live, out: "StepOutput", now: float) -> None:
+        n = len(out.new_token_ids)
+        if n == 0:
+            return
+        live.completion_tokens += n
+        if live.last_token_time is None:  # TTFT: arrival (submit) to the first token
+            for obs in self._observers:
+                obs.observe_ttft(now - live.arrival)
+        else:  # a step that brought n tokens counts n gaps of equal length
+            gap = (now - live.last_token_time) / n
+            for _ in range(n):
+                for obs in self._observers:
+                    obs.observe_inter_token(gap)
+        live.last_token_time = now
+
+    def _fail_all(self, error: BaseException) -> None:
+        """On thread exit: abort what is live (best effort) and wake every waiting consumer."""
+        with self._cond:
+            self._stopping = True
+            pending = list(self._commands)
+            self._commands.clear()
+        for cmd in pending:
+            if isinstance(cmd, _Add):
+                _settle(cmd.admitted, error)
+        for request_id, live in list(self._live.items()):
+            try:
+                self._abort(request_id, "abort")
+            except Exception:
+                log.exception("aborting %s during shutdown failed", request_id)
+                self._live.pop(request_id, None)
+            live.put(error)
+        try:
+            self._stats = self.engine.stats()
+        except Exception:
+            pass

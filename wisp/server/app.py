@@ -1,0 +1,215 @@
+"""`build_app`: the OpenAI-compatible HTTP API over one `AsyncEngine`.
+
+Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST /v1/completions,
+POST /v1/chat/completions (both streamed as server-sent events with `"stream": true`).
+
+Invariants:
+- Every error a client can cause is an OpenAI error object ({"error": {message, type, param, code}}):
+  bad JSON / wrong types / unsupported options / too long -> 400, missing or wrong bearer key on /v1
+  -> 401, unknown model or route -> 404, engine shutting down -> 503.
+- All state (engine, metrics, chat template, key) lives in this function's closure or `app.state`.
+- The lifespan starts the engine thread and, on shutdown, aborts what is left and joins it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from wisp.engine.async_engine import AsyncEngine, EngineShutDown
+from wisp.errors import WispError
+from wisp.server.chat_template import ChatTemplate
+from wisp.server.metrics import ServerMetrics
+from wisp.server.protocol import (
+    APIError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionChoice,
+    CompletionRequest, ErrorInfo, ErrorResponse, ModelCard, ModelList, Usage, new_id, now,
+)
+from wisp.server.streaming import ChatChunks, ClientGone, CompletionChunks, final_output, sse_events
+
+log = logging.getLogger("wisp.server")
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def error_response(status: int, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status, headers=headers)
+
+
+class BearerAuth:
+    """ASGI middleware: /v1/* requires `Authorization: Bearer <key>` (health and metrics stay open)."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1") and not self._authorized(scope):
+            info = ErrorInfo(message="Missing or incorrect API key: send 'Authorization: Bearer <key>'.",
+                             type="invalid_request_error", code="invalid_api_key")
+            await error_response(401, info, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    err = exc.errors()[0]
+    if err.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}", None
+    parts = [p for p in err["loc"][1:] if isinstance(p, int) or (p.isidentifier() and p not in _TYPE_TAGS)]
+    msg = err["msg"].removeprefix("Value error, ")
+    where = ".".join(map(str, parts))
+    return (f"{where}: {msg}" if where else f"request body: {msg}"), (str(parts[0]) if parts else None)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return error_response(exc.status, exc.info)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        content_type = request.headers.get("content-type", "")
+        if param is None and "json" not in content_type:
+            message = f"the request body must be JSON sent with Content-Type: application/json (got {content_type!r})"
+        return error_response(400, ErrorInfo(message=message, type="invalid_request_error", param=param))
+
+    @app.exception_handler(WispError)
+    async def _wisp_error(request: Request, exc: WispError):
+        return error_response(400, ErrorInfo(message=str(exc), type="invalid_request_error"))
+
+    @app.exception_handler(EngineShutDown)
+    async def _shut_down(request: Request, exc: EngineShutDown):
+        return error_response(503, ErrorInfo(message=str(exc), type="server_error", code="engine_unavailable"))
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, exc: ClientGone):
+        return Response(status_code=499)  # nobody reads it
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(exc.status_code, ErrorInfo(message=str(exc.detail), type=kind), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception):
+        log.exception("unhandled error serving %s", request.url.path)
+        return error_response(500, ErrorInfo(message=f"internal error: {exc!r}", type="server_error"))
+
+
+def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None = None) -> FastAPI:
+    metrics = ServerMetrics(engine.stats)
+    engine.add_observer(metrics)
+    chat_template = ChatTemplate(engine.chat_template, engine.special_tokens)
+    created = now()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(title="wisp", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    app.state.served_model_name = served_model_name
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)
+    _install_error_handlers(app)
+
+    def check_model(name: str) -> None:
+        if name != served_model_name:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{served_model_name}`.",
+                           param="model", code="model_not_found")
+
+    def encode(text: str) -> list[int]:
+        if engine.tokenizer is None:
+            raise WispError("this model has no tokenizer.json: send the prompt as a list of token ids")
+        return engine.tokenizer.encode(text)
+
+    def max_tokens_for(req, prompt_len: int, default: int | None, prompt_param: str) -> int:
+        limit = engine.max_model_len
+        if prompt_len == 0:
+            raise APIError(400, "the prompt is empty (it encodes to no tokens)", param=prompt_param)
+        requested = req.requested_max_tokens()
+        max_tokens = requested if requested is not None else max(1, limit - prompt_len if default is None
+                                                                  else min(default, limit - prompt_len))
+        if prompt_len + max_tokens > limit:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the completion). "
+                "Please reduce the length of the prompt or max_tokens.",
+                param="max_tokens" if requested is not None else prompt_param,
+                code="context_length_exceeded",
+            )
+        return max_tokens
+
+    @app.get("/health")
+    async def health():
+        if not engine.healthy:
+            return error_response(503, ErrorInfo(message="the engine is not running", type="server_error"))
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=served_model_name, created=created, max_model_len=engine.max_model_len)])
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        check_model(req.model)
+        prompt_ids = encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+        params = req.sampling_params(max_tokens_for(req, len(prompt_ids), DEFAULT_COMPLETION_TOKENS, "prompt"))
+        request_id = new_id("cmpl")
+        stream = await engine.submit(request_id, prompt_ids, params)
+        if req.stream:
+            fmt = CompletionChunks(request_id, now(), served_model_name)
+            events = sse_events(stream, fmt, req.stop_strings, req.include_usage, len(prompt_ids))
+            return StreamingResponse(events, media_type="text/event-stream")
+        out = await final_output(stream, request)
+        return Completion(
+            id=request_id, created=now(), model=served_model_name,
+            choices=[CompletionChoice(text=out.text, finish_reason=out.finish_reason)],
+            usage=Usage.of(len(prompt_ids), len(out.token_ids)),
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        check_model(req.model)
+        prompt_ids = encode(chat_template.render([m.template_dict() for m in req.messages]))
+        params = req.sampling_params(max_tokens_for(req, len(prompt_ids), None, "messages"))
+        request_id = new_id("chatcmpl")
+        stream = await engine.submit(request_id, prompt_ids, params)
+        if req.stream:
+            fmt = ChatChunks(request_id, now(), served_model_name)
+            events = sse_events(stream, fmt, req.stop_strings, req.include_usage, len(prompt_ids))
+            return StreamingResponse(events, media_type="text/event-stream")
+        out = await final_output(stream, request)
+        return ChatCompletion(
+            id=request_id, created=now(), model=served_model_name,
+            choices=[ChatChoice(message=AssistantMessage(content=out.text), finish_reason=out.finish_reason)],
+            usage=Usage.of(len(prompt_ids), len(out.token_ids)),
+        )
+
+    return app

@@ -1,0 +1,92 @@
+"""Prometheus metrics of one server, in their own `CollectorRegistry` (never the process-global one).
+
+Engine counters and gauges are read from the engine's stats snapshot at scrape time by a custom
+collector, so they are never stale copies; latency histograms and request counters are fed by the
+engine thread through the `RequestObserver` methods (prometheus_client metrics are thread-safe).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+# engine stats key -> (metric family name, help); counters get the `_total` suffix on exposition
+COUNTERS = {
+    "expert_hits": ("wisp_expert_hits", "Routed experts that were already resident on the device."),
+    "expert_misses": ("wisp_expert_misses", "Routed experts that were not resident on the device."),
+    "expert_evictions": ("wisp_expert_evictions", "Resident experts displaced to make room."),
+    "expert_loads": ("wisp_expert_loads", "Experts copied host -> device."),
+    "bytes_h2d": ("wisp_expert_bytes_h2d", "Expert bytes copied host -> device."),
+    "prefix_hit_tokens": ("wisp_prefix_cache_hit_tokens", "Prompt tokens served from the KV prefix cache."),
+    "prefix_miss_tokens": ("wisp_prefix_cache_miss_tokens", "Prompt tokens that had to be prefilled."),
+    "preemptions": ("wisp_preemptions", "Running requests preempted to free KV blocks."),
+}
+GAUGES = {
+    "hit_rate": ("wisp_expert_hit_rate", "Expert hits / (hits + misses) since start."),
+    "kv_blocks_total": ("wisp_kv_blocks_capacity", "KV blocks in the pool."),
+    "kv_blocks_used": ("wisp_kv_blocks_used", "KV blocks held by running requests."),
+    "kv_blocks_cached": ("wisp_kv_blocks_cached", "Free KV blocks still holding a reusable cached prefix."),
+    "kv_blocks_free": ("wisp_kv_blocks_free", "KV blocks holding nothing."),
+    "kv_peak_blocks_used": ("wisp_kv_blocks_used_peak", "Most KV blocks in use at once since start."),
+    "num_running": ("wisp_requests_running", "Requests in the running batch."),
+    "num_waiting": ("wisp_requests_waiting", "Requests queued for admission (including preempted ones)."),
+}
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _EngineCollector:
+    """Turns one stats dict into metric families at every scrape; keys the engine lacks are skipped."""
+
+    def __init__(self, stats: Callable[[], dict]):
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        for key, (name, doc) in COUNTERS.items():
+            if key in stats:
+                yield CounterMetricFamily(name, doc, value=float(stats[key]))
+        for key, (name, doc) in GAUGES.items():
+            if key in stats:
+                yield GaugeMetricFamily(name, doc, value=float(stats[key]))
+
+
+class ServerMetrics:
+    """Implements `wisp.engine.async_engine.RequestObserver`; `render()` is one scrape."""
+
+    def __init__(self, stats: Callable[[], dict]):
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(stats))
+        self.ttft = Histogram(
+            "wisp_time_to_first_token_seconds", "Time from admission to a request's first token.",
+            buckets=TTFT_BUCKETS, registry=self.registry,
+        )
+        self.itl = Histogram(
+            "wisp_inter_token_latency_seconds", "Time between consecutive tokens of one request.",
+            buckets=ITL_BUCKETS, registry=self.registry,
+        )
+        self.finished = Counter(
+            "wisp_requests_finished", "Requests that left the engine, by finish reason.", ["finish_reason"],
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter("wisp_prompt_tokens", "Prompt tokens of finished requests.", registry=self.registry)
+        self.generation_tokens = Counter(
+            "wisp_generation_tokens", "Tokens generated for finished requests.", registry=self.registry
+        )
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def observe_inter_token(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def observe_finished(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> None:
+        self.finished.labels(finish_reason=finish_reason).inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(completion_tokens)
+
+    def render(self) -> tuple[bytes, str]:
+        """(body, content type) of the Prometheus text exposition."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
