@@ -10,6 +10,10 @@ import torch
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
+# The test models are tiny: extra intra-op threads only add contention (seen: 10-50x slower steps on a
+# busy 2-core machine), and subprocesses get OMP_NUM_THREADS=1 for the same reason.
+torch.set_num_threads(1)
+
 COMMON = dict(
     vocab_size=128,
     hidden_size=64,

@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="auto", help="auto, cpu or cuda")
     gen.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
     gen.add_argument("--json", action="store_true", help="print one JSON object with tokens, text and stats")
+    gen.add_argument("--record-routing", default=None, metavar="FILE", help="write the routed experts (.npz/.jsonl)")
 
     srv = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
     srv.add_argument("--model", required=True, help="checkpoint directory, or 'demo' for the built-in tiny MoE")
@@ -111,6 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-model-len", type=_positive_int, default=None, help="longest prompt + completion, tokens")
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     srv.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    srv.add_argument("--record-routing", default=None, metavar="FILE", help="write the routed experts at shutdown")
+    sizing = srv.add_mutually_exclusive_group()
+    sizing.add_argument("--plan", default=None, metavar="PLAN.json", help="size both pools from `wisp plan` output")
+    sizing.add_argument("--vram-budget", type=parse_size, default=None,
+                        help="plan both pools for this budget from a short built-in warm-up trace")
+
+    from wisp.plan_cli import add_parsers  # after this module's helpers exist (it imports parse_size)
+
+    add_parsers(sub)
     return parser
 
 
@@ -121,7 +131,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
     )
     llm = LLM(args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, dtype=args.dtype)
+    recorder = _recorder(llm.engine, args.model) if args.record_routing else None
     out = llm.generate([args.prompt if args.prompt is not None else args.prompt_ids], params)[0]
+    if recorder is not None:
+        recorder.trace().save(args.record_routing)
     stats = llm.stats()
     if args.json:
         print(json.dumps({"token_ids": out.token_ids, "text": out.text, "finish_reason": out.finish_reason, "stats": stats}))
@@ -147,6 +160,13 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _recorder(engine, model_name: str):
+    from wisp.trace.recorder import RoutingRecorder
+
+    cfg = engine.model_config
+    return RoutingRecorder(cfg.moe_layer_ids, cfg.num_experts, model_name).attach(engine)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from wisp.config import EngineConfig
     from wisp.engine.async_engine import AsyncEngine
@@ -160,6 +180,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             model=args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, kv_blocks=args.kv_blocks,
             kv_bytes=args.kv_bytes, max_concurrency=args.max_concurrency, max_model_len=args.max_model_len,
         ))
+        if args.plan or args.vram_budget:
+            from wisp.engine.warmup import plan_from_file, plan_from_warmup
+
+            plan = plan_from_file(args.plan) if args.plan else plan_from_warmup(engine, args.vram_budget)
+            engine.apply_plan(plan["per_layer_caps"], plan["kv_blocks"])
+            print(f"wisp: plan applied: expert caps {plan['per_layer_caps']}, {plan['kv_blocks']} KV blocks", flush=True)
+        recorder = _recorder(engine, args.model) if args.record_routing else None
     except BaseException:
         sock.close()
         raise
@@ -167,13 +194,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = build_app(async_engine, args.model, api_key=args.api_key)
     host = f"[{args.host}]" if ":" in args.host else args.host
     serve(app, async_engine, sock, f"wisp: serving {args.model} on http://{host}:{sock.getsockname()[1]}")
+    if recorder is not None:
+        recorder.trace().save(args.record_routing)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "serve": cmd_serve}[args.command](args)
+        from wisp.plan_cli import cmd_plan, cmd_sim
+
+        return {"generate": cmd_generate, "serve": cmd_serve, "plan": cmd_plan, "sim": cmd_sim}[args.command](args)
     except WispError as exc:
         fail(str(exc))
 

@@ -209,6 +209,7 @@ class EngineConfig:
     max_concurrency: int = 4  # W: requests running at once, and the promise the floor protects
     max_model_len: int | None = None  # L: prompt + output tokens; default min(max_position_embeddings, 4096)
     enable_prefix_caching: bool = True
+    per_layer_caps: tuple[int, ...] | None = None  # one cap per MoE layer (a plan's uneven caps), paged mode
 
     def __post_init__(self) -> None:
         if self.kv_blocks is not None and self.kv_bytes is not None:
@@ -238,14 +239,27 @@ class EngineConfig:
             raise WispError(f"max-model-len {self.max_model_len} exceeds the model's max_position_embeddings {limit}")
         return self.max_model_len
 
+    def resolve_layer_caps(self, model: ModelConfig) -> list[int]:
+        """The scratch capacity of each MoE layer, each checked against top_k <= C <= num_experts."""
+        if self.per_layer_caps is None:
+            return [self.resolve_cap(model)] * len(model.moe_layer_ids)
+        caps = [int(c) for c in self.per_layer_caps]
+        if len(caps) != len(model.moe_layer_ids):
+            raise WispError(f"{len(caps)} per-layer caps given for {len(model.moe_layer_ids)} MoE layers")
+        for cap in caps:
+            check_cap(cap, model)
+        return caps
+
     def resolve_cap(self, model: ModelConfig) -> int:
         """The per-layer scratch capacity C, checked against top_k <= C <= num_experts."""
         n, k = model.num_experts, model.top_k
         if self.expert_cap is None:
             return n if self.mode != "paged" else max(k, n // 2)
-        cap = int(self.expert_cap)
-        if cap < k or cap > n:
-            raise WispError(
-                f"expert cap {cap} is out of range: it must be between top_k={k} and num_experts={n}"
-            )
-        return cap
+        return check_cap(int(self.expert_cap), model)
+
+
+def check_cap(cap: int, model: ModelConfig) -> int:
+    n, k = model.num_experts, model.top_k
+    if cap < k or cap > n:
+        raise WispError(f"expert cap {cap} is out of range: it must be between top_k={k} and num_experts={n}")
+    return cap

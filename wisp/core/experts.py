@@ -70,6 +70,16 @@ class PagedExperts(ExpertStore):
     def counters(self) -> ExpertCounters:
         return self.pager.counters
 
+    def resize(self, capacity: int) -> None:
+        """A new scratch of `capacity` slots (empty: experts page back in on demand); counters carry over.
+        The old scratch is released before the new one is allocated."""
+        if capacity == self.pager.capacity:
+            return
+        host, device, counters = self.pager.host, self.pager.device, self.pager.counters
+        self.pager = None
+        self.pager = ExpertPager(host, capacity, device)
+        self.pager.counters = counters
+
     def forward(self, hidden, topk_ids, topk_weights):
         pager = self.pager
         distinct = _distinct(topk_ids)

@@ -17,6 +17,7 @@ import torch
 
 from wisp.config import EngineConfig, ModelConfig, parse_dtype
 from wisp.core.counters import sum_counters
+from wisp.core.experts import PagedExperts
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.kv_cache import BlockTableKV, KVCache
 from wisp.engine.sampling import SamplingParams
@@ -49,7 +50,7 @@ class LLMEngine:
             cfg = replace(cfg, dtype=override)
         self.model_config = cfg
         self.device = config.torch_device()
-        self.expert_cap = config.resolve_cap(cfg)
+        self.expert_cap = config.resolve_cap(cfg) if config.per_layer_caps is None else max(config.per_layer_caps)
         self.max_model_len = config.resolve_max_model_len(cfg)
         bs = config.kv_block_size
         self.block_bytes = KVCache.block_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bs, cfg.dtype)
@@ -202,6 +203,27 @@ class LLMEngine:
         self.pool.resize(num_blocks)
         self.kv.resize(num_blocks)
 
+    def apply_plan(self, expert_caps: list[int], kv_blocks: int) -> None:
+        """Resize both pools at a drained moment: each paged layer's scratch to its cap, the KV pool to
+        kv_blocks. The shrinking side is freed before the other grows; outputs stay bit-identical."""
+        if self.scheduler.running:
+            raise WispError(f"cannot apply a plan while {len(self.scheduler.running)} requests run")
+        self.check_floor(kv_blocks)
+        cfg = EngineConfig(**{**self.config.__dict__, "per_layer_caps": tuple(expert_caps), "expert_cap": None})
+        caps = dict(zip(self.model_config.moe_layer_ids, cfg.resolve_layer_caps(self.model_config)))
+        paged = {li: s for li, s in self.model.experts.items() if isinstance(s, PagedExperts)}
+        if len(paged) != len(caps):
+            raise WispError("a plan's expert caps apply to --mode paged only")
+        kv_shrinks = kv_blocks < self.pool.num_blocks
+        if kv_shrinks:
+            self.resize_kv(kv_blocks)
+        for li, store in paged.items():
+            store.resize(caps[li])
+        if not kv_shrinks:
+            self.resize_kv(kv_blocks)
+        self.config = cfg
+        self.expert_cap = max(caps.values())
+
     def stats(self) -> dict:
         stores = self.model.experts
         total = sum_counters(s.counters for s in stores.values())
@@ -210,6 +232,7 @@ class LLMEngine:
         return {
             "mode": self.config.mode,
             "expert_cap": self.expert_cap,
+            "expert_caps": {str(li): s.pager.capacity for li, s in stores.items() if isinstance(s, PagedExperts)},
             "expert_hits": total.hits,
             "expert_misses": total.misses,
             "expert_evictions": total.evictions,

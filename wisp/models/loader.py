@@ -127,7 +127,7 @@ def _load_experts(
     reader: CheckpointReader, cfg: ModelConfig, engine: EngineConfig, n: FamilyNames, device: torch.device
 ) -> dict[int, ExpertStore]:
     """Fill each MoE layer's expert tensors, expert by expert, and wrap them in the mode's store."""
-    cap = engine.resolve_cap(cfg)
+    caps = dict(zip(cfg.moe_layer_ids, engine.resolve_layer_caps(cfg)))
     ne, inter, d, dtype = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.dtype
     on_device = engine.mode == "resident"
     pin = device.type == "cuda" and not on_device and engine.pin_memory
@@ -157,7 +157,7 @@ def _load_experts(
         if engine.mode == "resident":
             stores[li] = ResidentExperts(bank)
         elif engine.mode == "paged":
-            stores[li] = PagedExperts(bank, cap, device)
+            stores[li] = PagedExperts(bank, caps[li], device)
         else:
             owner = shared_buffer is None
             if owner:

@@ -1,0 +1,54 @@
+"""Sizing a running engine's pools: from a `wisp plan` file, or from a short built-in warm-up trace.
+
+The warm-up generates from a few fixed prompts with routing recorded, plans the given VRAM budget with
+the probed host->device time and recompute cost, and leaves the prefix cache and counters as they
+were before (it resets the counters it touched).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from wisp.engine.engine import LLMEngine
+from wisp.engine.sampling import SamplingParams
+from wisp.errors import WispError
+
+WARMUP_PROMPTS = (
+    "The history of computing began",
+    "def fibonacci(n):",
+    "Translate to French: good morning, how are you?",
+    "List three uses of a paperclip:",
+)
+
+
+def plan_from_file(path: str) -> dict:
+    try:
+        plan = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise WispError(f"could not read plan {path}: {exc}") from None
+    missing = [k for k in ("per_layer_caps", "kv_blocks") if k not in plan]
+    if missing:
+        raise WispError(f"plan {path} has no {', '.join(missing)}")
+    return plan
+
+
+def plan_from_warmup(engine: LLMEngine, vram_budget: int, tokens: int = 32) -> dict:
+    from wisp.planner import PlanInputs, make_plan
+    from wisp.trace.recorder import RoutingRecorder
+
+    cfg = engine.model_config
+    recorder = RoutingRecorder(cfg.moe_layer_ids, cfg.num_experts, engine.config.model).attach(engine)
+    try:
+        for i, text in enumerate(WARMUP_PROMPTS):
+            ids = engine.tokenizer.encode(text) if engine.tokenizer else [(7 * i + j) % cfg.vocab_size for j in range(8)]
+            engine.add_request(f"warmup-{i}", ids, SamplingParams(max_tokens=tokens, ignore_eos=True), strict_length=False)
+        while engine.has_unfinished():
+            engine.step()
+    finally:
+        engine.model.routing_hook = None
+        engine.step_hooks.remove(recorder.begin_step)
+    inputs = PlanInputs(vram_budget, engine.config.max_concurrency, engine.max_model_len, engine.config.kv_block_size)
+    plan = make_plan(cfg, inputs, recorder.trace(), None, engine.device)
+    engine.reset_stats()
+    return plan
