@@ -20,7 +20,7 @@ def run_wisp(args, cache: Path, timeout: float = 300, command: str = "generate")
     )
 
 
-def run_many(cases: dict, cache: Path) -> dict[str, subprocess.CompletedProcess]:
+def run_many(cases: dict, cache: Path, command: str = "generate") -> dict[str, subprocess.CompletedProcess]:
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        futures = {name: pool.submit(run_wisp, args, cache) for name, args in cases.items()}
+        futures = {name: pool.submit(run_wisp, args, cache, command=command) for name, args in cases.items()}
         return {name: f.result() for name, f in futures.items()}

@@ -7,7 +7,8 @@ Blocks hold `block_size` tokens. A block is in exactly one state:
 - free: refcount == 0 and not keyed.
 
 Full blocks are keyed by a hash chain over token ids (a block's key covers every token before it),
-and a hit is confirmed by comparing the block's tokens, so a hash collision can never serve wrong KV.
+and a hit is confirmed by comparing the block's tokens and its parent key, so a key collision would
+have to span the whole chain to serve wrong KV (and the keys are 128-bit BLAKE2b).
 
 Invariants (`check_integrity`): free + cached + used == num_blocks; a block's refcount equals the
 number of block tables holding it; a cached block's tokens are the tokens its key claims.
@@ -17,13 +18,21 @@ The pool is pure bookkeeping (no tensors), so it can be resized whenever no bloc
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 
 def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:
-    return hash((parent, tuple(tokens)))
+    """A 128-bit BLAKE2b key of (parent key, tokens): collisions are not a practical concern, and a hit
+    is still confirmed against the block's stored tokens and parent."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"root" if parent is None else parent.to_bytes(16, "little"))
+    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little")
 
 
 @dataclass
@@ -71,7 +80,7 @@ class BlockPool:
             chunk = tuple(token_ids[i * bs : (i + 1) * bs])
             key = chain_hash(parent, chunk)
             block = self.by_key.get(key)
-            if block is None or self.tokens[block] != chunk:
+            if block is None or self.tokens[block] != chunk or self.parent[block] != parent:
                 break
             hits.append(block)
             parent = key

@@ -74,28 +74,32 @@ def paged_attention(
     n_tiles = -(-(end - first) // ROW_TILE)
     qt = q.new_zeros((n_tiles * ROW_TILE, h, hd))
     qt[start - first : end - first] = q
-    qt = qt.view(n_tiles, ROW_TILE, hkv, group, hd).permute(2, 3, 0, 1, 4)  # [Hkv, G, T, R, hd]
-    qpos = torch.arange(first, first + n_tiles * ROW_TILE, device=q.device).view(n_tiles, ROW_TILE, 1)
+    qt = qt.view(n_tiles, ROW_TILE, hkv, group, hd).permute(0, 2, 3, 1, 4)  # [T, Hkv, G, R, hd]
     scale = hd**-0.5
-    m = torch.full((hkv, group, n_tiles, ROW_TILE, 1), float("-inf"), device=q.device)
-    denom = torch.zeros_like(m)
-    acc = torch.zeros((hkv, group, n_tiles, ROW_TILE, hd), dtype=torch.float32, device=q.device)
-    for j in range(-(-end // bs)):
-        kb = k_cache[table[j]][:, None, None]  # [Hkv, 1, 1, bs, hd]
-        vb = v_cache[table[j]][:, None, None].float()
-        s = torch.matmul(qt, kb.transpose(-1, -2)).float() * scale  # [Hkv, G, T, R, bs]
-        kpos = torch.arange(j * bs, (j + 1) * bs, device=q.device)
-        allowed = (kpos <= qpos) & (kpos < end)
-        if window is not None:
-            allowed &= kpos > qpos - window
-        s = s.masked_fill(~allowed, float("-inf"))
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # a row with no key yet
-        p = torch.exp(s - m_safe)
-        corr = torch.exp(m - m_safe)
-        denom = denom * corr + p.sum(-1, keepdim=True)
-        acc = acc * corr + torch.matmul(p, vb)
-        m = m_new
-    out = (acc / denom).to(q.dtype)  # [Hkv, G, T, R, hd]
-    out = out.permute(2, 3, 0, 1, 4).reshape(n_tiles * ROW_TILE, h, hd)
+    out = torch.empty((n_tiles, hkv, group, ROW_TILE, hd), dtype=q.dtype, device=q.device)
+    for t in range(n_tiles):  # one tile at a time: every matmul below has one fixed shape
+        qpos = torch.arange(first + t * ROW_TILE, first + (t + 1) * ROW_TILE, device=q.device)[:, None]  # [R, 1]
+        m = torch.full((hkv, group, ROW_TILE, 1), float("-inf"), device=q.device)
+        denom = torch.zeros_like(m)
+        acc = torch.zeros((hkv, group, ROW_TILE, hd), dtype=torch.float32, device=q.device)
+        last = min(end, first + (t + 1) * ROW_TILE) - 1
+        for j in range(last // bs + 1):
+            kpos = torch.arange(j * bs, (j + 1) * bs, device=q.device)
+            live = kpos < end  # slots past the sequence end hold stale data: zero their values
+            kb = k_cache[table[j]][:, None]  # [Hkv, 1, bs, hd]
+            vb = v_cache[table[j]][:, None].float().masked_fill(~live[:, None], 0.0)
+            s = torch.matmul(qt[t], kb.transpose(-1, -2)).float() * scale  # [Hkv, G, R, bs]
+            allowed = (kpos <= qpos) & live
+            if window is not None:
+                allowed &= kpos > qpos - window
+            s = s.masked_fill(~allowed, float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # a row with no key yet
+            p = torch.exp(s - m_safe)
+            corr = torch.exp(m - m_safe)
+            denom = denom * corr + p.sum(-1, keepdim=True)
+            acc = acc * corr + torch.matmul(p, vb)
+            m = m_new
+        out[t] = (acc / denom).to(q.dtype)
+    out = out.permute(0, 3, 1, 2, 4).reshape(n_tiles * ROW_TILE, h, hd)
     return out[start - first : end - first]

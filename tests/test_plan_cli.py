@@ -1,0 +1,120 @@
+"""`wisp plan`, `wisp sim`, `--record-routing` and applying a plan, end to end on the demo model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.cli_runner import run_many, run_wisp
+from wisp.config import EngineConfig
+from wisp.core.reuse import expert_miss_curve
+from wisp.engine.engine import LLMEngine
+from wisp.engine.sampling import SamplingParams
+from wisp.engine.warmup import plan_from_file, plan_from_warmup
+from wisp.errors import WispError
+from wisp.trace.format import RoutingTrace
+
+PLAN_FIELDS = {"expert_cap", "per_layer_caps", "kv_blocks", "kv_bytes", "expert_bytes", "budget_bytes",
+               "predicted_expert_misses_per_token", "predicted_latency_s", "admission_floor_blocks"}
+COSTS = ["--t-byte", "2e-11", "--recompute-cost", "1e-4"]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A routing trace written by `wisp generate --record-routing`, and the cache dir (cap 16 = N: no
+    prefill grouping, so the pager's steps are exactly the trace's steps; a one-token prompt, so no step
+    routes to more than top_k = 4 experts and every cap from 4 up is in the pager's domain)."""
+    base = tmp_path_factory.getbasetemp()
+    cache, trace = base / "wisp-cache", base / "demo-trace.npz"
+    proc = run_wisp(["--model", "demo", "--prompt", "H", "--max-tokens", "24", "--expert-cap", "16",
+                     "--device", "cpu", "--record-routing", trace, "--json"], cache)
+    assert proc.returncode == 0, proc.stderr
+    return trace, cache, json.loads(proc.stdout)
+
+
+def test_record_routing_writes_a_trace_matching_the_run(recorded):
+    path, _, out = recorded
+    trace = RoutingTrace.load(path)
+    assert trace.num_tokens == 1 + 23 and trace.top_k == 4 and list(trace.layers) == [0, 1, 2, 3]
+    assert out["stats"]["expert_hits"] + out["stats"]["expert_misses"] == sum(len(s) for l in trace.layers for s in trace.steps(l))
+
+
+def test_plan_is_deterministic_and_complete_and_sim_matches_the_curve(recorded, tmp_path):
+    trace, cache, _ = recorded
+    args = ["--model", "demo", "--vram-budget", "48MiB", "--max-model-len", "512", "--trace", trace,
+            "--reserve", "1MiB", "--device", "cpu", *COSTS]
+    runs = run_many({
+        "a": ("--out", tmp_path / "a.json", "--plot", tmp_path / "a.png", *args),
+        "b": ("--out", tmp_path / "b.json", *args),
+        "tiny": ("--out", tmp_path / "c.json", *args[:3], "4MiB", *args[4:]),
+    }, cache, command="plan")
+    assert runs["a"].returncode == 0 and runs["b"].returncode == 0, runs["a"].stderr
+    a, b = json.loads((tmp_path / "a.json").read_text()), json.loads((tmp_path / "b.json").read_text())
+    assert a == b and PLAN_FIELDS <= set(a)
+    assert (tmp_path / "a.png").stat().st_size > 10_000
+    assert a["kv_blocks"] >= a["admission_floor_blocks"] == 4 * 512 // 16
+    assert a["expert_bytes"] + a["kv_bytes"] <= a["pageable_bytes"]
+    assert len(a["per_layer_caps"]) == 4 and sum(a["per_layer_caps"]) == 4 * a["expert_cap"]
+    tiny = runs["tiny"]
+    assert tiny.returncode == 2 and tiny.stderr.count("\n") == 1 and "smallest budget that does is" in tiny.stderr
+
+    sim = run_wisp(["--trace", trace, "--policies", "lru,opt", "--caps", "4,8,16", "--json", tmp_path / "s.json"],
+                   cache, command="sim")
+    assert sim.returncode == 0, sim.stderr
+    result = json.loads((tmp_path / "s.json").read_text())
+    t = RoutingTrace.load(trace)
+    lru = [int(sum(expert_miss_curve(t.steps(l), 16)[c] for l in t.layers)) for c in (4, 8, 16)]
+    assert result["misses"]["lru"] == lru
+    assert all(o <= l for o, l in zip(result["misses"]["opt"], result["misses"]["lru"]))
+    assert "lru" in sim.stdout and "opt" in sim.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--trace", "/nonexistent.npz"], "does not exist"),
+    (["--trace", "TRACE", "--policies", "lru,fifo"], "unknown policy 'fifo'"),
+    (["--trace", "TRACE", "--caps", "4,x"], "--caps must be comma-separated integers"),
+])
+def test_sim_bad_input_is_one_line(recorded, args, fragment):
+    trace, cache, _ = recorded
+    proc = run_wisp([str(trace) if a == "TRACE" else a for a in args], cache, command="sim")
+    assert proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_sim_prints_the_allocator_arms(recorded):
+    trace, cache, _ = recorded
+    proc = run_wisp(["--trace", trace, "--model", "demo", "--vram-budget", "48MiB", "--max-model-len", "512",
+                     "--reserve", "1MiB", "--device", "cpu", *COSTS], cache, command="sim")
+    assert proc.returncode == 0, proc.stderr
+    for arm in ("mv-wsa", "50-50", "kv-blind", "offload"):
+        assert arm in proc.stdout
+
+
+def test_apply_plan_and_warmup_keep_outputs_identical(tmp_path):
+    engine = LLMEngine(EngineConfig(model="demo", device="cpu", mode="paged", expert_cap=8, max_model_len=256))
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+
+    def run(rid: str) -> list[int]:
+        engine.add_request(rid, [5, 6, 7, 8, 9], params)
+        seq = engine.requests[rid]
+        while engine.has_unfinished():
+            engine.step()
+        return seq.output_ids
+
+    before = run("a")
+    plan = plan_from_warmup(engine, 1 << 30)
+    assert plan["kv_blocks"] >= plan["admission_floor_blocks"]
+    engine.apply_plan([4, 6, 8, 16], 80)
+    assert engine.stats()["expert_caps"] == {"0": 4, "1": 6, "2": 8, "3": 16} and engine.pool.num_blocks == 80
+    assert run("b") == before
+    engine.apply_plan(plan["per_layer_caps"], plan["kv_blocks"])
+    assert run("c") == before
+    with pytest.raises(WispError, match="out of range"):
+        engine.apply_plan([2, 4, 4, 4], 80)
+    with pytest.raises(WispError, match="needs"):
+        engine.apply_plan([4, 4, 4, 4], 10)
+    (tmp_path / "p.json").write_text(json.dumps({"expert_cap": 4}))
+    with pytest.raises(WispError, match="per_layer_caps"):
+        plan_from_file(str(tmp_path / "p.json"))
+    assert np.all(np.array(plan["per_layer_caps"]) >= 4)
