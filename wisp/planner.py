@@ -205,6 +205,8 @@ def plot_plan(plan: dict, path: str | Path) -> None:
     ax[1].legend()
     ax[2].plot(fractions, lat)
     ax[2].axvline(plan["expert_bytes"] / plan["pageable_bytes"], color="C3", ls="--", label="chosen f")
+    floor_f = 1 - plan["admission_floor_blocks"] * plan["block_bytes"] / plan["pageable_bytes"]
+    ax[2].axvspan(floor_f, max(fractions + [floor_f]), color="0.85", label="below the KV floor")
     ax[2].set(xlabel="expert fraction f of the pageable budget", ylabel="predicted latency per request (s)", title="T(f)")
     ax[2].legend()
     fig.tight_layout()
