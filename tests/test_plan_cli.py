@@ -89,6 +89,15 @@ def test_sim_prints_the_allocator_arms(recorded):
     assert proc.returncode == 0, proc.stderr
     for arm in ("mv-wsa", "50-50", "kv-blind", "offload"):
         assert arm in proc.stdout
+    assert "per-layer caps" in proc.stdout and "fewer)" in proc.stdout
+
+
+def test_serve_with_a_bad_plan_is_one_line(recorded, tmp_path):
+    _, cache, _ = recorded
+    (tmp_path / "plan.json").write_text("{not json")
+    proc = run_wisp(["--model", "demo", "--device", "cpu", "--port", "0", "--plan", tmp_path / "plan.json"], cache,
+                    command="serve")
+    assert proc.returncode == 2 and "could not read plan" in proc.stderr and proc.stderr.count("\n") == 1
 
 
 def test_apply_plan_and_warmup_keep_outputs_identical(tmp_path):

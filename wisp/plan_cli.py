@@ -152,6 +152,12 @@ def cmd_sim(args) -> int:
             print(f"{a['arm']:10}{cap:>6}{a['kv_blocks']:>11}{str(a['meets_floor']):>9}"
                   f"{a['expert_misses_per_token']:>14.3f}{a['kv_block_misses_per_request']:>13.2f}{a['predicted_latency_s']:>11.4f}")
         result["arms"] = arms
+        uniform, uneven = plan["predicted_expert_misses_per_token"], plan["predicted_expert_misses_per_token_per_layer_caps"]
+        gain = 1 - uneven / uniform if uniform else 0.0
+        print(f"\nper-layer caps {plan['per_layer_caps']}: {uneven:.3f} expert misses/token against {uniform:.3f} "
+              f"with C = {plan['expert_cap']} in every layer (same bytes; {100 * gain:.1f}% fewer)")
+        result["per_layer_caps"] = {"caps": plan["per_layer_caps"], "misses_per_token": uneven,
+                                    "uniform_misses_per_token": uniform, "gain": gain}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.plot:

@@ -1,13 +1,14 @@
 """Sizing a running engine's pools: from a `wisp plan` file, or from a short built-in warm-up trace.
 
-The warm-up generates from a few fixed prompts with routing recorded, plans the given VRAM budget with
-the probed host->device time and recompute cost, and leaves the prefix cache and counters as they
-were before (it resets the counters it touched).
+The warm-up generates from a few fixed prompts with routing recorded, times its prefill for the
+recompute cost (seconds per token), probes the host->device time, plans the given VRAM budget, and
+resets the counters it touched.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from wisp.engine.engine import LLMEngine
@@ -43,12 +44,17 @@ def plan_from_warmup(engine: LLMEngine, vram_budget: int, tokens: int = 32) -> d
         for i, text in enumerate(WARMUP_PROMPTS):
             ids = engine.tokenizer.encode(text) if engine.tokenizer else [(7 * i + j) % cfg.vocab_size for j in range(8)]
             engine.add_request(f"warmup-{i}", ids, SamplingParams(max_tokens=tokens, ignore_eos=True), strict_length=False)
+        t0 = time.perf_counter()
+        before = engine.tokens_prefilled
+        engine.step()  # the first step prefills every warm-up prompt: it times the recompute cost
+        beta = (time.perf_counter() - t0) / max(engine.tokens_prefilled - before, 1)
         while engine.has_unfinished():
             engine.step()
     finally:
         engine.model.routing_hook = None
         engine.step_hooks.remove(recorder.begin_step)
-    inputs = PlanInputs(vram_budget, engine.config.max_concurrency, engine.max_model_len, engine.config.kv_block_size)
+    inputs = PlanInputs(vram_budget, engine.config.max_concurrency, engine.max_model_len, engine.config.kv_block_size,
+                        recompute_cost=beta)
     plan = make_plan(cfg, inputs, recorder.trace(), None, engine.device)
     engine.reset_stats()
     return plan
