@@ -176,40 +176,36 @@ def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None =
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=served_model_name, created=created, max_model_len=engine.max_model_len)])
 
+    async def generate(req, request: Request, prompt_ids: list[int], default_max: int | None, field: str,
+                       prefix: str, chunks, whole):
+        """Submit one request; stream it as SSE through `chunks`, or wait and build `whole(id, output)`."""
+        params = req.sampling_params(max_tokens_for(req, len(prompt_ids), default_max, field))
+        request_id = new_id(prefix)
+        stream = await engine.submit(request_id, prompt_ids, params)
+        if req.stream:
+            events = sse_events(stream, chunks(request_id, now(), served_model_name), req.stop_strings,
+                                req.include_usage, len(prompt_ids))
+            return StreamingResponse(events, media_type="text/event-stream")
+        out = await final_output(stream, request)
+        return whole(request_id, out, Usage.of(len(prompt_ids), len(out.token_ids)))
+
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         check_model(req.model)
         prompt_ids = encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
-        params = req.sampling_params(max_tokens_for(req, len(prompt_ids), DEFAULT_COMPLETION_TOKENS, "prompt"))
-        request_id = new_id("cmpl")
-        stream = await engine.submit(request_id, prompt_ids, params)
-        if req.stream:
-            fmt = CompletionChunks(request_id, now(), served_model_name)
-            events = sse_events(stream, fmt, req.stop_strings, req.include_usage, len(prompt_ids))
-            return StreamingResponse(events, media_type="text/event-stream")
-        out = await final_output(stream, request)
-        return Completion(
-            id=request_id, created=now(), model=served_model_name,
-            choices=[CompletionChoice(text=out.text, finish_reason=out.finish_reason)],
-            usage=Usage.of(len(prompt_ids), len(out.token_ids)),
-        )
+        return await generate(req, request, prompt_ids, DEFAULT_COMPLETION_TOKENS, "prompt", "cmpl", CompletionChunks,
+                              lambda rid, out, usage: Completion(
+                                  id=rid, created=now(), model=served_model_name, usage=usage,
+                                  choices=[CompletionChoice(text=out.text, finish_reason=out.finish_reason)]))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_model(req.model)
         prompt_ids = encode(chat_template.render([m.template_dict() for m in req.messages]))
-        params = req.sampling_params(max_tokens_for(req, len(prompt_ids), None, "messages"))
-        request_id = new_id("chatcmpl")
-        stream = await engine.submit(request_id, prompt_ids, params)
-        if req.stream:
-            fmt = ChatChunks(request_id, now(), served_model_name)
-            events = sse_events(stream, fmt, req.stop_strings, req.include_usage, len(prompt_ids))
-            return StreamingResponse(events, media_type="text/event-stream")
-        out = await final_output(stream, request)
-        return ChatCompletion(
-            id=request_id, created=now(), model=served_model_name,
-            choices=[ChatChoice(message=AssistantMessage(content=out.text), finish_reason=out.finish_reason)],
-            usage=Usage.of(len(prompt_ids), len(out.token_ids)),
-        )
+        return await generate(req, request, prompt_ids, None, "messages", "chatcmpl", ChatChunks,
+                              lambda rid, out, usage: ChatCompletion(
+                                  id=rid, created=now(), model=served_model_name, usage=usage,
+                                  choices=[ChatChoice(message=AssistantMessage(content=out.text),
+                                                      finish_reason=out.finish_reason)]))
 
     return app
