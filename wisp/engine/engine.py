@@ -22,7 +22,7 @@ from wisp.engine.block_pool import BlockPool
 from wisp.engine.kv_cache import BlockTableKV, KVCache
 from wisp.engine.sampling import SamplingParams
 from wisp.engine.scheduler import Scheduler
-from wisp.engine.sequence import Sequence, Status
+from wisp.engine.sequence import Sequence
 from wisp.engine.tokenizer import TextTokenizer
 from wisp.errors import WispError
 from wisp.models.loader import load_model
