@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from wisp.core.budget import SplitProblem, equimarginal_cap, lower_hull, per_layer_caps, split
@@ -33,27 +33,33 @@ def problems(draw):
 
 
 def brute_force(p: SplitProblem, me, mk, floor: bool):
-    """Independent reference: try every C, with its own budget arithmetic."""
-    best = None
+    """Independent reference: try every C, with its own budget arithmetic; ties (1e-9 relative) -> larger C."""
+    rows = []
     for cap in range(p.min_cap, p.max_cap + 1):
         kappa = (p.budget_bytes - cap * p.slot_bytes) // p.block_bytes
-        if kappa < (p.kv_floor if floor else 0):
-            continue
-        t = p.expert_cost * me[min(cap, len(me) - 1)] + p.kv_cost * mk[min(kappa, len(mk) - 1)]
-        if best is None or t < best[0] - 1e-12 or (abs(t - best[0]) <= 1e-12 and cap > best[1]):
-            best = (t, cap, kappa)
-    return best
+        if kappa >= (p.kv_floor if floor else 0):
+            rows.append((p.expert_cost * me[min(cap, len(me) - 1)] + p.kv_cost * mk[min(kappa, len(mk) - 1)], cap, kappa))
+    if not rows:
+        return None
+    low = min(r[0] for r in rows)
+    return max((r for r in rows if r[0] <= low + 1e-9 * max(1.0, abs(low))), key=lambda r: r[1])
 
 
 @settings(max_examples=200, deadline=None)
 @given(problems(), st.booleans())
+@example(
+    (SplitProblem(1800, 10, 10, 5.35289899291852, 5.35289899291852, 1, 26, 0),
+     np.array([91, 45, 36, 28, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 4, 1, 0, 0, 0.0]),
+     np.full(181, 58.0) - np.minimum(np.arange(181), 58) * 0),
+    False,
+)  # a flat optimum where float rounding once picked a different cap than the brute force
 def test_split_equals_brute_force_and_respects_the_floor(case, with_floor):
     p, me, mk = case
     ours, best = split(p, me, mk, floor=with_floor), brute_force(p, me, mk, with_floor)
     assert (ours is None) == (best is None)
     if best is None:
         return
-    assert abs(ours.latency - best[0]) <= 1e-9 and abs(ours.expert_cap - best[1]) <= 1
+    assert abs(ours.latency - best[0]) <= 1e-9 * max(1.0, abs(best[0])) and abs(ours.expert_cap - best[1]) <= 1
     assert p.min_cap <= ours.expert_cap <= p.max_cap
     assert ours.expert_cap * p.slot_bytes + ours.kv_blocks * p.block_bytes <= p.budget_bytes
     if with_floor:

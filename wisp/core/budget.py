@@ -27,6 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 
+TIE = 1e-9  # relative latency difference treated as a tie
+
+
 @dataclass(frozen=True)
 class SplitProblem:
     budget_bytes: int  # B
@@ -86,11 +89,14 @@ def lower_hull(curve: np.ndarray) -> np.ndarray:
 
 
 def split(p: SplitProblem, exp_curve: np.ndarray, kv_curve: np.ndarray, floor: bool = True) -> Split | None:
-    """The latency-minimising split (ties: the larger cap); None when no C >= top_k fits the budget."""
+    """The latency-minimising split; None when no C >= top_k fits the budget. Ties (latencies equal to
+    within float rounding, 1e-9 relative) go to the larger cap, so the answer does not hinge on rounding."""
     caps = p.feasible_caps(floor)
     if not caps:
         return None
-    return min((latency(p, exp_curve, kv_curve, c) for c in caps), key=lambda s: (s.latency, -s.expert_cap))
+    options = [latency(p, exp_curve, kv_curve, c) for c in caps]
+    best = min(s.latency for s in options)
+    return max((s for s in options if s.latency <= best + TIE * max(1.0, abs(best))), key=lambda s: s.expert_cap)
 
 
 def equimarginal_cap(p: SplitProblem, exp_curve: np.ndarray, kv_curve: np.ndarray, floor: bool = True) -> int | None:
