@@ -3,9 +3,8 @@ own `save_pretrained` (float32), so the loader reads exactly the hub's tensor na
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import os
+from pathlib import Path
 
 import pytest
 import torch
