@@ -56,7 +56,7 @@ def run_mode(path: Path, mode: str, cap: int | None, args, device: str) -> dict:
     _reset_peak(device)
     t0 = time.perf_counter()
     llm = LLM(str(path), device=device, mode=mode, expert_cap=cap, dtype="bfloat16" if device == "cuda" else None,
-              max_concurrency=1, max_model_len=args.prompt_len + args.decode_tokens + 8)
+              max_concurrency=1, max_model_len=args.prompt_len + args.decode_tokens + 8, moe_backend=args.moe_backend)
     load_s = time.perf_counter() - t0
     peak_load = _peak(device)
     prompt = torch.randint(0, llm.config.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -89,6 +89,7 @@ def run_mode(path: Path, mode: str, cap: int | None, args, device: str) -> dict:
         "prompt_len": args.prompt_len,
         "decode_tokens": n_dec,
         "temperature": args.temperature,
+        "moe_backend": args.moe_backend,
         "load_s": round(load_s, 2),
         "ttft_s": round(ttft, 4),
         "decode_tok_s": round(n_dec / decode_s, 2),
@@ -116,6 +117,7 @@ def main() -> int:
     ap.add_argument("--workdir", default="/tmp/wisp-bench-ckpt")
     ap.add_argument("--keep", action="store_true", help="keep the written checkpoint")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--moe-backend", default="torch", choices=["torch", "triton"])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU, to check the script itself")
     args = ap.parse_args()
     ap_device = "cuda" if torch.cuda.is_available() else "cpu"

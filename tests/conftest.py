@@ -89,6 +89,7 @@ def hf_checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 def pytest_addoption(parser):
     parser.addoption("--wisp-device", default="cpu", help="device the model tests run on (cpu or cuda)")
+    parser.addoption("--wisp-moe-backend", default="torch", help="fused-MoE backend of the model tests (torch or triton)")
 
 
 @pytest.fixture(scope="session")
@@ -97,6 +98,11 @@ def device(request) -> str:
     if dev.startswith("cuda") and not torch.cuda.is_available():
         pytest.fail("--wisp-device cuda given but no CUDA device is available")
     return dev
+
+
+@pytest.fixture(scope="session")
+def moe_backend(request) -> str:
+    return request.config.getoption("--wisp-moe-backend")
 
 
 @pytest.fixture(autouse=True)

@@ -26,6 +26,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
 }
 
 MODES = ("paged", "resident", "offload")
+MOE_BACKENDS = ("torch", "triton")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -210,6 +211,7 @@ class EngineConfig:
     max_model_len: int | None = None  # L: prompt + output tokens; default min(max_position_embeddings, 4096)
     enable_prefix_caching: bool = True
     per_layer_caps: tuple[int, ...] | None = None  # one cap per MoE layer (a plan's uneven caps), paged mode
+    moe_backend: str = "torch"  # "torch" (the reference, CPU and CUDA) or "triton" (CUDA)
 
     def __post_init__(self) -> None:
         if self.kv_blocks is not None and self.kv_bytes is not None:
@@ -220,6 +222,8 @@ class EngineConfig:
                 raise WispError(f"{name.replace('_', '-')} must be >= 1, got {value}")
         if self.mode not in MODES:
             raise WispError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
+        if self.moe_backend not in MOE_BACKENDS:
+            raise WispError(f"unknown MoE backend {self.moe_backend!r}; choose one of: {', '.join(MOE_BACKENDS)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise WispError(f"unknown device {self.device!r}; choose one of: auto, cpu, cuda")
         parse_dtype(self.dtype)

@@ -14,6 +14,7 @@ batch-invariant), so modes can be swapped without changing a single token.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Callable
 
 import torch
 
@@ -22,11 +23,22 @@ from wisp.core.moe import fused_moe
 from wisp.core.pager import ExpertPager, plan_groups
 
 GATE_UP, DOWN = "gate_up", "down"
+MoEFn = Callable[..., torch.Tensor]  # fused_moe's signature
+
+
+def moe_function(backend: str) -> MoEFn:
+    """The fused-MoE implementation for a backend name ("torch" reference or "triton")."""
+    if backend == "triton":
+        from wisp.core.triton_moe import triton_fused_moe
+
+        return triton_fused_moe
+    return fused_moe
 
 
 class ExpertStore(ABC):
     mode: str
     counters: ExpertCounters
+    moe_fn: MoEFn = staticmethod(fused_moe)
 
     @abstractmethod
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor: ...
@@ -53,7 +65,7 @@ class ResidentExperts(ExpertStore):
     def forward(self, hidden, topk_ids, topk_weights):
         self.counters.steps += 1
         self.counters.hits += len(_distinct(topk_ids))
-        return fused_moe(hidden, self.bank[GATE_UP], self.bank[DOWN], topk_ids, topk_weights, self.expert_map)
+        return self.moe_fn(hidden, self.bank[GATE_UP], self.bank[DOWN], topk_ids, topk_weights, self.expert_map)
 
     @property
     def device_bytes(self) -> int:
@@ -85,12 +97,12 @@ class PagedExperts(ExpertStore):
         distinct = _distinct(topk_ids)
         if len(distinct) <= pager.capacity:
             expert_map = pager.prepare(distinct)
-            return fused_moe(hidden, pager.scratch[GATE_UP], pager.scratch[DOWN], topk_ids, topk_weights, expert_map)
+            return self.moe_fn(hidden, pager.scratch[GATE_UP], pager.scratch[DOWN], topk_ids, topk_weights, expert_map)
         out = torch.empty_like(hidden)
         for start, end in plan_groups(topk_ids.tolist(), pager.capacity):
             ids = topk_ids[start:end]
             expert_map = pager.prepare(_distinct(ids))
-            out[start:end] = fused_moe(
+            out[start:end] = self.moe_fn(
                 hidden[start:end], pager.scratch[GATE_UP], pager.scratch[DOWN], ids, topk_weights[start:end], expert_map
             )
         return out
@@ -129,7 +141,7 @@ class OffloadExperts(ExpertStore):
         c.loads += self.host[GATE_UP].shape[0]
         c.bytes_h2d += self.layer_bytes
         w = self.buffer.tensors
-        return fused_moe(hidden, w[GATE_UP], w[DOWN], topk_ids, topk_weights, self.expert_map)
+        return self.moe_fn(hidden, w[GATE_UP], w[DOWN], topk_ids, topk_weights, self.expert_map)
 
     @property
     def device_bytes(self) -> int:

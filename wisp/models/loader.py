@@ -19,7 +19,16 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from wisp.config import EngineConfig, ModelConfig
-from wisp.core.experts import DOWN, GATE_UP, ExpertStore, LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts
+from wisp.core.experts import (
+    DOWN,
+    GATE_UP,
+    ExpertStore,
+    LayerBuffer,
+    OffloadExperts,
+    PagedExperts,
+    ResidentExperts,
+    moe_function,
+)
 from wisp.errors import WispError
 from wisp.models.families import FamilyNames, family_names
 from wisp.models.moe_decoder import AttentionWeights, LayerWeights, MLPWeights, MoEDecoder
@@ -164,4 +173,7 @@ def _load_experts(
                 shared_buffer = LayerBuffer(bank, device)
             stores[li] = OffloadExperts(bank, shared_buffer, owns_buffer=owner)
     bar.close()
+    moe_fn = moe_function(engine.moe_backend)
+    for store in stores.values():
+        store.moe_fn = moe_fn
     return stores

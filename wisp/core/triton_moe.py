@@ -1,0 +1,93 @@
+"""`fused_moe` on the GPU in Triton, with the reference's signature and contract (`wisp.core.moe`).
+
+Two launches and a combine:
+1. `_gate_up_act`: one program per (token, k) pair and block of I rows reads the pair's expert through
+   `expert_map` (a -1 slot writes zeros: the term is skipped) and computes silu(gate) * up in float32;
+2. `_down`: one program per pair and block of D rows computes the pair's output rows in float32;
+3. the weighted sum over k in routing order (float32), cast to hidden's dtype.
+
+Each program reduces over a fixed sequence of fixed-size blocks, and no program reads another pair's
+data, so a token's output depends only on its own row, routing and expert bytes: it is batch-invariant
+and slot-invariant by construction (paged == resident bit for bit). This first kernel is a per-pair GEMV,
+right for decode (a few tokens); a prefill re-reads an expert once per token routed to it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, h_ptr, K, D, I, stride_ws, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr):
+    pair = tl.program_id(0)
+    ib = tl.program_id(1)
+    token = pair // K
+    slot = tl.load(map_ptr + tl.load(ids_ptr + pair))
+    rows = ib * BLOCK_I + tl.arange(0, BLOCK_I)
+    row_ok = rows < I
+    gate = tl.zeros((BLOCK_I,), dtype=tl.float32)
+    up = tl.zeros((BLOCK_I,), dtype=tl.float32)
+    if slot >= 0:
+        w = w_ptr + slot.to(tl.int64) * stride_ws
+        for d0 in range(0, D, BLOCK_D):
+            cols = d0 + tl.arange(0, BLOCK_D)
+            col_ok = cols < D
+            x = tl.load(x_ptr + token.to(tl.int64) * D + cols, mask=col_ok, other=0.0).to(tl.float32)
+            mask = row_ok[:, None] & col_ok[None, :]
+            wg = tl.load(w + rows[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            wu = tl.load(w + (rows[:, None] + I) * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            gate += tl.sum(wg * x[None, :], axis=1)
+            up += tl.sum(wu * x[None, :], axis=1)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(h_ptr + pair.to(tl.int64) * I + rows, h, mask=row_ok)
+
+
+@triton.jit
+def _down(h_ptr, w_ptr, ids_ptr, map_ptr, y_ptr, D, I, stride_ws, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr):
+    pair = tl.program_id(0)
+    db = tl.program_id(1)
+    slot = tl.load(map_ptr + tl.load(ids_ptr + pair))
+    rows = db * BLOCK_D + tl.arange(0, BLOCK_D)
+    row_ok = rows < D
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if slot >= 0:
+        w = w_ptr + slot.to(tl.int64) * stride_ws
+        for i0 in range(0, I, BLOCK_I):
+            cols = i0 + tl.arange(0, BLOCK_I)
+            col_ok = cols < I
+            h = tl.load(h_ptr + pair.to(tl.int64) * I + cols, mask=col_ok, other=0.0)
+            wd = tl.load(w + rows[:, None] * I + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            acc += tl.sum(wd.to(tl.float32) * h[None, :], axis=1)
+    tl.store(y_ptr + pair.to(tl.int64) * D + rows, acc, mask=row_ok)
+
+
+def triton_fused_moe(
+    hidden: torch.Tensor,  # [T, D]
+    w_gate_up: torch.Tensor,  # [S, 2I, D]
+    w_down: torch.Tensor,  # [S, D, I]
+    topk_ids: torch.Tensor,  # [T, K]
+    topk_weights: torch.Tensor,  # [T, K]
+    expert_map: torch.Tensor | None = None,  # [N] int32, logical -> slot or -1
+) -> torch.Tensor:
+    t, k = topk_ids.shape
+    d, inter = hidden.shape[1], w_down.shape[2]
+    if expert_map is None:
+        expert_map = torch.arange(w_gate_up.shape[0], dtype=torch.int32, device=hidden.device)
+    hidden, w_gate_up, w_down = hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    emap = expert_map.to(torch.int32).contiguous()
+    h = torch.empty((t * k, inter), dtype=torch.float32, device=hidden.device)
+    y = torch.empty((t * k, d), dtype=torch.float32, device=hidden.device)
+    block_i, block_d = 32, 128
+    _gate_up_act[(t * k, triton.cdiv(inter, block_i))](
+        hidden, w_gate_up, ids, emap, h, k, d, inter, w_gate_up.stride(0), BLOCK_I=block_i, BLOCK_D=block_d
+    )
+    _down[(t * k, triton.cdiv(d, 64))](h, w_down, ids, emap, y, d, inter, w_down.stride(0), BLOCK_D=64, BLOCK_I=128)
+    per_k = y.view(t, k, d)
+    weights = topk_weights.float()
+    out = per_k[:, 0] * weights[:, :1]
+    for j in range(1, k):
+        out = out + per_k[:, j] * weights[:, j : j + 1]
+    return out.to(hidden.dtype)
