@@ -8,7 +8,7 @@ slots first). Within a step experts are referenced in ascending id order (this f
 
 Policies (misses counted per distinct expert per step, as `ExpertCounters.misses`):
 - "lru":    evict the least recently used non-needed resident (exactly `ExpertPager`; a direct
-            OrderedDict simulation, independent of the stack-distance code, and equal to its curve);
+            simulation, independent of the stack-distance code, and equal to its curve);
 - "opt":    Belady: evict the non-needed resident whose next use is farthest in the future (never used
             again = infinitely far; ties: lowest id). Optimal among demand policies for set requests by
             the usual exchange argument: the step's own experts are used "now", so they are never the
@@ -29,8 +29,9 @@ OPT <= LRU and OPT <= LFU at every capacity; every count is non-increasing in C 
 from __future__ import annotations
 
 import heapq
-from collections import Counter, OrderedDict
-from collections.abc import Iterable, Sequence
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -53,27 +54,32 @@ def _check_capacity(sets: list[list[int]], capacity: int) -> None:
         raise ValueError(f"capacity {capacity} is below the largest step set ({widest} experts)")
 
 
-def _lru(sets: list[list[int]], capacity: int) -> int:
-    res: OrderedDict[int, None] = OrderedDict()  # least recently used first
+def _demand(sets: list[list[int]], capacity: int, key: Callable[[int], object], touch: Callable[[list[int], int], None]) -> int:
+    """Demand paging with the pager's set semantics: a step's missing experts are loaded, evicting the
+    non-needed residents that `key` orders first; `touch(need, t)` then updates the policy's state."""
+    resident: set[int] = set()
     misses = 0
-    for need in sets:
-        missing = [e for e in need if e not in res]
+    for t, need in enumerate(sets):
+        missing = [e for e in need if e not in resident]
         misses += len(missing)
-        evict = len(res) + len(missing) - capacity
+        evict = len(resident) + len(missing) - capacity
         if evict > 0:
             needed = set(need)
-            victims = []
-            for e in res:
-                if e not in needed:
-                    victims.append(e)
-                    if len(victims) == evict:
-                        break
-            for e in victims:
-                del res[e]
-        for e in need:
-            res[e] = None
-            res.move_to_end(e)
+            resident.difference_update(heapq.nsmallest(evict, (e for e in resident if e not in needed), key=key))
+        resident.update(need)
+        touch(need, t)
     return misses
+
+
+def _lru(sets: list[list[int]], capacity: int) -> int:
+    last: dict[int, int] = {}
+    clock = itertools.count()
+
+    def touch(need: list[int], t: int) -> None:
+        for e in need:  # ascending ids: later id = more recent, as in ExpertPager
+            last[e] = next(clock)
+
+    return _demand(sets, capacity, lambda e: last[e], touch)
 
 
 def _opt(sets: list[list[int]], capacity: int) -> int:
@@ -84,41 +90,26 @@ def _opt(sets: list[list[int]], capacity: int) -> int:
         for e in sets[t]:
             nxt[t][e] = upcoming.get(e, inf)
             upcoming[e] = t
-    res: dict[int, int] = {}  # resident expert -> its next use
-    misses = 0
-    for t, need in enumerate(sets):
-        missing = [e for e in need if e not in res]
-        misses += len(missing)
-        evict = len(res) + len(missing) - capacity
-        if evict > 0:
-            needed = set(need)
-            cands = [e for e in res if e not in needed]
-            for e in heapq.nlargest(evict, cands, key=lambda e: (res[e], -e)):
-                del res[e]
+    next_use: dict[int, int] = {}
+
+    def touch(need: list[int], t: int) -> None:
         for e in need:
-            res[e] = nxt[t][e]
-    return misses
+            next_use[e] = nxt[t][e]
+
+    return _demand(sets, capacity, lambda e: (-next_use[e], e), touch)  # farthest next use first
 
 
 def _lfu(sets: list[list[int]], capacity: int) -> int:
     freq: Counter[int] = Counter()
     last: dict[int, int] = {}
-    res: set[int] = set()
-    misses, clock = 0, 0
-    for need in sets:
-        missing = [e for e in need if e not in res]
-        misses += len(missing)
-        evict = len(res) + len(missing) - capacity
-        if evict > 0:
-            needed = set(need)
-            cands = [e for e in res if e not in needed]
-            res.difference_update(heapq.nsmallest(evict, cands, key=lambda e: (freq[e], last[e])))
+    clock = itertools.count()
+
+    def touch(need: list[int], t: int) -> None:
         for e in need:
-            res.add(e)
             freq[e] += 1
-            last[e] = clock
-            clock += 1
-    return misses
+            last[e] = next(clock)
+
+    return _demand(sets, capacity, lambda e: (freq[e], last[e]), touch)
 
 
 def pinned_set(steps: Sequence[Sequence[int]], capacity: int) -> list[int]:
