@@ -120,9 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     sizing.add_argument("--vram-budget", type=parse_size, default=None,
                         help="plan both pools for this budget from a short built-in warm-up trace")
 
+    from wisp.bench.decode import add_parser as add_bench_parser
     from wisp.plan_cli import add_parsers  # after this module's helpers exist (it imports parse_size)
 
     add_parsers(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -203,12 +205,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from wisp.bench.decode import bench_decode
+
+    bench_decode(args)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         from wisp.plan_cli import cmd_plan, cmd_sim
 
-        return {"generate": cmd_generate, "serve": cmd_serve, "plan": cmd_plan, "sim": cmd_sim}[args.command](args)
+        commands = {"generate": cmd_generate, "serve": cmd_serve, "plan": cmd_plan, "sim": cmd_sim, "bench": cmd_bench}
+        return commands[args.command](args)
     except WispError as exc:
         fail(str(exc))
 

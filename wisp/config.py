@@ -212,6 +212,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     per_layer_caps: tuple[int, ...] | None = None  # one cap per MoE layer (a plan's uneven caps), paged mode
     moe_backend: str = "torch"  # "torch" (the reference, CPU and CUDA) or "triton" (CUDA)
+    load_format: str = "safetensors"  # or "dummy": random weights of the model's shape, made on the device
 
     def __post_init__(self) -> None:
         if self.kv_blocks is not None and self.kv_bytes is not None:
@@ -222,6 +223,8 @@ class EngineConfig:
                 raise WispError(f"{name.replace('_', '-')} must be >= 1, got {value}")
         if self.mode not in MODES:
             raise WispError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
+        if self.load_format not in ("safetensors", "dummy"):
+            raise WispError(f"unknown load format {self.load_format!r}; choose one of: safetensors, dummy")
         if self.moe_backend not in MOE_BACKENDS:
             raise WispError(f"unknown MoE backend {self.moe_backend!r}; choose one of: {', '.join(MOE_BACKENDS)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

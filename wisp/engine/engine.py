@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -25,7 +26,9 @@ from wisp.engine.scheduler import Scheduler
 from wisp.engine.sequence import Sequence
 from wisp.engine.tokenizer import TextTokenizer
 from wisp.errors import WispError
-from wisp.models.loader import load_model
+from wisp.models.loader import CheckpointReader, load_model
+from wisp.models.presets import PRESETS, preset
+from wisp.models.random_checkpoint import RandomWeights
 from wisp.models.moe_decoder import Chunk
 from wisp.models.source import resolve_model_path
 
@@ -44,8 +47,7 @@ class StepOutput:
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.path = resolve_model_path(config.model)
-        cfg = ModelConfig.from_dir(self.path)
+        self.path, cfg = _model_source(config)
         if (override := parse_dtype(config.dtype)) is not None:
             cfg = replace(cfg, dtype=override)
         self.model_config = cfg
@@ -56,9 +58,13 @@ class LLMEngine:
         self.block_bytes = KVCache.block_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bs, cfg.dtype)
         self.floor_blocks = config.max_concurrency * -(-self.max_model_len // bs)
         num_blocks = self._pool_blocks()
-        self.tokenizer = TextTokenizer.from_dir(self.path)
-        self.chat_template, self.special_tokens = _tokenizer_config(self.path)
-        self.model = load_model(self.path, cfg, config, self.device)
+        self.tokenizer = TextTokenizer.from_dir(self.path) if self.path else None
+        self.chat_template, self.special_tokens = _tokenizer_config(self.path) if self.path else (None, {})
+        if config.load_format == "dummy":
+            reader = RandomWeights(cfg, device=self.device)
+        else:
+            reader = CheckpointReader(self.path)
+        self.model = load_model(reader, cfg, config, self.device)
         self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bs, num_blocks, cfg.dtype, self.device)
         self.pool = BlockPool(num_blocks, bs)
         self.scheduler = Scheduler(
@@ -265,6 +271,17 @@ class LLMEngine:
         self.pool.counters = type(self.pool.counters)()
         self.pool.counters.peak_blocks_used = min(peak, self.pool.num_used)
         self.tokens_prefilled = self.tokens_decoded = 0
+
+
+def _model_source(config: EngineConfig) -> tuple[Path | None, ModelConfig]:
+    """(checkpoint folder or None, config): a folder / 'demo' / hub id, or with --load-format dummy also
+    a preset name (qwen3-30b-a3b, ...), whose weights are made up on the device."""
+    if config.model in PRESETS:
+        if config.load_format != "dummy":
+            raise WispError(f"{config.model} is a shape preset with no weights: use --load-format dummy")
+        return None, ModelConfig.from_hf(preset(config.model))
+    path = resolve_model_path(config.model)
+    return path, ModelConfig.from_dir(path)
 
 
 def _tokenizer_config(path) -> tuple[str | None, dict]:

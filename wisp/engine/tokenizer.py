@@ -28,7 +28,8 @@ class TextTokenizer:
         return self._tok.decode(ids, skip_special_tokens=True)
 
 
-def require(tok: TextTokenizer | None, path: Path) -> TextTokenizer:
+def require(tok: TextTokenizer | None, path: Path | None) -> TextTokenizer:
     if tok is None:
-        raise WispError(f"{path} has no tokenizer.json: pass token ids (--prompt-ids) instead of text")
+        where = path if path is not None else "a model with dummy weights"
+        raise WispError(f"{where} has no tokenizer.json: pass token ids (--prompt-ids) instead of text")
     return tok

@@ -84,9 +84,9 @@ class CheckpointReader:
         self._stack.close()
 
 
-def load_model(path: Path, model_cfg: ModelConfig, engine: EngineConfig, device: torch.device) -> MoEDecoder:
+def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: torch.device) -> MoEDecoder:
+    """Build the decoder from `reader` (a CheckpointReader, or RandomWeights for --load-format dummy)."""
     dtype = model_cfg.dtype
-    reader = CheckpointReader(path)
     try:
         names = family_names(model_cfg.family)
 

@@ -10,6 +10,7 @@ created on first use under $WISP_CACHE (default ~/.cache/wisp).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ from safetensors.torch import save_file
 from wisp.config import ModelConfig
 from wisp.models.families import family_names
 
-DEMO_VERSION = "v1"
+DEMO_VERSION = "v2"
 DEMO_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3MoeForCausalLM"],
     "model_type": "qwen3_moe",
@@ -55,66 +56,95 @@ DEMO_CHAT_TEMPLATE = (
 )
 
 
-def _tensors_of_layer(cfg: ModelConfig, i: int, gen: torch.Generator, dtype: torch.dtype, device) -> Iterator[tuple[str, torch.Tensor]]:
+def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], float]]:
+    """(shard, name, shape, std) of every tensor of a checkpoint; std 0 means all ones (norm weights).
+    Shard 0 holds embeddings, final norm and LM head; shard i + 1 holds layer i."""
     n = family_names(cfg.family)
-    d, hd, h, hkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    d, hd, h, hkv, v = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size
+    yield 0, "model.embed_tokens.weight", (v, d), 0.5
+    yield 0, "model.norm.weight", (d,), 0.0
+    if not cfg.tie_word_embeddings:
+        yield 0, "lm_head.weight", (v, d), 0.05
+    for i in range(cfg.num_layers):
+        k = i + 1
+        yield k, f"{n.layer(i)}.input_layernorm.weight", (d,), 0.0
+        yield k, f"{n.layer(i)}.post_attention_layernorm.weight", (d,), 0.0
+        for proj, rows in (("q", h * hd), ("k", hkv * hd), ("v", hkv * hd)):
+            yield k, n.attn(i, f"{proj}_proj.weight"), (rows, d), 0.05
+            if cfg.attention_bias:
+                yield k, n.attn(i, f"{proj}_proj.bias"), (rows,), 0.05
+        yield k, n.attn(i, "o_proj.weight"), (d, h * hd), 0.05
+        norm = {"per_head": (hd, hd), "full": (h * hd, hkv * hd)}.get(cfg.qk_norm)
+        if norm:
+            yield k, n.attn(i, "q_norm.weight"), (norm[0],), 0.0
+            yield k, n.attn(i, "k_norm.weight"), (norm[1],), 0.0
+        if not cfg.moe_layers[i]:
+            inter = cfg.dense_intermediate_size
+            for which, shape in (("gate", (inter, d)), ("up", (inter, d)), ("down", (d, inter))):
+                yield k, n.dense_mlp(i, which), shape, 0.05
+            continue
+        yield k, n.router(i), (cfg.num_experts, d), 0.05
+        if cfg.shared_expert_intermediate_size:
+            si = cfg.shared_expert_intermediate_size
+            for which, shape in (("gate", (si, d)), ("up", (si, d)), ("down", (d, si))):
+                yield k, n.shared_expert(i, which), shape, 0.05
+            yield k, n.shared_expert_gate(i), (1, d), 0.05
+        inter = cfg.moe_intermediate_size
+        for e in range(cfg.num_experts):
+            for which, shape in (("gate", (inter, d)), ("up", (inter, d)), ("down", (d, inter))):
+                yield k, n.expert(i, e, which), shape, 0.05
 
-    def rand(*shape: int) -> torch.Tensor:
-        return (torch.randn(shape, generator=gen, device=device) * 0.05).to(dtype).cpu()
 
-    def ones(*shape: int) -> torch.Tensor:
-        return torch.ones(shape, dtype=dtype)
+def random_tensor(name: str, shape: tuple[int, ...], std: float, seed: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A tensor that depends only on (name, shape, std, seed): any subset can be made in any order."""
+    if std == 0.0:
+        return torch.ones(shape, dtype=dtype, device=device)
+    key = int.from_bytes(hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=7).digest(), "little")
+    gen = torch.Generator(device=device).manual_seed(key)
+    return (torch.randn(shape, generator=gen, device=device) * std).to(dtype)
 
-    yield f"{n.layer(i)}.input_layernorm.weight", ones(d)
-    yield f"{n.layer(i)}.post_attention_layernorm.weight", ones(d)
-    for proj, rows in (("q", h * hd), ("k", hkv * hd), ("v", hkv * hd)):
-        yield n.attn(i, f"{proj}_proj.weight"), rand(rows, d)
-        if cfg.attention_bias:
-            yield n.attn(i, f"{proj}_proj.bias"), rand(rows)
-    yield n.attn(i, "o_proj.weight"), rand(d, h * hd)
-    if cfg.qk_norm == "per_head":
-        yield n.attn(i, "q_norm.weight"), ones(hd)
-        yield n.attn(i, "k_norm.weight"), ones(hd)
-    elif cfg.qk_norm == "full":
-        yield n.attn(i, "q_norm.weight"), ones(h * hd)
-        yield n.attn(i, "k_norm.weight"), ones(hkv * hd)
-    if not cfg.moe_layers[i]:
-        inter = cfg.dense_intermediate_size
-        for which, shape in (("gate", (inter, d)), ("up", (inter, d)), ("down", (d, inter))):
-            yield n.dense_mlp(i, which), rand(*shape)
-        return
-    yield n.router(i), rand(cfg.num_experts, d)
-    inter = cfg.moe_intermediate_size
-    for e in range(cfg.num_experts):
-        for which, shape in (("gate", (inter, d)), ("up", (inter, d)), ("down", (d, inter))):
-            yield n.expert(i, e, which), rand(*shape)
+
+class RandomWeights:
+    """The checkpoint-reader interface (`in`, `get`, `close`) over random tensors made on `device`:
+    `--load-format dummy`, real shapes with no file on disk."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu"):
+        self.specs = {name: (shape, std) for _, name, shape, std in tensor_specs(cfg)}
+        self.cfg, self.seed, self.device = cfg, seed, torch.device(device)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.specs
+
+    def get(self, key: str) -> torch.Tensor:
+        shape, std = self.specs[key]
+        return random_tensor(key, shape, std, self.seed, self.cfg.dtype, self.device)
+
+    def close(self) -> None:
+        pass
 
 
 def write_random_checkpoint(raw_config: dict[str, Any], path: str | Path, seed: int = 0, device: str = "cpu") -> Path:
-    """Write a random checkpoint for `raw_config` (an HF config dict) into `path`; returns the path."""
+    """Write a random checkpoint for `raw_config` (an HF config dict) into `path`, one shard per layer plus
+    one for the head, with the hub's per-expert tensor names; the same tensors `RandomWeights` makes."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = ModelConfig.from_hf(raw_config)
-    dtype = cfg.dtype
-    gen = torch.Generator(device=device).manual_seed(seed)
     n_shards = cfg.num_layers + 1
     weight_map: dict[str, str] = {}
+    shards: dict[int, dict[str, torch.Tensor]] = {}
 
-    def shard(k: int, tensors: dict[str, torch.Tensor]) -> None:
-        name = f"model-{k:05d}-of-{n_shards:05d}.safetensors"
-        save_file({key: t.contiguous() for key, t in tensors.items()}, str(path / name), metadata={"format": "pt"})
+    def flush(k: int) -> None:
+        tensors = shards.pop(k)
+        name = f"model-{k + 1:05d}-of-{n_shards:05d}.safetensors"
+        save_file(tensors, str(path / name), metadata={"format": "pt"})
         weight_map.update({key: name for key in tensors})
 
-    d, v = cfg.hidden_size, cfg.vocab_size
-    head = {
-        "model.embed_tokens.weight": (torch.randn((v, d), generator=gen, device=device) * 0.5).to(dtype).cpu(),
-        "model.norm.weight": torch.ones(d, dtype=dtype),
-    }
-    if not cfg.tie_word_embeddings:
-        head["lm_head.weight"] = (torch.randn((v, d), generator=gen, device=device) * 0.05).to(dtype).cpu()
-    shard(1, head)
-    for i in range(cfg.num_layers):
-        shard(i + 2, dict(_tensors_of_layer(cfg, i, gen, dtype, device)))
+    for k, name, shape, std in tensor_specs(cfg):
+        if k not in shards and shards:
+            flush(next(iter(shards)))
+        shards.setdefault(k, {})[name] = random_tensor(name, shape, std, seed, cfg.dtype, device).cpu().contiguous()
+    for k in list(shards):
+        flush(k)
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     (path / "config.json").write_text(json.dumps(raw_config, indent=1))
     return path

@@ -1,0 +1,1 @@
+"""Benchmarks run by `wisp bench` (their results are kept under benchmarks/results/)."""

@@ -1,0 +1,145 @@
+"""`wisp bench decode`: batch-1 decode of one model in several expert modes, one JSON record per run.
+
+Each run loads the model (a checkpoint, or a preset's shape with `--load-format dummy`: random weights
+made on the device, so no 57 GiB file is written), prefills a fixed random prompt, then decodes
+`--decode-tokens` tokens with the engine stepped by hand so prefill and decode counters are split.
+A pinned host->device bandwidth probe runs in the same process; `roofline_step_s` is the bytes a decode
+step copied divided by that bandwidth, plus the resident step time when a resident run is in the set.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from wisp.engine.llm import LLM
+from wisp.engine.sampling import SamplingParams
+
+
+def probe_h2d_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
+    if device.type != "cuda":
+        return 0.0
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    best = float("inf")
+    for _ in range(6):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def _peak(device: torch.device) -> int:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: int, decode_tokens: int,
+               temperature: float) -> dict:
+    """One load + prefill + decode; returns the measured record (without probe/roofline fields)."""
+    t0 = time.perf_counter()
+    llm = LLM(model, mode=mode, expert_cap=cap, max_concurrency=1, max_model_len=prompt_len + decode_tokens + 8, **opts)
+    load_s = time.perf_counter() - t0
+    device = llm.engine.device
+    peak_load = _peak(device)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, llm.config.vocab_size, (prompt_len,), generator=gen).tolist()
+    params = SamplingParams(max_tokens=decode_tokens + 1, ignore_eos=True, temperature=temperature, seed=0)
+    llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up: allocator, kernels
+    llm.reset_stats()
+    _reset_peak(device)
+    engine = llm.engine
+    t_start = time.perf_counter()
+    engine.add_request("bench", prompt, params, strict_length=False)
+    seq = engine.requests["bench"]
+    engine.step()  # the prefill samples the first token
+    prefill = llm.stats()
+    t_first = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    t_end = time.perf_counter()
+    s = llm.stats()
+    n_dec = len(seq.output_ids) - 1
+    decode_s = t_end - t_first
+    decode_bytes = s["bytes_h2d"] - prefill["bytes_h2d"]
+    hits = s["expert_hits"] - prefill["expert_hits"]
+    routed = hits + s["expert_misses"] - prefill["expert_misses"]
+    return {
+        "mode": mode,
+        "expert_cap": llm.expert_cap,
+        "layers": llm.config.num_layers,
+        "prompt_len": prompt_len,
+        "decode_tokens": n_dec,
+        "temperature": temperature,
+        "load_s": round(load_s, 2),
+        "ttft_s": round(t_first - t_start, 4),
+        "decode_tok_s": round(n_dec / decode_s, 3),
+        "step_s": round(decode_s / n_dec, 6),
+        "hit_rate": round(hits / routed, 4) if routed else 0.0,
+        "bytes_h2d_per_token": round(decode_bytes / n_dec),
+        "h2d_gbps_achieved": round(decode_bytes / decode_s / 1e9, 3),
+        "expert_device_bytes": s["expert_device_bytes"],
+        "peak_gpu_bytes_load": peak_load,
+        "peak_gpu_bytes": _peak(device),
+        "device": str(device),
+    }
+
+
+def bench_decode(args) -> list[dict]:
+    opts = {"device": args.device, "load_format": args.load_format, "moe_backend": args.moe_backend}
+    if args.dtype:
+        opts["dtype"] = args.dtype
+    caps = [int(c) for c in args.expert_cap.split(",")] if args.expert_cap else [None]
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    runs = [(m, c) for m in sorted(modes, key=lambda m: m != "resident") for c in (caps if m == "paged" else [None])]
+    device = torch.device("cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+    gbps = probe_h2d_gbps(device)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    records, resident_step = [], None
+    for mode, cap in runs:
+        r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature)
+        if mode == "resident":
+            resident_step = r["step_s"]
+        roofline = (r["bytes_h2d_per_token"] / (gbps * 1e9) if gbps else 0.0) + (resident_step or 0.0)
+        r.update(preset=args.model, load_format=args.load_format, moe_backend=args.moe_backend, h2d_gbps_probe=round(gbps, 2),
+                 roofline_step_s=round(roofline, 6) if resident_step is not None else None, gpu=gpu,
+                 command="wisp bench decode " + " ".join(sys.argv[3:]))
+        records.append(r)
+        print(json.dumps(r), file=sys.stderr, flush=True)
+    print(f"{'mode':9} {'cap':>4} {'tok/s':>8} {'step ms':>8} {'roof ms':>8} {'hit':>6} {'MB/tok':>8} {'peak GB':>8}")
+    for r in records:
+        roof = f"{r['roofline_step_s'] * 1e3:8.2f}" if r["roofline_step_s"] is not None else "       -"
+        print(f"{r['mode']:9} {r['expert_cap']:>4} {r['decode_tok_s']:>8} {r['step_s'] * 1e3:>8.2f} {roof} "
+              f"{r['hit_rate']:>6} {r['bytes_h2d_per_token'] / 1e6:>8.1f} {r['peak_gpu_bytes'] / 1e9:>8.2f}")
+    print(f"pinned H2D probe: {gbps:.1f} GB/s on {gpu}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(records, indent=1))
+    return records
+
+
+def add_parser(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+    dec = kinds.add_parser("decode", help="batch-1 decode in one or more expert modes")
+    dec.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
+    dec.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    dec.add_argument("--mode", default="paged", help="comma list of paged, resident, offload")
+    dec.add_argument("--expert-cap", default=None, help="comma list of caps for paged runs")
+    dec.add_argument("--prompt-len", type=int, default=128)
+    dec.add_argument("--decode-tokens", type=int, default=128)
+    dec.add_argument("--temperature", type=float, default=0.0)
+    dec.add_argument("--device", default="auto")
+    dec.add_argument("--dtype", default=None)
+    dec.add_argument("--moe-backend", choices=["torch", "triton"], default="torch")
+    dec.add_argument("--out", default=None, help="write the records as a JSON list here")
