@@ -160,7 +160,7 @@ def test_cli_fail_is_one_line_for_multiline_messages(monkeypatch, capsys):
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"max_tokens": 0}, "max_tokens must be >= 1"), ({"temperature": -1.0}, "temperature must be >= 0"),
+    [({"max_tokens": 0}, "max_tokens must be >= 1"), ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
      ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"), ({"top_k": -1}, "top_k must be >= 0")],
 )
 def test_api_bad_sampling_params(kwargs, match):
@@ -246,3 +246,35 @@ def test_api_malformed_metadata(good, tmp_path, edit):
     path = _edited_copy(good, tmp_path / "m", edit)
     with pytest.raises(WispError):
         LLM(str(path), device="cpu")
+
+
+# -- found in review: inputs that once crashed a batch or escaped as a traceback
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=float("nan")), dict(temperature=float("inf")), dict(seed=2**64),
+                                    dict(seed=-1)])
+def test_non_finite_temperature_and_out_of_range_seed_are_rejected(kwargs):
+    with pytest.raises(WispError):
+        SamplingParams(**kwargs)
+
+
+def test_tiny_temperature_samples_the_argmax_instead_of_overflowing():
+    import torch
+
+    from wisp.engine.sampling import Sampler
+
+    assert Sampler(SamplingParams(temperature=1e-40, seed=0))(torch.tensor([0.5, 3.0, 2.9])) == 1
+
+
+def test_a_failed_generate_leaves_nothing_in_the_engine(llm, monkeypatch):
+    engine = llm.engine
+
+    def boom(self, logits):
+        raise RuntimeError("sampler failed")
+
+    monkeypatch.setattr("wisp.engine.sampling.Sampler.__call__", boom)
+    with pytest.raises(RuntimeError):
+        llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=3))
+    monkeypatch.undo()
+    assert not engine.requests and not engine.has_unfinished() and engine.pool.num_used == 0
+    assert len(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3))[0].token_ids) == 3

@@ -127,3 +127,42 @@ def test_apply_plan_and_warmup_keep_outputs_identical(tmp_path):
     with pytest.raises(WispError, match="per_layer_caps"):
         plan_from_file(str(tmp_path / "p.json"))
     assert np.all(np.array(plan["per_layer_caps"]) >= 4)
+
+
+def test_plan_files_are_checked_before_they_are_applied(tmp_path):
+    def write(obj) -> str:
+        path = tmp_path / "plan.json"
+        path.write_text(json.dumps(obj))
+        return str(path)
+
+    good = {"per_layer_caps": [4, 4], "kv_blocks": 64, "kv_block_size": 16}
+    assert plan_from_file(write(good), 16)["kv_blocks"] == 64
+    with pytest.raises(WispError, match="64-token KV blocks"):
+        plan_from_file(write({**good, "kv_block_size": 64}), 16)
+    with pytest.raises(WispError, match="integer"):
+        plan_from_file(write({**good, "kv_blocks": 64.0}), 16)
+    with pytest.raises(WispError, match="not a JSON object"):
+        plan_from_file(write([1, 2]), 16)
+
+
+def test_record_routing_to_an_unwritable_place_fails_before_the_run(recorded, tmp_path):
+    _, cache, _ = recorded
+    proc = run_wisp(["--model", "demo", "--prompt", "H", "--max-tokens", "2", "--device", "cpu",
+                     "--record-routing", tmp_path / "missing-dir" / "t.npz"], cache)
+    assert proc.returncode == 2 and "not a writable directory" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bad_kv_traces_and_caps_are_one_line(recorded, tmp_path):
+    trace, cache, _ = recorded
+    (tmp_path / "kv.json").write_text(json.dumps({"not": "a list"}))
+    (tmp_path / "kv.jsonl").write_text(json.dumps({"prompt_tokens": "x"}) + "\n")
+    base = ["--model", "demo", "--vram-budget", "48MiB", "--max-model-len", "512", "--trace", trace, "--reserve", "1MiB",
+            "--device", "cpu", *COSTS]
+    runs = run_many({
+        "obj": (*base, "--kv-trace", tmp_path / "kv.json"),
+        "str": (*base, "--kv-trace", tmp_path / "kv.jsonl"),
+    }, cache, command="plan")
+    for proc in runs.values():
+        assert proc.returncode == 2 and "KV trace" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    neg = run_wisp(["--trace", trace, "--caps=-1,4"], cache, command="sim")
+    assert neg.returncode == 2 and "--caps must be >= 0" in neg.stderr

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import socket
 import sys
@@ -72,7 +74,10 @@ def parse_size(text: str) -> int:
     power = "kmgt".find(prefix.lower()) + 1 if prefix else 0
     if binary and not prefix:
         raise argparse.ArgumentTypeError(f"expected a size like 2GiB, 512MiB, 1e9 or 4096, got {text!r}")
-    value = int(float(number) * ((1024 if binary else 1000) ** power))
+    scaled = float(number) * ((1024 if binary else 1000) ** power)
+    if not math.isfinite(scaled):
+        raise argparse.ArgumentTypeError(f"size {text!r} is not a finite number of bytes")
+    value = int(scaled)
     if value < 1:
         raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
     return value
@@ -136,10 +141,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     llm = LLM(args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, dtype=args.dtype,
               moe_backend=args.moe_backend)
-    recorder = _recorder(llm.engine, args.model) if args.record_routing else None
+    recorder = _recorder(llm.engine, args.model, args.record_routing) if args.record_routing else None
     out = llm.generate([args.prompt if args.prompt is not None else args.prompt_ids], params)[0]
     if recorder is not None:
-        recorder.trace().save(args.record_routing)
+        _save_trace(recorder, args.record_routing)
     stats = llm.stats()
     if args.json:
         print(json.dumps({"token_ids": out.token_ids, "text": out.text, "finish_reason": out.finish_reason, "stats": stats}))
@@ -165,11 +170,26 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _recorder(engine, model_name: str):
+def _recorder(engine, model_name: str, path: str):
+    """A routing recorder on `engine`, after checking that `path` can be written (fail before the run)."""
     from wisp.trace.recorder import RoutingRecorder
 
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise WispError(f"cannot write the routing trace: {folder} is not a writable directory")
+    if not path.endswith((".npz", ".jsonl")):
+        raise WispError(f"--record-routing {path}: the file name must end in .npz or .jsonl")
     cfg = engine.model_config
     return RoutingRecorder(cfg.moe_layer_ids, cfg.num_experts, model_name).attach(engine)
+
+
+def _save_trace(recorder, path: str) -> None:
+    try:
+        recorder.trace().save(path)
+    except ValueError:
+        print("wisp: no routing was recorded (no request ran); nothing written", file=sys.stderr)
+    except OSError as exc:
+        fail(f"could not write the routing trace {path}: {exc}")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -189,10 +209,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.plan or args.vram_budget:
             from wisp.engine.warmup import plan_from_file, plan_from_warmup
 
-            plan = plan_from_file(args.plan) if args.plan else plan_from_warmup(engine, args.vram_budget)
+            plan = plan_from_file(args.plan, engine.config.kv_block_size) if args.plan else plan_from_warmup(engine, args.vram_budget)
             engine.apply_plan(plan["per_layer_caps"], plan["kv_blocks"])
             print(f"wisp: plan applied: expert caps {plan['per_layer_caps']}, {plan['kv_blocks']} KV blocks", flush=True)
-        recorder = _recorder(engine, args.model) if args.record_routing else None
+        recorder = _recorder(engine, args.model, args.record_routing) if args.record_routing else None
     except BaseException:
         sock.close()
         raise
@@ -201,7 +221,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = f"[{args.host}]" if ":" in args.host else args.host
     serve(app, async_engine, sock, f"wisp: serving {args.model} on http://{host}:{sock.getsockname()[1]}")
     if recorder is not None:
-        recorder.trace().save(args.record_routing)
+        _save_trace(recorder, args.record_routing)
     return 0
 
 

@@ -39,7 +39,7 @@ def load_traces(args) -> tuple:
         raise WispError(f"routing trace {args.trace} does not exist")
     try:
         trace = load_any(args.trace)
-    except (ValueError, KeyError, OSError) as exc:
+    except (ValueError, KeyError, OSError, TypeError, AttributeError, IndexError) as exc:
         raise WispError(f"could not read routing trace {args.trace}: {exc}") from None
     kv = read_kv_trace(args.kv_trace, args.block_size) if args.kv_trace else None
     return trace, kv
@@ -129,6 +129,8 @@ def cmd_sim(args) -> int:
             caps = [int(c) for c in args.caps.split(",")]
         except ValueError:
             raise WispError(f"--caps must be comma-separated integers, got {args.caps!r}") from None
+        if any(c < 0 for c in caps):
+            raise WispError(f"--caps must be >= 0, got {args.caps!r}")
     else:
         caps = sorted(set(int(round(c)) for c in torch.linspace(k, n, min(12, n - k + 1)).tolist()))
     refs = references(trace)

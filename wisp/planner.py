@@ -99,10 +99,15 @@ def estimate_recompute_cost(cfg: ModelConfig, device: torch.device) -> float:
 
 
 def layer_curves(trace: RoutingTrace, cfg: ModelConfig) -> list[np.ndarray]:
-    """Per model MoE layer: misses per token for C = 0..N (trace layers reused cyclically if fewer)."""
+    """Per model MoE layer: misses per token for C = 0..N (trace layers reused cyclically if fewer).
+
+    Each token is its own step here. A recorded step (a prefill, a batched decode) can route to more
+    experts than C, and the pager then runs it in token groups that fit; one token per step is the finest
+    such grouping and keeps the curve a real pager replay for every C >= top_k."""
     if trace.num_experts > cfg.num_experts:
         raise WispError(f"the routing trace has {trace.num_experts} experts but the model has {cfg.num_experts}")
-    curves = [expert_miss_curve(trace.steps(layer), cfg.num_experts) / max(trace.num_tokens, 1) for layer in trace.layers]
+    curves = [expert_miss_curve(trace.steps(layer, per_token=True), cfg.num_experts) / max(trace.num_tokens, 1)
+              for layer in trace.layers]
     return [curves[i % len(curves)] for i in range(len(cfg.moe_layer_ids))]
 
 
@@ -139,6 +144,8 @@ def make_plan(cfg: ModelConfig, inputs: PlanInputs, trace: RoutingTrace, kv: KVT
     free = split(problem, exp_curve, kv_per_request, floor=False)
     caps = per_layer_caps(per_layer, best.expert_cap * len(per_layer), cfg.top_k, cfg.num_experts)
     per_layer_misses = float(sum(c[k] for c, k in zip(per_layer, caps)))
+    if per_layer_misses > best.expert_misses:  # greedy can lose on non-convex curves: never worse than uniform
+        caps, per_layer_misses = [best.expert_cap] * len(per_layer), best.expert_misses
     return {
         "model": cfg.architecture,
         "expert_cap": best.expert_cap,

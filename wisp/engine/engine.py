@@ -163,7 +163,7 @@ class LLMEngine:
             seq.logits.append(logits.cpu())
         p = seq.params
         reason = None
-        if not p.ignore_eos and (token in self.model_config.eos_token_ids or token in p.stop_token_ids):
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.model_config.eos_token_ids):
             reason = "stop"
         elif len(seq.output_ids) >= p.max_tokens or len(seq) >= seq.max_len:
             reason = "length"

@@ -79,11 +79,16 @@ class LLM:
             self.engine.validate_prompt(ids)
         rids = [f"llm-{next(self._ids)}" for _ in encoded]
         seqs = []
-        for rid, ids, p in zip(rids, encoded, plist):
-            self.engine.add_request(rid, ids, p, strict_length=False, keep_logits=return_logits)
-            seqs.append(self.engine.requests[rid])
-        while self.engine.has_unfinished():
-            self.engine.step()
+        try:
+            for rid, ids, p in zip(rids, encoded, plist):
+                self.engine.add_request(rid, ids, p, strict_length=False, keep_logits=return_logits)
+                seqs.append(self.engine.requests[rid])
+            while self.engine.has_unfinished():
+                self.engine.step()
+        except BaseException:  # an error or Ctrl-C must not leave this call's requests in the engine
+            for rid in rids:
+                self.engine.abort_request(rid)
+            raise
         return [
             RequestOutput(
                 s.prompt_ids, s.output_ids, s.text, s.finish_reason, s.logits, s.arrival_time, s.first_token_time, s.finish_time

@@ -6,6 +6,7 @@ submission), so its tokens never depend on the other requests in a batch. temper
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,8 +28,10 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise WispError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise WispError(f"temperature must be >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise WispError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise WispError(f"seed must be in [0, 2**63), got {self.seed}")
         if not 0 < self.top_p <= 1:
             raise WispError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -47,7 +50,10 @@ class Sampler:
         p = self.params
         if p.temperature == 0:
             return int(torch.argmax(logits).item())
-        logits = logits.float().cpu() / p.temperature
+        logits = logits.float().cpu()
+        logits = (logits - logits.max()) / p.temperature  # max first: a tiny temperature cannot overflow
+        if not torch.isfinite(logits.max()):  # all -inf after scaling cannot happen; NaN logits can
+            return int(torch.argmax(logits).item())
         if p.top_k:
             kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -23,14 +23,22 @@ WARMUP_PROMPTS = (
 )
 
 
-def plan_from_file(path: str) -> dict:
+def plan_from_file(path: str, block_size: int = 16) -> dict:
+    """A `wisp plan` JSON, checked: integer caps and block count, planned for this engine's block size."""
     try:
         plan = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise WispError(f"could not read plan {path}: {exc}") from None
+    if not isinstance(plan, dict):
+        raise WispError(f"plan {path} is not a JSON object")
     missing = [k for k in ("per_layer_caps", "kv_blocks") if k not in plan]
     if missing:
         raise WispError(f"plan {path} has no {', '.join(missing)}")
+    caps, blocks = plan["per_layer_caps"], plan["kv_blocks"]
+    if not (isinstance(caps, list) and all(type(c) is int for c in caps) and type(blocks) is int):
+        raise WispError(f"plan {path}: per_layer_caps must be a list of integers and kv_blocks an integer")
+    if plan.get("kv_block_size", 16) != block_size:
+        raise WispError(f"plan {path} was made for {plan.get('kv_block_size')}-token KV blocks; this engine uses {block_size}")
     return plan
 
 

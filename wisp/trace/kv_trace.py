@@ -65,6 +65,16 @@ def read_kv_trace(path: str | Path, block_size: int = 16, chars_per_token: float
         raise WispError(f"KV trace {path} is not valid JSON/JSONL: {exc}") from None
     if not records:
         raise WispError(f"KV trace {path} is empty")
+    try:
+        _add_records(trace, records, chars_per_token)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise WispError(f"KV trace {path}: unexpected record layout ({exc.__class__.__name__}: {exc})") from None
+    return trace
+
+
+def _add_records(trace: KVTrace, records, chars_per_token: float) -> None:
+    if not isinstance(records, list):
+        raise TypeError("expected a list of records")
     first = records[0]
     if "conversations" in first:
         for i, rec in enumerate(records):
@@ -79,5 +89,4 @@ def read_kv_trace(path: str | Path, block_size: int = 16, chars_per_token: float
         for rec in records:
             trace.add(str(rec.get("session", "")), int(rec["prompt_tokens"]), int(rec.get("output_tokens", 0)))
     else:
-        raise WispError(f"KV trace {path}: unknown record layout (keys {sorted(first)[:6]})")
-    return trace
+        raise ValueError(f"unknown record layout (keys {sorted(first)[:6]})")

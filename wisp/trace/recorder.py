@@ -3,7 +3,8 @@
 Attach with `recorder.attach(engine)`: the model calls `record(layer, topk_ids, topk_weights)` from its
 MoE blocks, and the engine opens a new step before each forward. `trace()` returns a `RoutingTrace`
 whose tokens are in processing order with `step` marking which tokens were computed together (a
-prefill, a grouped batch, or one batched decode step), exactly the sets the expert pager saw.
+prefill or one batched decode step). Those are the pager's steps whenever a step routes to at most C
+experts; a wider one the pager splits into token groups (`plan_groups`), which the trace does not record.
 Recording reads the routing back to the host every layer: it is for traces, not for speed.
 """
 
