@@ -10,11 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import MODEL, make_client
 from tests.server.fake_engine import ByteTokenizer, scripted_text
-from wisp.engine.sampling import SamplingParams
 from wisp.models.random_checkpoint import DEMO_CHAT_TEMPLATE
 from wisp.server.chat_template import ChatTemplate
 
-HAS_STOP = "stop" in SamplingParams.__dataclass_fields__
 
 
 def sse_payloads(body: str) -> list[dict]:
@@ -94,7 +92,6 @@ def test_eos_finishes_with_stop(client):
     assert body["usage"]["completion_tokens"] == 3 and len(body["choices"][0]["text"]) == 2
 
 
-@pytest.mark.skipif(not HAS_STOP, reason="SamplingParams has no stop strings yet")
 def test_stop_strings(client):
     full = scripted_text(list(b"Hello"), 20)
     stop = full[6:9]
