@@ -14,7 +14,6 @@ from wisp.models.random_checkpoint import DEMO_CHAT_TEMPLATE
 from wisp.server.chat_template import ChatTemplate
 
 
-
 def sse_payloads(body: str) -> list[dict]:
     """The JSON payloads of an SSE body, checking its framing and the closing [DONE]."""
     assert body.endswith("data: [DONE]\n\n"), body[-200:]
