@@ -90,6 +90,7 @@ def hf_checkpoints(tmp_path_factory) -> dict[str, Path]:
 def pytest_addoption(parser):
     parser.addoption("--wisp-device", default="cpu", help="device the model tests run on (cpu or cuda)")
     parser.addoption("--wisp-moe-backend", default="torch", help="fused-MoE backend of the model tests (torch or triton)")
+    parser.addoption("--wisp-attention-backend", default="torch", help="paged-attention backend (torch or triton)")
 
 
 @pytest.fixture(scope="session")
@@ -103,6 +104,11 @@ def device(request) -> str:
 @pytest.fixture(scope="session")
 def moe_backend(request) -> str:
     return request.config.getoption("--wisp-moe-backend")
+
+
+@pytest.fixture(scope="session")
+def attention_backend(request) -> str:
+    return request.config.getoption("--wisp-attention-backend")
 
 
 @pytest.fixture(autouse=True)

@@ -212,6 +212,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     per_layer_caps: tuple[int, ...] | None = None  # one cap per MoE layer (a plan's uneven caps), paged mode
     moe_backend: str = "torch"  # "torch" (the reference, CPU and CUDA) or "triton" (CUDA)
+    attention_backend: str = "torch"  # "torch" (reference) or "triton" (CUDA; same fixed order, one kernel)
     load_format: str = "safetensors"  # or "dummy": random weights of the model's shape, made on the device
 
     def __post_init__(self) -> None:
@@ -225,6 +226,8 @@ class EngineConfig:
             raise WispError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
         if self.load_format not in ("safetensors", "dummy"):
             raise WispError(f"unknown load format {self.load_format!r}; choose one of: safetensors, dummy")
+        if self.attention_backend not in ("torch", "triton"):
+            raise WispError(f"unknown attention backend {self.attention_backend!r}; choose one of: torch, triton")
         if self.moe_backend not in MOE_BACKENDS:
             raise WispError(f"unknown MoE backend {self.moe_backend!r}; choose one of: {', '.join(MOE_BACKENDS)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

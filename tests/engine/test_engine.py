@@ -16,9 +16,9 @@ GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture
-def make_engine(device):
+def make_engine(device, attention_backend):
     def make(**kw) -> LLMEngine:
-        return _engine(device, **kw)
+        return _engine(device, attention_backend=attention_backend, **kw)
 
     return make
 

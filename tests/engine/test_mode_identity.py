@@ -17,8 +17,8 @@ SHORT_PROMPT = [5, 17, 99]
 VARIANTS = [("paged", 2), ("paged", 4), ("paged", 8), ("offload", None)]  # N=8, top_k=2: caps top_k, N/2, N
 
 
-def run(path, mode, cap, dtype, prompt, device, moe_backend):
-    llm = LLM(str(path), device=device, moe_backend=moe_backend, mode=mode, expert_cap=cap, dtype=dtype)
+def run(path, mode, cap, dtype, prompt, device, moe_backend, attention_backend):
+    llm = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode=mode, expert_cap=cap, dtype=dtype)
     prefill = llm.prompt_logits(prompt)
     out = llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True), return_logits=True)[0]
     return llm, prefill, out
@@ -26,13 +26,13 @@ def run(path, mode, cap, dtype, prompt, device, moe_backend):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_paged_and_offload_equal_resident(hf_checkpoints, family, dtype, device, moe_backend):
+def test_paged_and_offload_equal_resident(hf_checkpoints, family, dtype, device, moe_backend, attention_backend):
     path = hf_checkpoints[family]
     for prompt in (LONG_PROMPT, SHORT_PROMPT):
-        _, ref_prefill, ref = run(path, "resident", None, dtype, prompt, device, moe_backend)
+        _, ref_prefill, ref = run(path, "resident", None, dtype, prompt, device, moe_backend, attention_backend)
         assert len(ref.logits) == 16
         for mode, cap in VARIANTS:
-            llm, prefill, out = run(path, mode, cap, dtype, prompt, device, moe_backend)
+            llm, prefill, out = run(path, mode, cap, dtype, prompt, device, moe_backend, attention_backend)
             assert torch.equal(prefill, ref_prefill), (mode, cap)
             assert out.token_ids == ref.token_ids, (mode, cap)
             for step, (a, b) in enumerate(zip(out.logits, ref.logits)):
@@ -43,8 +43,8 @@ def test_paged_and_offload_equal_resident(hf_checkpoints, family, dtype, device,
                 assert stats["moe_steps"] > len(stats["per_layer"]) * (2 + 15)
 
 
-def test_grouped_prefill_splits_into_fitting_groups(hf_checkpoints, device, moe_backend):
-    llm = LLM(str(hf_checkpoints["mixtral"]), device=device, moe_backend=moe_backend, mode="paged", expert_cap=2)
+def test_grouped_prefill_splits_into_fitting_groups(hf_checkpoints, device, moe_backend, attention_backend):
+    llm = LLM(str(hf_checkpoints["mixtral"]), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="paged", expert_cap=2)
     llm.prompt_logits(LONG_PROMPT)
     for counters in llm.stats()["per_layer"].values():
         assert counters["steps"] > 1
@@ -52,10 +52,10 @@ def test_grouped_prefill_splits_into_fitting_groups(hf_checkpoints, device, moe_
         store.pager.check_integrity()
 
 
-def test_batch_does_not_change_a_requests_tokens(hf_checkpoints, device, moe_backend):
+def test_batch_does_not_change_a_requests_tokens(hf_checkpoints, device, moe_backend, attention_backend):
     """A request's logits are identical alone and inside a batch of other requests (batch invariance)."""
     path = hf_checkpoints["qwen3_moe"]
-    llm = LLM(str(path), device=device, moe_backend=moe_backend, mode="paged", expert_cap=4)
+    llm = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="paged", expert_cap=4)
     prompts = [LONG_PROMPT, SHORT_PROMPT, [9, 9, 9, 1], list(range(30, 50))]
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     batched = llm.generate(prompts, params, return_logits=True)

@@ -65,7 +65,8 @@ class LLMEngine:
         else:
             reader = CheckpointReader(self.path)
         self.model = load_model(reader, cfg, config, self.device)
-        self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bs, num_blocks, cfg.dtype, self.device)
+        self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bs, num_blocks, cfg.dtype, self.device,
+                          attention=config.attention_backend)
         self.pool = BlockPool(num_blocks, bs)
         self.scheduler = Scheduler(
             self.pool, config.max_concurrency, max(self.max_model_len, 2048), config.enable_prefix_caching

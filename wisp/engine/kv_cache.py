@@ -19,10 +19,16 @@ from wisp.core.rows import ROW_TILE
 
 
 class KVCache:
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, num_blocks: int, dtype, device):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, num_blocks: int, dtype, device,
+                 attention: str = "torch"):
         self.shape_tail = (num_kv_heads, block_size, head_dim)
         self.num_layers, self.block_size, self.dtype, self.device = num_layers, block_size, dtype, torch.device(device)
         self.k = self.v = None
+        self.attend_fn = paged_attention
+        if attention == "triton" and self.device.type == "cuda" and block_size >= 16 and head_dim >= 16:
+            from wisp.engine.triton_attention import triton_paged_attention
+
+            self.attend_fn = triton_paged_attention
         self.resize(num_blocks)
 
     @staticmethod
@@ -55,7 +61,7 @@ class BlockTableKV:
         self.cache.v[layer][blocks, :, offs] = v
 
     def attend(self, layer: int, q: torch.Tensor, start: int, window: int | None) -> torch.Tensor:
-        return paged_attention(q, self.cache.k[layer], self.cache.v[layer], self.table, start, window)
+        return self.cache.attend_fn(q, self.cache.k[layer], self.cache.v[layer], self.table, start, window)
 
 
 def paged_attention(

@@ -1,0 +1,76 @@
+"""Paged attention in Triton with the same fixed order as `kv_cache.paged_attention` (CUDA only).
+
+One program per (16-row query tile aligned on absolute positions, query head): it walks the sequence's
+key blocks in order with an online softmax in float32 (`tl.dot` in IEEE precision), values past the
+sequence end zeroed. A program reads only its own rows and the blocks up to its last row, so a token's
+output is the same whether its prefix was cached, chunked, recomputed or decoded, and whatever else is
+in the batch. The numbers differ slightly from the torch path's (which rounds scores to the model dtype);
+each path is exact within itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from wisp.core.rows import ROW_TILE
+
+
+@triton.jit
+def _paged_attn(q_ptr, k_ptr, v_ptr, table_ptr, out_ptr, start, end, first, group, scale, window,
+                s_qt, s_qh, s_kb, s_kh, s_kp, s_ot, s_oh,
+                R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    kvh = head // group
+    pos = first + tile * R + tl.arange(0, R)  # absolute positions of the tile's rows
+    row_ok = (pos >= start) & (pos < end)
+    d = tl.arange(0, HD)
+    q = tl.load(q_ptr + (pos - start)[:, None] * s_qt + head * s_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+    q = q.to(tl.float32)
+    m = tl.full((R,), float("-inf"), tl.float32)
+    denom = tl.zeros((R,), tl.float32)
+    acc = tl.zeros((R, HD), tl.float32)
+    last = tl.minimum(end, first + (tile + 1) * R) - 1
+    for j in range(0, last // BS + 1):
+        blk = tl.load(table_ptr + j).to(tl.int64)
+        kpos = j * BS + tl.arange(0, BS)
+        live = kpos < end
+        base = blk * s_kb + kvh * s_kh + tl.arange(0, BS)[:, None] * s_kp + d[None, :]
+        k = tl.load(k_ptr + base).to(tl.float32)
+        v = tl.load(v_ptr + base, mask=live[:, None], other=0.0).to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [R, BS]
+        allowed = (kpos[None, :] <= pos[:, None]) & live[None, :]
+        if HAS_WINDOW:
+            allowed = allowed & (kpos[None, :] > pos[:, None] - window)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        corr = tl.exp(m - m_safe)
+        denom = denom * corr + tl.sum(p, axis=1)
+        acc = acc * corr[:, None] + tl.dot(p, v, input_precision="ieee")
+        m = m_new
+    out = acc / denom[:, None]
+    tl.store(out_ptr + (pos - start)[:, None] * s_ot + head * s_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: list[int],
+                           start: int, window: int | None = None) -> torch.Tensor:
+    """q [n, H, hd] at positions start..; k_cache/v_cache [NB, Hkv, bs, hd] (one layer) -> [n, H, hd]."""
+    n, h, hd = q.shape
+    hkv, bs = k_cache.shape[1], k_cache.shape[2]
+    end = start + n
+    first = start - start % ROW_TILE
+    n_tiles = -(-(end - first) // ROW_TILE)
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    table_t = torch.tensor(table, dtype=torch.int32, device=q.device)
+    _paged_attn[(n_tiles, h)](
+        q, k_cache, v_cache, table_t, out, start, end, first, h // hkv, hd**-0.5, window or 0,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
+        R=ROW_TILE, BS=bs, HD=hd, HAS_WINDOW=window is not None,
+    )
+    return out
