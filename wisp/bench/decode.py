@@ -97,7 +97,8 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
 
 
 def bench_decode(args) -> list[dict]:
-    opts = {"device": args.device, "load_format": args.load_format, "moe_backend": args.moe_backend}
+    opts = {"device": args.device, "load_format": args.load_format, "moe_backend": args.moe_backend,
+            "attention_backend": getattr(args, "attention_backend", "torch")}
     if args.dtype:
         opts["dtype"] = args.dtype
     caps = [int(c) for c in args.expert_cap.split(",")] if args.expert_cap else [None]
@@ -112,7 +113,8 @@ def bench_decode(args) -> list[dict]:
         if mode == "resident":
             resident_step = r["step_s"]
         roofline = (r["bytes_h2d_per_token"] / (gbps * 1e9) if gbps else 0.0) + (resident_step or 0.0)
-        r.update(preset=args.model, load_format=args.load_format, moe_backend=args.moe_backend, h2d_gbps_probe=round(gbps, 2),
+        r.update(preset=args.model, load_format=args.load_format, moe_backend=args.moe_backend,
+                 attention_backend=opts["attention_backend"], h2d_gbps_probe=round(gbps, 2),
                  roofline_step_s=round(roofline, 6) if resident_step is not None else None, gpu=gpu,
                  command="wisp bench decode " + " ".join(sys.argv[3:]))
         records.append(r)
@@ -142,4 +144,5 @@ def add_parser(sub) -> None:
     dec.add_argument("--device", default="auto")
     dec.add_argument("--dtype", default=None)
     dec.add_argument("--moe-backend", choices=["torch", "triton"], default="torch")
+    dec.add_argument("--attention-backend", choices=["torch", "triton"], default="torch")
     dec.add_argument("--out", default=None, help="write the records as a JSON list here")
