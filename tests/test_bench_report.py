@@ -1,0 +1,28 @@
+"""BENCHMARKS.md is a pure function of the result files, and the checked-in page is up to date."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from wisp.bench.report import load_records, render
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_record_is_a_row_and_missing_fields_show_as_dashes(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps([
+        {"mode": "paged", "expert_cap": 16, "decode_tok_s": 6.7, "step_s": 0.149, "roofline_step_s": 0.0967,
+         "bytes_h2d_per_token": 338e6, "peak_gpu_bytes": 10.4e9, "preset": "qwen3-30b-a3b", "gpu": "H200"},
+        {"mode": "resident", "expert_cap": 128},
+    ]))
+    (tmp_path / "b.json").write_text(json.dumps({"mode": "offload", "expert_cap": 8}))
+    page = render(load_records(tmp_path))
+    rows = [line for line in page.splitlines() if line.startswith("| ") and "mode" not in line]
+    assert len(rows) == 3
+    assert "| paged | 16 | torch / torch | 6.70 | 149.0 | 96.7 |" in rows[0] and "| 338.0 |" in rows[0]
+    assert rows[1].count("| - ") >= 5
+
+
+def test_checked_in_benchmarks_page_matches_the_results():
+    assert (ROOT / "BENCHMARKS.md").read_text() == render(load_records(ROOT / "benchmarks" / "results"))
