@@ -6,6 +6,6 @@ out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
-python3 -m pytest -q -p no:cacheprovider tests --wisp-device cuda 2>&1 | tee "$out/pytest_cuda.txt" | tail -5
+python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/server --wisp-device cuda 2>&1 | tee "$out/pytest_cuda.txt" | tail -5
 python3 benchmarks/decode_random_checkpoint.py --layers "${LAYERS:-24}" --modes "${MODES:-paged:16,paged:32,paged:64,resident,offload}" \
   --prompt-len 32 --decode-tokens "${DECODE:-64}" --out "$out/decode_qwen3_30b_a3b_shape.json" 2>&1 | tee "$out/bench.txt" | grep -v '^{'

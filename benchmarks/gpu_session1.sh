@@ -4,7 +4,7 @@
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-python3 -m pytest -q -p no:cacheprovider tests --wisp-device cuda -x 2>&1 | tee "$out/pytest_cuda.txt" | tail -3
+python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/server --wisp-device cuda -x 2>&1 | tee "$out/pytest_cuda.txt" | tail -3
 python3 - <<'PY' 2>&1 | tee "$out/probes.txt"
 import torch
 from wisp.config import ModelConfig
