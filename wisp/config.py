@@ -235,11 +235,7 @@ class EngineConfig:
         parse_dtype(self.dtype)
 
     def torch_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise WispError("--device cuda was asked for but no CUDA device is available")
-        return torch.device(self.device)
+        return resolve_device(self.device)
 
     def resolve_max_model_len(self, model: ModelConfig) -> int:
         limit = model.max_position_embeddings
@@ -266,6 +262,15 @@ class EngineConfig:
         if self.expert_cap is None:
             return n if self.mode != "paged" else max(k, n // 2)
         return check_cap(int(self.expert_cap), model)
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; asking for cuda without one is a WispError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise WispError("--device cuda was asked for but no CUDA device is available")
+    return torch.device(name)
 
 
 def check_cap(cap: int, model: ModelConfig) -> int:

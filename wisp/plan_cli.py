@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from wisp.cli import parse_size
-from wisp.config import ModelConfig, parse_dtype
+from wisp.config import ModelConfig, parse_dtype, resolve_device
 from wisp.errors import WispError
 from wisp.models.presets import PRESETS, preset
 from wisp.models.source import resolve_model_path
@@ -86,20 +86,12 @@ def _plan_inputs(args):
                       args.recompute_cost, args.reserve, args.tokens_per_request)
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise WispError("--device cuda was asked for but no CUDA device is available")
-    return torch.device(name)
-
-
 def cmd_plan(args) -> int:
     from wisp.planner import make_plan, plot_plan, write_plan
 
     cfg = model_shape(args.model, args.dtype)
     trace, kv = load_traces(args)
-    plan = make_plan(cfg, _plan_inputs(args), trace, kv, _device(args.device))
+    plan = make_plan(cfg, _plan_inputs(args), trace, kv, resolve_device(args.device))
     if args.out:
         write_plan(plan, args.out)
     else:
@@ -144,7 +136,7 @@ def cmd_sim(args) -> int:
     result = {"caps": caps, "references": refs, "misses": table}
     if args.model and args.vram_budget:
         cfg = model_shape(args.model, args.dtype)
-        plan = make_plan(cfg, _plan_inputs(args), trace, kv, _device(args.device))
+        plan = make_plan(cfg, _plan_inputs(args), trace, kv, resolve_device(args.device))
         arms = allocator_arms(plan, cfg.num_experts)
         print(f"\nallocator arms at {args.vram_budget / 2**30:.2f} GiB (pageable {plan['pageable_bytes'] / 2**30:.2f} GiB, "
               f"floor {plan['admission_floor_blocks']} blocks)")

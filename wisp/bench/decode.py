@@ -16,23 +16,15 @@ from pathlib import Path
 
 import torch
 
+from wisp.config import resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
+from wisp.planner import probe_t_byte
 
 
 def probe_h2d_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
-    if device.type != "cuda":
-        return 0.0
-    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    best = float("inf")
-    for _ in range(6):
-        torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / best / 1e9
+    """Pinned host->device GB/s on CUDA (the planner's probe); 0 on the CPU, where it means nothing."""
+    return 1 / probe_t_byte(device, nbytes) / 1e9 if device.type == "cuda" else 0.0
 
 
 def _peak(device: torch.device) -> int:
@@ -104,7 +96,7 @@ def bench_decode(args) -> list[dict]:
     caps = [int(c) for c in args.expert_cap.split(",")] if args.expert_cap else [None]
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     runs = [(m, c) for m in sorted(modes, key=lambda m: m != "resident") for c in (caps if m == "paged" else [None])]
-    device = torch.device("cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     gbps = probe_h2d_gbps(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     records, resident_step = [], None

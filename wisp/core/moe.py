@@ -54,11 +54,17 @@ def fused_moe(
             continue
         y = expert_mlp(hidden[pairs // k], w_gate_up[slot], w_down[slot])  # [M, D]
         per_k.view(t * k, -1)[pairs] = y.float()
+    return combine_in_routing_order(per_k, topk_weights, hidden.dtype)
+
+
+def combine_in_routing_order(per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """sum_k weights[:, k] * per_k[:, k] in float32, k = 0..K-1 in order, cast to dtype: [T, K, D] -> [T, D].
+    Elementwise in a fixed order, so each token's sum never depends on the batch (every backend uses it)."""
     weights = topk_weights.float()
     out = per_k[:, 0] * weights[:, :1]
-    for j in range(1, k):
+    for j in range(1, per_k.shape[1]):
         out = out + per_k[:, j] * weights[:, j : j + 1]
-    return out.to(hidden.dtype)
+    return out.to(dtype)
 
 
 def reference_moe(

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from wisp.core.moe import combine_in_routing_order
+
 
 @triton.jit
 def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, h_ptr, K, D, I, stride_ws, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -85,9 +87,4 @@ def triton_fused_moe(
         hidden, w_gate_up, ids, emap, h, k, d, inter, w_gate_up.stride(0), BLOCK_I=block_i, BLOCK_D=block_d
     )
     _down[(t * k, triton.cdiv(d, 64))](h, w_down, ids, emap, y, d, inter, w_down.stride(0), BLOCK_D=64, BLOCK_I=128)
-    per_k = y.view(t, k, d)
-    weights = topk_weights.float()
-    out = per_k[:, 0] * weights[:, :1]
-    for j in range(1, k):
-        out = out + per_k[:, j] * weights[:, j : j + 1]
-    return out.to(hidden.dtype)
+    return combine_in_routing_order(y.view(t, k, d), topk_weights, hidden.dtype)
