@@ -16,7 +16,7 @@ import socket
 import sys
 from typing import NoReturn
 
-from wisp.config import DTYPES, MODES, MOE_BACKENDS
+from wisp.config import ATTENTION_BACKENDS, DTYPES, MODES, MOE_BACKENDS
 from wisp.errors import WispError
 
 
@@ -101,8 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--expert-cap", type=int, default=None, help="scratch slots per MoE layer (paged mode)")
     gen.add_argument("--device", default="auto", help="auto, cpu or cuda")
     gen.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
-    gen.add_argument("--moe-backend", choices=MOE_BACKENDS, default="torch", help="fused-MoE implementation")
-    gen.add_argument("--attention-backend", choices=["torch", "triton"], default="torch", help="paged attention")
+    gen.add_argument("--moe-backend", choices=MOE_BACKENDS, default="auto",
+                     help="fused-MoE implementation (auto: triton on CUDA, torch on the CPU)")
+    gen.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                     help="paged attention (auto: triton on CUDA, torch on the CPU)")
+    gen.add_argument("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
     gen.add_argument("--json", action="store_true", help="print one JSON object with tokens, text and stats")
     gen.add_argument("--record-routing", default=None, metavar="FILE", help="write the routed experts (.npz/.jsonl)")
 
@@ -119,8 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-model-len", type=_positive_int, default=None, help="longest prompt + completion, tokens")
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     srv.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    srv.add_argument("--moe-backend", choices=MOE_BACKENDS, default="torch", help="fused-MoE implementation")
-    srv.add_argument("--attention-backend", choices=["torch", "triton"], default="torch", help="paged attention")
+    srv.add_argument("--moe-backend", choices=MOE_BACKENDS, default="auto",
+                     help="fused-MoE implementation (auto: triton on CUDA, torch on the CPU)")
+    srv.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                     help="paged attention (auto: triton on CUDA, torch on the CPU)")
+    srv.add_argument("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
     srv.add_argument("--record-routing", default=None, metavar="FILE", help="write the routed experts at shutdown")
     sizing = srv.add_mutually_exclusive_group()
     sizing.add_argument("--plan", default=None, metavar="PLAN.json", help="size both pools from `wisp plan` output")
@@ -142,7 +148,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
     )
     llm = LLM(args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, dtype=args.dtype,
-              moe_backend=args.moe_backend, attention_backend=args.attention_backend)
+              moe_backend=args.moe_backend, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
     recorder = _recorder(llm.engine, args.model, args.record_routing) if args.record_routing else None
     out = llm.generate([args.prompt if args.prompt is not None else args.prompt_ids], params)[0]
     if recorder is not None:
@@ -206,7 +212,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine = LLMEngine(EngineConfig(
             model=args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, kv_blocks=args.kv_blocks,
             kv_bytes=args.kv_bytes, max_concurrency=args.max_concurrency, max_model_len=args.max_model_len,
-            moe_backend=args.moe_backend, attention_backend=args.attention_backend,
+            moe_backend=args.moe_backend, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
         ))
         if args.plan or args.vram_budget:
             from wisp.engine.warmup import plan_from_file, plan_from_warmup

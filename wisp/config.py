@@ -25,8 +25,9 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
 }
 
-MODES = ("paged", "resident", "offload")
-MOE_BACKENDS = ("torch", "triton")
+MODES = ("paged", "resident", "offload", "zero-copy")
+MOE_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch on the CPU
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -211,9 +212,11 @@ class EngineConfig:
     max_model_len: int | None = None  # L: prompt + output tokens; default min(max_position_embeddings, 4096)
     enable_prefix_caching: bool = True
     per_layer_caps: tuple[int, ...] | None = None  # one cap per MoE layer (a plan's uneven caps), paged mode
-    moe_backend: str = "torch"  # "torch" (the reference, CPU and CUDA) or "triton" (CUDA)
-    attention_backend: str = "torch"  # "torch" (reference) or "triton" (CUDA; same fixed order, one kernel)
+    moe_backend: str = "auto"  # "torch" (the reference, CPU and CUDA), "triton" (CUDA), auto: triton on CUDA
+    attention_backend: str = "auto"  # "torch" (reference) or "triton" (CUDA; same fixed order, one kernel)
     load_format: str = "safetensors"  # or "dummy": random weights of the model's shape, made on the device
+    enforce_eager: bool = False  # never replay CUDA graphs (they need both Triton backends)
+    cuda_graph_max_batch: int = 8  # decode graphs for batch sizes 1..min(this, max_concurrency)
 
     def __post_init__(self) -> None:
         if self.kv_blocks is not None and self.kv_bytes is not None:
@@ -226,8 +229,10 @@ class EngineConfig:
             raise WispError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
         if self.load_format not in ("safetensors", "dummy"):
             raise WispError(f"unknown load format {self.load_format!r}; choose one of: safetensors, dummy")
-        if self.attention_backend not in ("torch", "triton"):
-            raise WispError(f"unknown attention backend {self.attention_backend!r}; choose one of: torch, triton")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise WispError(f"unknown attention backend {self.attention_backend!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
+        if self.cuda_graph_max_batch < 0:
+            raise WispError(f"cuda-graph-max-batch must be >= 0, got {self.cuda_graph_max_batch}")
         if self.moe_backend not in MOE_BACKENDS:
             raise WispError(f"unknown MoE backend {self.moe_backend!r}; choose one of: {', '.join(MOE_BACKENDS)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -236,6 +241,18 @@ class EngineConfig:
 
     def torch_device(self) -> torch.device:
         return resolve_device(self.device)
+
+    def resolve_backend(self, kind: str, device: torch.device) -> str:
+        """The "moe" or "attention" backend in use: "auto" is triton on CUDA, torch elsewhere; triton off
+        CUDA is a WispError, as is zero-copy on CUDA without the Triton MoE kernel (only it reads host memory)."""
+        name = self.moe_backend if kind == "moe" else self.attention_backend
+        if name == "auto":
+            name = "triton" if device.type == "cuda" else "torch"
+        if name == "triton" and device.type != "cuda":
+            raise WispError(f"--{kind}-backend triton needs a CUDA device (this run is on {device.type})")
+        if kind == "moe" and self.mode == "zero-copy" and device.type == "cuda" and name != "triton":
+            raise WispError("--mode zero-copy reads experts from host memory in place and needs --moe-backend triton")
+        return name
 
     def resolve_max_model_len(self, model: ModelConfig) -> int:
         limit = model.max_position_embeddings

@@ -35,3 +35,14 @@ def sum_counters(items: Iterable[ExpertCounters]) -> ExpertCounters:
         for f in fields(c):
             setattr(total, f.name, getattr(total, f.name) + getattr(c, f.name))
     return total
+
+
+COUNT_FIELDS = ("steps", "hits", "misses", "evictions", "loads", "bytes_h2d")  # order of a device count vector
+
+
+def fold_counts(counts, counters: ExpertCounters) -> None:
+    """Add a device count vector (int64 [6], COUNT_FIELDS order; one host read) into counters, zero it."""
+    values = counts.tolist()
+    for name, value in zip(COUNT_FIELDS, values):
+        setattr(counters, name, getattr(counters, name) + int(value))
+    counts.zero_()

@@ -1,11 +1,17 @@
 """Expert stores: where one MoE layer's experts live, and how a routed batch reaches fused_moe.
 
-Three modes share one contract, `ExpertStore.forward(hidden, topk_ids, topk_weights) -> [T, D]`:
+Four modes share one contract, `ExpertStore.forward(hidden, topk_ids, topk_weights) -> [T, D]`:
 - `ResidentExperts`: the whole bank on the device, expert_map = identity;
 - `PagedExperts`: an `ExpertPager` of C slots; when a batch's expert union exceeds C, its tokens are
   split into consecutive groups that fit (`plan_groups`), run in order, written back in token order;
 - `OffloadExperts`: the baseline of layer offload (vLLM --cpu-offload-gb without UVA, accelerate):
-  every forward copies all N experts of the layer into one layer-sized device buffer shared by layers.
+  every forward copies all N experts of the layer into one layer-sized device buffer shared by layers;
+- `ZeroCopyExperts`: no device copy at all: the kernel reads the routed experts in place from the pinned
+  host masters (UVA on CUDA; needs the Triton kernel), the cache-less baseline.
+
+`forward_static` is the same computation with no host sync (CUDA, Triton backend), for CUDA-graph
+decode: counters go to a device count vector (`sync_counters` folds it in), and the paged store runs the
+paging decision on the device in fixed groups of C // top_k tokens (a group's experts always fit).
 
 Invariant: for the same routing all three return torch.equal outputs (fused_moe is slot- and
 batch-invariant), so modes can be swapped without changing a single token.
@@ -18,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from wisp.core.counters import ExpertCounters
+from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_counts
 from wisp.core.moe import fused_moe
 from wisp.core.pager import ExpertPager, plan_groups
 
@@ -48,6 +54,28 @@ class ExpertStore(ABC):
     def device_bytes(self) -> int:
         """Expert bytes this layer holds on the device (a shared buffer counts once, on its owner)."""
 
+    def forward_static(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """`forward` with no host sync and fixed shapes, capturable in a CUDA graph (Triton backend)."""
+        self._count_on_device(topk_ids)
+        w, expert_map = self._weights()
+        return self.moe_fn(hidden, w[GATE_UP], w[DOWN], topk_ids, topk_weights, expert_map)
+
+    def _weights(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        raise NotImplementedError
+
+    def _count_on_device(self, topk_ids: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def device_counts(self, device: torch.device) -> torch.Tensor:
+        if getattr(self, "_counts", None) is None:
+            self._counts = torch.zeros((len(COUNT_FIELDS),), dtype=torch.int64, device=device)
+        return self._counts
+
+    def sync_counters(self) -> None:
+        """Fold counts made on the device (CUDA-graph steps) into `counters`."""
+        if getattr(self, "_counts", None) is not None:
+            fold_counts(self._counts, self.counters)
+
 
 def _distinct(topk_ids: torch.Tensor) -> list[int]:
     return torch.unique(topk_ids).tolist()
@@ -66,6 +94,14 @@ class ResidentExperts(ExpertStore):
         self.counters.steps += 1
         self.counters.hits += len(_distinct(topk_ids))
         return self.moe_fn(hidden, self.bank[GATE_UP], self.bank[DOWN], topk_ids, topk_weights, self.expert_map)
+
+    def _weights(self):
+        return self.bank, self.expert_map
+
+    def _count_on_device(self, topk_ids):
+        from wisp.core.device_pager import count_step
+
+        count_step(self.device_counts(topk_ids.device), topk_ids, self.expert_map.numel(), hits=True)
 
     @property
     def device_bytes(self) -> int:
@@ -88,6 +124,7 @@ class PagedExperts(ExpertStore):
         if capacity == self.pager.capacity:
             return
         host, device, counters = self.pager.host, self.pager.device, self.pager.counters
+        self.pager.sync_counters()
         self.pager = None
         self.pager = ExpertPager(host, capacity, device)
         self.pager.counters = counters
@@ -106,6 +143,21 @@ class PagedExperts(ExpertStore):
                 hidden[start:end], pager.scratch[GATE_UP], pager.scratch[DOWN], ids, topk_weights[start:end], expert_map
             )
         return out
+
+    def forward_static(self, hidden, topk_ids, topk_weights):
+        pager = self.pager
+        w = pager.scratch
+        group = max(pager.capacity // topk_ids.shape[1], 1)  # tokens whose experts always fit in C slots
+        outs = []
+        for start in range(0, hidden.shape[0], group):
+            ids = topk_ids[start : start + group]
+            expert_map = pager.prepare_on_device(ids)
+            outs.append(self.moe_fn(hidden[start : start + group], w[GATE_UP], w[DOWN], ids, topk_weights[start : start + group],
+                                    expert_map))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def sync_counters(self) -> None:
+        self.pager.sync_counters()
 
     @property
     def device_bytes(self) -> int:
@@ -143,6 +195,48 @@ class OffloadExperts(ExpertStore):
         w = self.buffer.tensors
         return self.moe_fn(hidden, w[GATE_UP], w[DOWN], topk_ids, topk_weights, self.expert_map)
 
+    def _weights(self):
+        for name, master in self.host.items():
+            self.buffer.tensors[name].copy_(master, non_blocking=True)
+        return self.buffer.tensors, self.expert_map
+
+    def _count_on_device(self, topk_ids):
+        from wisp.core.device_pager import count_step
+
+        n = self.host[GATE_UP].shape[0]
+        count_step(self.device_counts(topk_ids.device), topk_ids, n, hits=False, loads=n, fixed_bytes=self.layer_bytes)
+
     @property
     def device_bytes(self) -> int:
         return self.layer_bytes if self.owns_buffer else 0
+
+
+class ZeroCopyExperts(ExpertStore):
+    mode = "zero-copy"
+
+    def __init__(self, host: dict[str, torch.Tensor], device: torch.device):
+        self.host = host  # pinned on CUDA: the kernel reads it in place
+        n = host[GATE_UP].shape[0]
+        self.expert_bytes = sum(t[0].numel() * t.element_size() for t in host.values())
+        self.expert_map = torch.arange(n, dtype=torch.int32, device=device)
+        self.counters = ExpertCounters()
+
+    def forward(self, hidden, topk_ids, topk_weights):
+        c = self.counters
+        c.steps += 1
+        c.misses += len(_distinct(topk_ids))
+        c.bytes_h2d += topk_ids.numel() * self.expert_bytes  # the kernel reads an expert once per routed pair
+        return self.moe_fn(hidden, self.host[GATE_UP], self.host[DOWN], topk_ids, topk_weights, self.expert_map)
+
+    def _weights(self):
+        return self.host, self.expert_map
+
+    def _count_on_device(self, topk_ids):
+        from wisp.core.device_pager import count_step
+
+        count_step(self.device_counts(topk_ids.device), topk_ids, self.expert_map.numel(), hits=False,
+                   pair_bytes=self.expert_bytes)
+
+    @property
+    def device_bytes(self) -> int:
+        return 0

@@ -16,6 +16,11 @@ the step does not need (empty slots first, in slot order).
 Recency is defined exactly so a plain LRU model can replay it: within a step the routed experts are
 touched in ascending id order, each getting the next clock value.
 
+Two sides: the state above lives on the host (`prepare`, used by prefill and eager steps) or on the
+device (`prepare_on_device`, CUDA only: `wisp.core.device_pager` decides and copies with no host sync,
+so a decode step can be one CUDA graph). `use_host()` / `use_device()` hand the state over (a no-op
+when it is already there); each `prepare*` call takes it where it needs it.
+
 Invariants (`check_integrity`): pi[e] == s <=> pi_inv[s] == e; pi_dev == pi; slot s holds exactly the
 bytes of expert pi_inv[s]; an expert routed in the current step is never evicted during it.
 """
@@ -26,7 +31,7 @@ from typing import Sequence
 
 import torch
 
-from wisp.core.counters import ExpertCounters
+from wisp.core.counters import ExpertCounters, fold_counts
 
 
 class ExpertPager:
@@ -52,9 +57,49 @@ class ExpertPager:
         pin = self.device.type == "cuda"
         self._pi_staging = torch.full((self.num_experts,), -1, dtype=torch.int32, pin_memory=pin)
         self.counters = ExpertCounters()
+        self.device_lru = None  # DeviceLRU, made on first use_device()
+        self.side = "host"
 
+    # -- which side owns the state ------------------------------------------------------------------
+    def use_device(self) -> None:
+        if self.side == "device":
+            return
+        if self.device_lru is None:
+            from wisp.core.device_pager import DeviceLRU
+
+            self.device_lru = DeviceLRU(self.num_experts, self.capacity, self.expert_bytes, self.device)
+        lru = self.device_lru
+        lru.pi_inv.copy_(torch.tensor(self.pi_inv, dtype=torch.int32))
+        lru.tick.copy_(torch.tensor(self.tick, dtype=torch.int64))
+        lru.clock.fill_(self._clock)
+        self.side = "device"
+
+    def use_host(self) -> None:
+        if self.side == "host":
+            return
+        lru = self.device_lru
+        state = torch.cat([self.pi_dev.long(), lru.pi_inv.long(), lru.tick, lru.clock]).tolist()  # one read
+        n, c = self.num_experts, self.capacity
+        self.pi, self.pi_inv, self.tick, self._clock = state[:n], state[n : n + c], state[n + c : n + 2 * c], state[-1]
+        self.sync_counters()
+        self.side = "host"
+
+    def sync_counters(self) -> None:
+        """Fold the device-side counts into `counters` (one host read; nothing to do if never on device)."""
+        if self.device_lru is not None:
+            fold_counts(self.device_lru.counts, self.counters)
+
+    def prepare_on_device(self, topk_ids: torch.Tensor) -> torch.Tensor:
+        """`prepare` of topk_ids' distinct experts, decided and copied on the device; returns pi_dev.
+        The caller guarantees they number at most `capacity` (e.g. capacity // top_k tokens)."""
+        self.use_device()
+        self.device_lru.prepare(self.pi_dev, topk_ids, self.host, self.scratch)
+        return self.pi_dev
+
+    # -- the host side ------------------------------------------------------------------------------
     def prepare(self, experts: Sequence[int]) -> torch.Tensor:
         """Make the distinct routed `experts` of one step resident; return pi_dev (the expert_map)."""
+        self.use_host()
         need = sorted(set(int(e) for e in experts))
         if need and not (0 <= need[0] and need[-1] < self.num_experts):
             raise ValueError(f"expert ids must be in [0, {self.num_experts}), got {need}")
@@ -94,10 +139,12 @@ class ExpertPager:
         self.pi_dev.copy_(self._pi_staging, non_blocking=True)
 
     def resident_experts(self) -> list[int]:
+        self.use_host()
         return sorted(e for e in self.pi_inv if e >= 0)
 
     def check_integrity(self, check_bytes: bool = True) -> None:
         """Assert every invariant in the module docstring (used by tests)."""
+        self.use_host()
         for e, s in enumerate(self.pi):
             assert s == -1 or self.pi_inv[s] == e, f"pi[{e}]={s} but pi_inv[{s}]={self.pi_inv[s]}"
         for s, e in enumerate(self.pi_inv):

@@ -8,7 +8,9 @@ Two launches and a combine:
 
 Each program reduces over a fixed sequence of fixed-size blocks, and no program reads another pair's
 data, so a token's output depends only on its own row, routing and expert bytes: it is batch-invariant
-and slot-invariant by construction (paged == resident bit for bit). This first kernel is a per-pair GEMV,
+and slot-invariant by construction (paged == resident bit for bit). Weights may be pinned host tensors (zero-copy mode): they are read in place over PCIe through UVA
+(`wisp.core.uva`), with the same arithmetic, so the bits match a device copy. This first kernel is a
+per-pair GEMV,
 right for decode (a few tokens); a prefill re-reads an expert once per token routed to it.
 """
 
@@ -19,6 +21,7 @@ import triton
 import triton.language as tl
 
 from wisp.core.moe import combine_in_routing_order
+from wisp.core.uva import device_view
 
 
 @triton.jit
@@ -77,6 +80,8 @@ def triton_fused_moe(
     d, inter = hidden.shape[1], w_down.shape[2]
     if expert_map is None:
         expert_map = torch.arange(w_gate_up.shape[0], dtype=torch.int32, device=hidden.device)
+    if w_gate_up.dtype != hidden.dtype or w_down.dtype != hidden.dtype:
+        raise ValueError(f"expert weights ({w_gate_up.dtype}) and hidden ({hidden.dtype}) must share a dtype")
     hidden, w_gate_up, w_down = hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     emap = expert_map.to(torch.int32).contiguous()
@@ -84,7 +89,8 @@ def triton_fused_moe(
     y = torch.empty((t * k, d), dtype=torch.float32, device=hidden.device)
     block_i, block_d = 32, 128
     _gate_up_act[(t * k, triton.cdiv(inter, block_i))](
-        hidden, w_gate_up, ids, emap, h, k, d, inter, w_gate_up.stride(0), BLOCK_I=block_i, BLOCK_D=block_d
+        hidden, device_view(w_gate_up), ids, emap, h, k, d, inter, w_gate_up.stride(0), BLOCK_I=block_i, BLOCK_D=block_d
     )
-    _down[(t * k, triton.cdiv(d, 64))](h, w_down, ids, emap, y, d, inter, w_down.stride(0), BLOCK_D=64, BLOCK_I=128)
+    _down[(t * k, triton.cdiv(d, 64))](h, device_view(w_down), ids, emap, y, d, inter, w_down.stride(0), BLOCK_D=64,
+                                       BLOCK_I=128)
     return combine_in_routing_order(y.view(t, k, d), topk_weights, hidden.dtype)

@@ -20,6 +20,7 @@ from wisp.config import EngineConfig, ModelConfig, parse_dtype
 from wisp.core.counters import sum_counters
 from wisp.core.experts import PagedExperts
 from wisp.engine.block_pool import BlockPool
+from wisp.engine.cuda_graphs import DecodeGraphs
 from wisp.engine.kv_cache import BlockTableKV, KVCache
 from wisp.engine.sampling import SamplingParams
 from wisp.engine.scheduler import Scheduler
@@ -52,6 +53,7 @@ class LLMEngine:
             cfg = replace(cfg, dtype=override)
         self.model_config = cfg
         self.device = config.torch_device()
+        config.resolve_backend("moe", self.device)  # fail before loading anything
         self.expert_cap = config.resolve_cap(cfg) if config.per_layer_caps is None else max(config.per_layer_caps)
         self.max_model_len = config.resolve_max_model_len(cfg)
         bs = config.kv_block_size
@@ -66,7 +68,7 @@ class LLMEngine:
             reader = CheckpointReader(self.path)
         self.model = load_model(reader, cfg, config, self.device)
         self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bs, num_blocks, cfg.dtype, self.device,
-                          attention=config.attention_backend)
+                          attention=config.resolve_backend("attention", self.device))
         self.pool = BlockPool(num_blocks, bs)
         self.scheduler = Scheduler(
             self.pool, config.max_concurrency, max(self.max_model_len, 2048), config.enable_prefix_caching
@@ -75,6 +77,27 @@ class LLMEngine:
         self.step_hooks: list = []  # called before each forward (e.g. a routing recorder opening a step)
         self.tokens_prefilled = 0
         self.tokens_decoded = 0
+        self.graphs: DecodeGraphs | None = None
+        self.graph_steps = 0
+        self._capture_graphs()
+
+    def graphs_enabled(self) -> bool:
+        c = self.config
+        return (self.device.type == "cuda" and not c.enforce_eager and c.cuda_graph_max_batch > 0
+                and c.resolve_backend("moe", self.device) == "triton" and c.resolve_backend("attention", self.device) == "triton")
+
+    @torch.inference_mode()
+    def _capture_graphs(self) -> None:
+        """(Re)capture the decode graphs; only while the pool holds no data (the warm-up writes block 0)."""
+        self.graphs = None
+        if not self.graphs_enabled():
+            return
+        assert self.pool.num_used == 0 and self.pool.num_cached == 0, "decode graphs are captured only over an empty pool"
+        width = -(-self.max_model_len // self.pool.block_size)
+        self.graphs = DecodeGraphs(self.model, self.kv, min(self.config.cuda_graph_max_batch, self.config.max_concurrency), width)
+        for store in self.model.experts.values():  # the warm-up's routing is not traffic
+            store.sync_counters()
+            store.counters.reset()
 
     def _pool_blocks(self) -> int:
         c = self.config
@@ -138,8 +161,16 @@ class LLMEngine:
             return []
         for hook in self.step_hooks:
             hook()
+        seqs = batch.seqs
+        if not batch.is_prefill and self.graphs is not None and len(seqs) <= self.graphs.max_batch \
+                and self.model.routing_hook is None:
+            logits = self.graphs.run([s.token_ids[s.num_computed] for s in seqs], [s.num_computed for s in seqs],
+                                     [s.block_table for s in seqs])
+            self.graph_steps += 1
+            self.tokens_decoded += len(seqs)
+            return [self._postprocess(seq, 1, row) for seq, row in zip(seqs, logits)]
         chunks, tokens = [], []
-        for seq in batch.seqs:
+        for seq in seqs:
             ids = seq.token_ids[seq.num_computed :]
             chunks.append(Chunk(BlockTableKV(self.kv, seq.block_table), seq.num_computed, len(ids)))
             tokens.extend(ids)
@@ -150,7 +181,7 @@ class LLMEngine:
             self.tokens_prefilled += len(tokens)
         else:
             self.tokens_decoded += len(tokens)
-        return [self._postprocess(seq, c.length, row) for seq, c, row in zip(batch.seqs, chunks, logits)]
+        return [self._postprocess(seq, c.length, row) for seq, c, row in zip(seqs, chunks, logits)]
 
     def _postprocess(self, seq: Sequence, computed: int, logits: torch.Tensor) -> StepOutput:
         seq.num_computed += computed
@@ -202,13 +233,16 @@ class LLMEngine:
         finally:
             self.pool.release(table)
 
-    def resize_kv(self, num_blocks: int) -> None:
+    def resize_kv(self, num_blocks: int, capture: bool = True) -> None:
         """Shrink or grow the KV pool; only when no request is running (the prefix cache is dropped)."""
         if self.scheduler.running:
             raise WispError(f"cannot resize the KV pool while {len(self.scheduler.running)} requests run")
         self.check_floor(num_blocks)
+        self.graphs = None  # they point at the old KV tensors
         self.pool.resize(num_blocks)
         self.kv.resize(num_blocks)
+        if capture:
+            self._capture_graphs()
 
     def apply_plan(self, expert_caps: list[int], kv_blocks: int) -> None:
         """Resize both pools at a drained moment: each paged layer's scratch to its cap, the KV pool to
@@ -222,17 +256,21 @@ class LLMEngine:
         if len(paged) != len(caps):
             raise WispError("a plan's expert caps apply to --mode paged only")
         kv_shrinks = kv_blocks < self.pool.num_blocks
+        self.graphs = None  # they point at the old scratches
         if kv_shrinks:
-            self.resize_kv(kv_blocks)
+            self.resize_kv(kv_blocks, capture=False)
         for li, store in paged.items():
             store.resize(caps[li])
         if not kv_shrinks:
-            self.resize_kv(kv_blocks)
+            self.resize_kv(kv_blocks, capture=False)
         self.config = cfg
         self.expert_cap = max(caps.values())
+        self._capture_graphs()
 
     def stats(self) -> dict:
         stores = self.model.experts
+        for s in stores.values():
+            s.sync_counters()
         total = sum_counters(s.counters for s in stores.values())
         routed = total.hits + total.misses
         pool, kvc = self.pool, self.pool.counters
@@ -249,6 +287,7 @@ class LLMEngine:
             "hit_rate": total.hits / routed if routed else 0.0,
             "tokens_prefilled": self.tokens_prefilled,
             "tokens_decoded": self.tokens_decoded,
+            "graph_steps": self.graph_steps,
             "expert_device_bytes": sum(s.device_bytes for s in stores.values()),
             "kv_block_size": pool.block_size,
             "kv_block_bytes": self.block_bytes,
@@ -267,11 +306,12 @@ class LLMEngine:
 
     def reset_stats(self) -> None:
         for s in self.model.experts.values():
+            s.sync_counters()
             s.counters.reset()
         peak = self.pool.counters.peak_blocks_used
         self.pool.counters = type(self.pool.counters)()
         self.pool.counters.peak_blocks_used = min(peak, self.pool.num_used)
-        self.tokens_prefilled = self.tokens_decoded = 0
+        self.tokens_prefilled = self.tokens_decoded = self.graph_steps = 0
 
 
 def _model_source(config: EngineConfig) -> tuple[Path | None, ModelConfig]:

@@ -64,6 +64,28 @@ class BlockTableKV:
         return self.cache.attend_fn(q, self.cache.k[layer], self.cache.v[layer], self.table, start, window)
 
 
+class DecodeBatchKV:
+    """A decode batch's view of the cache with every index on the device (one token per sequence), so
+    the step can be captured in a CUDA graph: `tables` [B, max_blocks] int32, `positions` [B] int64.
+    Writes land where `BlockTableKV.write` puts them; attention is the Triton kernel's batched launch."""
+
+    def __init__(self, cache: KVCache, tables: torch.Tensor, positions: torch.Tensor):
+        from wisp.engine.triton_attention import decode_meta
+
+        self.cache, self.tables = cache, tables
+        bs = cache.block_size
+        self.blocks = tables.gather(1, (positions // bs)[:, None].to(torch.int64))[:, 0].long()  # [B]
+        self.offsets = positions % bs  # [B]
+        self.meta = decode_meta(positions)
+
+    def write_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+        from wisp.engine.triton_attention import decode_attention
+
+        self.cache.k[layer][self.blocks, :, self.offsets] = k
+        self.cache.v[layer][self.blocks, :, self.offsets] = v
+        return decode_attention(q, self.cache.k[layer], self.cache.v[layer], self.tables, self.meta, window)
+
+
 def paged_attention(
     q: torch.Tensor,  # [n, H, hd], positions start..start+n-1
     k_cache: torch.Tensor,  # [NB, Hkv, bs, hd] (one layer)

@@ -6,6 +6,11 @@ sequence end zeroed. A program reads only its own rows and the blocks up to its 
 output is the same whether its prefix was cached, chunked, recomputed or decoded, and whatever else is
 in the batch. The numbers differ slightly from the torch path's (which rounds scores to the model dtype);
 each path is exact within itself.
+
+Every tile is described by a row of `meta` [tiles, 5] int32: (row of its sequence in `tables`, start,
+end, first position of the tile, row of position `start` in q). One sequence's chunk
+(`triton_paged_attention`) and a whole decode batch whose metadata is computed on the device
+(`decode_attention`, capturable in a CUDA graph) launch the same kernel, so their bits agree.
 """
 
 from __future__ import annotations
@@ -18,21 +23,28 @@ from wisp.core.rows import ROW_TILE
 
 
 @triton.jit
-def _paged_attn(q_ptr, k_ptr, v_ptr, table_ptr, out_ptr, start, end, first, group, scale, window,
+def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group, scale, window,
                 s_qt, s_qh, s_kb, s_kh, s_kp, s_ot, s_oh,
                 R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, HAS_WINDOW: tl.constexpr):
     tile = tl.program_id(0)
     head = tl.program_id(1)
+    meta = meta_ptr + tile * 5
+    table_ptr = tables_ptr + tl.load(meta).to(tl.int64) * s_tab
+    start = tl.load(meta + 1)
+    end = tl.load(meta + 2)
+    first = tl.load(meta + 3)
+    q_row0 = tl.load(meta + 4)
     kvh = head // group
-    pos = first + tile * R + tl.arange(0, R)  # absolute positions of the tile's rows
+    pos = first + tl.arange(0, R)  # absolute positions of the tile's rows
     row_ok = (pos >= start) & (pos < end)
     d = tl.arange(0, HD)
-    q = tl.load(q_ptr + (pos - start)[:, None] * s_qt + head * s_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+    q_rows = (q_row0 + pos - start).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * s_qt + head * s_qh + d[None, :], mask=row_ok[:, None], other=0.0)
     q = q.to(tl.float32)
     m = tl.full((R,), float("-inf"), tl.float32)
     denom = tl.zeros((R,), tl.float32)
     acc = tl.zeros((R, HD), tl.float32)
-    last = tl.minimum(end, first + (tile + 1) * R) - 1
+    last = tl.minimum(end, first + R) - 1
     for j in range(0, last // BS + 1):
         blk = tl.load(table_ptr + j).to(tl.int64)
         kpos = j * BS + tl.arange(0, BS)
@@ -53,24 +65,41 @@ def _paged_attn(q_ptr, k_ptr, v_ptr, table_ptr, out_ptr, start, end, first, grou
         acc = acc * corr[:, None] + tl.dot(p, v, input_precision="ieee")
         m = m_new
     out = acc / denom[:, None]
-    tl.store(out_ptr + (pos - start)[:, None] * s_ot + head * s_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
+    tl.store(out_ptr + q_rows[:, None] * s_ot + head * s_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None])
+
+
+def _launch(q, k_cache, v_cache, tables, meta, window) -> torch.Tensor:
+    h, hd = q.shape[1], q.shape[2]
+    hkv, bs = k_cache.shape[1], k_cache.shape[2]
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    _paged_attn[(meta.shape[0], h)](
+        q, k_cache, v_cache, tables, tables.stride(0), meta, out, h // hkv, hd**-0.5, window or 0,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
+        R=ROW_TILE, BS=bs, HD=hd, HAS_WINDOW=window is not None,
+    )
+    return out
 
 
 def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: list[int],
                            start: int, window: int | None = None) -> torch.Tensor:
     """q [n, H, hd] at positions start..; k_cache/v_cache [NB, Hkv, bs, hd] (one layer) -> [n, H, hd]."""
-    n, h, hd = q.shape
-    hkv, bs = k_cache.shape[1], k_cache.shape[2]
-    end = start + n
+    end = start + q.shape[0]
     first = start - start % ROW_TILE
-    n_tiles = -(-(end - first) // ROW_TILE)
-    q = q.contiguous()
-    out = torch.empty_like(q)
-    table_t = torch.tensor(table, dtype=torch.int32, device=q.device)
-    _paged_attn[(n_tiles, h)](
-        q, k_cache, v_cache, table_t, out, start, end, first, h // hkv, hd**-0.5, window or 0,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
-        R=ROW_TILE, BS=bs, HD=hd, HAS_WINDOW=window is not None,
-    )
-    return out
+    meta = [[0, start, end, f, 0] for f in range(first, end, ROW_TILE)]
+    tables = torch.tensor([table], dtype=torch.int32, device=q.device)
+    return _launch(q, k_cache, v_cache, tables, torch.tensor(meta, dtype=torch.int32, device=q.device), window)
+
+
+def decode_meta(positions: torch.Tensor) -> torch.Tensor:
+    """The tile metadata [B, 5] of a decode batch (row b: sequence b's one token at positions[b]), on the device."""
+    pos = positions.to(torch.int32)
+    rows = torch.arange(pos.shape[0], dtype=torch.int32, device=pos.device)
+    return torch.stack([rows, pos, pos + 1, pos - pos % ROW_TILE, rows], dim=1).contiguous()
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                     meta: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """q [B, H, hd] (one token per sequence), tables [B, max_blocks] int32, meta from `decode_meta`."""
+    return _launch(q, k_cache, v_cache, tables, meta, window)

@@ -27,6 +27,7 @@ from wisp.core.experts import (
     OffloadExperts,
     PagedExperts,
     ResidentExperts,
+    ZeroCopyExperts,
     moe_function,
 )
 from wisp.errors import WispError
@@ -167,13 +168,15 @@ def _load_experts(
             stores[li] = ResidentExperts(bank)
         elif engine.mode == "paged":
             stores[li] = PagedExperts(bank, caps[li], device)
+        elif engine.mode == "zero-copy":
+            stores[li] = ZeroCopyExperts(bank, device)
         else:
             owner = shared_buffer is None
             if owner:
                 shared_buffer = LayerBuffer(bank, device)
             stores[li] = OffloadExperts(bank, shared_buffer, owns_buffer=owner)
     bar.close()
-    moe_fn = moe_function(engine.moe_backend)
+    moe_fn = moe_function(engine.resolve_backend("moe", device))
     for store in stores.values():
         store.moe_fn = moe_fn
     return stores

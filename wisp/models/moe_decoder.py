@@ -52,6 +52,23 @@ class AttentionWeights:
     k_norm: torch.Tensor | None = None
 
 
+class ChunkedKV:
+    """The KV of a forward given as chunks (see the module docstring): attention runs chunk by chunk."""
+
+    def __init__(self, chunks: Sequence[Chunk]):
+        self.chunks = chunks
+
+    def write_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+        out = torch.empty_like(q)
+        offset = 0
+        for c in self.chunks:
+            sl = slice(offset, offset + c.length)
+            c.kv.write(layer, k[sl], v[sl], c.start)
+            out[sl] = c.kv.attend(layer, q[sl], c.start, window)
+            offset += c.length
+        return out
+
+
 @dataclass
 class MLPWeights:
     gate: torch.Tensor
@@ -96,6 +113,7 @@ class MoEDecoder:
         self.layers = layers
         self.experts = experts  # layer index -> store, MoE layers only
         self.routing_hook = None  # called as hook(layer, topk_ids, topk_weights) when set (trace recording)
+        self.routing_override = None  # .ids(layer, topk_ids) -> replayed ids (benchmarks only)
         self.device = embed.device
         self.dtype = embed.dtype
         hd = config.head_dim
@@ -108,7 +126,7 @@ class MoEDecoder:
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
         return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
 
-    def attention(self, li: int, x: torch.Tensor, positions: torch.Tensor, chunks: Sequence[Chunk]) -> torch.Tensor:
+    def attention(self, li: int, x: torch.Tensor, positions: torch.Tensor, kv) -> torch.Tensor:
         cfg, w = self.config, self.layers[li].attn
         t, h, hkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q = rows.linear(x, w.q, w.q_bias)
@@ -124,17 +142,10 @@ class MoEDecoder:
         cos, sin = self.rope(positions)
         q = q * cos + rotate_half(q) * sin  # [T, H, hd]
         k = k * cos + rotate_half(k) * sin  # [T, Hkv, hd]
+        out = kv.write_attend(li, q, k, v, cfg.sliding_window)  # [T, H, hd]
+        return rows.linear(out.reshape(t, h * hd), w.o)
 
-        out = torch.empty((t, h, hd), dtype=x.dtype, device=x.device)
-        offset = 0
-        for c in chunks:
-            sl = slice(offset, offset + c.length)
-            c.kv.write(li, k[sl], v[sl], c.start)
-            out[sl] = c.kv.attend(li, q[sl], c.start, cfg.sliding_window)
-            offset += c.length
-        return rows.linear(out.view(t, h * hd), w.o)
-
-    def moe(self, li: int, x: torch.Tensor) -> torch.Tensor:
+    def moe(self, li: int, x: torch.Tensor, static: bool = False) -> torch.Tensor:
         cfg, lw = self.config, self.layers[li]
         logits = rows.linear(x, lw.router)  # [T, N]
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)
@@ -143,9 +154,17 @@ class MoEDecoder:
             topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
         if cfg.family != "mixtral":
             topk_weights = topk_weights.to(x.dtype)
+        if self.routing_override is not None:  # benchmark replay of recorded routing
+            topk_ids = self.routing_override.ids(li, topk_ids)
+            topk_weights = probs.gather(1, topk_ids)
+            if cfg.norm_topk_prob:
+                topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+            if cfg.family != "mixtral":
+                topk_weights = topk_weights.to(x.dtype)
         if self.routing_hook is not None:
             self.routing_hook(li, topk_ids, topk_weights)
-        out = self.experts[li].forward(x, topk_ids, topk_weights)
+        store = self.experts[li]
+        out = store.forward_static(x, topk_ids, topk_weights) if static else store.forward(x, topk_ids, topk_weights)
         if lw.shared is not None:
             gate = torch.sigmoid(rows.linear(x, lw.shared_gate))
             out = out + gate * mlp(x, lw.shared)
@@ -155,13 +174,27 @@ class MoEDecoder:
     def forward(self, tokens: torch.Tensor, chunks: Sequence[Chunk]) -> torch.Tensor:
         """tokens [T] -> final hidden states [T, D] (after the last norm)."""
         positions = torch.cat([torch.arange(c.start, c.start + c.length) for c in chunks]).to(self.device)
+        return self.forward_batch(tokens, positions, ChunkedKV(chunks))
+
+    def forward_batch(self, tokens: torch.Tensor, positions: torch.Tensor, kv, static: bool = False) -> torch.Tensor:
+        """tokens [T] at positions [T], attention through `kv.write_attend` -> final hidden [T, D].
+        static: MoE stores run `forward_static` (no host sync: the body of a CUDA-graph decode step)."""
+        if static and self.routing_hook is not None:
+            raise RuntimeError("a routing hook reads routing on the host: it cannot run in a static (graph) step")
         x = self.embed[tokens]
         eps = self.config.rms_norm_eps
         for li, lw in enumerate(self.layers):
-            x = x + self.attention(li, rows.rms_norm(x, lw.input_norm, eps), positions, chunks)
+            x = x + self.attention(li, rows.rms_norm(x, lw.input_norm, eps), positions, kv)
             h = rows.rms_norm(x, lw.post_norm, eps)
-            x = x + (self.moe(li, h) if lw.router is not None else mlp(h, lw.dense))
+            x = x + (self.moe(li, h, static) if lw.router is not None else mlp(h, lw.dense))
         return rows.rms_norm(x, self.final_norm, eps)
+
+    def use_paging_side(self, side: str) -> None:
+        """Hand every paged layer's LRU state to the host or the device (no-op where it already is)."""
+        for store in self.experts.values():
+            pager = getattr(store, "pager", None)
+            if pager is not None:
+                pager.use_device() if side == "device" else pager.use_host()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return rows.linear(hidden, self.lm_head).float()

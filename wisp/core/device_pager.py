@@ -1,0 +1,166 @@
+"""The paging decision on the GPU: one step of `ExpertPager.prepare` with no host round trip (CUDA only).
+
+Two launches per token group, both capturable in a CUDA graph:
+1. `_lru_decide` (one program): from the group's routed ids [P] and the pager's device state (pi [N],
+   pi_inv [C], tick [C], clock) it finds the distinct routed experts, the misses, and their victims, and
+   rewrites the state in place: exactly `ExpertPager.prepare`'s rule (misses in ascending id order take
+   the least recently used slots the step does not need, ordered by (tick, slot); then every routed
+   expert is touched in ascending id order). It writes the miss list (expert, slot) and its length, and
+   adds the step to the device counters [steps, hits, misses, evictions, loads, bytes].
+2. `_copy_misses`: programs (miss i, chunk c) copy chunk c of expert miss_e[i]'s bytes from the pinned
+   host master, read in place through unified virtual addressing, into slot miss_s[i]; programs past
+   the miss count exit at once. So only the missed experts' bytes cross PCIe, with no host sync.
+
+Precondition (the caller's): the group routes to at most C distinct experts (groups of C // top_k
+tokens guarantee it). Invariant: after `device_prepare` the device state equals what the host pager
+would hold after `prepare` of the same ids (tested on the GPU against `ExpertPager`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from wisp.core.counters import COUNT_FIELDS
+from wisp.core.uva import device_view
+
+
+@triton.jit
+def _lru_decide(ids_ptr, n_pairs, pi_ptr, pi_inv_ptr, tick_ptr, clock_ptr, miss_e_ptr, miss_s_ptr, n_miss_ptr,
+                count_ptr, N, C, expert_bytes,
+                BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
+    p = tl.arange(0, BLOCK_P)
+    ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=-1).to(tl.int32)
+    e = tl.arange(0, BLOCK_E)
+    e_ok = e < N
+    need = (tl.max((ids[None, :] == e[:, None]).to(tl.int32), axis=1) > 0) & e_ok  # [E]
+    pi = tl.load(pi_ptr + e, mask=e_ok, other=-1)
+    miss = need & (pi < 0)
+    hit = need & (pi >= 0)
+    miss_i = miss.to(tl.int32)
+    need_i = need.to(tl.int32)
+    miss_rank = tl.cumsum(miss_i, axis=0) - 1
+    need_rank = tl.cumsum(need_i, axis=0) - 1
+    n_miss = tl.sum(miss_i, axis=0)
+    n_need = tl.sum(need_i, axis=0)
+
+    s = tl.arange(0, BLOCK_C)
+    s_ok = s < C
+    pi_inv = tl.load(pi_inv_ptr + s, mask=s_ok, other=-1)
+    tick = tl.load(tick_ptr + s, mask=s_ok, other=0)
+    at = pi[:, None] == s[None, :]  # [E, C]: expert e sits in slot s
+    needed_slot = tl.max((at & hit[:, None]).to(tl.int32), axis=0) > 0
+    cand = s_ok & (needed_slot == 0)
+    # a candidate's rank in (tick, slot) order among the candidates
+    earlier = (tick[None, :] < tick[:, None]) | ((tick[None, :] == tick[:, None]) & (s[None, :] < s[:, None]))
+    cand_rank = tl.sum((earlier & cand[None, :]).to(tl.int32), axis=1)
+    take = cand & (cand_rank < n_miss)
+    match = miss[:, None] & take[None, :] & (miss_rank[:, None] == cand_rank[None, :])  # [E, C]
+    new_e_of_s = tl.sum(tl.where(match, e[:, None], 0), axis=0)
+    new_s_of_e = tl.sum(tl.where(match, s[None, :], 0), axis=1)
+    evicted_e = tl.max((at & take[None, :]).to(tl.int32), axis=1) > 0
+    n_evict = tl.sum((take & (pi_inv >= 0)).to(tl.int32), axis=0)
+    new_pi = tl.where(miss, new_s_of_e, tl.where(evicted_e, -1, pi))
+    new_pi_inv = tl.where(take, new_e_of_s, pi_inv)
+    clock = tl.load(clock_ptr)
+    touched = need[:, None] & (new_pi[:, None] == s[None, :])  # [E, C]
+    touch_s = tl.max(touched.to(tl.int32), axis=0) > 0
+    touch_rank = tl.sum(tl.where(touched, need_rank[:, None], 0), axis=0)
+    new_tick = tl.where(touch_s, clock + touch_rank.to(tl.int64), tick)
+
+    tl.store(pi_ptr + e, new_pi, mask=e_ok)
+    tl.store(pi_inv_ptr + s, new_pi_inv, mask=s_ok)
+    tl.store(tick_ptr + s, new_tick, mask=s_ok)
+    tl.store(clock_ptr, clock + n_need.to(tl.int64))
+    tl.store(miss_e_ptr + cand_rank, new_e_of_s, mask=take)
+    tl.store(miss_s_ptr + cand_rank, s, mask=take)
+    tl.store(n_miss_ptr, n_miss)
+    m64 = n_miss.to(tl.int64)
+    tl.store(count_ptr + 0, tl.load(count_ptr + 0) + 1)
+    tl.store(count_ptr + 1, tl.load(count_ptr + 1) + (n_need - n_miss).to(tl.int64))
+    tl.store(count_ptr + 2, tl.load(count_ptr + 2) + m64)
+    tl.store(count_ptr + 3, tl.load(count_ptr + 3) + n_evict.to(tl.int64))
+    tl.store(count_ptr + 4, tl.load(count_ptr + 4) + m64)
+    tl.store(count_ptr + 5, tl.load(count_ptr + 5) + m64 * expert_bytes)
+
+
+@triton.jit
+def _copy_misses(src_ptr, dst_ptr, miss_e_ptr, miss_s_ptr, n_miss_ptr, per_expert,
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0)
+    c = tl.program_id(1)
+    if i < tl.load(n_miss_ptr):
+        src = src_ptr + tl.load(miss_e_ptr + i).to(tl.int64) * per_expert
+        dst = dst_ptr + tl.load(miss_s_ptr + i).to(tl.int64) * per_expert
+        for off in range(0, CHUNK, BLOCK):
+            idx = c.to(tl.int64) * CHUNK + off + tl.arange(0, BLOCK)
+            ok = idx < per_expert
+            tl.store(dst + idx, tl.load(src + idx, mask=ok), mask=ok)
+
+
+@triton.jit
+def _count_step(ids_ptr, n_pairs, count_ptr, N, loads, fixed_bytes, pair_bytes, HITS: tl.constexpr,
+                BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr):
+    p = tl.arange(0, BLOCK_P)
+    ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=-1).to(tl.int32)
+    e = tl.arange(0, BLOCK_E)
+    distinct = tl.sum(((tl.max((ids[None, :] == e[:, None]).to(tl.int32), axis=1) > 0) & (e < N)).to(tl.int64), axis=0)
+    field = 1 if HITS else 2
+    tl.store(count_ptr + 0, tl.load(count_ptr + 0) + 1)
+    tl.store(count_ptr + field, tl.load(count_ptr + field) + distinct)
+    tl.store(count_ptr + 4, tl.load(count_ptr + 4) + loads)
+    tl.store(count_ptr + 5, tl.load(count_ptr + 5) + fixed_bytes + n_pairs * pair_bytes)
+
+
+def count_step(counts: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, hits: bool, loads: int = 0,
+               fixed_bytes: int = 0, pair_bytes: int = 0) -> None:
+    """Add one MoE step of a non-paged store to a device count vector: steps += 1, the distinct routed
+    experts to hits (or misses), loads, and fixed_bytes + pairs * pair_bytes to bytes_h2d. No host sync."""
+    ids = topk_ids.reshape(-1)
+    _count_step[(1,)](ids, ids.numel(), counts, num_experts, loads, fixed_bytes, pair_bytes, HITS=hits,
+                      BLOCK_P=triton.next_power_of_2(max(ids.numel(), 2)), BLOCK_E=triton.next_power_of_2(max(num_experts, 2)))
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous [S, ...] tensor seen as [S, W] of the widest word that divides a row (copy unit)."""
+    row = t[0].numel() * t.element_size()
+    for dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        if row % dtype.itemsize == 0:
+            return t.reshape(t.shape[0], -1).view(dtype)
+    raise AssertionError("unreachable")
+
+
+class DeviceLRU:
+    """The device-side state and launches for one pager (see the module docstring)."""
+
+    COPY_CHUNK_BYTES = 256 * 1024
+
+    def __init__(self, num_experts: int, capacity: int, expert_bytes: int, device: torch.device):
+        self.num_experts, self.capacity, self.expert_bytes = num_experts, capacity, expert_bytes
+        self.pi_inv = torch.full((capacity,), -1, dtype=torch.int32, device=device)
+        self.tick = torch.full((capacity,), -1, dtype=torch.int64, device=device)
+        self.clock = torch.zeros((1,), dtype=torch.int64, device=device)
+        self.miss = torch.zeros((2, capacity), dtype=torch.int32, device=device)
+        self.n_miss = torch.zeros((1,), dtype=torch.int32, device=device)
+        self.counts = torch.zeros((len(COUNT_FIELDS),), dtype=torch.int64, device=device)
+
+    def prepare(self, pi_dev: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, torch.Tensor],
+                scratch: dict[str, torch.Tensor]) -> None:
+        """Launch the decision and the copies for one group's routed ids [T, K] (no host sync)."""
+        ids = topk_ids.reshape(-1)
+        n_pairs = ids.numel()
+        _lru_decide[(1,)](
+            ids, n_pairs, pi_dev, self.pi_inv, self.tick, self.clock, self.miss[0], self.miss[1], self.n_miss,
+            self.counts, self.num_experts, self.capacity, self.expert_bytes,
+            BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_E=triton.next_power_of_2(max(self.num_experts, 2)),
+            BLOCK_C=triton.next_power_of_2(max(self.capacity, 2)),
+        )
+        max_misses = min(n_pairs, self.capacity)
+        for name, master in host.items():
+            src, dst = _words(master), _words(scratch[name])
+            per = src.shape[1]
+            chunk = max(self.COPY_CHUNK_BYTES // src.element_size(), 1024)
+            _copy_misses[(max_misses, triton.cdiv(per, chunk))](
+                device_view(src), dst, self.miss[0], self.miss[1], self.n_miss, per, CHUNK=chunk, BLOCK=1024
+            )
