@@ -1,4 +1,4 @@
-"""Byte identity: paged (any cap) and offload give logits torch.equal to resident.
+"""Byte identity: paged (any cap), offload and zero-copy give logits torch.equal to resident.
 
 Covers prefill (every prompt position) and 16 decode steps, float32 and bfloat16, and a prompt long
 enough that a cap-2 scratch must split the prefill into token groups.
@@ -26,12 +26,13 @@ def run(path, mode, cap, dtype, prompt, device, moe_backend, attention_backend):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_paged_and_offload_equal_resident(hf_checkpoints, family, dtype, device, moe_backend, attention_backend):
+def test_paged_offload_and_zero_copy_equal_resident(hf_checkpoints, family, dtype, device, moe_backend, attention_backend):
     path = hf_checkpoints[family]
+    variants = VARIANTS + ([("zero-copy", None)] if device == "cpu" or moe_backend == "triton" else [])
     for prompt in (LONG_PROMPT, SHORT_PROMPT):
         _, ref_prefill, ref = run(path, "resident", None, dtype, prompt, device, moe_backend, attention_backend)
         assert len(ref.logits) == 16
-        for mode, cap in VARIANTS:
+        for mode, cap in variants:
             llm, prefill, out = run(path, mode, cap, dtype, prompt, device, moe_backend, attention_backend)
             assert torch.equal(prefill, ref_prefill), (mode, cap)
             assert out.token_ids == ref.token_ids, (mode, cap)

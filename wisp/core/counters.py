@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Iterable
 
+import torch
+
 
 @dataclass
 class ExpertCounters:
@@ -45,4 +47,5 @@ def fold_counts(counts, counters: ExpertCounters) -> None:
     values = counts.tolist()
     for name, value in zip(COUNT_FIELDS, values):
         setattr(counters, name, getattr(counters, name) + int(value))
-    counts.zero_()
+    with torch.inference_mode():  # the vector may have been made inside inference mode (engine steps)
+        counts.zero_()

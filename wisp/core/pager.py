@@ -61,6 +61,7 @@ class ExpertPager:
         self.side = "host"
 
     # -- which side owns the state ------------------------------------------------------------------
+    @torch.inference_mode()
     def use_device(self) -> None:
         if self.side == "device":
             return
@@ -95,6 +96,12 @@ class ExpertPager:
         self.use_device()
         self.device_lru.prepare(self.pi_dev, topk_ids, self.host, self.scratch)
         return self.pi_dev
+
+    def clear(self) -> None:
+        """Empty every slot (state only; the bytes stay and are never read through the map)."""
+        self.use_host()
+        self.pi, self.pi_inv, self.tick, self._clock = [-1] * self.num_experts, [-1] * self.capacity, [-1] * self.capacity, 0
+        self._publish_map()
 
     # -- the host side ------------------------------------------------------------------------------
     def prepare(self, experts: Sequence[int]) -> torch.Tensor:
@@ -132,6 +139,7 @@ class ExpertPager:
         c.bytes_h2d += len(misses) * self.expert_bytes
         return self.pi_dev
 
+    @torch.inference_mode()
     def _publish_map(self) -> None:
         # A pinned staging buffer keeps the update asynchronous; it is safe to rewrite because the next
         # prepare() runs after the host has read that step's routing, which waited for this copy.

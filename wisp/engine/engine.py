@@ -98,6 +98,8 @@ class LLMEngine:
         for store in self.model.experts.values():  # the warm-up's routing is not traffic
             store.sync_counters()
             store.counters.reset()
+            if isinstance(store, PagedExperts):
+                store.pager.clear()  # nor state: the LRU starts empty, as without graphs
 
     def _pool_blocks(self) -> int:
         c = self.config

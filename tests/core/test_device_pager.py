@@ -1,0 +1,99 @@
+"""The device-side paging decision (`prepare_on_device`) against the host pager (GPU machine only).
+
+Two pagers over the same pinned masters see the same routing; one decides on the host, one on the
+device. After every step (and after long runs on the device alone, and under CUDA-graph replay) their
+maps, LRU clocks, counters and slot bytes must agree exactly.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from wisp.core.pager import ExpertPager
+
+if not torch.cuda.is_available():
+    pytest.skip("the device pager needs a CUDA device (run on the GPU machine)", allow_module_level=True)
+CUDA = torch.device("cuda")
+
+
+def masters(n: int, dtype=torch.bfloat16, seed=0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    # odd row sizes exercise the narrow copy words; 24*40*2 bytes rows take the int64 path
+    return {"gate_up": torch.randn(n, 24, 40, generator=g).to(dtype).pin_memory(),
+            "down": torch.randn(n, 5, 3, generator=g).to(dtype).pin_memory()}
+
+
+def routing(rng: random.Random, n: int, t: int, k: int, hot: int) -> list[list[int]]:
+    """t tokens of k distinct experts, mostly from a hot set so that hits and evictions both happen."""
+    pool = list(range(n))
+    return [rng.sample(pool[:hot] if rng.random() < 0.7 else pool, k) for _ in range(t)]
+
+
+def same_state(host: ExpertPager, dev: ExpertPager) -> None:
+    dev.use_host()
+    assert dev.pi == host.pi
+    assert dev.pi_inv == host.pi_inv
+    assert dev.tick == host.tick and dev._clock == host._clock
+    assert dev.counters == host.counters
+    dev.check_integrity()
+
+
+@pytest.mark.parametrize("n,c,k,t", [(8, 2, 2, 1), (16, 4, 4, 1), (64, 16, 8, 2), (128, 16, 8, 2), (60, 13, 4, 3),
+                                     (128, 128, 8, 4)])
+@pytest.mark.parametrize("sync_every", [1, 7])
+def test_device_decision_equals_host(n, c, k, t, sync_every):
+    rng = random.Random(n * 1000 + c)
+    bank = masters(n)
+    host, dev = ExpertPager(bank, c, CUDA), ExpertPager(bank, c, CUDA)
+    for step in range(40):
+        ids = routing(rng, n, t, k, hot=max(k, c // 2 + 1))
+        host.prepare(sorted({e for row in ids for e in row}))
+        dev.prepare_on_device(torch.tensor(ids, device=CUDA))
+        if step % sync_every == 0:
+            same_state(host, dev)
+    same_state(host, dev)
+    host.check_integrity()
+
+
+def test_device_decision_under_cuda_graph_replay():
+    n, c, k = 32, 8, 4
+    rng = random.Random(3)
+    bank = masters(n)
+    host, dev = ExpertPager(bank, c, CUDA), ExpertPager(bank, c, CUDA)
+    ids = torch.zeros((2, k), dtype=torch.int64, device=CUDA)
+    dev.use_device()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        dev.prepare_on_device(ids)  # warm-up (compiles); mirrored on the host pager below
+    torch.cuda.current_stream().wait_stream(side)
+    host.prepare([0])  # the warm-up routed every pair to expert 0
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dev.prepare_on_device(ids)
+    for _ in range(30):
+        rows = routing(rng, n, 2, k, hot=6)
+        ids.copy_(torch.tensor(rows))
+        graph.replay()
+        host.prepare(sorted({e for row in rows for e in row}))
+    torch.cuda.synchronize()
+    same_state(host, dev)
+
+
+def test_state_survives_switching_sides():
+    n, c, k = 16, 4, 2
+    rng = random.Random(5)
+    bank = masters(n)
+    host, mixed = ExpertPager(bank, c, CUDA), ExpertPager(bank, c, CUDA)
+    for step in range(30):
+        ids = routing(rng, n, 2, k, hot=3)
+        need = sorted({e for row in ids for e in row})
+        host.prepare(need)
+        if step % 3 == 0:
+            mixed.prepare(need)  # takes the state back to the host
+        else:
+            mixed.prepare_on_device(torch.tensor(ids, device=CUDA))
+    same_state(host, mixed)

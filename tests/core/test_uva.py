@@ -1,0 +1,22 @@
+"""HostPointer / device_view: only pinned host memory may be handed to a kernel as a device pointer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wisp.core.uva import HostPointer, device_view
+
+
+def test_pageable_memory_is_refused():
+    with pytest.raises(ValueError, match="pinned"):
+        device_view(torch.zeros(4))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_pinned_memory_is_wrapped_and_device_tensors_pass_through():
+    host = torch.arange(6, dtype=torch.float32).pin_memory()
+    view = device_view(host)
+    assert isinstance(view, HostPointer) and view.data_ptr() == host.data_ptr() and view.dtype == torch.float32
+    dev = host.cuda()
+    assert device_view(dev) is dev
