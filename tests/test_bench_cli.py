@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from tests.cli_runner import run_wisp
@@ -42,3 +43,45 @@ def test_dummy_weights_equal_the_written_random_checkpoint(tmp_path):
     assert set(disk.where) == set(dummy.specs)
     assert all(torch.equal(disk.get(k), dummy.get(k)) for k in dummy.specs)
     disk.close()
+
+
+def _demo_trace(path: Path, layers: int = 4, k: int = 4) -> Path:
+    from wisp.trace.format import RoutingTrace
+
+    ids = np.tile(np.arange(k, dtype=np.int16), (6, layers, 1))  # every token, every layer: experts 0..k-1
+    RoutingTrace(ids, layers=list(range(layers)), metadata={"num_experts": 16}).save(path)
+    return path
+
+
+def test_bench_replays_a_routing_trace_and_runs_zero_copy(tmp_path):
+    out = tmp_path / "b.json"
+    trace = _demo_trace(tmp_path / "t.npz")
+    proc = run_wisp(["decode", "--model", "demo", "--load-format", "dummy", "--mode", "paged,zero-copy", "--expert-cap", "4",
+                     "--prompt-len", "6", "--decode-tokens", "5", "--device", "cpu", "--routing-trace", trace,
+                     "--out", out], tmp_path / "cache", command="bench")
+    assert proc.returncode == 0, proc.stderr
+    paged, zero = json.loads(out.read_text())
+    assert paged["routing"] == zero["routing"] == "replay:t.npz"
+    # the replayed experts are the same every step: after the first decode step every lookup hits
+    assert paged["hit_rate"] >= 0.8 and paged["bytes_h2d_per_token"] <= 4 * 4 * 98304 / 5
+    # zero-copy reads each routed pair's expert in place: 4 layers x 4 pairs x 98304 bytes, no device bytes
+    assert zero["bytes_h2d_per_token"] == 4 * 4 * 98304 and zero["expert_device_bytes"] == 0
+
+
+def test_bench_refuses_a_trace_of_another_shape(tmp_path):
+    trace = _demo_trace(tmp_path / "t.npz", layers=3)
+    proc = run_wisp(["decode", "--model", "demo", "--load-format", "dummy", "--device", "cpu", "--decode-tokens", "2",
+                     "--prompt-len", "4", "--routing-trace", trace], tmp_path / "cache", command="bench")
+    assert proc.returncode == 2 and "3 layers" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cap_for_budget_fills_the_budget_and_clamps():
+    from wisp.bench.decode import cap_for_budget
+    from wisp.planner import ModelSizes, PlanInputs
+
+    cfg = ModelConfig.from_hf(DEMO_CONFIG)
+    sizes = ModelSizes.of(cfg, 16)
+    base = sizes.non_expert_bytes + -(-40 // 16) * sizes.block_bytes + PlanInputs.reserve_bytes
+    assert cap_for_budget(cfg, base + 7 * sizes.slot_bytes + 1, 40) == 7
+    assert cap_for_budget(cfg, base, 40) == cfg.top_k
+    assert cap_for_budget(cfg, base + 10**12, 40) == cfg.num_experts

@@ -5,6 +5,11 @@ made on the device, so no 57 GiB file is written), prefills a fixed random promp
 `--decode-tokens` tokens with the engine stepped by hand so prefill and decode counters are split.
 A pinned host->device bandwidth probe runs in the same process; `roofline_step_s` is the bytes a decode
 step copied divided by that bandwidth, plus the resident step time when a resident run is in the set.
+
+`--routing-trace FILE` replays recorded expert choices during decode in place of the router's (records
+say `routing: "replay:<file>"`), so random weights page like the real model did. `--vram-budget X`
+sizes paged runs' cap from a VRAM budget. `--mode accelerate` runs the peer: transformers + accelerate
+with every layer's experts offloaded to the CPU (`wisp.bench.peer`).
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ from pathlib import Path
 
 import torch
 
-from wisp.config import resolve_device
+from wisp.config import ATTENTION_BACKENDS, MODES, MOE_BACKENDS, EngineConfig, ModelConfig, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
-from wisp.planner import probe_t_byte
+from wisp.errors import WispError
+from wisp.planner import ModelSizes, PlanInputs, probe_t_byte
+from wisp.trace.format import RoutingTrace
+from wisp.trace.readers import load_any
+from wisp.trace.replay import RoutingReplay
 
 
 def probe_h2d_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
@@ -37,13 +46,35 @@ def _reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def model_config_for(model: str, load_format: str) -> ModelConfig:
+    from wisp.engine.engine import model_source
+
+    return model_source(EngineConfig(model=model, load_format=load_format))[1]
+
+
+def cap_for_budget(cfg: ModelConfig, budget: int, max_model_len: int, block_size: int = 16) -> int:
+    """The largest paged cap whose scratch fits `budget` beside the non-expert weights, a batch-1 KV pool
+    and the planner's reserve (clamped to [top_k, num_experts])."""
+    sizes = ModelSizes.of(cfg, block_size)
+    kv = -(-max_model_len // block_size) * sizes.block_bytes
+    cap = (budget - sizes.non_expert_bytes - kv - PlanInputs.reserve_bytes) // sizes.slot_bytes
+    return int(min(max(cap, cfg.top_k), cfg.num_experts))
+
+
 def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: int, decode_tokens: int,
-               temperature: float) -> dict:
+               temperature: float, trace: RoutingTrace | None = None) -> dict:
     """One load + prefill + decode; returns the measured record (without probe/roofline fields)."""
     t0 = time.perf_counter()
     llm = LLM(model, mode=mode, expert_cap=cap, max_concurrency=1, max_model_len=prompt_len + decode_tokens + 8, **opts)
     load_s = time.perf_counter() - t0
     device = llm.engine.device
+    replay = None
+    if trace is not None:
+        cfg = llm.config
+        replay = RoutingReplay(trace, cfg.moe_layer_ids, cfg.num_experts, cfg.top_k, device)
+        llm.engine.model.routing_override = replay
+        llm.engine.step_hooks.append(replay.advance)
+        llm.engine.capture_graphs()  # the graphs must read the replay buffer
     peak_load = _peak(device)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, llm.config.vocab_size, (prompt_len,), generator=gen).tolist()
@@ -58,6 +89,8 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
     engine.step()  # the prefill samples the first token
     prefill = llm.stats()
     t_first = time.perf_counter()
+    if replay is not None:
+        replay.active = True
     while engine.has_unfinished():
         engine.step()
     t_end = time.perf_counter()
@@ -85,23 +118,41 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         "peak_gpu_bytes_load": peak_load,
         "peak_gpu_bytes": _peak(device),
         "device": str(device),
+        "graph_steps": s["graph_steps"],
+        "routing": "router",
     }
 
 
 def bench_decode(args) -> list[dict]:
     opts = {"device": args.device, "load_format": args.load_format, "moe_backend": args.moe_backend,
-            "attention_backend": getattr(args, "attention_backend", "torch")}
+            "attention_backend": args.attention_backend, "enforce_eager": args.enforce_eager}
     if args.dtype:
         opts["dtype"] = args.dtype
     caps = [int(c) for c in args.expert_cap.split(",")] if args.expert_cap else [None]
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    bad = [m for m in modes if m not in (*MODES, "accelerate")]
+    if bad:
+        raise WispError(f"unknown mode {bad[0]!r}; choose from: {', '.join((*MODES, 'accelerate'))}")
+    trace = load_any(args.routing_trace) if args.routing_trace else None
+    if args.vram_budget:
+        cfg = model_config_for(args.model, args.load_format)
+        caps = [cap_for_budget(cfg, args.vram_budget, args.prompt_len + args.decode_tokens + 8)]
     runs = [(m, c) for m in sorted(modes, key=lambda m: m != "resident") for c in (caps if m == "paged" else [None])]
     device = resolve_device(args.device)
     gbps = probe_h2d_gbps(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     records, resident_step = [], None
     for mode, cap in runs:
-        r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature)
+        if mode == "accelerate":
+            from wisp.bench.peer import run_accelerate
+
+            r = run_accelerate(args.model, args.prompt_len, args.peer_decode_tokens)
+        else:
+            r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature, trace)
+        if trace is not None and mode != "accelerate":
+            r["routing"] = f"replay:{Path(args.routing_trace).name}"
+        if args.vram_budget:
+            r["vram_budget"] = args.vram_budget
         if mode == "resident":
             resident_step = r["step_s"]
         roofline = (r["bytes_h2d_per_token"] / (gbps * 1e9) if gbps else 0.0) + (resident_step or 0.0)
@@ -123,18 +174,25 @@ def bench_decode(args) -> list[dict]:
 
 
 def add_parser(sub) -> None:
+    from wisp.cli import parse_size
+
     bench = sub.add_parser("bench", help="benchmarks")
     kinds = bench.add_subparsers(dest="bench", required=True)
     dec = kinds.add_parser("decode", help="batch-1 decode in one or more expert modes")
     dec.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
     dec.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
-    dec.add_argument("--mode", default="paged", help="comma list of paged, resident, offload")
+    dec.add_argument("--mode", default="paged", help="comma list of paged, resident, offload, zero-copy, accelerate")
     dec.add_argument("--expert-cap", default=None, help="comma list of caps for paged runs")
     dec.add_argument("--prompt-len", type=int, default=128)
     dec.add_argument("--decode-tokens", type=int, default=128)
     dec.add_argument("--temperature", type=float, default=0.0)
     dec.add_argument("--device", default="auto")
     dec.add_argument("--dtype", default=None)
-    dec.add_argument("--moe-backend", choices=["torch", "triton"], default="torch")
-    dec.add_argument("--attention-backend", choices=["torch", "triton"], default="torch")
+    dec.add_argument("--moe-backend", choices=MOE_BACKENDS, default="auto")
+    dec.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
+    dec.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    dec.add_argument("--routing-trace", default=None, metavar="FILE",
+                     help="replay these recorded expert choices during decode (benchmark only)")
+    dec.add_argument("--vram-budget", type=parse_size, default=None, help="size paged runs' cap from this VRAM budget")
+    dec.add_argument("--peer-decode-tokens", type=int, default=16, help="decode tokens of the (slow) accelerate peer")
     dec.add_argument("--out", default=None, help="write the records as a JSON list here")

@@ -48,7 +48,7 @@ class StepOutput:
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.path, cfg = _model_source(config)
+        self.path, cfg = model_source(config)
         if (override := parse_dtype(config.dtype)) is not None:
             cfg = replace(cfg, dtype=override)
         self.model_config = cfg
@@ -79,7 +79,7 @@ class LLMEngine:
         self.tokens_decoded = 0
         self.graphs: DecodeGraphs | None = None
         self.graph_steps = 0
-        self._capture_graphs()
+        self.capture_graphs()
 
     def graphs_enabled(self) -> bool:
         c = self.config
@@ -87,7 +87,7 @@ class LLMEngine:
                 and c.resolve_backend("moe", self.device) == "triton" and c.resolve_backend("attention", self.device) == "triton")
 
     @torch.inference_mode()
-    def _capture_graphs(self) -> None:
+    def capture_graphs(self) -> None:
         """(Re)capture the decode graphs; only while the pool holds no data (the warm-up writes block 0)."""
         self.graphs = None
         if not self.graphs_enabled():
@@ -244,7 +244,7 @@ class LLMEngine:
         self.pool.resize(num_blocks)
         self.kv.resize(num_blocks)
         if capture:
-            self._capture_graphs()
+            self.capture_graphs()
 
     def apply_plan(self, expert_caps: list[int], kv_blocks: int) -> None:
         """Resize both pools at a drained moment: each paged layer's scratch to its cap, the KV pool to
@@ -267,7 +267,7 @@ class LLMEngine:
             self.resize_kv(kv_blocks, capture=False)
         self.config = cfg
         self.expert_cap = max(caps.values())
-        self._capture_graphs()
+        self.capture_graphs()
 
     def stats(self) -> dict:
         stores = self.model.experts
@@ -316,7 +316,7 @@ class LLMEngine:
         self.tokens_prefilled = self.tokens_decoded = self.graph_steps = 0
 
 
-def _model_source(config: EngineConfig) -> tuple[Path | None, ModelConfig]:
+def model_source(config: EngineConfig) -> tuple[Path | None, ModelConfig]:
     """(checkpoint folder or None, config): a folder / 'demo' / hub id, or with --load-format dummy also
     a preset name (qwen3-30b-a3b, ...), whose weights are made up on the device."""
     if config.model in PRESETS:

@@ -1,0 +1,50 @@
+"""RoutingReplay: recorded expert choices in place of the router's (benchmarks only, clearly labelled).
+
+A trace of T tokens x L MoE layers x K (`RoutingTrace`) is replayed one token per engine step: before
+each step `advance()` writes the next token's ids into a device buffer [L, K], and the decoder's MoE
+layers use them (`MoEDecoder.routing_override`) in place of top-k; the mixing weights are the router's
+probabilities at those experts. While inactive the buffer holds -1 and the router's choice stands, so
+a prefill runs on real routing. The buffer's address never changes: the override works inside CUDA
+graphs (set it before they are captured).
+
+Replayed routing measures what a real model's expert reuse does to the pager with random weights; the
+tokens it produces mean nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from wisp.errors import WispError
+from wisp.trace.format import RoutingTrace
+
+
+class RoutingReplay:
+    def __init__(self, trace: RoutingTrace, moe_layer_ids: list[int], num_experts: int, top_k: int, device: torch.device):
+        ids = np.asarray(trace.ids)  # [T, L, K]
+        if ids.shape[1] != len(moe_layer_ids) or ids.shape[2] != top_k:
+            raise WispError(f"routing trace has {ids.shape[1]} layers x top-{ids.shape[2]}; the model has "
+                            f"{len(moe_layer_ids)} MoE layers x top-{top_k}")
+        if ids.max() >= num_experts:
+            raise WispError(f"routing trace names expert {int(ids.max())}; the model has {num_experts}")
+        self.rows = torch.from_numpy(ids.astype(np.int64))
+        self.buf = torch.full((len(moe_layer_ids), top_k), -1, dtype=torch.int64, device=device)
+        self.layer_index = {li: i for i, li in enumerate(moe_layer_ids)}
+        self.position = 0
+        self.active = False
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    def advance(self) -> None:
+        """Step hook: load the next trace token (wrapping around) while active, else -1 (router's ids)."""
+        if self.active:
+            self.buf.copy_(self.rows[self.position % len(self)])
+            self.position += 1
+        else:
+            self.buf.fill_(-1)
+
+    def ids(self, layer: int, topk_ids: torch.Tensor) -> torch.Tensor:
+        row = self.buf[self.layer_index[layer]]  # [K]
+        return torch.where(row >= 0, row, topk_ids)  # [T, K]
