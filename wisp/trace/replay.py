@@ -4,7 +4,7 @@ A trace of T tokens x L MoE layers x K (`RoutingTrace`) is replayed one token pe
 each step `advance()` writes the next token's ids into a device buffer [L, K], and the decoder's MoE
 layers use them (`MoEDecoder.routing_override`) in place of top-k; the mixing weights are the router's
 probabilities at those experts. While inactive the buffer holds -1 and the router's choice stands, so
-a prefill runs on real routing. The buffer's address never changes: the override works inside CUDA
+a prefill runs on real routing; a trace row with a missing (-1) entry also leaves the router's choice. The buffer's address never changes: the override works inside CUDA
 graphs (set it before they are captured).
 
 Replayed routing measures what a real model's expert reuse does to the pager with random weights; the
@@ -47,4 +47,4 @@ class RoutingReplay:
 
     def ids(self, layer: int, topk_ids: torch.Tensor) -> torch.Tensor:
         row = self.buf[self.layer_index[layer]]  # [K]
-        return torch.where(row >= 0, row, topk_ids)  # [T, K]
+        return torch.where((row >= 0).all(), row, topk_ids)  # [T, K]; a row with a gap: the router's

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU-machine calls for issue 5 (CUDA graphs, device-side paging, zero-copy, trace replay, the peer).
+# STAGE=tests|qwen3|mixtral|olmoe picks one call's worth of work; results land in $OUT (or ./gpu-out).
+# The Mixtral routing trace travels in .gpu_data/ (ignored by git; pass it with the device tool's carry).
+set -uo pipefail
+out=${OUT:-gpu-out}; mkdir -p "$out"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+bench() { python3 -m wisp bench decode --load-format dummy --prompt-len 128 "$@" 2>"$out/$(date +%s%N).log"; }
+case "${STAGE:-tests}" in
+tests)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+  python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/server --wisp-device cuda \
+    --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 | tee "$out/pytest_cuda_triton.txt" | tail -15 ;;
+qwen3)
+  bench --model qwen3-30b-a3b --mode resident,paged,zero-copy --expert-cap 16,32,64 --decode-tokens 128 \
+    --out "$out/issue5_qwen3_30b_a3b.json"
+  bench --model qwen3-30b-a3b --mode offload --decode-tokens 24 --out "$out/issue5_qwen3_30b_a3b_offload.json" ;;
+mixtral)
+  t=.gpu_data/gsm8k_2_decode_TxLxK.npz
+  bench --model mixtral-8x7b --mode resident,paged,zero-copy --expert-cap 2,4,6 --decode-tokens 64 --routing-trace $t \
+    --out "$out/issue5_mixtral_8x7b_trace.json"
+  bench --model mixtral-8x7b --mode offload --decode-tokens 8 --routing-trace $t --out "$out/issue5_mixtral_8x7b_offload.json" ;;
+olmoe)
+  bench --model olmoe-1b-7b --mode resident,paged,zero-copy,offload --expert-cap 8,16 --decode-tokens 128 \
+    --out "$out/issue5_olmoe_1b_7b.json"
+  bench --model olmoe-1b-7b --mode accelerate --peer-decode-tokens 12 --out "$out/issue5_olmoe_1b_7b_peer.json" ;;
+esac
