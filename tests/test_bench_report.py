@@ -20,8 +20,19 @@ def test_every_record_is_a_row_and_missing_fields_show_as_dashes(tmp_path):
     page = render(load_records(tmp_path))
     rows = [line for line in page.splitlines() if line.startswith("| ") and "mode" not in line]
     assert len(rows) == 3
-    assert "| paged | 16 | torch / torch | 6.70 | 149.0 | 96.7 |" in rows[0] and "| 338.0 |" in rows[0]
+    assert "| paged | 16 | torch / torch | - | - | 6.70 | 149.0 | 96.7 |" in rows[0] and "| 338.0 |" in rows[0]
     assert rows[1].count("| - ") >= 5
+
+
+def test_auto_backends_graphs_and_replay_are_named(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps([
+        {"mode": "paged", "expert_cap": 6, "moe_backend": "auto", "attention_backend": "auto", "gpu": "NVIDIA H200",
+         "graph_steps": 63, "routing": "replay:t.npz"},
+        {"mode": "paged", "expert_cap": 6, "moe_backend": "auto", "attention_backend": "torch", "gpu": "cpu", "graph_steps": 0},
+    ]))
+    rows = [line for line in render(load_records(tmp_path)).splitlines() if line.startswith("| paged")]
+    assert rows[0].startswith("| paged | 6 | triton / triton | yes | replay:t.npz |")
+    assert rows[1].startswith("| paged | 6 | torch / torch | no | - |")
 
 
 def test_checked_in_benchmarks_page_matches_the_results():

@@ -16,6 +16,8 @@ COLUMNS = [
     ("mode", "mode", "{}"),
     ("expert_cap", "cap", "{}"),
     ("backends", "moe / attention", "{}"),
+    ("graphs", "CUDA graphs", "{}"),
+    ("routing", "routing", "{}"),
     ("decode_tok_s", "decode tok/s", "{:.2f}"),
     ("step_s", "step ms", "ms"),
     ("roofline_step_s", "roofline ms", "ms"),
@@ -29,7 +31,12 @@ COLUMNS = [
 
 def _cell(record: dict, key: str, fmt: str) -> str:
     if key == "backends":
-        return f"{record.get('moe_backend', 'torch')} / {record.get('attention_backend', 'torch')}"
+        on_gpu = record.get("gpu", "cpu") != "cpu"
+        names = [record.get(f"{k}_backend", "torch") for k in ("moe", "attention")]
+        names = [("triton" if on_gpu else "torch") if n == "auto" else n for n in names]  # what auto resolved to
+        return " / ".join(names) if record.get("mode") != "accelerate" else "transformers + accelerate"
+    if key == "graphs":
+        return "-" if "graph_steps" not in record else ("yes" if record["graph_steps"] else "no")
     value = record.get("peak_gpu_bytes", record.get("peak_gpu_bytes_decode")) if key == "peak" else record.get(key)
     if value is None:
         return "-"
