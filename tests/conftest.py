@@ -12,6 +12,11 @@ from hypothesis import settings
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
+# Without a GPU, the Triton kernels still run, on CPU tensors, under Triton's interpreter (slow, exact
+# logic): set before any kernel module is imported, since @triton.jit reads it at decoration.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # The test models are tiny: extra intra-op threads only add contention (seen: 10-50x slower steps on a
 # busy 2-core machine), and subprocesses get OMP_NUM_THREADS=1 for the same reason.
 torch.set_num_threads(1)

@@ -162,5 +162,5 @@ class DeviceLRU:
             per = src.shape[1]
             chunk = max(self.COPY_CHUNK_BYTES // src.element_size(), 1024)
             _copy_misses[(max_misses, triton.cdiv(per, chunk))](
-                device_view(src), dst, self.miss[0], self.miss[1], self.n_miss, per, CHUNK=chunk, BLOCK=1024
+                src if src.device == dst.device else device_view(src), dst, self.miss[0], self.miss[1], self.n_miss, per, CHUNK=chunk, BLOCK=1024
             )

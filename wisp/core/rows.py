@@ -29,7 +29,7 @@ def map_row_tiles(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -
     t = x.shape[0]
     pad = (-t) % ROW_TILE if t else ROW_TILE
     if pad:
-        x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])
+        x = F.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))  # zero rows appended (one kernel)
     outs = [fn(x[i : i + ROW_TILE]) for i in range(0, t + pad, ROW_TILE)]
     return torch.cat(outs)[:t] if len(outs) > 1 else outs[0][:t]
 

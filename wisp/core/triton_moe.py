@@ -1,10 +1,11 @@
 """`fused_moe` on the GPU in Triton, with the reference's signature and contract (`wisp.core.moe`).
 
-Two launches and a combine:
+Three launches:
 1. `_gate_up_act`: one program per (token, k) pair and block of I rows reads the pair's expert through
    `expert_map` (a -1 slot writes zeros: the term is skipped) and computes silu(gate) * up in float32;
 2. `_down`: one program per pair and block of D rows computes the pair's output rows in float32;
-3. the weighted sum over k in routing order (float32), cast to hidden's dtype.
+3. `_combine`: one program per (token, block of D) sums weight_k * y_k over k in routing order in
+   float32 and casts to hidden's dtype (the contract of `combine_in_routing_order`, in one launch).
 
 Each program reduces over a fixed sequence of fixed-size blocks, and no program reads another pair's
 data, so a token's output depends only on its own row, routing and expert bytes: it is batch-invariant
@@ -20,12 +21,12 @@ import torch
 import triton
 import triton.language as tl
 
-from wisp.core.moe import combine_in_routing_order
 from wisp.core.uva import device_view
 
 
 @triton.jit
-def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, h_ptr, K, D, I, stride_ws, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr):
+def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, h_ptr, stride_ws, K: tl.constexpr, D: tl.constexpr, I: tl.constexpr,
+                 BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr):
     pair = tl.program_id(0)
     ib = tl.program_id(1)
     token = pair // K
@@ -50,7 +51,20 @@ def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, h_ptr, K, D, I, stride_ws, BLOC
 
 
 @triton.jit
-def _down(h_ptr, w_ptr, ids_ptr, map_ptr, y_ptr, D, I, stride_ws, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr):
+def _combine(y_ptr, w_ptr, out_ptr, K: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    token = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    ok = cols < D
+    base = token.to(tl.int64) * K
+    acc = tl.load(y_ptr + base * D + cols, mask=ok, other=0.0) * tl.load(w_ptr + base).to(tl.float32)
+    for j in range(1, K):
+        acc = acc + tl.load(y_ptr + (base + j) * D + cols, mask=ok, other=0.0) * tl.load(w_ptr + base + j).to(tl.float32)
+    tl.store(out_ptr + token.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _down(h_ptr, w_ptr, ids_ptr, map_ptr, y_ptr, stride_ws, D: tl.constexpr, I: tl.constexpr, BLOCK_D: tl.constexpr,
+          BLOCK_I: tl.constexpr):
     pair = tl.program_id(0)
     db = tl.program_id(1)
     slot = tl.load(map_ptr + tl.load(ids_ptr + pair))
@@ -87,10 +101,18 @@ def triton_fused_moe(
     emap = expert_map.to(torch.int32).contiguous()
     h = torch.empty((t * k, inter), dtype=torch.float32, device=hidden.device)
     y = torch.empty((t * k, d), dtype=torch.float32, device=hidden.device)
-    block_i, block_d = 32, 128
+    block_i, block_d = 16, 256  # many short programs: a decode step has only t*k pairs
     _gate_up_act[(t * k, triton.cdiv(inter, block_i))](
-        hidden, device_view(w_gate_up), ids, emap, h, k, d, inter, w_gate_up.stride(0), BLOCK_I=block_i, BLOCK_D=block_d
+        hidden, _pointer(w_gate_up, hidden), ids, emap, h, w_gate_up.stride(0), K=k, D=d, I=inter, BLOCK_I=block_i,
+        BLOCK_D=block_d,
     )
-    _down[(t * k, triton.cdiv(d, 64))](h, device_view(w_down), ids, emap, y, d, inter, w_down.stride(0), BLOCK_D=64,
+    _down[(t * k, triton.cdiv(d, 64))](h, _pointer(w_down, hidden), ids, emap, y, w_down.stride(0), D=d, I=inter, BLOCK_D=64,
                                        BLOCK_I=128)
-    return combine_in_routing_order(y.view(t, k, d), topk_weights, hidden.dtype)
+    out = torch.empty_like(hidden)
+    _combine[(t, triton.cdiv(d, 1024))](y, topk_weights.contiguous(), out, K=k, D=d, BLOCK_D=1024)
+    return out
+
+
+def _pointer(weights: torch.Tensor, hidden: torch.Tensor):
+    """Weights on hidden's device as they are; pinned host weights as a UVA pointer (zero-copy)."""
+    return weights if weights.device == hidden.device else device_view(weights)

@@ -101,7 +101,8 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
         lm_head = embed if model_cfg.tie_word_embeddings or "lm_head.weight" not in reader else dev("lm_head.weight")
         layers = [_load_layer(i, model_cfg, names, dev, opt) for i in range(model_cfg.num_layers)]
         experts = _load_experts(reader, model_cfg, engine, names, device)
-        return MoEDecoder(model_cfg, embed, dev("model.norm.weight"), lm_head, layers, experts)
+        return MoEDecoder(model_cfg, embed, dev("model.norm.weight"), lm_head, layers, experts,
+                          backend=engine.resolve_backend("moe", device))
     finally:
         reader.close()
 

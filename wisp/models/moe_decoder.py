@@ -105,6 +105,7 @@ class MoEDecoder:
         lm_head: torch.Tensor,
         layers: list[LayerWeights],
         experts: dict[int, ExpertStore],
+        backend: str = "torch",
     ):
         self.config = config
         self.embed = embed
@@ -116,6 +117,11 @@ class MoEDecoder:
         self.routing_override = None  # .ids(layer, topk_ids) -> replayed ids (benchmarks only)
         self.device = embed.device
         self.dtype = embed.dtype
+        self.rms_norm = rows.rms_norm  # "triton": one row-invariant kernel per norm (CUDA)
+        if backend == "triton":
+            from wisp.core.triton_norm import triton_rms_norm
+
+            self.rms_norm = triton_rms_norm
         hd = config.head_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
         self.inv_freq = (inv_freq / config.rope_scaling_factor).to(self.device)
@@ -126,20 +132,20 @@ class MoEDecoder:
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
         return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
 
-    def attention(self, li: int, x: torch.Tensor, positions: torch.Tensor, kv) -> torch.Tensor:
+    def attention(self, li: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv) -> torch.Tensor:
         cfg, w = self.config, self.layers[li].attn
         t, h, hkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q = rows.linear(x, w.q, w.q_bias)
         k = rows.linear(x, w.k, w.k_bias)
         v = rows.linear(x, w.v, w.v_bias)
         if cfg.qk_norm == "full":
-            q, k = rows.rms_norm(q, w.q_norm, cfg.rms_norm_eps), rows.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+            q, k = self.rms_norm(q, w.q_norm, cfg.rms_norm_eps), self.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
         q, k, v = q.view(t, h, hd), k.view(t, hkv, hd), v.view(t, hkv, hd)
         if cfg.qk_norm == "per_head":
-            q, k = rows.rms_norm(q, w.q_norm, cfg.rms_norm_eps), rows.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+            q, k = self.rms_norm(q, w.q_norm, cfg.rms_norm_eps), self.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
         if cfg.clip_qkv is not None:
             q, k, v = (z.clamp(-cfg.clip_qkv, cfg.clip_qkv) for z in (q, k, v))
-        cos, sin = self.rope(positions)
+        cos, sin = rope
         q = q * cos + rotate_half(q) * sin  # [T, H, hd]
         k = k * cos + rotate_half(k) * sin  # [T, Hkv, hd]
         out = kv.write_attend(li, q, k, v, cfg.sliding_window)  # [T, H, hd]
@@ -183,11 +189,12 @@ class MoEDecoder:
             raise RuntimeError("a routing hook reads routing on the host: it cannot run in a static (graph) step")
         x = self.embed[tokens]
         eps = self.config.rms_norm_eps
+        rope = self.rope(positions)  # once per forward, shared by every layer
         for li, lw in enumerate(self.layers):
-            x = x + self.attention(li, rows.rms_norm(x, lw.input_norm, eps), positions, kv)
-            h = rows.rms_norm(x, lw.post_norm, eps)
+            x = x + self.attention(li, self.rms_norm(x, lw.input_norm, eps), rope, kv)
+            h = self.rms_norm(x, lw.post_norm, eps)
             x = x + (self.moe(li, h, static) if lw.router is not None else mlp(h, lw.dense))
-        return rows.rms_norm(x, self.final_norm, eps)
+        return self.rms_norm(x, self.final_norm, eps)
 
     def use_paging_side(self, side: str) -> None:
         """Hand every paged layer's LRU state to the host or the device (no-op where it already is)."""

@@ -1,0 +1,49 @@
+"""The Triton kernels' logic on any machine: fused MoE, the routing-order combine and RMSNorm against
+the torch references (on the GPU compiled; on the CPU under Triton's interpreter, see conftest)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wisp.core import rows
+from wisp.core.moe import combine_in_routing_order, fused_moe
+
+pytest.importorskip("triton")
+from wisp.core.triton_moe import _combine, triton_fused_moe  # noqa: E402
+from wisp.core.triton_norm import triton_rms_norm  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("t,n,k", [(1, 8, 2), (3, 16, 4), (2, 6, 6)])
+def test_fused_moe_matches_the_reference_with_a_sparse_map(t, n, k):
+    g = torch.Generator().manual_seed(t * 100 + n)
+    d, i = 72, 40  # not multiples of the blocks: masks matter
+    hidden = torch.randn(t, d, generator=g).to(DEV)
+    gu, dn = (torch.randn(n, 2 * i, d, generator=g) * 0.1).to(DEV), (torch.randn(n, d, i, generator=g) * 0.1).to(DEV)
+    ids = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(t)]).to(DEV)
+    w = torch.softmax(torch.randn(t, k, generator=g), -1).to(DEV)
+    emap = torch.arange(n, dtype=torch.int32, device=DEV)
+    emap[ids[0, 0]] = -1  # skipped term
+    got, want = triton_fused_moe(hidden, gu, dn, ids, w, emap), fused_moe(hidden, gu, dn, ids, w, emap)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(got, triton_fused_moe(hidden, gu, dn, ids, w, None))  # the -1 really was skipped
+
+
+def test_combine_sums_in_routing_order():
+    g = torch.Generator().manual_seed(1)
+    y, w = torch.randn(3 * 4, 1500, generator=g).to(DEV), torch.softmax(torch.randn(3, 4, generator=g), -1).to(DEV)
+    out = torch.empty(3, 1500, device=DEV)
+    _combine[(3, 2)](y, w, out, K=4, D=1500, BLOCK_D=1024)
+    torch.testing.assert_close(out, combine_in_routing_order(y.view(3, 4, 1500), w, torch.float32), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(5, 40), (2, 3, 16), (1, 2048)])
+def test_rms_norm_matches_the_reference_and_is_row_invariant(shape):
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(shape, generator=g).to(DEV), torch.randn(shape[-1], generator=g).to(DEV)
+    got = triton_rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(got, rows.rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+    flat = x.reshape(-1, shape[-1])
+    assert torch.equal(triton_rms_norm(flat[:1], w, 1e-6), got.reshape(-1, shape[-1])[:1])
