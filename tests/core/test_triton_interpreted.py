@@ -47,3 +47,15 @@ def test_rms_norm_matches_the_reference_and_is_row_invariant(shape):
     torch.testing.assert_close(got, rows.rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-5)
     flat = x.reshape(-1, shape[-1])
     assert torch.equal(triton_rms_norm(flat[:1], w, 1e-6), got.reshape(-1, shape[-1])[:1])
+
+
+def test_rope_matches_the_reference():
+    from wisp.core.triton_rope import triton_rope
+    from wisp.models.moe_decoder import apply_rope
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 4, 16, generator=g).to(DEV)
+    ang = torch.arange(3).float()[:, None] * torch.rand(8, generator=g)[None]
+    emb = torch.cat([ang, ang], -1).to(DEV)
+    cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+    torch.testing.assert_close(triton_rope(x, cos, sin), apply_rope(x, cos, sin), rtol=1e-6, atol=1e-6)

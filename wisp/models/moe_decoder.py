@@ -96,6 +96,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
 class MoEDecoder:
     def __init__(
         self,
@@ -117,11 +121,15 @@ class MoEDecoder:
         self.routing_override = None  # .ids(layer, topk_ids) -> replayed ids (benchmarks only)
         self.device = embed.device
         self.dtype = embed.dtype
-        self.rms_norm = rows.rms_norm  # "triton": one row-invariant kernel per norm (CUDA)
+        self.rms_norm = rows.rms_norm  # "triton": one row-invariant kernel per norm / rotation (CUDA)
+        self.apply_rope = apply_rope
         if backend == "triton":
             from wisp.core.triton_norm import triton_rms_norm
+            from wisp.core.triton_rope import triton_rope
 
             self.rms_norm = triton_rms_norm
+            if config.head_dim & (config.head_dim - 1) == 0:
+                self.apply_rope = triton_rope
         hd = config.head_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
         self.inv_freq = (inv_freq / config.rope_scaling_factor).to(self.device)
@@ -145,9 +153,7 @@ class MoEDecoder:
             q, k = self.rms_norm(q, w.q_norm, cfg.rms_norm_eps), self.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
         if cfg.clip_qkv is not None:
             q, k, v = (z.clamp(-cfg.clip_qkv, cfg.clip_qkv) for z in (q, k, v))
-        cos, sin = rope
-        q = q * cos + rotate_half(q) * sin  # [T, H, hd]
-        k = k * cos + rotate_half(k) * sin  # [T, Hkv, hd]
+        q, k = self.apply_rope(q, *rope), self.apply_rope(k, *rope)  # [T, H, hd], [T, Hkv, hd]
         out = kv.write_attend(li, q, k, v, cfg.sliding_window)  # [T, H, hd]
         return rows.linear(out.reshape(t, h * hd), w.o)
 
