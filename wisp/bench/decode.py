@@ -15,6 +15,7 @@ with every layer's experts offloaded to the CPU (`wisp.bench.peer`).
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,16 @@ from wisp.planner import ModelSizes, PlanInputs, probe_t_byte
 from wisp.trace.format import RoutingTrace
 from wisp.trace.readers import load_any
 from wisp.trace.replay import RoutingReplay
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit (a result is only as good as knowing what code produced it)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def probe_h2d_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
@@ -156,7 +167,7 @@ def bench_decode(args) -> list[dict]:
         if mode == "resident":
             resident_step = r["step_s"]
         roofline = (r["bytes_h2d_per_token"] / (gbps * 1e9) if gbps else 0.0) + (resident_step or 0.0)
-        r.update(preset=args.model, load_format=args.load_format, moe_backend=args.moe_backend,
+        r.update(commit=_git_commit(), preset=args.model, load_format=args.load_format, moe_backend=args.moe_backend,
                  attention_backend=opts["attention_backend"], h2d_gbps_probe=round(gbps, 2),
                  roofline_step_s=round(roofline, 6) if resident_step is not None else None, gpu=gpu,
                  command="wisp bench decode " + " ".join(sys.argv[3:]))

@@ -1,9 +1,8 @@
 """Paged attention in Triton with the same fixed order as `kv_cache.paged_attention` (CUDA only).
 
 One program per (16-row query tile aligned on absolute positions, query head): it walks the sequence's
-keys in order, in groups of 64 positions aligned on 0 (several KV blocks, gathered through the block
-table), with an online softmax in float32 (`tl.dot` in IEEE precision), values past the sequence end
-zeroed. A program reads only its own rows and the blocks up to its last row, so a token's
+key blocks in order with an online softmax in float32 (`tl.dot` in IEEE precision), values past the
+sequence end zeroed. A program reads only its own rows and the blocks up to its last row, so a token's
 output is the same whether its prefix was cached, chunked, recomputed or decoded, and whatever else is
 in the batch. The numbers differ slightly from the torch path's (which rounds scores to the model dtype);
 each path is exact within itself.
@@ -26,7 +25,7 @@ from wisp.core.rows import ROW_TILE
 @triton.jit
 def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group, scale, window,
                 s_qt, s_qh, s_kb, s_kh, s_kp, s_ot, s_oh,
-                R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, KEYS: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, HAS_WINDOW: tl.constexpr):
     tile = tl.program_id(0)
     head = tl.program_id(1)
     meta = meta_ptr + tile * 5
@@ -46,14 +45,12 @@ def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group
     denom = tl.zeros((R,), tl.float32)
     acc = tl.zeros((R, HD), tl.float32)
     last = tl.minimum(end, first + R) - 1
-    n_blocks = (end + BS - 1) // BS
-    for j in range(0, last // KEYS + 1):
-        kpos = j * KEYS + tl.arange(0, KEYS)
+    for j in range(0, last // BS + 1):
+        blk = tl.load(table_ptr + j).to(tl.int64)
+        kpos = j * BS + tl.arange(0, BS)
         live = kpos < end
-        bidx = kpos // BS
-        blk = tl.load(table_ptr + bidx, mask=bidx < n_blocks, other=0).to(tl.int64)
-        base = blk[:, None] * s_kb + kvh * s_kh + (kpos % BS)[:, None] * s_kp + d[None, :]
-        k = tl.load(k_ptr + base, mask=live[:, None], other=0.0).to(tl.float32)
+        base = blk * s_kb + kvh * s_kh + tl.arange(0, BS)[:, None] * s_kp + d[None, :]
+        k = tl.load(k_ptr + base).to(tl.float32)
         v = tl.load(v_ptr + base, mask=live[:, None], other=0.0).to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [R, BS]
         allowed = (kpos[None, :] <= pos[:, None]) & live[None, :]
@@ -80,7 +77,7 @@ def _launch(q, k_cache, v_cache, tables, meta, window) -> torch.Tensor:
     _paged_attn[(meta.shape[0], h)](
         q, k_cache, v_cache, tables, tables.stride(0), meta, out, h // hkv, hd**-0.5, window or 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
-        R=ROW_TILE, BS=bs, HD=hd, KEYS=max(bs, 64), HAS_WINDOW=window is not None,
+        R=ROW_TILE, BS=bs, HD=hd, HAS_WINDOW=window is not None,
     )
     return out
 
