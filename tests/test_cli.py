@@ -31,6 +31,7 @@ def runs(tmp_path_factory, hf_checkpoints) -> dict[str, subprocess.CompletedProc
             "resident": (*GREEDY, "--mode", "resident"),
             "offload": (*GREEDY, "--mode", "offload"),
             "paged_cap4": (*GREEDY, "--mode", "paged", "--expert-cap", "4"),
+            "zero-copy": (*GREEDY, "--mode", "zero-copy", "--enforce-eager", "--moe-backend", "torch"),
             "sampled": SAMPLED,
             "sampled_again": SAMPLED,  # a second, independent process
             "plain": ("--model", "demo", "--prompt", "Hello", "--max-tokens", "8"),
@@ -69,13 +70,19 @@ def test_json_output_shape(runs):
     assert stats["expert_hits"] + stats["expert_misses"] > 0
 
 
-@pytest.mark.parametrize("run", ["resident", "offload", "paged_cap4"])
+@pytest.mark.parametrize("run", ["resident", "offload", "paged_cap4", "zero-copy"])
 def test_modes_give_identical_tokens(runs, run):
     base = ok_json(runs["greedy"])
     other = ok_json(runs[run])
     assert other["token_ids"] == base["token_ids"]
     assert other["text"] == base["text"]
     assert other["stats"]["mode"] == run.split("_")[0]
+
+
+def test_zero_copy_holds_no_expert_on_the_device(runs):
+    stats = ok_json(runs["zero-copy"])["stats"]
+    assert stats["expert_device_bytes"] == 0 and stats["expert_loads"] == 0
+    assert stats["bytes_h2d"] > 0 and stats["expert_hits"] == 0
 
 
 def test_resident_mode_moves_no_expert_bytes(runs):

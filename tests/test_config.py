@@ -58,3 +58,16 @@ def test_eos_ids_come_from_config_and_generation_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(DEMO_CONFIG, eos_token_id=[256, 257])))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 258}))
     assert ModelConfig.from_dir(tmp_path).eos_token_ids == (256, 257, 258)
+
+
+def test_backends_resolve_per_device_and_refuse_what_cannot_run():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    cfg = EngineConfig(model="demo")
+    assert cfg.resolve_backend("moe", cpu) == "torch" and cfg.resolve_backend("attention", cuda) == "triton"
+    with pytest.raises(WispError, match="needs a CUDA device"):
+        EngineConfig(model="demo", moe_backend="triton").resolve_backend("moe", cpu)
+    with pytest.raises(WispError, match="zero-copy"):
+        EngineConfig(model="demo", mode="zero-copy", moe_backend="torch").resolve_backend("moe", cuda)
+    assert EngineConfig(model="demo", mode="zero-copy").resolve_backend("moe", cpu) == "torch"
+    with pytest.raises(WispError, match="cuda-graph-max-batch"):
+        EngineConfig(model="demo", cuda_graph_max_batch=-1)
