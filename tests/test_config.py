@@ -69,5 +69,7 @@ def test_backends_resolve_per_device_and_refuse_what_cannot_run():
     with pytest.raises(WispError, match="zero-copy"):
         EngineConfig(model="demo", mode="zero-copy", moe_backend="torch").resolve_backend("moe", cuda)
     assert EngineConfig(model="demo", mode="zero-copy").resolve_backend("moe", cpu) == "torch"
+    with pytest.raises(WispError, match="pinned"):
+        EngineConfig(model="demo", mode="zero-copy", pin_memory=False).resolve_backend("moe", cuda)
     with pytest.raises(WispError, match="cuda-graph-max-batch"):
         EngineConfig(model="demo", cuda_graph_max_batch=-1)

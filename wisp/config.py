@@ -250,8 +250,11 @@ class EngineConfig:
             name = "triton" if device.type == "cuda" else "torch"
         if name == "triton" and device.type != "cuda":
             raise WispError(f"--{kind}-backend triton needs a CUDA device (this run is on {device.type})")
-        if kind == "moe" and self.mode == "zero-copy" and device.type == "cuda" and name != "triton":
-            raise WispError("--mode zero-copy reads experts from host memory in place and needs --moe-backend triton")
+        if kind == "moe" and self.mode == "zero-copy" and device.type == "cuda":
+            if name != "triton":
+                raise WispError("--mode zero-copy reads experts from host memory in place and needs --moe-backend triton")
+            if not self.pin_memory:
+                raise WispError("--mode zero-copy reads experts in place, which needs pinned host memory (pin_memory=True)")
         return name
 
     def resolve_max_model_len(self, model: ModelConfig) -> int:

@@ -83,7 +83,9 @@ class LLMEngine:
 
     def graphs_enabled(self) -> bool:
         c = self.config
+        # graphs read (paged, zero-copy) or copy (offload) host masters: only pinned memory may be captured
         return (self.device.type == "cuda" and not c.enforce_eager and c.cuda_graph_max_batch > 0
+                and (c.pin_memory or c.mode == "resident")
                 and c.resolve_backend("moe", self.device) == "triton" and c.resolve_backend("attention", self.device) == "triton")
 
     @torch.inference_mode()
