@@ -59,3 +59,13 @@ def test_rope_matches_the_reference():
     emb = torch.cat([ang, ang], -1).to(DEV)
     cos, sin = emb.cos()[:, None], emb.sin()[:, None]
     torch.testing.assert_close(triton_rope(x, cos, sin), apply_rope(x, cos, sin), rtol=1e-6, atol=1e-6)
+
+
+def test_device_counts_do_not_overflow_on_mixtral_sized_experts():
+    from wisp.core.device_pager import count_step
+
+    ids = torch.tensor([[0, 1]] * 8, device=DEV)  # 16 routed pairs of 352 MB experts: 5.6 GB, past int32
+    counts = torch.zeros(6, dtype=torch.int64, device=DEV)
+    count_step(counts, ids, 8, hits=False, pair_bytes=352_321_536)
+    count_step(counts, ids, 8, hits=True, loads=8, fixed_bytes=3 * 2**31)
+    assert counts.tolist() == [2, 2, 2, 0, 8, 16 * 352_321_536 + 3 * 2**31]

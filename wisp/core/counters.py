@@ -30,6 +30,10 @@ class ExpertCounters:
         for f in fields(self):
             setattr(self, f.name, 0)
 
+    def copy_from(self, other: "ExpertCounters") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(other, f.name))
+
 
 def sum_counters(items: Iterable[ExpertCounters]) -> ExpertCounters:
     total = ExpertCounters()
@@ -44,8 +48,18 @@ COUNT_FIELDS = ("steps", "hits", "misses", "evictions", "loads", "bytes_h2d")  #
 
 def fold_counts(counts, counters: ExpertCounters) -> None:
     """Add a device count vector (int64 [6], COUNT_FIELDS order; one host read) into counters, zero it."""
-    values = counts.tolist()
-    for name, value in zip(COUNT_FIELDS, values):
-        setattr(counters, name, getattr(counters, name) + int(value))
-    with torch.inference_mode():  # the vector may have been made inside inference mode (engine steps)
-        counts.zero_()
+    fold_many([(counts, counters)])
+
+
+def fold_many(pairs) -> None:
+    """`fold_counts` for many (vector, counters) pairs with one host read and one zeroing launch."""
+    pairs = list(pairs)
+    if not pairs:
+        return
+    vectors = [v for v, _ in pairs]
+    rows = torch.stack(vectors).tolist()
+    for (_, counters), row in zip(pairs, rows):
+        for name, value in zip(COUNT_FIELDS, row):
+            setattr(counters, name, getattr(counters, name) + int(value))
+    with torch.inference_mode():  # the vectors may have been made inside inference mode (engine steps)
+        torch._foreach_zero_(vectors)

@@ -100,7 +100,7 @@ def _copy_misses(src_ptr, dst_ptr, miss_e_ptr, miss_s_ptr, n_miss_ptr, per_exper
 
 
 @triton.jit
-def _count_step(ids_ptr, n_pairs, count_ptr, N, loads, fixed_bytes, pair_bytes, HITS: tl.constexpr,
+def _count_step(ids_ptr, n_pairs, count_ptr, N, loads, step_bytes, HITS: tl.constexpr,
                 BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr):
     p = tl.arange(0, BLOCK_P)
     ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=-1).to(tl.int32)
@@ -110,7 +110,7 @@ def _count_step(ids_ptr, n_pairs, count_ptr, N, loads, fixed_bytes, pair_bytes, 
     tl.store(count_ptr + 0, tl.load(count_ptr + 0) + 1)
     tl.store(count_ptr + field, tl.load(count_ptr + field) + distinct)
     tl.store(count_ptr + 4, tl.load(count_ptr + 4) + loads)
-    tl.store(count_ptr + 5, tl.load(count_ptr + 5) + fixed_bytes + n_pairs * pair_bytes)
+    tl.store(count_ptr + 5, tl.load(count_ptr + 5) + step_bytes)
 
 
 def count_step(counts: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, hits: bool, loads: int = 0,
@@ -118,7 +118,8 @@ def count_step(counts: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, h
     """Add one MoE step of a non-paged store to a device count vector: steps += 1, the distinct routed
     experts to hits (or misses), loads, and fixed_bytes + pairs * pair_bytes to bytes_h2d. No host sync."""
     ids = topk_ids.reshape(-1)
-    _count_step[(1,)](ids, ids.numel(), counts, num_experts, loads, fixed_bytes, pair_bytes, HITS=hits,
+    step_bytes = fixed_bytes + ids.numel() * pair_bytes  # in Python: past 2**31 it is passed as int64
+    _count_step[(1,)](ids, ids.numel(), counts, num_experts, loads, step_bytes, HITS=hits,
                       BLOCK_P=triton.next_power_of_2(max(ids.numel(), 2)), BLOCK_E=triton.next_power_of_2(max(num_experts, 2)))
 
 
@@ -150,6 +151,8 @@ class DeviceLRU:
         """Launch the decision and the copies for one group's routed ids [T, K] (no host sync)."""
         ids = topk_ids.reshape(-1)
         n_pairs = ids.numel()
+        if topk_ids.shape[-1] > self.capacity:
+            raise ValueError(f"top-k {topk_ids.shape[-1]} exceeds the scratch's {self.capacity} slots")
         _lru_decide[(1,)](
             ids, n_pairs, pi_dev, self.pi_inv, self.tick, self.clock, self.miss[0], self.miss[1], self.n_miss,
             self.counts, self.num_experts, self.capacity, self.expert_bytes,

@@ -10,8 +10,11 @@ Four modes share one contract, `ExpertStore.forward(hidden, topk_ids, topk_weigh
   host masters (UVA on CUDA; needs the Triton kernel), the cache-less baseline.
 
 `forward_static` is the same computation with no host sync (CUDA, Triton backend), for CUDA-graph
-decode: counters go to a device count vector (`sync_counters` folds it in), and the paged store runs the
-paging decision on the device in fixed groups of C // top_k tokens (a group's experts always fit).
+decode: counters go to a device count vector (`sync_all_counters` folds them in with one read), and the
+paged store runs the paging decision on the device in fixed groups of C // top_k tokens (a group's
+experts always fit). So a graph step of B > C // top_k tokens counts one MoE step (and its hits and
+misses) per group, where an eager step whose union fits counts one: outputs are the same, counters
+describe the decisions actually made.
 
 Invariant: for the same routing all three return torch.equal outputs (fused_moe is slot- and
 batch-invariant), so modes can be swapped without changing a single token.
@@ -24,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_counts
+from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_many
 from wisp.core.moe import fused_moe
 from wisp.core.pager import ExpertPager, plan_groups
 
@@ -71,10 +74,18 @@ class ExpertStore(ABC):
             self._counts = torch.zeros((len(COUNT_FIELDS),), dtype=torch.int64, device=device)
         return self._counts
 
+    def device_count_vector(self) -> torch.Tensor | None:
+        """The device count vector of graph steps (None if none was made)."""
+        return getattr(self, "_counts", None)
+
     def sync_counters(self) -> None:
         """Fold counts made on the device (CUDA-graph steps) into `counters`."""
-        if getattr(self, "_counts", None) is not None:
-            fold_counts(self._counts, self.counters)
+        sync_all_counters([self])
+
+
+def sync_all_counters(stores) -> None:
+    """Fold every store's device counts into its counters with one host read in all."""
+    fold_many((v, s.counters) for s in stores if (v := s.device_count_vector()) is not None)
 
 
 def _distinct(topk_ids: torch.Tensor) -> list[int]:
@@ -147,7 +158,7 @@ class PagedExperts(ExpertStore):
     def forward_static(self, hidden, topk_ids, topk_weights):
         pager = self.pager
         w = pager.scratch
-        group = max(pager.capacity // topk_ids.shape[1], 1)  # tokens whose experts always fit in C slots
+        group = pager.capacity // topk_ids.shape[1]  # tokens whose experts always fit in C slots (C >= top_k)
         outs = []
         for start in range(0, hidden.shape[0], group):
             ids = topk_ids[start : start + group]
@@ -156,8 +167,9 @@ class PagedExperts(ExpertStore):
                                     expert_map))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def sync_counters(self) -> None:
-        self.pager.sync_counters()
+    def device_count_vector(self):
+        lru = self.pager.device_lru
+        return lru.counts if lru is not None else None
 
     @property
     def device_bytes(self) -> int:

@@ -6,6 +6,9 @@ place over PCIe. Triton accepts any object with `data_ptr()` and `dtype` as a po
 `device_view` wraps a pinned CPU tensor that way (a device tensor passes through unchanged).
 
 Invariant: only pinned tensors are wrapped (pageable memory is not mapped: reading it would fault).
+Assumption: torch pins with cudaHostAlloc (its default). Pinning through cudaHostRegister
+(PYTORCH_CUDA_ALLOC_CONF pinned_use_cuda_host_register) gives the same address only on GPUs with
+CanUseHostPointerForRegisteredMem; wisp does not set it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ are asked for.
 
 Invariants: a replay computes exactly what the eager engine would (same kernels, same order: tested
 with torch.equal); graphs are captured only while the KV pool holds no data (the warm-up writes block 0)
-and are re-captured whenever the KV tensors or a scratch is reallocated (resize / apply_plan).
+and are re-captured whenever the KV tensors or a scratch is reallocated (resize / apply_plan) and
+whenever the model's `routing_override` is set or cleared (a graph reads what was there at capture).
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ class DecodeGraphs:
         self.positions = torch.zeros((max_batch,), dtype=torch.int64, device=dev)
         self.tables = torch.zeros((max_batch, max_blocks), dtype=torch.int32, device=dev)
         self._staging = torch.zeros((max_batch * (2 + max_blocks),), dtype=torch.int64, pin_memory=True)
+        self._staged = torch.cuda.Event()  # the last copy out of the staging buffer
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         pool = None
         model.use_paging_side("device")
-        for b in range(max_batch, 0, -1):  # largest first: smaller graphs reuse its memory pool
-            pool = self._capture(b, pool)
+        with torch.cuda.device(model.device):  # Triton launches on the current device
+            for b in range(max_batch, 0, -1):  # largest first: smaller graphs reuse its memory pool
+                pool = self._capture(b, pool)
 
     def _body(self, b: int) -> torch.Tensor:
         kv = DecodeBatchKV(self.cache, self.tables[:b], self.positions[:b])
@@ -62,12 +65,15 @@ class DecodeGraphs:
         flat = list(tokens) + list(positions)
         for table in tables:
             flat += table + [0] * (width - len(table))
+        self._staged.synchronize()  # the previous step's copy has left the staging buffer
         staged = self._staging[: len(flat)]
         staged.copy_(torch.tensor(flat, dtype=torch.int64))
-        dev = staged.to(self.model.device, non_blocking=True)
-        self.tokens[:b].copy_(dev[:b])
-        self.positions[:b].copy_(dev[b : 2 * b])
-        self.tables[:b].copy_(dev[2 * b :].view(b, width))
-        self.model.use_paging_side("device")
-        self.graphs[b].replay()
+        with torch.cuda.device(self.model.device):
+            dev = staged.to(self.model.device, non_blocking=True)
+            self._staged.record()
+            self.tokens[:b].copy_(dev[:b])
+            self.positions[:b].copy_(dev[b : 2 * b])
+            self.tables[:b].copy_(dev[2 * b :].view(b, width))
+            self.model.use_paging_side("device")
+            self.graphs[b].replay()
         return self.logits[b]

@@ -18,7 +18,7 @@ import torch
 
 from wisp.config import EngineConfig, ModelConfig, parse_dtype
 from wisp.core.counters import sum_counters
-from wisp.core.experts import PagedExperts
+from wisp.core.experts import PagedExperts, sync_all_counters
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.cuda_graphs import DecodeGraphs
 from wisp.engine.kv_cache import BlockTableKV, KVCache
@@ -86,7 +86,7 @@ class LLMEngine:
         # graphs read (paged, zero-copy) or copy (offload) host masters: only pinned memory may be captured
         return (self.device.type == "cuda" and not c.enforce_eager and c.cuda_graph_max_batch > 0
                 and (c.pin_memory or c.mode == "resident")
-                and c.resolve_backend("moe", self.device) == "triton" and c.resolve_backend("attention", self.device) == "triton")
+                and c.resolve_backend("moe", self.device) == "triton" and self.kv.uses_triton)
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:
@@ -96,12 +96,15 @@ class LLMEngine:
             return
         assert self.pool.num_used == 0 and self.pool.num_cached == 0, "decode graphs are captured only over an empty pool"
         width = -(-self.max_model_len // self.pool.block_size)
+        stores = list(self.model.experts.values())
+        sync_all_counters(stores)
+        before = [replace(s.counters) for s in stores]
         self.graphs = DecodeGraphs(self.model, self.kv, min(self.config.cuda_graph_max_batch, self.config.max_concurrency), width)
-        for store in self.model.experts.values():  # the warm-up's routing is not traffic
-            store.sync_counters()
-            store.counters.reset()
+        sync_all_counters(stores)
+        for store, counters in zip(stores, before):  # the warm-up's routing is not traffic
+            store.counters.copy_from(counters)
             if isinstance(store, PagedExperts):
-                store.pager.clear()  # nor state: the LRU starts empty, as without graphs
+                store.pager.clear()  # its copies overwrote slots: the LRU restarts empty, as after a resize
 
     def _pool_blocks(self) -> int:
         c = self.config
@@ -273,8 +276,7 @@ class LLMEngine:
 
     def stats(self) -> dict:
         stores = self.model.experts
-        for s in stores.values():
-            s.sync_counters()
+        sync_all_counters(stores.values())  # one host read for every layer's device counts
         total = sum_counters(s.counters for s in stores.values())
         routed = total.hits + total.misses
         pool, kvc = self.pool, self.pool.counters
@@ -309,8 +311,8 @@ class LLMEngine:
         }
 
     def reset_stats(self) -> None:
+        sync_all_counters(self.model.experts.values())
         for s in self.model.experts.values():
-            s.sync_counters()
             s.counters.reset()
         peak = self.pool.counters.peak_blocks_used
         self.pool.counters = type(self.pool.counters)()
