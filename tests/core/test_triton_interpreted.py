@@ -69,3 +69,26 @@ def test_device_counts_do_not_overflow_on_mixtral_sized_experts():
     count_step(counts, ids, 8, hits=False, pair_bytes=352_321_536)
     count_step(counts, ids, 8, hits=True, loads=8, fixed_bytes=3 * 2**31)
     assert counts.tolist() == [2, 2, 2, 0, 8, 16 * 352_321_536 + 3 * 2**31]
+
+
+@pytest.mark.parametrize("n,k,normalize,dtype", [(8, 2, True, torch.float32), (60, 4, False, torch.bfloat16),
+                                                 (128, 8, True, torch.bfloat16)])
+def test_router_matches_softmax_topk(n, k, normalize, dtype):
+    from wisp.core.triton_router import triton_route
+
+    logits = torch.randn(5, n, generator=torch.Generator().manual_seed(n)).to(DEV)
+    probs = torch.softmax(logits, -1, dtype=torch.float32)
+    want_w, want_ids = torch.topk(probs, k, -1)
+    if normalize:
+        want_w = want_w / want_w.sum(-1, keepdim=True)
+    got_w, got_ids = triton_route(logits, k, normalize, dtype)
+    assert torch.equal(got_ids, want_ids) and got_w.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else {}  # bf16: its own (one-ulp) defaults
+    torch.testing.assert_close(got_w, want_w.to(dtype), **tol)
+
+
+def test_router_breaks_ties_toward_the_lower_id():
+    from wisp.core.triton_router import triton_route
+
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 1.0]], device=DEV)
+    assert triton_route(logits, 3, False, torch.float32)[1].tolist() == [[1, 3, 2]]

@@ -295,3 +295,18 @@ def test_resize_frees_then_reallocates_with_the_new_block_count(monkeypatch):
     q, k, v = randn((6, H, hd), 0), randn((6, hkv, hd), 1), randn((6, hkv, hd), 2)
     kv.write(0, k, v, 0)
     torch.testing.assert_close(kv.attend(0, q, 0, None), reference(q, k, v, 0).float(), rtol=1e-4, atol=1e-5)
+
+
+def test_triton_kv_write_puts_the_bytes_where_index_put_does():
+    pytest.importorskip("triton")
+    from wisp.engine.triton_attention import write_kv  # compiled on the GPU, interpreted on the CPU
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, 6, 2, 16, 32, generator=g).to(dev)  # [K/V, NB, Hkv, bs, hd]
+    want = cache.clone()
+    k, v = torch.randn(2, 3, 2, 32, generator=g).to(dev)
+    blocks, offs = torch.tensor([4, 0, 2], device=dev), torch.tensor([15, 3, 0], device=dev)
+    write_kv(k, v, cache[0], cache[1], blocks, offs)
+    want[0][blocks, :, offs], want[1][blocks, :, offs] = k, v
+    assert torch.equal(cache, want)

@@ -80,10 +80,9 @@ class DecodeBatchKV:
         self.meta = decode_meta(positions)
 
     def write_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
-        from wisp.engine.triton_attention import decode_attention
+        from wisp.engine.triton_attention import decode_attention, write_kv
 
-        self.cache.k[layer][self.blocks, :, self.offsets] = k
-        self.cache.v[layer][self.blocks, :, self.offsets] = v
+        write_kv(k, v, self.cache.k[layer], self.cache.v[layer], self.blocks, self.offsets)
         return decode_attention(q, self.cache.k[layer], self.cache.v[layer], self.tables, self.meta, window)
 
 

@@ -92,6 +92,28 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return _launch(q, k_cache, v_cache, tables, torch.tensor(meta, dtype=torch.int32, device=q.device), window)
 
 
+@triton.jit
+def _write_kv(k_ptr, v_ptr, k_cache, v_cache, blocks_ptr, offs_ptr, s_t, s_h, s_kb, s_kh, s_kp, Hkv,
+              HD: tl.constexpr):
+    pid = tl.program_id(0)  # token * Hkv + head
+    token, head = pid // Hkv, pid % Hkv
+    d = tl.arange(0, HD)
+    dst = tl.load(blocks_ptr + token).to(tl.int64) * s_kb + head * s_kh + tl.load(offs_ptr + token).to(tl.int64) * s_kp + d
+    src = token.to(tl.int64) * s_t + head * s_h + d
+    tl.store(k_cache + dst, tl.load(k_ptr + src))
+    tl.store(v_cache + dst, tl.load(v_ptr + src))
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
+             offsets: torch.Tensor) -> None:
+    """k, v [B, Hkv, hd] into one layer's cache [NB, Hkv, bs, hd] at (blocks[b], :, offsets[b]): one launch
+    doing what `cache[blocks, :, offsets] = k` does (a plain copy, so the bytes are the same)."""
+    b, hkv, hd = k.shape
+    k, v = k.contiguous(), v.contiguous()
+    _write_kv[(b * hkv,)](k, v, k_cache, v_cache, blocks, offsets, k.stride(0), k.stride(1), k_cache.stride(0),
+                          k_cache.stride(1), k_cache.stride(2), hkv, HD=hd)
+
+
 def decode_meta(positions: torch.Tensor) -> torch.Tensor:
     """The tile metadata [B, 5] of a decode batch (row b: sequence b's one token at positions[b]), on the device."""
     pos = positions.to(torch.int32)

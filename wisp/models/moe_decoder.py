@@ -123,11 +123,14 @@ class MoEDecoder:
         self.dtype = embed.dtype
         self.rms_norm = rows.rms_norm  # "triton": one row-invariant kernel per norm / rotation (CUDA)
         self.apply_rope = apply_rope
+        self.route = None  # "triton": softmax + top-k + renormalise in one launch
         if backend == "triton":
             from wisp.core.triton_norm import triton_rms_norm
             from wisp.core.triton_rope import triton_rope
+            from wisp.core.triton_router import triton_route
 
             self.rms_norm = triton_rms_norm
+            self.route = triton_route
             if config.head_dim & (config.head_dim - 1) == 0:
                 self.apply_rope = triton_rope
         hd = config.head_dim
@@ -160,19 +163,21 @@ class MoEDecoder:
     def moe(self, li: int, x: torch.Tensor, static: bool = False) -> torch.Tensor:
         cfg, lw = self.config, self.layers[li]
         logits = rows.linear(x, lw.router)  # [T, N]
-        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-        topk_weights, topk_ids = torch.topk(probs, cfg.top_k, dim=-1)  # [T, K]
-        if cfg.norm_topk_prob:
-            topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-        if cfg.family != "mixtral":
-            topk_weights = topk_weights.to(x.dtype)
+        weight_dtype = torch.float32 if cfg.family == "mixtral" else x.dtype
+        if self.route is not None and self.routing_override is None:
+            topk_weights, topk_ids = self.route(logits, cfg.top_k, cfg.norm_topk_prob, weight_dtype)  # [T, K]
+        else:
+            probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+            topk_weights, topk_ids = torch.topk(probs, cfg.top_k, dim=-1)  # [T, K]
+            if cfg.norm_topk_prob:
+                topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+            topk_weights = topk_weights.to(weight_dtype)
         if self.routing_override is not None:  # benchmark replay of recorded routing
             topk_ids = self.routing_override.ids(li, topk_ids)
             topk_weights = probs.gather(1, topk_ids)
             if cfg.norm_topk_prob:
                 topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-            if cfg.family != "mixtral":
-                topk_weights = topk_weights.to(x.dtype)
+            topk_weights = topk_weights.to(weight_dtype)
         if self.routing_hook is not None:
             self.routing_hook(li, topk_ids, topk_weights)
         store = self.experts[li]

@@ -1,0 +1,49 @@
+"""The router's softmax -> top-k -> renormalise in one Triton launch, one program per token (CUDA).
+
+Same contract as the torch path in `MoEDecoder.moe`: probabilities in float32, the K largest in
+descending order (ties to the lower expert id), optionally divided by their sum, written in the weights'
+dtype. One program reads one row, so routing is batch-invariant; it replaces ~6 small launches per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _route(logits_ptr, ids_ptr, w_ptr, N, K: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr,
+           NORM: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    n = tl.arange(0, BLOCK_N)
+    ok = n < N
+    x = tl.load(logits_ptr + row * N + n, mask=ok, other=float("-inf")).to(tl.float32)
+    e = tl.where(ok, tl.exp(x - tl.max(x, axis=0)), 0.0)
+    p = e / tl.sum(e, axis=0)
+    left = tl.where(ok, p, -1.0)
+    kk = tl.arange(0, KP)
+    picked_w = tl.zeros((KP,), tl.float32)
+    picked_i = tl.zeros((KP,), tl.int64)
+    for j in tl.static_range(K):
+        best = tl.max(left, axis=0)
+        idx = tl.min(tl.where(left == best, n, BLOCK_N), axis=0)  # the lowest id among equal maxima
+        picked_w = tl.where(kk == j, best, picked_w)
+        picked_i = tl.where(kk == j, idx.to(tl.int64), picked_i)
+        left = tl.where(n == idx, -1.0, left)
+    if NORM:
+        picked_w = picked_w / tl.sum(picked_w, axis=0)
+    tl.store(ids_ptr + row * K + kk, picked_i, mask=kk < K)
+    tl.store(w_ptr + row * K + kk, picked_w.to(w_ptr.dtype.element_ty), mask=kk < K)
+
+
+def triton_route(logits: torch.Tensor, top_k: int, normalize: bool, weight_dtype: torch.dtype):
+    """logits [T, N] -> (topk_weights [T, K] in weight_dtype, topk_ids [T, K] int64)."""
+    t, n = logits.shape
+    logits = logits.contiguous()
+    ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
+    weights = torch.empty((t, top_k), dtype=weight_dtype, device=logits.device)
+    if t:
+        _route[(t,)](logits, ids, weights, n, K=top_k, KP=triton.next_power_of_2(top_k),
+                     BLOCK_N=triton.next_power_of_2(n), NORM=normalize)
+    return weights, ids
