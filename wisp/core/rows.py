@@ -24,12 +24,18 @@ import torch.nn.functional as F
 ROW_TILE = 16
 
 
+def pad_rows(x: torch.Tensor) -> torch.Tensor:
+    """x with zero rows appended up to a whole number of ROW_TILE tiles (at least one)."""
+    t = x.shape[0]
+    pad = (-t) % ROW_TILE if t else ROW_TILE
+    return F.pad(x, (0, 0) * (x.dim() - 1) + (0, pad)) if pad else x  # one kernel
+
+
 def map_row_tiles(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Apply `fn` to consecutive [ROW_TILE, ...] tiles of x (zero-padded) and return the first T rows."""
     t = x.shape[0]
-    pad = (-t) % ROW_TILE if t else ROW_TILE
-    if pad:
-        x = F.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))  # zero rows appended (one kernel)
+    x = pad_rows(x)
+    pad = x.shape[0] - t
     outs = [fn(x[i : i + ROW_TILE]) for i in range(0, t + pad, ROW_TILE)]
     return torch.cat(outs)[:t] if len(outs) > 1 else outs[0][:t]
 
@@ -45,6 +51,13 @@ def tile_linear(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, in] @ weight[out, in]^T (+ bias) -> [T, out], row-invariant."""
     return map_row_tiles(x, lambda tile: tile_linear(tile, weight, bias))
+
+
+def linear_many(x: torch.Tensor, weights, biases=None) -> list[torch.Tensor]:
+    """[linear(x, w, b) for each weight], padding x once (the same tiles, so the same bits)."""
+    t, xp = x.shape[0], pad_rows(x)
+    biases = biases or [None] * len(weights)
+    return [linear(xp, w, b)[:t] for w, b in zip(weights, biases)]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

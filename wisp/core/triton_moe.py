@@ -97,7 +97,7 @@ def triton_fused_moe(
     if w_gate_up.dtype != hidden.dtype or w_down.dtype != hidden.dtype:
         raise ValueError(f"expert weights ({w_gate_up.dtype}) and hidden ({hidden.dtype}) must share a dtype")
     hidden, w_gate_up, w_down = hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
-    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    ids = topk_ids.reshape(-1).contiguous()  # any integer dtype: the kernels load it as it is
     emap = expert_map.to(torch.int32).contiguous()
     h = torch.empty((t * k, inter), dtype=torch.float32, device=hidden.device)
     y = torch.empty((t * k, d), dtype=torch.float32, device=hidden.device)

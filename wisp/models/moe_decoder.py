@@ -146,9 +146,7 @@ class MoEDecoder:
     def attention(self, li: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv) -> torch.Tensor:
         cfg, w = self.config, self.layers[li].attn
         t, h, hkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q = rows.linear(x, w.q, w.q_bias)
-        k = rows.linear(x, w.k, w.k_bias)
-        v = rows.linear(x, w.v, w.v_bias)
+        q, k, v = rows.linear_many(x, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
         if cfg.qk_norm == "full":
             q, k = self.rms_norm(q, w.q_norm, cfg.rms_norm_eps), self.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
         q, k, v = q.view(t, h, hd), k.view(t, hkv, hd), v.view(t, hkv, hd)
