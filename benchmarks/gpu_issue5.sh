@@ -24,6 +24,8 @@ olmoe)
   bench --model olmoe-1b-7b --mode resident,paged,zero-copy,offload --expert-cap 8,16 --decode-tokens 128 \
     --out "$out/issue5_olmoe_1b_7b.json"
   bench --model olmoe-1b-7b --mode accelerate --peer-decode-tokens 12 --out "$out/issue5_olmoe_1b_7b_peer.json" ;;
+sweep)  # block sizes of the decode kernels, and the attention by context length
+  python3 benchmarks/kernel_sweep.py --out "$out/kernel_sweep.json" ;;
 final)  # after the kernel work: its tests on the GPU, then Qwen3-30B-A3B and OLMoE-1B-7B again
   timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/engine/test_triton_attention.py tests/core/test_triton_interpreted.py \
     tests/core/test_triton_moe.py tests/engine/test_cuda_graphs.py tests/engine/test_mode_identity.py tests/models/test_hf_parity.py \

@@ -1,0 +1,63 @@
+"""Time the decode kernels' block-size choices on the GPU, one call for the whole sweep.
+
+    python benchmarks/kernel_sweep.py --out $OUT/kernel_sweep.json
+
+Qwen3-30B-A3B's decode shapes (hidden 2048, moe_intermediate 768, top-8, 32 q / 4 kv heads of 128, 16-token
+blocks) at batch 1: the fused-MoE gate/up and down kernels over block sizes, the combine, and paged attention
+at several context lengths. Prints a table and writes the figures (microseconds, triton.testing.do_bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from wisp.core.triton_moe import _down, _gate_up_act
+from wisp.engine.triton_attention import decode_attention, decode_meta
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--out", default="kernel_sweep.json")
+args = ap.parse_args()
+dev, bf16 = torch.device("cuda"), torch.bfloat16
+d, inter, k, n = 2048, 768, 8, 128
+x = torch.randn(1, d, device=dev, dtype=bf16)
+w13 = torch.randn(n, 2 * inter, d, device=dev, dtype=bf16) * 0.02
+w2 = torch.randn(n, d, inter, device=dev, dtype=bf16) * 0.02
+ids = torch.randperm(n, device=dev)[:k].contiguous()
+emap = torch.arange(n, dtype=torch.int32, device=dev)
+h = torch.empty(k, inter, device=dev, dtype=torch.float32)
+y = torch.empty(k, d, device=dev, dtype=torch.float32)
+results: dict[str, float] = {}
+
+for bi, bd in [(8, 256), (16, 128), (16, 256), (16, 512), (32, 128), (32, 256), (64, 128)]:
+    for warps in (2, 4, 8):
+        def run(bi=bi, bd=bd, warps=warps):
+            _gate_up_act[(k, triton.cdiv(inter, bi))](x, w13, ids, emap, h, w13.stride(0), K=k, D=d, I=inter,
+                                                      BLOCK_I=bi, BLOCK_D=bd, num_warps=warps)
+        results[f"gate_up BLOCK_I={bi} BLOCK_D={bd} warps={warps}"] = do_bench(run) * 1e3
+for bd, bi in [(32, 128), (64, 128), (64, 256), (128, 128), (128, 256)]:
+    for warps in (2, 4, 8):
+        def run(bd=bd, bi=bi, warps=warps):
+            _down[(k, triton.cdiv(d, bd))](h, w2, ids, emap, y, w2.stride(0), D=d, I=inter, BLOCK_D=bd, BLOCK_I=bi,
+                                           num_warps=warps)
+        results[f"down BLOCK_D={bd} BLOCK_I={bi} warps={warps}"] = do_bench(run) * 1e3
+
+hq, hkv, hd, bs = 32, 4, 128, 16
+for ctx in (128, 512, 2048, 8192):
+    nb = ctx // bs + 1
+    kc = torch.randn(nb, hkv, bs, hd, device=dev, dtype=bf16)
+    vc = torch.randn_like(kc)
+    q = torch.randn(1, hq, hd, device=dev, dtype=bf16)
+    tables = torch.randperm(nb, device=dev, dtype=torch.int32)[None]
+    meta = decode_meta(torch.tensor([ctx - 1], device=dev))
+    results[f"attention ctx={ctx}"] = do_bench(lambda: decode_attention(q, kc, vc, tables, meta)) * 1e3
+
+width = max(map(len, results))
+for name, us in results.items():
+    print(f"{name:<{width}} {us:8.1f} us")
+with open(args.out, "w") as f:
+    json.dump({"gpu": torch.cuda.get_device_name(), "unit": "us", "results": results}, f, indent=1)
