@@ -152,7 +152,7 @@ def bench_decode(args) -> list[dict]:
     device = resolve_device(args.device)
     gbps = probe_h2d_gbps(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    records, resident_step = [], None
+    records, resident_step, commit = [], None, _git_commit()
     for mode, cap in runs:
         if mode == "accelerate":
             from wisp.bench.peer import run_accelerate
@@ -167,7 +167,7 @@ def bench_decode(args) -> list[dict]:
         if mode == "resident":
             resident_step = r["step_s"]
         roofline = (r["bytes_h2d_per_token"] / (gbps * 1e9) if gbps else 0.0) + (resident_step or 0.0)
-        r.update(commit=_git_commit(), preset=args.model, load_format=args.load_format, moe_backend=args.moe_backend,
+        r.update(commit=commit, preset=args.model, load_format=args.load_format, moe_backend=args.moe_backend,
                  attention_backend=opts["attention_backend"], h2d_gbps_probe=round(gbps, 2),
                  roofline_step_s=round(roofline, 6) if resident_step is not None else None, gpu=gpu,
                  command="wisp bench decode " + " ".join(sys.argv[3:]))

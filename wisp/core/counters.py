@@ -46,6 +46,12 @@ def sum_counters(items: Iterable[ExpertCounters]) -> ExpertCounters:
 COUNT_FIELDS = ("steps", "hits", "misses", "evictions", "loads", "bytes_h2d")  # order of a device count vector
 
 
+def add_counts(counters: ExpertCounters, row) -> None:
+    """Add one count vector already read to the host (COUNT_FIELDS order) into counters."""
+    for name, value in zip(COUNT_FIELDS, row):
+        setattr(counters, name, getattr(counters, name) + int(value))
+
+
 def fold_counts(counts, counters: ExpertCounters) -> None:
     """Add a device count vector (int64 [6], COUNT_FIELDS order; one host read) into counters, zero it."""
     fold_many([(counts, counters)])
@@ -59,7 +65,6 @@ def fold_many(pairs) -> None:
     vectors = [v for v, _ in pairs]
     rows = torch.stack(vectors).tolist()
     for (_, counters), row in zip(pairs, rows):
-        for name, value in zip(COUNT_FIELDS, row):
-            setattr(counters, name, getattr(counters, name) + int(value))
+        add_counts(counters, row)
     with torch.inference_mode():  # the vectors may have been made inside inference mode (engine steps)
         torch._foreach_zero_(vectors)

@@ -29,7 +29,7 @@ import torch
 
 from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_many
 from wisp.core.moe import fused_moe
-from wisp.core.pager import ExpertPager, plan_groups
+from wisp.core.pager import ExpertPager, expert_bytes, plan_groups
 
 GATE_UP, DOWN = "gate_up", "down"
 MoEFn = Callable[..., torch.Tensor]  # fused_moe's signature
@@ -69,18 +69,16 @@ class ExpertStore(ABC):
     def _count_on_device(self, topk_ids: torch.Tensor) -> None:
         raise NotImplementedError
 
+    _counts: torch.Tensor | None = None  # the device count vector of graph steps, made on first use
+
     def device_counts(self, device: torch.device) -> torch.Tensor:
-        if getattr(self, "_counts", None) is None:
+        if self._counts is None:
             self._counts = torch.zeros((len(COUNT_FIELDS),), dtype=torch.int64, device=device)
         return self._counts
 
     def device_count_vector(self) -> torch.Tensor | None:
         """The device count vector of graph steps (None if none was made)."""
-        return getattr(self, "_counts", None)
-
-    def sync_counters(self) -> None:
-        """Fold counts made on the device (CUDA-graph steps) into `counters`."""
-        sync_all_counters([self])
+        return self._counts
 
 
 def sync_all_counters(stores) -> None:
@@ -229,7 +227,7 @@ class ZeroCopyExperts(ExpertStore):
     def __init__(self, host: dict[str, torch.Tensor], device: torch.device):
         self.host = host  # pinned on CUDA: the kernel reads it in place
         n = host[GATE_UP].shape[0]
-        self.expert_bytes = sum(t[0].numel() * t.element_size() for t in host.values())
+        self.expert_bytes = expert_bytes(host)
         self.expert_map = torch.arange(n, dtype=torch.int32, device=device)
         self.counters = ExpertCounters()
 

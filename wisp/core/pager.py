@@ -31,7 +31,7 @@ from typing import Sequence
 
 import torch
 
-from wisp.core.counters import ExpertCounters, fold_counts
+from wisp.core.counters import ExpertCounters, add_counts, fold_counts
 
 
 class ExpertPager:
@@ -48,7 +48,7 @@ class ExpertPager:
         self.scratch = {
             name: torch.empty((capacity, *t.shape[1:]), dtype=t.dtype, device=self.device) for name, t in host.items()
         }
-        self.expert_bytes = sum(t[0].numel() * t.element_size() for t in host.values())
+        self.expert_bytes = expert_bytes(host)
         self.pi: list[int] = [-1] * self.num_experts
         self.pi_inv: list[int] = [-1] * capacity
         self.tick: list[int] = [-1] * capacity
@@ -79,10 +79,13 @@ class ExpertPager:
         if self.side == "host":
             return
         lru = self.device_lru
-        state = torch.cat([self.pi_dev.long(), lru.pi_inv.long(), lru.tick, lru.clock]).tolist()  # one read
+        state = torch.cat([self.pi_dev.long(), lru.pi_inv.long(), lru.tick, lru.clock, lru.counts]).tolist()  # one read
         n, c = self.num_experts, self.capacity
-        self.pi, self.pi_inv, self.tick, self._clock = state[:n], state[n : n + c], state[n + c : n + 2 * c], state[-1]
-        self.sync_counters()
+        self.pi, self.pi_inv, self.tick = state[:n], state[n : n + c], state[n + c : n + 2 * c]
+        self._clock = state[n + 2 * c]
+        add_counts(self.counters, state[n + 2 * c + 1 :])
+        with torch.inference_mode():
+            lru.counts.zero_()
         self.side = "host"
 
     def sync_counters(self) -> None:
@@ -163,6 +166,11 @@ class ExpertPager:
                 if e >= 0:
                     for name, master in self.host.items():
                         assert torch.equal(self.scratch[name][s].cpu(), master[e]), f"slot {s} != expert {e} ({name})"
+
+
+def expert_bytes(host: dict[str, torch.Tensor]) -> int:
+    """Bytes of one expert across a bank's [N, ...] tensors."""
+    return sum(t[0].numel() * t.element_size() for t in host.values())
 
 
 def plan_groups(token_experts: Sequence[Sequence[int]], capacity: int) -> list[tuple[int, int]]:
