@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU-machine calls for issue 5 (CUDA graphs, device-side paging, zero-copy, trace replay, the peer).
-# STAGE=tests|qwen3|mixtral|olmoe picks one call's worth of work; results land in $OUT (or ./gpu-out).
+# STAGE=tests|check|qwen3|mixtral|olmoe|sweep|final picks one call's worth of work; results land in $OUT (or ./gpu-out).
 # The Mixtral routing trace travels in .gpu_data/ (ignored by git; pass it with the device tool's carry).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -24,6 +24,14 @@ olmoe)
   bench --model olmoe-1b-7b --mode resident,paged,zero-copy,offload --expert-cap 8,16 --decode-tokens 128 \
     --out "$out/issue5_olmoe_1b_7b.json"
   bench --model olmoe-1b-7b --mode accelerate --peer-decode-tokens 12 --out "$out/issue5_olmoe_1b_7b_peer.json" ;;
+check)  # whole suite on the GPU, the kernel sweep, Qwen3 resident end to end, and an eager profile
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/server --wisp-device cuda \
+    --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 | tee "$out/pytest_cuda_triton.txt" | tail -15
+  timeout 100 python3 benchmarks/kernel_sweep.py --out "$out/kernel_sweep.json" > "$out/kernel_sweep.txt" 2>&1
+  bench --model qwen3-30b-a3b --mode resident --decode-tokens 128 --out "$out/issue5_qwen3_resident.json"
+  grep -h decode_tok_s "$out"/issue5_qwen3_resident.json
+  timeout 90 python3 benchmarks/profile_decode.py --layers 8 > "$out/profile_resident.txt" 2>&1 ;;
 sweep)  # block sizes of the decode kernels, and the attention by context length
   python3 benchmarks/kernel_sweep.py --out "$out/kernel_sweep.json" ;;
 final)  # after the kernel work: its tests on the GPU, then Qwen3-30B-A3B and OLMoE-1B-7B again
