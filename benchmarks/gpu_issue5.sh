@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU-machine calls for issue 5 (CUDA graphs, device-side paging, zero-copy, trace replay, the peer).
-# STAGE=tests|check|qwen3|mixtral|olmoe|sweep|final picks one call's worth of work; results land in $OUT (or ./gpu-out).
+# STAGE=tests|check|qwen3|mixtral|olmoe|olmoe_peer|sweep|final picks one call's worth of work; results land in $OUT (or ./gpu-out).
 # The Mixtral routing trace travels in .gpu_data/ (ignored by git; pass it with the device tool's carry).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -23,6 +23,8 @@ mixtral)
 olmoe)
   bench --model olmoe-1b-7b --mode resident,paged,zero-copy,offload --expert-cap 8,16 --decode-tokens 128 \
     --out "$out/issue5_olmoe_1b_7b.json"
+ ;;
+olmoe_peer)  # transformers + accelerate; its random fill of 7B parameters on the CPU takes ~3 minutes
   bench --model olmoe-1b-7b --mode accelerate --peer-decode-tokens 12 --out "$out/issue5_olmoe_1b_7b_peer.json" ;;
 check)  # whole suite on the GPU, the kernel sweep, Qwen3 resident end to end, and an eager profile
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
