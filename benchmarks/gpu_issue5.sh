@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU-machine calls for issue 5 (CUDA graphs, device-side paging, zero-copy, trace replay, the peer).
-# STAGE=tests|check|qwen3|mixtral|olmoe|olmoe_peer|sweep|final picks one call's worth of work; results land in $OUT (or ./gpu-out).
+# STAGE=tests|check|attn|qwen3|mixtral|olmoe|olmoe_peer|sweep|final picks one call's worth of work; results land in $OUT (or ./gpu-out).
 # The Mixtral routing trace travels in .gpu_data/ (ignored by git; pass it with the device tool's carry).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -34,6 +34,23 @@ check)  # whole suite on the GPU, the kernel sweep, Qwen3 resident end to end, a
   bench --model qwen3-30b-a3b --mode resident --decode-tokens 128 --out "$out/issue5_qwen3_resident.json"
   grep -h decode_tok_s "$out"/issue5_qwen3_resident.json
   timeout 90 python3 benchmarks/profile_decode.py --layers 8 > "$out/profile_resident.txt" 2>&1 ;;
+attn)  # the span-split decode attention: its tests first (stop if they fail), the suite, the sweep, Qwen3 again
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_triton_attention.py 2>&1 \
+    | tee "$out/pytest_attention.txt" | tail -5
+  if [ "${PIPESTATUS[0]}" != 0 ]; then  # the same without FMA contraction in the attention kernels
+    export WISP_ATTN_FP_FUSION=0
+    timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_triton_attention.py 2>&1 \
+      | tee "$out/pytest_attention_nofusion.txt" | tail -5
+    [ "${PIPESTATUS[0]}" = 0 ] || exit 1
+  fi
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/server --wisp-device cuda \
+    --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 | tee "$out/pytest_cuda_triton.txt" | tail -4
+  timeout 100 python3 benchmarks/kernel_sweep.py --out "$out/kernel_sweep.json" 2>&1 | grep -i "attention\|equal"
+  bench --model qwen3-30b-a3b --mode resident,paged,zero-copy --expert-cap 16,32,64 --decode-tokens 128 \
+    --out "$out/issue5_qwen3_30b_a3b.json"
+  python3 -m wisp bench decode --load-format dummy --model qwen3-30b-a3b --mode resident --prompt-len 2048 \
+    --decode-tokens 128 --out "$out/issue5_qwen3_30b_a3b_prompt2048.json" 2>/dev/null ;;
 sweep)  # block sizes of the decode kernels, and the attention by context length
   python3 benchmarks/kernel_sweep.py --out "$out/kernel_sweep.json" ;;
 final)  # after the kernel work: its tests on the GPU, then Qwen3-30B-A3B and OLMoE-1B-7B again

@@ -4,7 +4,8 @@
 
 Qwen3-30B-A3B's decode shapes (hidden 2048, moe_intermediate 768, top-8, 32 q / 4 kv heads of 128, 16-token
 blocks) at batch 1: the fused-MoE gate/up and down kernels over block sizes, the combine, and paged attention
-at several context lengths. Prints a table and writes the figures (microseconds, triton.testing.do_bench).
+at several context lengths (decode by programs per row, and a whole prefill). Prints a table and writes the
+figures (microseconds, triton.testing.do_bench).
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import triton
 from triton.testing import do_bench
 
 from wisp.core.triton_moe import _down, _gate_up_act
-from wisp.core.rows import ROW_TILE
-from wisp.engine.triton_attention import _paged_attn, decode_attention, decode_meta
+from wisp.engine.triton_attention import decode_attention, decode_meta, triton_paged_attention
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", default="kernel_sweep.json")
@@ -33,7 +33,7 @@ emap = torch.arange(n, dtype=torch.int32, device=dev)
 h = torch.empty(k, inter, device=dev, dtype=torch.float32)
 y = torch.empty(k, d, device=dev, dtype=torch.float32)
 results: dict[str, float] = {}
-same: dict[str, bool] = {}  # attention variants' bits against the default launch
+same: dict[str, bool] = {}  # decode launches' bits against the default launch
 
 for bi, bd in [(8, 256), (16, 128), (16, 256), (16, 512), (32, 128), (32, 256), (64, 128)]:
     for warps in (2, 4, 8):
@@ -58,21 +58,18 @@ for ctx in (128, 512, 2048, 8192):
     meta = decode_meta(torch.tensor([ctx - 1], device=dev))
     results[f"attention ctx={ctx}"] = do_bench(lambda: decode_attention(q, kc, vc, tables, meta)) * 1e3
     ref = decode_attention(q, kc, vc, tables, meta)
-    for warps in (1, 2, 4, 8):
-        for stages in (1, 2, 3, 4):
-            out = torch.empty_like(q)
-
-            def run(warps=warps, stages=stages, out=out):
-                _paged_attn[(1, hq)](q, kc, vc, tables, tables.stride(0), meta, out, hq // hkv, hd**-0.5, 0,
-                                     q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-                                     out.stride(0), out.stride(1), R=ROW_TILE, BS=bs, HD=hd, HAS_WINDOW=False,
-                                     num_warps=warps, num_stages=stages)
-            results[f"attention ctx={ctx} warps={warps} stages={stages}"] = do_bench(run) * 1e3
-            same[f"ctx={ctx} warps={warps} stages={stages}"] = bool(torch.equal(out, ref))
+    for programs in (1, 2, 4, 8, 16, 32):
+        out = decode_attention(q, kc, vc, tables, meta, programs=programs)
+        results[f"attention ctx={ctx} programs/row={programs}"] = do_bench(
+            lambda programs=programs: decode_attention(q, kc, vc, tables, meta, programs=programs)) * 1e3
+        same[f"ctx={ctx} programs/row={programs}"] = bool(torch.equal(out, ref))
+    chunk = torch.randn(ctx, hq, hd, device=dev, dtype=bf16)
+    table = tables[0].tolist()
+    results[f"prefill attention {ctx} tokens"] = do_bench(lambda: triton_paged_attention(chunk, kc, vc, table, 0)) * 1e3
 
 width = max(map(len, results))
 for name, us in results.items():
     print(f"{name:<{width}} {us:8.1f} us")
-print("attention variants bitwise equal to the default launch:", all(same.values()), [k for k, v in same.items() if not v])
+print("decode launches bitwise equal to the default launch:", all(same.values()), [k for k, v in same.items() if not v])
 with open(args.out, "w") as f:
     json.dump({"gpu": torch.cuda.get_device_name(), "unit": "us", "results": results, "attention_bits_equal": same}, f, indent=1)

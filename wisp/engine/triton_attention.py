@@ -1,19 +1,31 @@
-"""Paged attention in Triton with the same fixed order as `kv_cache.paged_attention` (CUDA only).
+"""Paged attention in Triton with a fixed, position-aligned order of arithmetic (CUDA; the CPU runs it in
+Triton's interpreter for the tests).
 
-One program per (16-row query tile aligned on absolute positions, query head): it walks the sequence's
-key blocks in order with an online softmax in float32 (`tl.dot` in IEEE precision), values past the
-sequence end zeroed. A program reads only its own rows and the blocks up to its last row, so a token's
-output is the same whether its prefix was cached, chunked, recomputed or decoded, and whatever else is
-in the batch. The numbers differ slightly from the torch path's (which rounds scores to the model dtype);
-each path is exact within itself.
+The order every output row is computed in, whoever launches it:
+  * keys are cut into spans of `span_keys(bs)` positions aligned on absolute position 0 (64 keys, or one
+    block when blocks are larger);
+  * within a span, an online softmax in float32 walks its 16-key blocks in order (`tl.dot` in IEEE
+    precision), values past the sequence end zeroed, starting from (m, l, acc) = (-inf, 0, 0);
+  * the spans' partial (m, l, acc) are merged in span order 0, 1, 2, ... with `_merge`, then out = acc / l.
+A row's keys past its own position are masked, and a masked block or span changes no bit of the state, so
+a token's output is the same whether its prefix was cached, chunked, recomputed or decoded, and whatever
+else is in the batch. The numbers differ slightly from the torch path's (which rounds scores to the model
+dtype); each path is exact within itself.
 
-Every tile is described by a row of `meta` [tiles, 5] int32: (row of its sequence in `tables`, start,
-end, first position of the tile, row of position `start` in q). One sequence's chunk
-(`triton_paged_attention`) and a whole decode batch whose metadata is computed on the device
-(`decode_attention`, capturable in a CUDA graph) launch the same kernel, so their bits agree.
+Every query tile (16 rows aligned on absolute positions) is described by a row of `meta` [tiles, 5] int32:
+(row of its sequence in `tables`, start, end, first position of the tile, row of position `start` in q).
+Two launches of the same arithmetic:
+  * `triton_paged_attention` (a sequence's prefill chunk): one program per (tile, head) walks the spans in
+    order and merges them as it goes;
+  * `decode_attention` (one token per sequence, metadata on the device, capturable in a CUDA graph): one
+    program per (sequence, head, span) writes its span's partial, and `_merge_spans` merges them in order,
+    so a long context is read by many programs at once (flash-decoding with a fixed split).
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 import triton
@@ -21,31 +33,41 @@ import triton.language as tl
 
 from wisp.core.rows import ROW_TILE
 
+SPAN_KEYS = 64  # keys per span: fixed, since the span boundaries are part of every row's arithmetic
+FP_FUSION = os.environ.get("WISP_ATTN_FP_FUSION", "1") == "1"  # TEMPORARY experiment switch
+
+
+def span_keys(block_size: int) -> int:
+    """The span length for a cache of `block_size`-key blocks (a whole number of blocks)."""
+    return max(SPAN_KEYS, block_size)
+
 
 @triton.jit
-def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group, scale, window,
-                s_qt, s_qh, s_kb, s_kh, s_kp, s_ot, s_oh,
-                R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    tile = tl.program_id(0)
-    head = tl.program_id(1)
+def _tile(meta_ptr, tile, R: tl.constexpr):
+    """A tile's metadata: (row of its table, start, end, first position, q row of start, the positions of
+    its rows, which rows are live, the last position any live row needs)."""
     meta = meta_ptr + tile * 5
-    table_ptr = tables_ptr + tl.load(meta).to(tl.int64) * s_tab
+    seq = tl.load(meta)
     start = tl.load(meta + 1)
     end = tl.load(meta + 2)
     first = tl.load(meta + 3)
     q_row0 = tl.load(meta + 4)
-    kvh = head // group
-    pos = first + tl.arange(0, R)  # absolute positions of the tile's rows
+    pos = first + tl.arange(0, R)
     row_ok = (pos >= start) & (pos < end)
+    last = tl.minimum(end, first + R) - 1
+    return seq, start, end, q_row0, pos, row_ok, last
+
+
+@triton.jit
+def _span(q, k_ptr, v_ptr, table_ptr, kvh, pos, end, last, span, window, scale,
+          s_kb, s_kh, s_kp, R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, NBS: tl.constexpr,
+          HAS_WINDOW: tl.constexpr):
+    """The online softmax of the tile's rows over one span's blocks: (m [R], l [R], acc [R, HD])."""
     d = tl.arange(0, HD)
-    q_rows = (q_row0 + pos - start).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * s_qt + head * s_qh + d[None, :], mask=row_ok[:, None], other=0.0)
-    q = q.to(tl.float32)
     m = tl.full((R,), float("-inf"), tl.float32)
     denom = tl.zeros((R,), tl.float32)
     acc = tl.zeros((R, HD), tl.float32)
-    last = tl.minimum(end, first + R) - 1
-    for j in range(0, last // BS + 1):
+    for j in range(span * NBS, tl.minimum(span * NBS + NBS, last // BS + 1)):
         blk = tl.load(table_ptr + j).to(tl.int64)
         kpos = j * BS + tl.arange(0, BS)
         live = kpos < end
@@ -64,9 +86,98 @@ def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group
         denom = denom * corr + tl.sum(p, axis=1)
         acc = acc * corr[:, None] + tl.dot(p, v, input_precision="ieee")
         m = m_new
-    out = acc / denom[:, None]
+    return m, denom, acc
+
+
+@triton.jit
+def _merge(m, denom, acc, m2, denom2, acc2):
+    """Two partial softmaxes of the same rows as one; a (-inf, 0, 0) side changes no bit of the other."""
+    m_new = tl.maximum(m, m2)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    a = tl.exp(m - m_safe)
+    b = tl.exp(m2 - m_safe)
+    return m_new, denom * a + denom2 * b, acc * a[:, None] + acc2 * b[:, None]
+
+
+@triton.jit
+def _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD: tl.constexpr):
+    q_rows = (q_row0 + pos - start).to(tl.int64)
+    d = tl.arange(0, HD)
+    q = tl.load(q_ptr + q_rows[:, None] * s_qt + head * s_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+    return q.to(tl.float32), q_rows
+
+
+@triton.jit
+def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group, scale, window,
+                s_qt, s_qh, s_kb, s_kh, s_kp, s_ot, s_oh,
+                R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """One program per (tile, head): every span in order, merged as it goes."""
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    seq, start, end, q_row0, pos, row_ok, last = _tile(meta_ptr, tile, R)
+    table_ptr = tables_ptr + seq.to(tl.int64) * s_tab
+    q, q_rows = _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD)
+    m = tl.full((R,), float("-inf"), tl.float32)
+    denom = tl.zeros((R,), tl.float32)
+    acc = tl.zeros((R, HD), tl.float32)
+    for span in range(0, last // SPAN + 1):
+        m2, denom2, acc2 = _span(q, k_ptr, v_ptr, table_ptr, head // group, pos, end, last, span, window, scale,
+                                 s_kb, s_kh, s_kp, R, BS, HD, SPAN // BS, HAS_WINDOW)
+        m, denom, acc = _merge(m, denom, acc, m2, denom2, acc2)
+    out = acc / tl.where(row_ok, denom, 1.0)[:, None]  # dead rows (not stored) divide by 1, not 0
+    d = tl.arange(0, HD)
     tl.store(out_ptr + q_rows[:, None] * s_ot + head * s_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None])
+
+
+@triton.jit
+def _span_partials(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, part_m, part_l, part_acc, group, scale, window,
+                   s_qt, s_qh, s_kb, s_kh, s_kp, H, S,
+                   R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr,
+                   HAS_WINDOW: tl.constexpr):
+    """Program (tile of one live row, head, g) writes the partials of spans g, g + G, g + 2G, ... up to the
+    row's position (G programs per row; each span is computed alone, so G does not change a bit)."""
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    seq, start, end, q_row0, pos, row_ok, last = _tile(meta_ptr, tile, R)
+    table_ptr = tables_ptr + seq.to(tl.int64) * s_tab
+    q, q_rows = _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD)
+    d = tl.arange(0, HD)
+    for span in range(tl.program_id(2), last // SPAN + 1, tl.num_programs(2)):
+        m, denom, acc = _span(q, k_ptr, v_ptr, table_ptr, head // group, pos, end, last, span, window, scale,
+                              s_kb, s_kh, s_kp, R, BS, HD, SPAN // BS, HAS_WINDOW)
+        at = (tile * H + head).to(tl.int64) * S + span  # the live row's slot; the other rows are masked
+        tl.store(part_m + at + 0 * pos, m, mask=row_ok)
+        tl.store(part_l + at + 0 * pos, denom, mask=row_ok)
+        tl.store(part_acc + at * HD + 0 * pos[:, None] + d[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _merge_spans(meta_ptr, part_m, part_l, part_acc, out_ptr, s_ot, s_oh, H, S,
+                 R: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr):
+    """One program per (tile of one live row, head): the spans' partials merged in order, as `_paged_attn`
+    merges them, on the same [R] / [R, HD] shapes (the dead rows stay at (-inf, 0, 0))."""
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    seq, start, end, q_row0, pos, row_ok, last = _tile(meta_ptr, tile, R)
+    d = tl.arange(0, HD)
+    m = tl.full((R,), float("-inf"), tl.float32)
+    denom = tl.zeros((R,), tl.float32)
+    acc = tl.zeros((R, HD), tl.float32)
+    base = (tile * H + head).to(tl.int64) * S
+    for span in range(0, last // SPAN + 1):
+        m2 = tl.load(part_m + base + span + 0 * pos, mask=row_ok, other=float("-inf"))
+        denom2 = tl.load(part_l + base + span + 0 * pos, mask=row_ok, other=0.0)
+        acc2 = tl.load(part_acc + (base + span) * HD + 0 * pos[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+        m, denom, acc = _merge(m, denom, acc, m2, denom2, acc2)
+    out = acc / tl.where(row_ok, denom, 1.0)[:, None]
+    q_rows = (q_row0 + pos - start).to(tl.int64)
+    tl.store(out_ptr + q_rows[:, None] * s_ot + head * s_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+def _strides(q, k_cache):
+    return (q.stride(0), q.stride(1)), (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
 
 
 def _launch(q, k_cache, v_cache, tables, meta, window) -> torch.Tensor:
@@ -74,10 +185,11 @@ def _launch(q, k_cache, v_cache, tables, meta, window) -> torch.Tensor:
     hkv, bs = k_cache.shape[1], k_cache.shape[2]
     q = q.contiguous()
     out = torch.empty_like(q)
+    (s_qt, s_qh), (s_kb, s_kh, s_kp) = _strides(q, k_cache)
     _paged_attn[(meta.shape[0], h)](
         q, k_cache, v_cache, tables, tables.stride(0), meta, out, h // hkv, hd**-0.5, window or 0,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
-        R=ROW_TILE, BS=bs, HD=hd, HAS_WINDOW=window is not None,
+        s_qt, s_qh, s_kb, s_kh, s_kp, out.stride(0), out.stride(1),
+        R=ROW_TILE, BS=bs, HD=hd, SPAN=span_keys(bs), HAS_WINDOW=window is not None, enable_fp_fusion=FP_FUSION,
     )
     return out
 
@@ -90,6 +202,51 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     meta = [[0, start, end, f, 0] for f in range(first, end, ROW_TILE)]
     tables = torch.tensor([table], dtype=torch.int32, device=q.device)
     return _launch(q, k_cache, v_cache, tables, torch.tensor(meta, dtype=torch.int32, device=q.device), window)
+
+
+def decode_meta(positions: torch.Tensor) -> torch.Tensor:
+    """The tile metadata [B, 5] of a decode batch (row b: sequence b's one token at positions[b]), on the device."""
+    pos = positions.to(torch.int32)
+    rows = torch.arange(pos.shape[0], dtype=torch.int32, device=pos.device)
+    return torch.stack([rows, pos, pos + 1, pos - pos % ROW_TILE, rows], dim=1).contiguous()
+
+
+def span_programs(batch: int, heads: int, spans: int, device: torch.device) -> int:
+    """How many programs share a row's spans (span s goes to program s mod this): enough to fill the GPU.
+    Launch geometry only: each span's partial is computed alone and merged in span order, so the bits do
+    not depend on it."""
+    return max(1, min(spans, -(-4 * _multiprocessors(device) // (batch * heads))))
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                     meta: torch.Tensor, window: int | None = None, programs: int | None = None) -> torch.Tensor:
+    """q [B, H, hd] (one token per sequence), tables [B, max_blocks] int32, meta from `decode_meta`:
+    the same bits as `triton_paged_attention` on each token, with a row's spans read in parallel.
+    `programs` overrides `span_programs` (tests)."""
+    b, h, hd = q.shape
+    hkv, bs = k_cache.shape[1], k_cache.shape[2]
+    span = span_keys(bs)
+    spans = -(-tables.shape[1] * bs // span)  # enough for any position the tables can hold
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    part_m = torch.empty(b * h * spans, dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(b * h * spans * hd, dtype=torch.float32, device=q.device)
+    (s_qt, s_qh), (s_kb, s_kh, s_kp) = _strides(q, k_cache)
+    g = programs or span_programs(b, h, spans, q.device)
+    _span_partials[(b, h, g)](
+        q, k_cache, v_cache, tables, tables.stride(0), meta, part_m, part_l, part_acc, h // hkv, hd**-0.5,
+        window or 0, s_qt, s_qh, s_kb, s_kh, s_kp, h, spans,
+        R=ROW_TILE, BS=bs, HD=hd, SPAN=span, HAS_WINDOW=window is not None, enable_fp_fusion=FP_FUSION,
+    )
+    _merge_spans[(b, h)](meta, part_m, part_l, part_acc, out, out.stride(0), out.stride(1), h, spans,
+                         R=ROW_TILE, HD=hd, SPAN=span, enable_fp_fusion=FP_FUSION)
+    return out
 
 
 @triton.jit
@@ -112,16 +269,3 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     k, v = k.contiguous(), v.contiguous()
     _write_kv[(b * hkv,)](k, v, k_cache, v_cache, blocks, offsets, k.stride(0), k.stride(1), k_cache.stride(0),
                           k_cache.stride(1), k_cache.stride(2), hkv, HD=hd)
-
-
-def decode_meta(positions: torch.Tensor) -> torch.Tensor:
-    """The tile metadata [B, 5] of a decode batch (row b: sequence b's one token at positions[b]), on the device."""
-    pos = positions.to(torch.int32)
-    rows = torch.arange(pos.shape[0], dtype=torch.int32, device=pos.device)
-    return torch.stack([rows, pos, pos + 1, pos - pos % ROW_TILE, rows], dim=1).contiguous()
-
-
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                     meta: torch.Tensor, window: int | None = None) -> torch.Tensor:
-    """q [B, H, hd] (one token per sequence), tables [B, max_blocks] int32, meta from `decode_meta`."""
-    return _launch(q, k_cache, v_cache, tables, meta, window)
