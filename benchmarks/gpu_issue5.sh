@@ -38,12 +38,7 @@ attn)  # the span-split decode attention: its tests first (stop if they fail), t
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
   timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_triton_attention.py 2>&1 \
     | tee "$out/pytest_attention.txt" | tail -5
-  if [ "${PIPESTATUS[0]}" != 0 ]; then  # the same without FMA contraction in the attention kernels
-    export WISP_ATTN_FP_FUSION=0
-    timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_triton_attention.py 2>&1 \
-      | tee "$out/pytest_attention_nofusion.txt" | tail -5
-    [ "${PIPESTATUS[0]}" = 0 ] || exit 1
-  fi
+  [ "${PIPESTATUS[0]}" = 0 ] || exit 1
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/server --wisp-device cuda \
     --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 | tee "$out/pytest_cuda_triton.txt" | tail -4
   timeout 100 python3 benchmarks/kernel_sweep.py --out "$out/kernel_sweep.json" 2>&1 | grep -i "attention\|equal"

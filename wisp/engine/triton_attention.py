@@ -25,7 +25,6 @@ Two launches of the same arithmetic:
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -34,7 +33,6 @@ import triton.language as tl
 from wisp.core.rows import ROW_TILE
 
 SPAN_KEYS = 64  # keys per span: fixed, since the span boundaries are part of every row's arithmetic
-FP_FUSION = os.environ.get("WISP_ATTN_FP_FUSION", "1") == "1"  # TEMPORARY experiment switch
 
 
 def span_keys(block_size: int) -> int:
@@ -189,7 +187,7 @@ def _launch(q, k_cache, v_cache, tables, meta, window) -> torch.Tensor:
     _paged_attn[(meta.shape[0], h)](
         q, k_cache, v_cache, tables, tables.stride(0), meta, out, h // hkv, hd**-0.5, window or 0,
         s_qt, s_qh, s_kb, s_kh, s_kp, out.stride(0), out.stride(1),
-        R=ROW_TILE, BS=bs, HD=hd, SPAN=span_keys(bs), HAS_WINDOW=window is not None, enable_fp_fusion=FP_FUSION,
+        R=ROW_TILE, BS=bs, HD=hd, SPAN=span_keys(bs), HAS_WINDOW=window is not None,
     )
     return out
 
@@ -242,10 +240,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _span_partials[(b, h, g)](
         q, k_cache, v_cache, tables, tables.stride(0), meta, part_m, part_l, part_acc, h // hkv, hd**-0.5,
         window or 0, s_qt, s_qh, s_kb, s_kh, s_kp, h, spans,
-        R=ROW_TILE, BS=bs, HD=hd, SPAN=span, HAS_WINDOW=window is not None, enable_fp_fusion=FP_FUSION,
+        R=ROW_TILE, BS=bs, HD=hd, SPAN=span, HAS_WINDOW=window is not None,
     )
     _merge_spans[(b, h)](meta, part_m, part_l, part_acc, out, out.stride(0), out.stride(1), h, spans,
-                         R=ROW_TILE, HD=hd, SPAN=span, enable_fp_fusion=FP_FUSION)
+                         R=ROW_TILE, HD=hd, SPAN=span)
     return out
 
 
