@@ -72,4 +72,5 @@ for name, us in results.items():
     print(f"{name:<{width}} {us:8.1f} us")
 print("decode launches bitwise equal to the default launch:", all(same.values()), [k for k, v in same.items() if not v])
 with open(args.out, "w") as f:
-    json.dump({"gpu": torch.cuda.get_device_name(), "unit": "us", "results": results, "attention_bits_equal": same}, f, indent=1)
+    json.dump({"gpu": torch.cuda.get_device_name(), "unit": "us", "results": results, "attention_bits_equal": same},
+              f, indent=1)
