@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from wisp.core.pager import ExpertPager
+from wisp.core.pager import ExpertPager, use_host_many
 
 pytest.importorskip("triton")
 ON_GPU = torch.cuda.is_available()
@@ -58,6 +58,26 @@ def test_device_decision_equals_host(n, c, k, t, sync_every):
             same_state(host, dev)
     same_state(host, dev)
     host.check_integrity()
+
+
+def test_many_layers_hand_their_state_back_in_one_read():
+    """`use_host_many` over layers of different sizes (and one still on the host) == each layer's host mirror."""
+    rng = random.Random(5)
+    layers = [(8, 2, 2), (16, 5, 4), (12, 12, 3)]
+    pairs = [(ExpertPager(masters(n, seed=i), c, CUDA), ExpertPager(masters(n, seed=i), c, CUDA))
+             for i, (n, c, _) in enumerate(layers)]
+    for _ in range(4):
+        for (n, c, k), (host, dev) in zip(layers, pairs):
+            ids = routing(rng, n, 1, k, hot=k + 1)
+            host.prepare(sorted({e for row in ids for e in row}))
+            dev.prepare_on_device(torch.tensor(ids, device=CUDA))
+    pairs[2][1].use_host()  # already on the host: left as it is
+    use_host_many([dev for _, dev in pairs])
+    for host, dev in pairs:
+        assert dev.side == "host"
+        assert (dev.pi, dev.pi_inv, dev.tick, dev._clock) == (host.pi, host.pi_inv, host.tick, host._clock)
+        assert dev.counters == host.counters and int(dev.device_lru.counts.abs().sum()) == 0
+        dev.check_integrity()
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need the GPU machine")

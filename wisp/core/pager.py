@@ -76,16 +76,17 @@ class ExpertPager:
         self.side = "device"
 
     def use_host(self) -> None:
-        if self.side == "host":
-            return
+        use_host_many([self])
+
+    def _device_state(self) -> torch.Tensor:
         lru = self.device_lru
-        state = torch.cat([self.pi_dev.long(), lru.pi_inv.long(), lru.tick, lru.clock, lru.counts]).tolist()  # one read
+        return torch.cat([self.pi_dev.long(), lru.pi_inv.long(), lru.tick, lru.clock, lru.counts])
+
+    def _take_state(self, state: list[int]) -> None:
         n, c = self.num_experts, self.capacity
         self.pi, self.pi_inv, self.tick = state[:n], state[n : n + c], state[n + c : n + 2 * c]
         self._clock = state[n + 2 * c]
         add_counts(self.counters, state[n + 2 * c + 1 :])
-        with torch.inference_mode():
-            lru.counts.zero_()
         self.side = "host"
 
     def sync_counters(self) -> None:
@@ -191,3 +192,18 @@ def plan_groups(token_experts: Sequence[Sequence[int]], capacity: int) -> list[t
     if len(token_experts) > start:
         groups.append((start, len(token_experts)))
     return groups
+
+
+def use_host_many(pagers: Sequence[ExpertPager]) -> None:
+    """`use_host` of many pagers (a model's layers) with one host read for all of their states and counts."""
+    on_device = [p for p in pagers if p.side == "device"]
+    if not on_device:
+        return
+    states = torch.cat([p._device_state() for p in on_device]).tolist()
+    at = 0
+    for p in on_device:
+        size = p.num_experts + 2 * p.capacity + 1 + p.device_lru.counts.numel()
+        p._take_state(states[at : at + size])
+        at += size
+    with torch.inference_mode():
+        torch._foreach_zero_([p.device_lru.counts for p in on_device])

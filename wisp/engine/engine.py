@@ -176,6 +176,8 @@ class LLMEngine:
             self.graph_steps += 1
             self.tokens_decoded += len(seqs)
             return [self._postprocess(seq, 1, row) for seq, row in zip(seqs, logits)]
+        if self.graphs is not None:
+            self.model.use_paging_side("host")  # after graph decode: every layer's LRU state in one read
         chunks, tokens = [], []
         for seq in seqs:
             ids = seq.token_ids[seq.num_computed :]

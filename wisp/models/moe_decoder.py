@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from wisp.config import ModelConfig
 from wisp.core import rows
 from wisp.core.experts import ExpertStore
+from wisp.core.pager import use_host_many
 
 
 class KVStorage(Protocol):
@@ -206,11 +207,14 @@ class MoEDecoder:
         return self.rms_norm(x, self.final_norm, eps)
 
     def use_paging_side(self, side: str) -> None:
-        """Hand every paged layer's LRU state to the host or the device (no-op where it already is)."""
-        for store in self.experts.values():
-            pager = getattr(store, "pager", None)
-            if pager is not None:
-                pager.use_device() if side == "device" else pager.use_host()
+        """Hand every paged layer's LRU state to the host (one read for all layers) or the device (no-op
+        where it already is)."""
+        pagers = [store.pager for store in self.experts.values() if getattr(store, "pager", None) is not None]
+        if side == "host":
+            use_host_many(pagers)
+        else:
+            for pager in pagers:
+                pager.use_device()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return rows.linear(hidden, self.lm_head).float()
