@@ -20,13 +20,14 @@ KEYS = {"preset", "mode", "expert_cap", "decode_tok_s", "ttft_s", "hit_rate", "b
 def test_bench_decode_writes_one_record_per_run(tmp_path):
     out = tmp_path / "b.json"
     proc = run_wisp(["decode", "--model", "demo", "--load-format", "dummy", "--mode", "paged,resident,offload",
-                     "--expert-cap", "4,8", "--prompt-len", "6", "--decode-tokens", "5", "--device", "cpu",
+                     "--expert-cap", "4,8", "--prompt-len", "40", "--decode-tokens", "5", "--device", "cpu",
                      "--out", out], tmp_path / "cache", command="bench")
     assert proc.returncode == 0, proc.stderr
     records = json.loads(out.read_text())
     assert [(r["mode"], r["expert_cap"]) for r in records] == [("resident", 16), ("paged", 4), ("paged", 8), ("offload", 16)]
     for r in records:
         assert KEYS <= set(r) and r["decode_tokens"] == 5 and r["decode_tok_s"] > 0
+        assert r["prefill_tokens"] == 40  # a cold prompt: none of its blocks came from the prefix cache
     assert records[0]["hit_rate"] == 1.0 and records[0]["bytes_h2d_per_token"] == 0
     assert records[1]["bytes_h2d_per_token"] > 0 and records[3]["bytes_h2d_per_token"] == 4 * 16 * 3 * 128 * 64 * 4
     assert records[1]["roofline_step_s"] == records[0]["step_s"]  # no GPU probe here: the resident step alone

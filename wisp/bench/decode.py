@@ -91,7 +91,9 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, llm.config.vocab_size, (prompt_len,), generator=gen).tolist()
     params = SamplingParams(max_tokens=decode_tokens + 1, ignore_eos=True, temperature=temperature, seed=0)
-    llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up: allocator, kernels
+    # warm-up (allocator, kernels) on another prompt of the same length: the timed one must miss the prefix cache
+    other = torch.randint(0, llm.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
+    llm.generate([other], SamplingParams(max_tokens=4, ignore_eos=True))
     llm.reset_stats()
     _reset_peak(device)
     engine = llm.engine
@@ -121,6 +123,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         "temperature": temperature,
         "load_s": round(load_s, 2),
         "ttft_s": round(t_first - t_start, 4),
+        "prefill_tokens": prefill["tokens_prefilled"],  # computed for the timed prompt (all of it: a cold TTFT)
         "decode_tok_s": round(n_dec / decode_s, 3),
         "step_s": round(decode_s / n_dec, 6),
         "hit_rate": round(hits / routed, 4) if routed else 0.0,
