@@ -36,8 +36,8 @@ def _git_commit() -> str | None:
     """The checkout's commit, "-dirty" when files differ from it (a result is only as good as knowing what
     code produced it)."""
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent)
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None

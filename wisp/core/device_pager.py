@@ -27,6 +27,12 @@ from wisp.core.uva import device_view
 
 
 @triton.jit
+def _bump(count_ptr, field, value):
+    """counts[field] += value (one program owns the count vector during a launch)."""
+    tl.store(count_ptr + field, tl.load(count_ptr + field) + value)
+
+
+@triton.jit
 def _lru_decide(ids_ptr, n_pairs, pi_ptr, pi_inv_ptr, tick_ptr, clock_ptr, miss_e_ptr, miss_s_ptr, n_miss_ptr,
                 count_ptr, N, C, expert_bytes,
                 BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -77,12 +83,12 @@ def _lru_decide(ids_ptr, n_pairs, pi_ptr, pi_inv_ptr, tick_ptr, clock_ptr, miss_
     tl.store(miss_s_ptr + cand_rank, s, mask=take)
     tl.store(n_miss_ptr, n_miss)
     m64 = n_miss.to(tl.int64)
-    tl.store(count_ptr + 0, tl.load(count_ptr + 0) + 1)
-    tl.store(count_ptr + 1, tl.load(count_ptr + 1) + (n_need - n_miss).to(tl.int64))
-    tl.store(count_ptr + 2, tl.load(count_ptr + 2) + m64)
-    tl.store(count_ptr + 3, tl.load(count_ptr + 3) + n_evict.to(tl.int64))
-    tl.store(count_ptr + 4, tl.load(count_ptr + 4) + m64)
-    tl.store(count_ptr + 5, tl.load(count_ptr + 5) + m64 * expert_bytes)
+    _bump(count_ptr, 0, 1)  # COUNT_FIELDS: steps, hits, misses, evictions, loads, bytes_h2d
+    _bump(count_ptr, 1, (n_need - n_miss).to(tl.int64))
+    _bump(count_ptr, 2, m64)
+    _bump(count_ptr, 3, n_evict.to(tl.int64))
+    _bump(count_ptr, 4, m64)
+    _bump(count_ptr, 5, m64 * expert_bytes)
 
 
 @triton.jit
@@ -106,11 +112,10 @@ def _count_step(ids_ptr, n_pairs, count_ptr, N, loads, step_bytes, HITS: tl.cons
     ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=-1).to(tl.int32)
     e = tl.arange(0, BLOCK_E)
     distinct = tl.sum(((tl.max((ids[None, :] == e[:, None]).to(tl.int32), axis=1) > 0) & (e < N)).to(tl.int64), axis=0)
-    field = 1 if HITS else 2
-    tl.store(count_ptr + 0, tl.load(count_ptr + 0) + 1)
-    tl.store(count_ptr + field, tl.load(count_ptr + field) + distinct)
-    tl.store(count_ptr + 4, tl.load(count_ptr + 4) + loads)
-    tl.store(count_ptr + 5, tl.load(count_ptr + 5) + step_bytes)
+    _bump(count_ptr, 0, 1)
+    _bump(count_ptr, 1 if HITS else 2, distinct)
+    _bump(count_ptr, 4, loads)
+    _bump(count_ptr, 5, step_bytes)
 
 
 def count_step(counts: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, hits: bool, loads: int = 0,
@@ -165,5 +170,5 @@ class DeviceLRU:
             per = src.shape[1]
             chunk = max(self.COPY_CHUNK_BYTES // src.element_size(), 1024)
             _copy_misses[(max_misses, triton.cdiv(per, chunk))](
-                src if src.device == dst.device else device_view(src), dst, self.miss[0], self.miss[1], self.n_miss, per, CHUNK=chunk, BLOCK=1024
+                device_view(src, dst.device), dst, self.miss[0], self.miss[1], self.n_miss, per, CHUNK=chunk, BLOCK=1024
             )

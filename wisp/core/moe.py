@@ -59,7 +59,8 @@ def fused_moe(
 
 def combine_in_routing_order(per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """sum_k weights[:, k] * per_k[:, k] in float32, k = 0..K-1 in order, cast to dtype: [T, K, D] -> [T, D].
-    Elementwise in a fixed order, so each token's sum never depends on the batch (every backend uses it)."""
+    Elementwise in a fixed order, so each token's sum never depends on the batch (the Triton `_combine`
+    kernel follows the same order; tests use this as its oracle)."""
     weights = topk_weights.float()
     out = per_k[:, 0] * weights[:, :1]
     for j in range(1, per_k.shape[1]):

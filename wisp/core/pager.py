@@ -199,11 +199,11 @@ def use_host_many(pagers: Sequence[ExpertPager]) -> None:
     on_device = [p for p in pagers if p.side == "device"]
     if not on_device:
         return
-    states = torch.cat([p._device_state() for p in on_device]).tolist()
+    parts = [p._device_state() for p in on_device]
+    states = torch.cat(parts).tolist()
     at = 0
-    for p in on_device:
-        size = p.num_experts + 2 * p.capacity + 1 + p.device_lru.counts.numel()
-        p._take_state(states[at : at + size])
-        at += size
+    for p, part in zip(on_device, parts):
+        p._take_state(states[at : at + part.numel()])
+        at += part.numel()
     with torch.inference_mode():
         torch._foreach_zero_([p.device_lru.counts for p in on_device])

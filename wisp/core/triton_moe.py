@@ -9,10 +9,10 @@ Three launches:
 
 Each program reduces over a fixed sequence of fixed-size blocks, and no program reads another pair's
 data, so a token's output depends only on its own row, routing and expert bytes: it is batch-invariant
-and slot-invariant by construction (paged == resident bit for bit). Weights may be pinned host tensors (zero-copy mode): they are read in place over PCIe through UVA
-(`wisp.core.uva`), with the same arithmetic, so the bits match a device copy. This first kernel is a
-per-pair GEMV,
-right for decode (a few tokens); a prefill re-reads an expert once per token routed to it.
+and slot-invariant by construction (paged == resident bit for bit). Weights may be pinned host tensors
+(zero-copy mode): they are read in place over PCIe through UVA (`wisp.core.uva`), with the same
+arithmetic, so the bits match a device copy. The kernel is a per-pair GEMV, right for decode (a few
+tokens); a prefill re-reads an expert once per token routed to it.
 """
 
 from __future__ import annotations
@@ -103,16 +103,11 @@ def triton_fused_moe(
     y = torch.empty((t * k, d), dtype=torch.float32, device=hidden.device)
     block_i, block_d = 16, 256  # many short programs: a decode step has only t*k pairs
     _gate_up_act[(t * k, triton.cdiv(inter, block_i))](
-        hidden, _pointer(w_gate_up, hidden), ids, emap, h, w_gate_up.stride(0), K=k, D=d, I=inter, BLOCK_I=block_i,
+        hidden, device_view(w_gate_up, hidden.device), ids, emap, h, w_gate_up.stride(0), K=k, D=d, I=inter, BLOCK_I=block_i,
         BLOCK_D=block_d,
     )
-    _down[(t * k, triton.cdiv(d, 64))](h, _pointer(w_down, hidden), ids, emap, y, w_down.stride(0), D=d, I=inter, BLOCK_D=64,
-                                       BLOCK_I=128)
+    _down[(t * k, triton.cdiv(d, 64))](h, device_view(w_down, hidden.device), ids, emap, y, w_down.stride(0), D=d, I=inter,
+                                       BLOCK_D=64, BLOCK_I=128)
     out = torch.empty_like(hidden)
     _combine[(t, triton.cdiv(d, 1024))](y, topk_weights.contiguous(), out, K=k, D=d, BLOCK_D=1024)
     return out
-
-
-def _pointer(weights: torch.Tensor, hidden: torch.Tensor):
-    """Weights on hidden's device as they are; pinned host weights as a UVA pointer (zero-copy)."""
-    return weights if weights.device == hidden.device else device_view(weights)

@@ -3,7 +3,8 @@
 On CUDA with UVA (every 64-bit platform), memory allocated by cudaHostAlloc (what torch's pin_memory
 uses) is mapped into every device's address space at the same address, so a kernel can read it in
 place over PCIe. Triton accepts any object with `data_ptr()` and `dtype` as a pointer argument;
-`device_view` wraps a pinned CPU tensor that way (a device tensor passes through unchanged).
+`device_view` wraps a pinned CPU tensor that way for a kernel on a GPU (a tensor already on the kernel's
+kind of device passes through unchanged).
 
 Invariant: only pinned tensors are wrapped (pageable memory is not mapped: reading it would fault).
 Assumption: torch pins with cudaHostAlloc (its default). Pinning through cudaHostRegister
@@ -33,6 +34,7 @@ class HostPointer:
         return self.tensor.stride(dim)
 
 
-def device_view(tensor: torch.Tensor):
-    """`tensor` itself when it is on a CUDA device, else a HostPointer to its (pinned) host memory."""
-    return tensor if tensor.is_cuda else HostPointer(tensor)
+def device_view(tensor: torch.Tensor, device: torch.device):
+    """`tensor` as a kernel on `device` reads it: itself when it lives on that kind of device (a GPU tensor,
+    or a CPU tensor for Triton's interpreter), else a HostPointer to its (pinned) host memory."""
+    return tensor if tensor.device.type == device.type else HostPointer(tensor)

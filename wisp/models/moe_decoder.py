@@ -167,13 +167,10 @@ class MoEDecoder:
             topk_weights, topk_ids = self.route(logits, cfg.top_k, cfg.norm_topk_prob, weight_dtype)  # [T, K]
         else:
             probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-            topk_weights, topk_ids = torch.topk(probs, cfg.top_k, dim=-1)  # [T, K]
-            if cfg.norm_topk_prob:
-                topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-            topk_weights = topk_weights.to(weight_dtype)
-        if self.routing_override is not None:  # benchmark replay of recorded routing
-            topk_ids = self.routing_override.ids(li, topk_ids)
-            topk_weights = probs.gather(1, topk_ids)
+            topk_ids = torch.topk(probs, cfg.top_k, dim=-1).indices  # [T, K]
+            if self.routing_override is not None:  # benchmark replay of recorded routing
+                topk_ids = self.routing_override.ids(li, topk_ids)
+            topk_weights = probs.gather(1, topk_ids)  # the top-k values themselves when not replaced
             if cfg.norm_topk_prob:
                 topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
             topk_weights = topk_weights.to(weight_dtype)
