@@ -83,12 +83,31 @@ def parse_size(text: str) -> int:
     return value
 
 
+def add_backend_args(p: argparse.ArgumentParser) -> None:
+    """Where and how the engine runs: --device, the two kernel backends, --enforce-eager (every command)."""
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--moe-backend", choices=MOE_BACKENDS, default="auto",
+                   help="fused-MoE implementation (auto: triton on CUDA, torch on the CPU)")
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                   help="paged attention (auto: triton on CUDA, torch on the CPU)")
+    p.add_argument("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
+
+
+def _add_engine_args(p: argparse.ArgumentParser, record_help: str) -> None:
+    """The engine options `generate` and `serve` share."""
+    p.add_argument("--model", required=True, help="checkpoint directory, or 'demo' for the built-in tiny MoE")
+    p.add_argument("--mode", choices=MODES, default="paged")
+    p.add_argument("--expert-cap", type=int, default=None, help="scratch slots per MoE layer (paged mode)")
+    add_backend_args(p)
+    p.add_argument("--record-routing", default=None, metavar="FILE", help=record_help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="wisp", description="Serve MoE models on GPUs too small to hold them.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="generate from one prompt")
-    gen.add_argument("--model", required=True, help="checkpoint directory, or 'demo' for the built-in tiny MoE")
+    _add_engine_args(gen, "write the routed experts (.npz/.jsonl)")
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", type=_token_ids, help="prompt as comma-separated token ids")
@@ -97,37 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--mode", choices=MODES, default="paged")
-    gen.add_argument("--expert-cap", type=int, default=None, help="scratch slots per MoE layer (paged mode)")
-    gen.add_argument("--device", default="auto", help="auto, cpu or cuda")
     gen.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
-    gen.add_argument("--moe-backend", choices=MOE_BACKENDS, default="auto",
-                     help="fused-MoE implementation (auto: triton on CUDA, torch on the CPU)")
-    gen.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
-                     help="paged attention (auto: triton on CUDA, torch on the CPU)")
-    gen.add_argument("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
     gen.add_argument("--json", action="store_true", help="print one JSON object with tokens, text and stats")
-    gen.add_argument("--record-routing", default=None, metavar="FILE", help="write the routed experts (.npz/.jsonl)")
 
     srv = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
-    srv.add_argument("--model", required=True, help="checkpoint directory, or 'demo' for the built-in tiny MoE")
+    _add_engine_args(srv, "write the routed experts at shutdown")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     srv.add_argument("--port", type=_port, default=8000, help="port to bind (0: any free port)")
-    srv.add_argument("--mode", choices=MODES, default="paged")
-    srv.add_argument("--expert-cap", type=int, default=None, help="scratch slots per MoE layer (paged mode)")
     kv = srv.add_mutually_exclusive_group()
     kv.add_argument("--kv-blocks", type=_positive_int, default=None, help="KV cache size in blocks")
     kv.add_argument("--kv-bytes", type=parse_size, default=None, help="KV cache size in bytes, e.g. 2GiB, 512MiB, 1e9")
     srv.add_argument("--max-concurrency", type=_positive_int, default=4, help="most requests running at once")
     srv.add_argument("--max-model-len", type=_positive_int, default=None, help="longest prompt + completion, tokens")
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
-    srv.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    srv.add_argument("--moe-backend", choices=MOE_BACKENDS, default="auto",
-                     help="fused-MoE implementation (auto: triton on CUDA, torch on the CPU)")
-    srv.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
-                     help="paged attention (auto: triton on CUDA, torch on the CPU)")
-    srv.add_argument("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
-    srv.add_argument("--record-routing", default=None, metavar="FILE", help="write the routed experts at shutdown")
     sizing = srv.add_mutually_exclusive_group()
     sizing.add_argument("--plan", default=None, metavar="PLAN.json", help="size both pools from `wisp plan` output")
     sizing.add_argument("--vram-budget", type=parse_size, default=None,

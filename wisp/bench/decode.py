@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from wisp.config import ATTENTION_BACKENDS, MODES, MOE_BACKENDS, EngineConfig, ModelConfig, resolve_device
+from wisp.config import MODES, EngineConfig, ModelConfig, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
 from wisp.errors import WispError
@@ -189,7 +189,7 @@ def bench_decode(args) -> list[dict]:
 
 
 def add_parser(sub) -> None:
-    from wisp.cli import parse_size
+    from wisp.cli import add_backend_args, parse_size
 
     bench = sub.add_parser("bench", help="benchmarks")
     kinds = bench.add_subparsers(dest="bench", required=True)
@@ -201,11 +201,8 @@ def add_parser(sub) -> None:
     dec.add_argument("--prompt-len", type=int, default=128)
     dec.add_argument("--decode-tokens", type=int, default=128)
     dec.add_argument("--temperature", type=float, default=0.0)
-    dec.add_argument("--device", default="auto")
     dec.add_argument("--dtype", default=None)
-    dec.add_argument("--moe-backend", choices=MOE_BACKENDS, default="auto")
-    dec.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
-    dec.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    add_backend_args(dec)
     dec.add_argument("--routing-trace", default=None, metavar="FILE",
                      help="replay these recorded expert choices during decode (benchmark only)")
     dec.add_argument("--vram-budget", type=parse_size, default=None, help="size paged runs' cap from this VRAM budget")

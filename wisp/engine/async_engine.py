@@ -143,9 +143,9 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: "LLMEngine", observers: list[RequestObserver] | None = None):
+    def __init__(self, engine: "LLMEngine"):
         self.engine = engine  # touch only its immutable facts (tokenizer, chat template, limits) off-thread
-        self._observers: list[RequestObserver] = list(observers or [])
+        self._observers: list[RequestObserver] = []  # add_observer
         self._cond = threading.Condition()
         self._commands: deque[_Add | _Abort] = deque()
         self._stopping = False
@@ -165,7 +165,7 @@ class AsyncEngine:
 
     @property
     def special_tokens(self) -> dict:
-        return dict(getattr(self.engine, "special_tokens", None) or {})
+        return dict(self.engine.special_tokens)
 
     @property
     def max_model_len(self) -> int:

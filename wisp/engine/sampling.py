@@ -51,8 +51,9 @@ class Sampler:
         if p.temperature == 0:
             return int(torch.argmax(logits).item())
         logits = logits.float().cpu()
-        logits = (logits - logits.max()) / p.temperature  # max first: a tiny temperature cannot overflow
-        if not torch.isfinite(logits.max()):  # all -inf after scaling cannot happen; NaN logits can
+        top = logits.max()
+        logits = (logits - top) / p.temperature  # max first: a tiny temperature cannot overflow
+        if not torch.isfinite(top):  # NaN or infinite logits (the shifted max is 0 exactly when top is finite)
             return int(torch.argmax(logits).item())
         if p.top_k:
             kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]

@@ -73,6 +73,14 @@ class _SamplingRequest(BaseModel):
             raise ValueError(f"n={v} is not supported: wisp returns exactly one choice per request (use n=1)")
         return v
 
+    # fields of the two request kinds (check_fields=False: each kind has only some of them)
+    @field_validator("echo", "logprobs", "suffix", "top_logprobs", "tools", check_fields=False)
+    @classmethod
+    def _unsupported(cls, v, info):
+        if v:
+            raise ValueError(f"{info.field_name} is not supported")
+        return v
+
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
     def _no_penalty(cls, v: float | None) -> float | None:
@@ -140,13 +148,6 @@ class CompletionRequest(_SamplingRequest):
             raise ValueError("prompt is empty")
         return v
 
-    @field_validator("echo", "logprobs", "suffix")
-    @classmethod
-    def _unsupported(cls, v, info):
-        if v:
-            raise ValueError(f"{info.field_name} is not supported")
-        return v
-
     @field_validator("best_of")
     @classmethod
     def _best_of(cls, v):
@@ -188,13 +189,6 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     response_format: ResponseFormat | None = None
-
-    @field_validator("logprobs", "top_logprobs", "tools")
-    @classmethod
-    def _unsupported(cls, v, info):
-        if v:
-            raise ValueError(f"{info.field_name} is not supported")
-        return v
 
     @field_validator("response_format")
     @classmethod
