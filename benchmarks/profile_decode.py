@@ -6,7 +6,6 @@ python benchmarks/profile_decode.py --model qwen3-30b-a3b --layers 8 --mode resi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import torch
 from torch.profiler import ProfilerActivity, profile

@@ -14,15 +14,17 @@ from pathlib import Path
 import torch
 
 from wisp.cli import parse_size
-from wisp.config import ModelConfig, parse_dtype, resolve_device
+from wisp.config import EngineConfig, ModelConfig, parse_dtype, resolve_device
 from wisp.errors import WispError
-from wisp.models.presets import PRESETS, preset
-from wisp.models.source import resolve_model_path
+from wisp.models.presets import PRESETS
 from wisp.trace.policies import OUT_OF_DOMAIN, POLICIES
 
 
 def model_shape(name: str, dtype: str | None = None) -> ModelConfig:
-    cfg = ModelConfig.from_hf(preset(name)) if name in PRESETS else ModelConfig.from_dir(resolve_model_path(name))
+    """A model's config without its weights: a preset, 'demo', a folder or a hub id (as the engine resolves it)."""
+    from wisp.engine.engine import model_source
+
+    cfg = model_source(EngineConfig(model=name, load_format="dummy"))[1]
     override = parse_dtype(dtype)
     if override is not None:
         from dataclasses import replace
@@ -160,13 +162,9 @@ def cmd_sim(args) -> int:
 
 
 def _plot_policies(caps, table, refs, path) -> None:
-    try:
-        import matplotlib
+    from wisp.planner import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise WispError("--plot needs matplotlib: pip install matplotlib") from None
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for p, misses in table.items():
         pts = [(c, 1 - m / refs) for c, m in zip(caps, misses) if m != OUT_OF_DOMAIN]

@@ -23,6 +23,7 @@ import torch
 from wisp.config import ModelConfig
 from wisp.core.budget import SplitProblem, equimarginal_cap, latency, per_layer_caps, split
 from wisp.core.reuse import expert_miss_curve, kv_miss_curve
+from wisp.engine.kv_cache import KVCache
 from wisp.errors import WispError
 from wisp.trace.format import RoutingTrace
 from wisp.trace.kv_trace import KVTrace
@@ -63,7 +64,7 @@ class ModelSizes:
                 mlp += 3 * d * cfg.shared_expert_intermediate_size + d
             per_layer.append(attn + mlp)
         embed = cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2)
-        kv_block = 2 * cfg.num_layers * cfg.num_kv_heads * block_size * hd * el
+        kv_block = KVCache.block_bytes(cfg.num_layers, cfg.num_kv_heads, hd, block_size, cfg.dtype)
         return cls((sum(per_layer) + embed + d) * el, cfg.expert_bytes, len(cfg.moe_layer_ids) * cfg.expert_bytes, kv_block)
 
 
@@ -190,7 +191,8 @@ def write_plan(plan: dict, path: str | Path) -> None:
     Path(path).write_text(json.dumps(public, indent=1))
 
 
-def plot_plan(plan: dict, path: str | Path) -> None:
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, or a WispError saying how to get it (--plot)."""
     try:
         import matplotlib
 
@@ -198,6 +200,11 @@ def plot_plan(plan: dict, path: str | Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise WispError("--plot needs matplotlib: pip install matplotlib") from None
+    return plt
+
+
+def plot_plan(plan: dict, path: str | Path) -> None:
+    plt = pyplot()
     caps, fractions, lat = latency_by_cap(plan)
     exp, kv = plan["_curves"]["expert"], plan["_curves"]["kv"]
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))

@@ -94,7 +94,8 @@ def _ordered_distances(steps: Sequence[Sequence[Hashable]]) -> np.ndarray:
     return out
 
 
-def _expert_sets(steps: Sequence[Sequence[int]], num_experts: int | None) -> list[list[int]]:
+def expert_sets(steps: Sequence[Sequence[int]], num_experts: int | None) -> list[list[int]]:
+    """Each step's distinct expert ids, sorted (checked against [0, num_experts) when it is given)."""
     sets = [sorted({int(e) for e in step}) for step in steps]
     if num_experts is not None:
         for t, s in enumerate(sets):
@@ -110,7 +111,7 @@ def stack_distances(steps: Sequence[Sequence[int]], num_experts: int | None = No
     within a step are one reference, as in `ExpertPager.prepare`). int64 [n]; COLD (-1) marks a first
     reference. With `num_experts`, ids outside [0, num_experts) raise ValueError.
     """
-    return _ordered_distances(_expert_sets(steps, num_experts))
+    return _ordered_distances(expert_sets(steps, num_experts))
 
 
 def miss_curve_from_distances(distances: np.ndarray, max_c: int) -> np.ndarray:

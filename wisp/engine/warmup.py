@@ -59,8 +59,7 @@ def plan_from_warmup(engine: LLMEngine, vram_budget: int, tokens: int = 32) -> d
         while engine.has_unfinished():
             engine.step()
     finally:
-        engine.model.routing_hook = None
-        engine.step_hooks.remove(recorder.begin_step)
+        recorder.detach(engine)
     inputs = PlanInputs(vram_budget, engine.config.max_concurrency, engine.max_model_len, engine.config.kv_block_size,
                         recompute_cost=beta)
     plan = make_plan(cfg, inputs, recorder.trace(), None, engine.device)

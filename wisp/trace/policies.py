@@ -35,14 +35,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from wisp.core.reuse import expert_miss_curve
+from wisp.core.reuse import expert_miss_curve, expert_sets
 
 POLICIES = ("lru", "opt", "lfu", "static")
 OUT_OF_DOMAIN = -1  # miss_table's entry where a demand policy cannot run (C < largest step set)
 
 
 def _sets(steps: Sequence[Sequence[int]]) -> list[list[int]]:
-    sets = [sorted({int(e) for e in s}) for s in steps]
+    sets = expert_sets(steps, None)
     if any(s and s[0] < 0 for s in sets):
         raise ValueError("expert ids must be >= 0")
     return sets

@@ -56,3 +56,8 @@ class RoutingRecorder:
         engine.model.routing_hook = self.record
         engine.step_hooks.append(self.begin_step)
         return self
+
+    def detach(self, engine) -> None:
+        """Undo `attach`: the engine runs unrecorded again (what was recorded stays readable)."""
+        engine.model.routing_hook = None
+        engine.step_hooks.remove(self.begin_step)
