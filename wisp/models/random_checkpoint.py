@@ -11,6 +11,7 @@ created on first use under $WISP_CACHE (default ~/.cache/wisp).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -131,20 +132,12 @@ def write_random_checkpoint(raw_config: dict[str, Any], path: str | Path, seed: 
     cfg = ModelConfig.from_hf(raw_config)
     n_shards = cfg.num_layers + 1
     weight_map: dict[str, str] = {}
-    shards: dict[int, dict[str, torch.Tensor]] = {}
-
-    def flush(k: int) -> None:
-        tensors = shards.pop(k)
-        name = f"model-{k + 1:05d}-of-{n_shards:05d}.safetensors"
-        save_file(tensors, str(path / name), metadata={"format": "pt"})
-        weight_map.update({key: name for key in tensors})
-
-    for k, name, shape, std in tensor_specs(cfg):
-        if k not in shards and shards:
-            flush(next(iter(shards)))
-        shards.setdefault(k, {})[name] = random_tensor(name, shape, std, seed, cfg.dtype, device).cpu().contiguous()
-    for k in list(shards):
-        flush(k)
+    for k, specs in itertools.groupby(tensor_specs(cfg), key=lambda spec: spec[0]):  # one shard in memory at a time
+        tensors = {name: random_tensor(name, shape, std, seed, cfg.dtype, device).cpu().contiguous()
+                   for _, name, shape, std in specs}
+        shard = f"model-{k + 1:05d}-of-{n_shards:05d}.safetensors"
+        save_file(tensors, str(path / shard), metadata={"format": "pt"})
+        weight_map.update({key: shard for key in tensors})
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     (path / "config.json").write_text(json.dumps(raw_config, indent=1))
     return path
