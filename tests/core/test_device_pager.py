@@ -44,7 +44,7 @@ def same_state(host: ExpertPager, dev: ExpertPager) -> None:
 
 
 @pytest.mark.parametrize("n,c,k,t", [(8, 2, 2, 1), (16, 4, 4, 1), (64, 16, 8, 2), (128, 16, 8, 2), (60, 13, 4, 3),
-                                     pytest.param(128, 128, 8, 4, marks=pytest.mark.skipif(not ON_GPU, reason="slow interpreted"))])
+                                     (128, 128, 8, 4)])
 @pytest.mark.parametrize("sync_every", [1, 7])
 def test_device_decision_equals_host(n, c, k, t, sync_every):
     rng = random.Random(n * 1000 + c)

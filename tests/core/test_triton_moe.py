@@ -1,8 +1,10 @@
-"""The Triton fused-MoE kernel against the float64 oracle and the torch reference (GPU machine only).
+"""The Triton fused-MoE kernel against the float64 oracle and the torch reference.
 
 Parametrised over token counts, expert counts and top-k with random expert maps (vLLM's fused_moe test
 pattern); bitwise slot invariance and batch invariance; -1 entries skipped; CUDA-graph replay with the
-map and the scratch rewritten between replays.
+map and the scratch rewritten between replays. Compiled on the GPU; on the CPU Triton's interpreter runs
+the same kernels on the smaller shapes (logic; the GPU run checks the compiled bits), and graph replay is
+GPU-only.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import torch
 
 from wisp.core.moe import fused_moe, reference_moe
 
-if not torch.cuda.is_available():
-    pytest.skip("the Triton kernel needs a CUDA device (run on the GPU machine)", allow_module_level=True)
 triton_moe = pytest.importorskip("wisp.core.triton_moe")
-CUDA = torch.device("cuda")
+GPU = torch.cuda.is_available()
+CUDA = torch.device("cuda" if GPU else "cpu")  # where the kernel runs (the interpreter's CPU tensors off the GPU)
+SHAPES = [(8, 2), (64, 8), (128, 8), (16, 1)] if GPU else [(8, 2), (16, 1)]  # interpreted: 1-11 s a case
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
 
@@ -41,8 +43,8 @@ def permuted(gu, dn, n, extra=3, seed=1):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("t", [1, 3, 17, 40])
-@pytest.mark.parametrize("n, k", [(8, 2), (64, 8), (128, 8), (16, 1)])
+@pytest.mark.parametrize("t", [1, 3, 17, 40] if GPU else [1, 3, 17])
+@pytest.mark.parametrize("n, k", SHAPES)
 def test_matches_oracle_and_reference(t, n, k, dtype):
     hidden, gu, dn, ids, w = problem(t, n, k, dtype=dtype, seed=t * 100 + n)
     sgu, sdn, emap = permuted(gu, dn, n)
@@ -70,6 +72,7 @@ def test_minus_one_skips_the_term():
     assert torch.equal(out, ref)
 
 
+@pytest.mark.skipif(not GPU, reason="CUDA graphs need the GPU machine")
 def test_cuda_graph_replay_follows_the_map_and_the_scratch():
     n, c, k = 16, 6, 2
     hidden, gu, dn, ids, w = problem(1, n, k)
