@@ -147,3 +147,45 @@ def test_linear_many_pads_once_and_gives_the_same_bits(t, seed):
     got = rows.linear_many(x, ws, [None, bias, None])
     want = [rows.linear(x, ws[0]), rows.linear(x, ws[1], bias), rows.linear(x, ws[2])]
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+# -- elementwise ops: the SIMD-tail effect (module docstring, third effect) -------------------------
+# Each op the models apply elementwise, as they call it. On this project's CPUs a plain F.silu or
+# torch.sigmoid / cos / rsqrt of a [1, W] row and of the same row inside [T, W] differ for W = 24, 40,
+# 100 (AVX2) and 48 (AVX-512): the row lands in the vector body or the scalar tail by T.
+POINTWISE_OPS = {
+    "silu_mul": lambda a, b: rows.silu_mul(a, b),
+    "sigmoid": lambda a, b: rows.pointwise(torch.sigmoid, a),
+    "cos": lambda a, b: rows.pointwise(torch.cos, a),
+    "sin": lambda a, b: rows.pointwise(torch.sin, a),
+    "rsqrt": lambda a, b: rows.pointwise(torch.rsqrt, a.abs() + 1e-3),
+    "softmax": lambda a, b: torch.softmax(a, dim=-1, dtype=torch.float32),  # the router: a per-row kernel
+}
+
+
+@pytest.mark.parametrize("op", sorted(POINTWISE_OPS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [1, 24, 40, 48, 100])
+@settings(max_examples=12, deadline=None)
+@given(t=st.integers(1, 20), seed=st.integers(0, 2**31 - 1))
+def test_elementwise_ops_are_row_invariant(op, dtype, width, t, seed):
+    fn = POINTWISE_OPS[op]
+    a, b = randn((t, width), dtype, seed) * 4.0, randn((t, width), dtype, seed + 1)
+    whole = fn(a, b)
+    assert whole.shape == (t, width)
+    singles = torch.cat([fn(a[i : i + 1], b[i : i + 1]) for i in range(t)])
+    assert torch.equal(whole, singles)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 2048, 2049, 5000])
+def test_pointwise_equals_the_op_up_to_its_tail(dtype, n):
+    """pointwise(fn, x) is fn(x) (close; bitwise where fn's own call has no tail), in x's shape."""
+    x = randn((n,), dtype, n) * 3.0
+    got = rows.pointwise(torch.sigmoid, x)
+    assert got.shape == x.shape and got.dtype == dtype
+    torch.testing.assert_close(got, torch.sigmoid(x))
+    if n % 64 == 0 and 0 < n <= 2048:
+        assert torch.equal(got, torch.sigmoid(x))
+    y = randn((3, 5, 7), dtype, 1)
+    assert torch.equal(rows.pointwise(torch.mul, y, y), y * y)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wisp.core.rows import map_row_tiles, tile_linear
+from wisp.core.rows import map_row_tiles, silu_mul, tile_linear
 
 
 def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
@@ -26,7 +26,7 @@ def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -
 
     def tile_fn(tile: torch.Tensor) -> torch.Tensor:
         gate, up = tile_linear(tile, w_gate_up).chunk(2, dim=-1)  # [R, I] each
-        return tile_linear(F.silu(gate) * up, w_down)  # [R, D]
+        return tile_linear(silu_mul(gate, up), w_down)  # [R, D]
 
     return map_row_tiles(x, tile_fn)
 

@@ -10,8 +10,20 @@ A second effect: some CPU float32 GEMM kernels reduce a row differently by its p
 when the inner dimension is not a multiple of 4. `tile_linear` zero-pads such an inner dimension to a
 multiple of 8 (exact: the added products are zeros); real models' widths never need it.
 
+A third: CPU elementwise kernels (silu, sigmoid, exp, cos, rsqrt, ...) run a vector body over the
+flattened tensor and a scalar tail over the last `numel % step` elements (step = 2 x the SIMD width:
+16 floats on AVX2, 32 on AVX-512), and split big tensors between threads at boundaries that follow
+`numel`. The body and the tail compute a transcendental function differently, so whether a row's
+elements fall in the tail depends on how many rows share the call and on the machine's vector width.
+`pointwise` therefore feeds such ops only contiguous calls of a multiple of `POINTWISE_STEP` elements
+(a whole number of vector steps on any x86 or Arm SIMD width) and at most `POINTWISE_BLOCK` elements
+(below ATen's parallel grain), so every element runs through the same vector code, single-threaded,
+whatever shares its call. Exact ops (+, -, *, /, casts, max) need none of this: IEEE rounds them the
+same in every lane.
+
 Invariant (tested): for any x and any split of its rows into consecutive chunks,
-`op(x) == cat([op(chunk) for chunk])` with torch.equal.
+`op(x) == cat([op(chunk) for chunk])` with torch.equal, on every CPU, for every op here and for
+`pointwise` of each transcendental the models use.
 """
 
 from __future__ import annotations
@@ -22,6 +34,8 @@ import torch
 import torch.nn.functional as F
 
 ROW_TILE = 16
+POINTWISE_STEP = 64  # elements: a multiple of every CPU SIMD loop step (2 x 512-bit of bf16 = 64)
+POINTWISE_BLOCK = 2048  # elements per call: <= ATen's smallest parallel grain for unary math (2048)
 
 
 def pad_rows(x: torch.Tensor) -> torch.Tensor:
@@ -60,12 +74,33 @@ def linear_many(x: torch.Tensor, weights, biases=None) -> list[torch.Tensor]:
     return [linear(xp, w, b)[:t] for w, b in zip(weights, biases)]
 
 
+def pointwise(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
+    """fn(*xs) for an elementwise fn of same-shaped tensors, each element computed by the same code
+    whatever else is in the tensor (see the module docstring). On the CPU the inputs are flattened,
+    zero-padded to a multiple of POINTWISE_STEP and fed to fn in calls of at most POINTWISE_BLOCK
+    elements; elsewhere (CUDA kernels apply one function per element) fn runs once on the whole."""
+    x0 = xs[0]
+    if x0.device.type != "cpu":
+        return fn(*xs)
+    n = x0.numel()
+    pad = (-n) % POINTWISE_STEP if n else POINTWISE_STEP
+    flat = [F.pad(x.reshape(-1), (0, pad)) for x in xs]
+    outs = [fn(*(f[i : i + POINTWISE_BLOCK] for f in flat)) for i in range(0, n + pad, POINTWISE_BLOCK)]
+    out = torch.cat(outs) if len(outs) > 1 else outs[0]
+    return out[:n].view(x0.shape)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, elementwise and row-invariant (the gated MLP's activation)."""
+    return pointwise(lambda g, u: F.silu(g) * u, gate, up)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim in float32, cast back, times weight (the HF formula); row-invariant."""
 
     def norm(tile: torch.Tensor) -> torch.Tensor:
         h = tile.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        h = h * pointwise(torch.rsqrt, h.pow(2).mean(-1, keepdim=True) + eps)
         return weight * h.to(tile.dtype)
 
     return map_row_tiles(x, norm)

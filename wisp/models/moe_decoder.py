@@ -89,7 +89,7 @@ class LayerWeights:
 
 
 def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
-    return rows.linear(F.silu(rows.linear(x, w.gate)) * rows.linear(x, w.up), w.down)
+    return rows.linear(rows.silu_mul(rows.linear(x, w.gate), rows.linear(x, w.up)), w.down)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -142,7 +142,8 @@ class MoEDecoder:
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
-        return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
+        cos, sin = rows.pointwise(torch.cos, emb), rows.pointwise(torch.sin, emb)  # row-invariant on the CPU
+        return cos.to(self.dtype)[:, None, :], sin.to(self.dtype)[:, None, :]
 
     def attention(self, li: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv) -> torch.Tensor:
         cfg, w = self.config, self.layers[li].attn
@@ -179,7 +180,7 @@ class MoEDecoder:
         store = self.experts[li]
         out = store.forward_static(x, topk_ids, topk_weights) if static else store.forward(x, topk_ids, topk_weights)
         if lw.shared is not None:
-            gate = torch.sigmoid(rows.linear(x, lw.shared_gate))
+            gate = rows.pointwise(torch.sigmoid, rows.linear(x, lw.shared_gate))  # [T, 1]
             out = out + gate * mlp(x, lw.shared)
         return out
 
