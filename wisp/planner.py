@@ -102,9 +102,9 @@ def estimate_recompute_cost(cfg: ModelConfig, device: torch.device) -> float:
 def layer_curves(trace: RoutingTrace, cfg: ModelConfig) -> list[np.ndarray]:
     """Per model MoE layer: misses per token for C = 0..N (trace layers reused cyclically if fewer).
 
-    Each token is its own step here. A recorded step (a prefill, a batched decode) can route to more
-    experts than C, and the pager then runs it in token groups that fit; one token per step is the finest
-    such grouping and keeps the curve a real pager replay for every C >= top_k."""
+    Each token is its own step here: the batch-1 decode view the plan prices. (A recorded wide step, a
+    prefill chunk, is one pager step too, run expert-major, and `expert_miss_curve` of the recorded
+    steps replays it exactly; per token, reuse inside a prefill counts as decode reuse.)"""
     if trace.num_experts > cfg.num_experts:
         raise WispError(f"the routing trace has {trace.num_experts} experts but the model has {cfg.num_experts}")
     curves = [expert_miss_curve(trace.steps(layer, per_token=True), cfg.num_experts) / max(trace.num_tokens, 1)

@@ -1,4 +1,4 @@
-"""Expert stores: resident, paged (any capacity, including the token-grouping path) and offload return
+"""Expert stores: resident, paged (any capacity, including the expert-major wide path) and offload return
 torch.equal outputs for the same routing, and keep their counters and device-byte accounting.
 """
 
@@ -9,7 +9,6 @@ import torch
 
 from wisp.core.experts import DOWN, GATE_UP, LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts
 from wisp.core.moe import fused_moe
-from wisp.core.pager import plan_groups
 
 D, I = 16, 8
 
@@ -34,7 +33,7 @@ def test_modes_are_byte_identical(dtype, n, k):
     paged = [PagedExperts(host, cap, "cpu") for cap in sorted({k, n // 2, n})]
     buffer = LayerBuffer(host, torch.device("cpu"))
     offload = OffloadExperts(host, buffer, owns_buffer=True)
-    grouped = False
+    wide = False
     for step, t in enumerate([40, 1, 1, 7, 1, 23, 1]):  # prefill-like and decode-like batches
         _, hidden, ids, weights = make(n, t, k, 100 + step, dtype)
         ref = resident.forward(hidden, ids, weights)
@@ -42,22 +41,22 @@ def test_modes_are_byte_identical(dtype, n, k):
         for store in paged:
             assert torch.equal(store.forward(hidden, ids, weights), ref), store.pager.capacity
             store.pager.check_integrity()
-            grouped |= len(torch.unique(ids)) > store.pager.capacity
+            wide |= len(torch.unique(ids)) > store.pager.capacity
         assert torch.equal(offload.forward(hidden, ids, weights), ref)
-    assert grouped  # the plan_groups path ran
+    assert wide  # the expert-major path ran
 
 
-def test_paged_counters_follow_groups():
+def test_a_wide_step_counts_one_step_and_loads_each_miss_once():
     n, k, cap = 8, 2, 2
     host, hidden, ids, weights = make(n, 30, k, 1, torch.float32)
     store = PagedExperts(host, cap, "cpu")
     store.forward(hidden, ids, weights)
-    groups = plan_groups(ids.tolist(), cap)
-    assert len(groups) > 1
+    distinct = len(torch.unique(ids))
+    assert distinct > cap
     c = store.counters
-    assert c.steps == len(groups)
-    assert c.hits + c.misses == sum(len(torch.unique(ids[a:b])) for a, b in groups)
+    assert (c.steps, c.hits, c.misses, c.loads, c.evictions) == (1, 0, distinct, distinct, 0)
     assert c.bytes_h2d == c.misses * store.pager.expert_bytes
+    assert store.pager.resident_experts() == sorted(torch.unique(ids).tolist())[-cap:]
     assert store.device_bytes == cap * (2 * I * D + D * I) * 4
 
 

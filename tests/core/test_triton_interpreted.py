@@ -92,3 +92,28 @@ def test_router_breaks_ties_toward_the_lower_id():
 
     logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 1.0]], device=DEV)
     assert triton_route(logits, 3, False, torch.float32)[1].tolist() == [[1, 3, 2]]
+
+
+@pytest.mark.parametrize("cap", [2, 3, 5])
+def test_expert_major_wide_step_equals_the_resident_kernel(cap):
+    """The wide path with the Triton family (hits by map, one launch pair per streamed or loaded expert,
+    combine) gives the resident Triton kernel's bits, on the GPU with the side copy stream."""
+    from wisp.core.experts import DOWN, GATE_UP, PagedExperts
+    from wisp.core.kernels import moe_kernels
+
+    g = torch.Generator().manual_seed(cap)
+    n, k, t, d, i = 8, 2, 9, 72, 40
+    host = {GATE_UP: torch.randn(n, 2 * i, d, generator=g) * 0.1, DOWN: torch.randn(n, d, i, generator=g) * 0.1}
+    if DEV.type == "cuda":
+        host = {name: w.pin_memory() for name, w in host.items()}
+    store = PagedExperts(host, cap, DEV)
+    store.kernels = moe_kernels("triton")
+    bank = {name: w.to(DEV) for name, w in host.items()}
+    for step in range(3):
+        hidden = torch.randn(t, d, generator=g).to(DEV)
+        ids = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(t)]).to(DEV)
+        w = torch.softmax(torch.randn(t, k, generator=g), -1).to(DEV)
+        want = triton_fused_moe(hidden, bank[GATE_UP], bank[DOWN], ids, w)
+        assert len(torch.unique(ids)) > cap
+        assert torch.equal(store.forward(hidden, ids, w), want), step
+    store.pager.check_integrity()

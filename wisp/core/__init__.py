@@ -6,7 +6,7 @@ other front ends (a vLLM plug-in, a transformers adapter) can reuse it alone.
 
 from wisp.core.experts import ExpertCounters, ExpertStore, OffloadExperts, PagedExperts, ResidentExperts
 from wisp.core.moe import fused_moe
-from wisp.core.pager import ExpertPager, plan_groups
+from wisp.core.pager import ExpertPager
 
 __all__ = [
     "ExpertCounters",
@@ -16,5 +16,4 @@ __all__ = [
     "PagedExperts",
     "ResidentExperts",
     "fused_moe",
-    "plan_groups",
 ]

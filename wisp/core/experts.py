@@ -2,8 +2,8 @@
 
 Four modes share one contract, `ExpertStore.forward(hidden, topk_ids, topk_weights) -> [T, D]`:
 - `ResidentExperts`: the whole bank on the device, expert_map = identity;
-- `PagedExperts`: an `ExpertPager` of C slots; when a batch's expert union exceeds C, its tokens are
-  split into consecutive groups that fit (`plan_groups`), run in order, written back in token order;
+- `PagedExperts`: an `ExpertPager` of C slots; a step whose expert union fits runs once through the
+  map; a wider one runs expert-major (`wisp.core.expert_major`): each missing expert is copied once;
 - `OffloadExperts`: the baseline of layer offload (vLLM --cpu-offload-gb without UVA, accelerate):
   every forward copies all N experts of the layer into one layer-sized device buffer shared by layers;
 - `ZeroCopyExperts`: no device copy at all: the kernel reads the routed experts in place from the pinned
@@ -23,31 +23,21 @@ batch-invariant), so modes can be swapped without changing a single token.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable
-
 import torch
 
 from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_many
-from wisp.core.moe import fused_moe
-from wisp.core.pager import ExpertPager, expert_bytes, plan_groups
-
-GATE_UP, DOWN = "gate_up", "down"
-MoEFn = Callable[..., torch.Tensor]  # fused_moe's signature
-
-
-def moe_function(backend: str) -> MoEFn:
-    """The fused-MoE implementation for a backend name ("torch" reference or "triton")."""
-    if backend == "triton":
-        from wisp.core.triton_moe import triton_fused_moe
-
-        return triton_fused_moe
-    return fused_moe
+from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, run_wide_step
+from wisp.core.kernels import TORCH_KERNELS, MoEKernels
+from wisp.core.pager import ExpertPager, expert_bytes
 
 
 class ExpertStore(ABC):
     mode: str
     counters: ExpertCounters
-    moe_fn: MoEFn = staticmethod(fused_moe)
+    kernels: MoEKernels = TORCH_KERNELS  # the loader sets the backend's family
+
+    def moe_fn(self, *args) -> torch.Tensor:
+        return self.kernels.fused(*args)
 
     @abstractmethod
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor: ...
@@ -120,8 +110,10 @@ class ResidentExperts(ExpertStore):
 class PagedExperts(ExpertStore):
     mode = "paged"
 
-    def __init__(self, host: dict[str, torch.Tensor], capacity: int, device: torch.device):
+    def __init__(self, host: dict[str, torch.Tensor], capacity: int, device: torch.device,
+                 staging: StagingBuffers | None = None):
         self.pager = ExpertPager(host, capacity, device)
+        self.staging = staging  # shared by a model's layers; made on the first wide step if not given
 
     @property
     def counters(self) -> ExpertCounters:
@@ -140,18 +132,14 @@ class PagedExperts(ExpertStore):
 
     def forward(self, hidden, topk_ids, topk_weights):
         pager = self.pager
-        distinct = _distinct(topk_ids)
+        counts = torch.bincount(topk_ids.reshape(-1), minlength=pager.num_experts).tolist()  # the one host read
+        distinct = [e for e, c in enumerate(counts) if c]
         if len(distinct) <= pager.capacity:
             expert_map = pager.prepare(distinct)
             return self.moe_fn(hidden, pager.scratch[GATE_UP], pager.scratch[DOWN], topk_ids, topk_weights, expert_map)
-        out = torch.empty_like(hidden)
-        for start, end in plan_groups(topk_ids.tolist(), pager.capacity):
-            ids = topk_ids[start:end]
-            expert_map = pager.prepare(_distinct(ids))
-            out[start:end] = self.moe_fn(
-                hidden[start:end], pager.scratch[GATE_UP], pager.scratch[DOWN], ids, topk_weights[start:end], expert_map
-            )
-        return out
+        if self.staging is None:
+            self.staging = StagingBuffers(pager.host, pager.device)
+        return run_wide_step(pager, self.staging, self.kernels, hidden, topk_ids, topk_weights, distinct, counts)
 
     def forward_static(self, hidden, topk_ids, topk_weights):
         pager = self.pager

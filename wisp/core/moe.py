@@ -40,7 +40,21 @@ def fused_moe(
     expert_map: torch.Tensor | None = None,  # [N] int, logical -> slot or -1; None = identity
 ) -> torch.Tensor:
     t, k = topk_ids.shape
-    per_k = torch.zeros((t, k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T, K, D]
+    per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
+    pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map)
+    return combine_in_routing_order(per_k.view(t, k, -1), topk_weights, hidden.dtype)
+
+
+def pairs_by_map(
+    per_k: torch.Tensor,  # [T*K, D] float32, written for the pairs whose expert has a slot
+    hidden: torch.Tensor,  # [T, D]
+    w_gate_up: torch.Tensor,  # [S, 2I, D]
+    w_down: torch.Tensor,  # [S, D, I]
+    topk_ids: torch.Tensor,  # [T, K]
+    expert_map: torch.Tensor | None,  # [N] logical -> slot or -1 (pair left as it is); None = identity
+) -> None:
+    """Each routed (token, k) pair's expert output, from the slot `expert_map` gives its expert."""
+    k = topk_ids.shape[1]
     flat_ids = topk_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)  # (t, k) pairs grouped by expert, token order inside
     experts, counts = torch.unique(flat_ids, return_counts=True)
@@ -50,11 +64,20 @@ def fused_moe(
     for expert, count, slot in zip(*plan):
         pairs = order[start : start + count]
         start += count
-        if slot < 0:
-            continue
-        y = expert_mlp(hidden[pairs // k], w_gate_up[slot], w_down[slot])  # [M, D]
-        per_k.view(t * k, -1)[pairs] = y.float()
-    return combine_in_routing_order(per_k, topk_weights, hidden.dtype)
+        if slot >= 0:
+            pairs_of_one_expert(per_k, hidden, w_gate_up[slot], w_down[slot], pairs, k)
+
+
+def pairs_of_one_expert(
+    per_k: torch.Tensor,  # [T*K, D] float32
+    hidden: torch.Tensor,  # [T, D]
+    w_gate_up: torch.Tensor,  # [2I, D]: one expert's weights (a slot, or a staging buffer)
+    w_down: torch.Tensor,  # [D, I]
+    pairs: torch.Tensor,  # [M] flat pair indices t * K + k routed to that expert
+    top_k: int,
+) -> None:
+    """per_k[pairs] = the expert's output for each pair's token (the same bits as `fused_moe`'s)."""
+    per_k[pairs] = expert_mlp(hidden[pairs // top_k], w_gate_up, w_down).float()
 
 
 def combine_in_routing_order(per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

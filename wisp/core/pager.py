@@ -8,10 +8,16 @@ The pager owns, for one layer:
   its address never changes (CUDA graphs captured over it stay valid);
 - `tick` (list, C) the LRU clock of each slot (-1: never used).
 
-`prepare(experts)` makes a step's routed experts resident: misses are copied, each expert alone (all of
-its tensors, never the layer), from its host master into a victim slot, on the current stream, so the
-copies are ordered before the kernel that follows. Victims are the least recently used slots that
-the step does not need (empty slots first, in slot order).
+`prepare(experts)` makes a narrow step's routed experts (at most C) resident: misses are copied, each
+expert alone (all of its tensors, never the layer), from its host master into a victim slot, on the
+current stream, so the copies are ordered before the kernel that follows. Victims are the least
+recently used slots that the step does not need (empty slots first, in slot order).
+
+A wide step (more than C distinct experts: a prefill chunk, a big decode batch) is decided by the same
+rule, `decide`, and run expert-major by `wisp.core.expert_major`: its C highest-id experts end in the
+slots (the C most recently touched), its other misses are computed from a staging buffer and not kept.
+Every miss crosses PCIe once per step, and hits and misses are exactly what an LRU cache of C items
+with set-valued steps gives, so `wisp.core.reuse`'s miss curves hold for every C, wide steps included.
 
 Recency is defined exactly so a plain LRU model can replay it: within a step the routed experts are
 touched in ascending id order, each getting the next clock value.
@@ -22,16 +28,29 @@ so a decode step can be one CUDA graph). `use_host()` / `use_device()` hand the 
 when it is already there); each `prepare*` call takes it where it needs it.
 
 Invariants (`check_integrity`): pi[e] == s <=> pi_inv[s] == e; pi_dev == pi; slot s holds exactly the
-bytes of expert pi_inv[s]; an expert routed in the current step is never evicted during it.
+bytes of expert pi_inv[s]; an expert routed in the current step is never evicted before its tokens are
+computed (in a narrow step, never during it).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from wisp.core.counters import ExpertCounters, add_counts, fold_counts
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """What one step does to a layer's slots (`ExpertPager.decide`): `hits` were resident before the
+    step (they run from their slots through the map as it was); `loads` (expert, slot) are misses copied
+    into a slot and kept; `streamed` are misses of a wide step run from a staging buffer, not kept."""
+
+    hits: tuple[int, ...]
+    loads: tuple[tuple[int, int], ...]
+    streamed: tuple[int, ...]
 
 
 class ExpertPager:
@@ -105,46 +124,68 @@ class ExpertPager:
         """Empty every slot (state only; the bytes stay and are never read through the map)."""
         self.use_host()
         self.pi, self.pi_inv, self.tick, self._clock = [-1] * self.num_experts, [-1] * self.capacity, [-1] * self.capacity, 0
-        self._publish_map()
+        self.publish_map()
 
     # -- the host side ------------------------------------------------------------------------------
     def prepare(self, experts: Sequence[int]) -> torch.Tensor:
-        """Make the distinct routed `experts` of one step resident; return pi_dev (the expert_map)."""
+        """Make the distinct routed `experts` of one narrow step (at most C of them) resident; return
+        pi_dev (the expert_map). A wider step runs expert-major (`wisp.core.expert_major`)."""
+        n_need = len(set(int(e) for e in experts))
+        if n_need > self.capacity:
+            raise ValueError(f"step needs {n_need} experts but the scratch has {self.capacity} slots")
+        decision = self.decide(experts)
+        for expert, slot in decision.loads:
+            self.copy_into_slot(expert, slot)
+        if decision.loads:
+            self.publish_map()
+        return self.pi_dev
+
+    def decide(self, experts: Sequence[int]) -> "StepDecision":
+        """One step's LRU decision on the host state (no bytes move here; the caller copies `loads` into
+        their slots, streams `streamed` through staging, and then calls `publish_map`).
+
+        The step's distinct experts are touched in ascending id order, so the C most recently used
+        after it are the step's C highest ids (all of them when they number at most C): those stay in
+        the slots; misses among them are loaded into the least recently used slots holding anything
+        else (empty first, by (tick, slot)); the other misses of a wide step are streamed (computed
+        from a staging buffer, not kept). Each miss crosses PCIe once either way."""
         self.use_host()
         need = sorted(set(int(e) for e in experts))
         if need and not (0 <= need[0] and need[-1] < self.num_experts):
             raise ValueError(f"expert ids must be in [0, {self.num_experts}), got {need}")
-        if len(need) > self.capacity:
-            raise ValueError(f"step needs {len(need)} experts but the scratch has {self.capacity} slots")
+        kept = set(need[-self.capacity :])
+        hits = [e for e in need if self.pi[e] >= 0]
         misses = [e for e in need if self.pi[e] < 0]
-        if misses:
-            needed_slots = {self.pi[e] for e in need if self.pi[e] >= 0}
-            candidates = sorted(
-                (s for s in range(self.capacity) if s not in needed_slots), key=lambda s: (self.tick[s], s)
-            )
-            for expert, slot in zip(misses, candidates):
-                old = self.pi_inv[slot]
-                if old >= 0:
-                    self.pi[old] = -1
-                    self.counters.evictions += 1
-                for name, master in self.host.items():
-                    self.scratch[name][slot].copy_(master[expert], non_blocking=True)
-                self.pi[expert] = slot
-                self.pi_inv[slot] = expert
-            self._publish_map()
+        keep_slots = {self.pi[e] for e in hits if e in kept}
+        victims = sorted((s for s in range(self.capacity) if s not in keep_slots), key=lambda s: (self.tick[s], s))
+        loads = []
+        for expert, slot in zip((e for e in misses if e in kept), victims):
+            old = self.pi_inv[slot]
+            if old >= 0:
+                self.pi[old] = -1
+                self.counters.evictions += 1
+            self.pi[expert] = slot
+            self.pi_inv[slot] = expert
+            loads.append((expert, slot))
         for e in need:
-            self.tick[self.pi[e]] = self._clock
+            if self.pi[e] >= 0:
+                self.tick[self.pi[e]] = self._clock
             self._clock += 1
         c = self.counters
         c.steps += 1
-        c.hits += len(need) - len(misses)
+        c.hits += len(hits)
         c.misses += len(misses)
         c.loads += len(misses)
         c.bytes_h2d += len(misses) * self.expert_bytes
-        return self.pi_dev
+        return StepDecision(tuple(hits), tuple(loads), tuple(e for e in misses if e not in kept))
+
+    def copy_into_slot(self, expert: int, slot: int) -> None:
+        """Copy one expert's tensors from its host master into a slot, on the current stream."""
+        for name, master in self.host.items():
+            self.scratch[name][slot].copy_(master[expert], non_blocking=True)
 
     @torch.inference_mode()
-    def _publish_map(self) -> None:
+    def publish_map(self) -> None:
         # A pinned staging buffer keeps the update asynchronous; it is safe to rewrite because the next
         # prepare() runs after the host has read that step's routing, which waited for this copy.
         self._pi_staging.copy_(torch.tensor(self.pi, dtype=torch.int32))
@@ -172,26 +213,6 @@ class ExpertPager:
 def expert_bytes(host: dict[str, torch.Tensor]) -> int:
     """Bytes of one expert across a bank's [N, ...] tensors."""
     return sum(t[0].numel() * t.element_size() for t in host.values())
-
-
-def plan_groups(token_experts: Sequence[Sequence[int]], capacity: int) -> list[tuple[int, int]]:
-    """Split tokens into consecutive [start, end) groups whose expert unions each fit in `capacity`.
-
-    Greedy: a group grows while its union fits. Each token's own experts must fit (top_k <= capacity).
-    """
-    groups: list[tuple[int, int]] = []
-    start, union = 0, set()
-    for t, experts in enumerate(token_experts):
-        if len(set(experts)) > capacity:
-            raise ValueError(f"token {t} alone routes to {len(set(experts))} experts, more than capacity {capacity}")
-        grown = union | set(experts)
-        if len(grown) > capacity:
-            groups.append((start, t))
-            start, grown = t, set(experts)
-        union = grown
-    if len(token_experts) > start:
-        groups.append((start, len(token_experts)))
-    return groups
 
 
 def use_host_many(pagers: Sequence[ExpertPager]) -> None:

@@ -21,10 +21,12 @@ Hence an item e referenced at step t hits iff its position in the order BEFORE s
 That position is its stack distance:
     d(e, t) = 1 + #{distinct items whose recency is newer than e's}, counted before step t's updates,
 so items of the same step never count against each other. A first reference has infinite distance
-(a cold miss, stored as COLD = -1). Therefore, for every C >= max|S|,
+(a cold miss, stored as COLD = -1). Therefore, for every C >= 1,
     m[C] = #cold references + #{references with d > C}.
-Entries with C < max|S| are still given by that formula but lie outside the pager's domain (the pager
-refuses such a step; `plan_groups` splits it first) -- they are not the misses of any real replay.
+The claim needs no C >= |S|: a wide step (|S| > C) hits exactly its resident members (d <= C), and
+afterwards the cache holds S's C most recent, which is what `ExpertPager.decide` keeps (the step's C
+highest ids; the rest are streamed through staging, `wisp.core.expert_major`). So the curve is the
+pager's at every C, including prefill chunks wider than the scratch.
 
 Computation: each reference gets a fresh clock value; a Fenwick tree over clock values marks the latest
 clock of every item, so d = 1 + (#marks newer than the item's last clock), one O(log n) query; a step
@@ -129,9 +131,8 @@ def miss_curve_from_distances(distances: np.ndarray, max_c: int) -> np.ndarray:
 def expert_miss_curve(steps: Sequence[Sequence[int]], num_experts: int) -> np.ndarray:
     """Exact LRU misses of one MoE layer's step sequence at every capacity: int64 [num_experts + 1].
 
-    m[C] equals `ExpertPager(host, C, ...).counters.misses` after `prepare(step)` for every step, for
-    every C with max_step_set_size <= C <= num_experts. Entries C < max set size (including m[0], the
-    total number of references) follow the same formula but are outside the pager's domain.
+    m[C] equals `ExpertPager(host, C, ...).counters.misses` after `decide(step)` for every step, for
+    every 1 <= C <= num_experts, wide steps included; m[0] is the total number of references.
     """
     return miss_curve_from_distances(stack_distances(steps, num_experts), num_experts)
 

@@ -2,8 +2,9 @@
 
 Three launches:
 1. `_gate_up_act`: one program per (token, k) pair and block of I rows reads the pair's expert through
-   `expert_map` (a -1 slot writes zeros: the term is skipped) and computes silu(gate) * up in float32;
-2. `_down`: one program per pair and block of D rows computes the pair's output rows in float32;
+   `expert_map` and computes silu(gate) * up in float32;
+2. `_down`: one program per pair and block of D rows computes the pair's output rows in float32 (a pair
+   whose expert has no slot, -1, is left as it is: `fused_moe` starts from zeros, so the term is skipped);
 3. `_combine`: one program per (token, block of D) sums weight_k * y_k over k in routing order in
    float32 and casts to hidden's dtype (the contract of `combine_in_routing_order`, in one launch).
 
@@ -12,7 +13,12 @@ data, so a token's output depends only on its own row, routing and expert bytes:
 and slot-invariant by construction (paged == resident bit for bit). Weights may be pinned host tensors
 (zero-copy mode): they are read in place over PCIe through UVA (`wisp.core.uva`), with the same
 arithmetic, so the bits match a device copy. The kernel is a per-pair GEMV, right for decode (a few
-tokens); a prefill re-reads an expert once per token routed to it.
+tokens); a prefill re-reads an expert once per token routed to it (from L2 when the pairs of one
+expert run together).
+
+The same two kernels have a one-expert form (`triton_pairs_of_one_expert`, ONE_EXPERT): programs walk
+a list of pairs all routed to one expert whose weights sit at the given pointer (a slot, or a staging
+buffer of `wisp.core.expert_major`). Per program the arithmetic is the same, so the bits are too.
 """
 
 from __future__ import annotations
@@ -25,12 +31,25 @@ from wisp.core.uva import device_view
 
 
 @triton.jit
-def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, h_ptr, stride_ws, K: tl.constexpr, D: tl.constexpr, I: tl.constexpr,
-                 BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr):
-    pair = tl.program_id(0)
+def _pair_and_slot(ids_ptr, map_ptr, pairs_ptr, ONE_EXPERT: tl.constexpr):
+    """This program's (token, k) pair and its expert's slot. ONE_EXPERT: programs walk a list of pairs
+    all routed to the single expert at the weight pointer (slot 0); else program i is pair i."""
+    row = tl.program_id(0)
+    if ONE_EXPERT:
+        pair = tl.load(pairs_ptr + row)
+        slot = row * 0
+    else:
+        pair = row
+        slot = tl.load(map_ptr + tl.load(ids_ptr + pair))
+    return row, pair, slot
+
+
+@triton.jit
+def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, h_ptr, stride_ws, K: tl.constexpr, D: tl.constexpr,
+                 I: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr, ONE_EXPERT: tl.constexpr):
+    row, pair, slot = _pair_and_slot(ids_ptr, map_ptr, pairs_ptr, ONE_EXPERT)
     ib = tl.program_id(1)
     token = pair // K
-    slot = tl.load(map_ptr + tl.load(ids_ptr + pair))
     rows = ib * BLOCK_I + tl.arange(0, BLOCK_I)
     row_ok = rows < I
     gate = tl.zeros((BLOCK_I,), dtype=tl.float32)
@@ -47,7 +66,7 @@ def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, h_ptr, stride_ws, K: tl.constex
             gate += tl.sum(wg * x[None, :], axis=1)
             up += tl.sum(wu * x[None, :], axis=1)
     h = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(h_ptr + pair.to(tl.int64) * I + rows, h, mask=row_ok)
+    tl.store(h_ptr + row.to(tl.int64) * I + rows, h, mask=row_ok)
 
 
 @triton.jit
@@ -63,23 +82,76 @@ def _combine(y_ptr, w_ptr, out_ptr, K: tl.constexpr, D: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
-def _down(h_ptr, w_ptr, ids_ptr, map_ptr, y_ptr, stride_ws, D: tl.constexpr, I: tl.constexpr, BLOCK_D: tl.constexpr,
-          BLOCK_I: tl.constexpr):
-    pair = tl.program_id(0)
+def _down(h_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, y_ptr, stride_ws, D: tl.constexpr, I: tl.constexpr,
+          BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, ONE_EXPERT: tl.constexpr):
+    row, pair, slot = _pair_and_slot(ids_ptr, map_ptr, pairs_ptr, ONE_EXPERT)
     db = tl.program_id(1)
-    slot = tl.load(map_ptr + tl.load(ids_ptr + pair))
     rows = db * BLOCK_D + tl.arange(0, BLOCK_D)
     row_ok = rows < D
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    if slot >= 0:
+    if slot >= 0:  # a pair without a slot is left as it is
         w = w_ptr + slot.to(tl.int64) * stride_ws
         for i0 in range(0, I, BLOCK_I):
             cols = i0 + tl.arange(0, BLOCK_I)
             col_ok = cols < I
-            h = tl.load(h_ptr + pair.to(tl.int64) * I + cols, mask=col_ok, other=0.0)
+            h = tl.load(h_ptr + row.to(tl.int64) * I + cols, mask=col_ok, other=0.0)
             wd = tl.load(w + rows[:, None] * I + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
             acc += tl.sum(wd.to(tl.float32) * h[None, :], axis=1)
-    tl.store(y_ptr + pair.to(tl.int64) * D + rows, acc, mask=row_ok)
+        tl.store(y_ptr + pair.to(tl.int64) * D + rows, acc, mask=row_ok)
+
+
+BLOCK_I_GATE_UP, BLOCK_D_GATE_UP = 16, 256  # many short programs: a decode step has only t*k pairs
+BLOCK_D_DOWN, BLOCK_I_DOWN = 64, 128
+
+
+def _check_dtypes(hidden: torch.Tensor, *weights: torch.Tensor) -> None:
+    if any(w.dtype != hidden.dtype for w in weights):
+        raise ValueError(f"expert weights ({weights[0].dtype}) and hidden ({hidden.dtype}) must share a dtype")
+
+
+def _launch(per_k, hidden, w_gate_up, w_down, ids, emap, pairs, rows: int, top_k: int, one_expert: bool) -> None:
+    """The two per-pair kernels over `rows` programs: per_k [T*K, D] float32 gets each pair's output."""
+    d, inter = hidden.shape[1], w_down.shape[-1]
+    if rows == 0:
+        return
+    h = torch.empty((rows, inter), dtype=torch.float32, device=hidden.device)
+    _gate_up_act[(rows, triton.cdiv(inter, BLOCK_I_GATE_UP))](
+        hidden, device_view(w_gate_up, hidden.device), ids, emap, pairs, h, w_gate_up.stride(0) if not one_expert else 0,
+        K=top_k, D=d, I=inter, BLOCK_I=BLOCK_I_GATE_UP, BLOCK_D=BLOCK_D_GATE_UP, ONE_EXPERT=one_expert,
+    )
+    _down[(rows, triton.cdiv(d, BLOCK_D_DOWN))](
+        h, device_view(w_down, hidden.device), ids, emap, pairs, per_k, w_down.stride(0) if not one_expert else 0, D=d,
+        I=inter, BLOCK_D=BLOCK_D_DOWN, BLOCK_I=BLOCK_I_DOWN, ONE_EXPERT=one_expert,
+    )
+
+
+def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map) -> None:
+    """`wisp.core.moe.pairs_by_map` in Triton: per_k [T*K, D] float32 gets every pair whose expert has a
+    slot in expert_map [N] (None: identity); the other pairs are left as they are."""
+    t, k = topk_ids.shape
+    _check_dtypes(hidden, w_gate_up, w_down)
+    if expert_map is None:
+        expert_map = torch.arange(w_gate_up.shape[0], dtype=torch.int32, device=hidden.device)
+    ids = topk_ids.reshape(-1).contiguous()  # any integer dtype: the kernels load it as it is
+    emap = expert_map.to(torch.int32).contiguous()
+    _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), ids, emap, ids, t * k, k, False)
+
+
+def triton_pairs_of_one_expert(per_k, hidden, w_gate_up, w_down, pairs, top_k: int) -> None:
+    """`wisp.core.moe.pairs_of_one_expert` in Triton: w_gate_up [2I, D] and w_down [D, I] are one
+    expert's weights (a slot or a staging buffer); pairs [M] the flat pair indices routed to it."""
+    _check_dtypes(hidden, w_gate_up, w_down)
+    pairs = pairs.contiguous()
+    _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), pairs, pairs, pairs, pairs.numel(),
+            top_k, True)
+
+
+def triton_combine(per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`wisp.core.moe.combine_in_routing_order` in one launch: per_k [T, K, D] float32 -> [T, D] dtype."""
+    t, k, d = per_k.shape
+    out = torch.empty((t, d), dtype=dtype, device=per_k.device)
+    _combine[(t, triton.cdiv(d, 1024))](per_k, topk_weights.contiguous(), out, K=k, D=d, BLOCK_D=1024)
+    return out
 
 
 def triton_fused_moe(
@@ -91,23 +163,6 @@ def triton_fused_moe(
     expert_map: torch.Tensor | None = None,  # [N] int32, logical -> slot or -1
 ) -> torch.Tensor:
     t, k = topk_ids.shape
-    d, inter = hidden.shape[1], w_down.shape[2]
-    if expert_map is None:
-        expert_map = torch.arange(w_gate_up.shape[0], dtype=torch.int32, device=hidden.device)
-    if w_gate_up.dtype != hidden.dtype or w_down.dtype != hidden.dtype:
-        raise ValueError(f"expert weights ({w_gate_up.dtype}) and hidden ({hidden.dtype}) must share a dtype")
-    hidden, w_gate_up, w_down = hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
-    ids = topk_ids.reshape(-1).contiguous()  # any integer dtype: the kernels load it as it is
-    emap = expert_map.to(torch.int32).contiguous()
-    h = torch.empty((t * k, inter), dtype=torch.float32, device=hidden.device)
-    y = torch.empty((t * k, d), dtype=torch.float32, device=hidden.device)
-    block_i, block_d = 16, 256  # many short programs: a decode step has only t*k pairs
-    _gate_up_act[(t * k, triton.cdiv(inter, block_i))](
-        hidden, device_view(w_gate_up, hidden.device), ids, emap, h, w_gate_up.stride(0), K=k, D=d, I=inter, BLOCK_I=block_i,
-        BLOCK_D=block_d,
-    )
-    _down[(t * k, triton.cdiv(d, 64))](h, device_view(w_down, hidden.device), ids, emap, y, w_down.stride(0), D=d, I=inter,
-                                       BLOCK_D=64, BLOCK_I=128)
-    out = torch.empty_like(hidden)
-    _combine[(t, triton.cdiv(d, 1024))](y, topk_weights.contiguous(), out, K=k, D=d, BLOCK_D=1024)
-    return out
+    per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
+    triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map)
+    return triton_combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)

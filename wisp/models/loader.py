@@ -28,8 +28,9 @@ from wisp.core.experts import (
     PagedExperts,
     ResidentExperts,
     ZeroCopyExperts,
-    moe_function,
 )
+from wisp.core.expert_major import StagingBuffers
+from wisp.core.kernels import moe_kernels
 from wisp.errors import WispError
 from wisp.models.families import FamilyNames, family_names
 from wisp.models.moe_decoder import AttentionWeights, LayerWeights, MLPWeights, MoEDecoder
@@ -145,6 +146,7 @@ def _load_experts(
     target = device if on_device else torch.device("cpu")
     stores: dict[int, ExpertStore] = {}
     shared_buffer: LayerBuffer | None = None
+    staging: StagingBuffers | None = None  # paged: two expert-sized buffers for wide steps, shared by layers
     moe_ids = cfg.moe_layer_ids
     bar = tqdm(total=len(moe_ids) * ne, desc="Loading experts", unit="expert", file=sys.stderr, disable=None)
     for li in moe_ids:
@@ -168,7 +170,8 @@ def _load_experts(
         if engine.mode == "resident":
             stores[li] = ResidentExperts(bank)
         elif engine.mode == "paged":
-            stores[li] = PagedExperts(bank, caps[li], device)
+            staging = staging or StagingBuffers(bank, device)
+            stores[li] = PagedExperts(bank, caps[li], device, staging)
         elif engine.mode == "zero-copy":
             stores[li] = ZeroCopyExperts(bank, device)
         else:
@@ -177,7 +180,7 @@ def _load_experts(
                 shared_buffer = LayerBuffer(bank, device)
             stores[li] = OffloadExperts(bank, shared_buffer, owns_buffer=owner)
     bar.close()
-    moe_fn = moe_function(engine.resolve_backend("moe", device))
+    kernels = moe_kernels(engine.resolve_backend("moe", device))
     for store in stores.values():
-        store.moe_fn = moe_fn
+        store.kernels = kernels
     return stores

@@ -3,8 +3,9 @@
 Attach with `recorder.attach(engine)`: the model calls `record(layer, topk_ids, topk_weights)` from its
 MoE blocks, and the engine opens a new step before each forward. `trace()` returns a `RoutingTrace`
 whose tokens are in processing order with `step` marking which tokens were computed together (a
-prefill or one batched decode step). Those are the pager's steps whenever a step routes to at most C
-experts; a wider one the pager splits into token groups (`plan_groups`), which the trace does not record.
+prefill chunk, or one batched decode step, or both in one step). Those are the pager's steps at every C:
+a step wider than C runs expert-major as one step (`wisp.core.expert_major`). Graph decode runs in
+device groups of C // top_k tokens instead and is not recorded (a hook needs the host).
 Recording reads the routing back to the host every layer: it is for traces, not for speed.
 """
 

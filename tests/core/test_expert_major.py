@@ -1,0 +1,126 @@
+"""Expert-major wide steps (`wisp.core.expert_major`): against the resident bank and an LRU model.
+
+For random routing streams (hypothesis) whose steps route to more experts than the slots hold:
+- the paged output is torch.equal to the resident one, step by step;
+- each missing expert is copied exactly once per step (copies counted at the copy functions);
+- hits and misses equal `wisp.core.reuse`'s miss curve at the pager's cap, for every cap;
+- after each step the slots hold what a plain LRU cache of C items would (set-valued steps touched in
+  ascending id order), and every pager invariant holds;
+- any split of a batch's tokens into consecutive chunks gives the same bits (chunked prefill).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wisp.core import expert_major
+from wisp.core.experts import DOWN, GATE_UP, PagedExperts, ResidentExperts
+from wisp.core.pager import ExpertPager
+from wisp.core.reuse import expert_miss_curve
+
+D, I = 24, 40  # odd widths: the CPU's SIMD tails would show if any op followed the row count
+
+
+def bank(n, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {GATE_UP: (torch.randn(n, 2 * I, D, generator=g) * 0.3).to(dtype),
+            DOWN: (torch.randn(n, D, I, generator=g) * 0.3).to(dtype)}
+
+
+def batch(n, t, k, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(t, D, generator=g).to(dtype)
+    ids = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(t)])
+    weights = torch.softmax(torch.randn(t, k, generator=g), -1).to(dtype)
+    return hidden, ids, weights
+
+
+def lru_model(steps, cap):
+    """A plain LRU cache of `cap` items fed set-valued steps touched in ascending id order:
+    (hits, misses) per step and the resident set after each."""
+    order: list[int] = []  # least recent first
+    out = []
+    for step in steps:
+        need = sorted(set(step))
+        resident = set(order[-cap:])
+        hits = sum(e in resident for e in need)
+        order = [e for e in order if e not in need] + need
+        out.append((hits, len(need) - hits, sorted(order[-cap:])))
+    return out
+
+
+@st.composite
+def streams(draw):
+    n = draw(st.sampled_from([6, 8, 16]))
+    k = draw(st.integers(1, 4))
+    cap = draw(st.integers(k, n))
+    lengths = draw(st.lists(st.integers(1, 24), min_size=1, max_size=6))
+    return n, k, cap, lengths, draw(st.integers(0, 2**20))
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=streams(), dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_wide_steps_equal_resident_and_the_lru_model(case, dtype):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        check_stream(case, dtype, monkeypatch)
+
+
+def check_stream(case, dtype, monkeypatch):
+    n, k, cap, lengths, seed = case
+    host = bank(n, dtype, seed)
+    resident = ResidentExperts({name: t.clone() for name, t in host.items()})
+    store = PagedExperts(host, cap, "cpu")
+    copies = []
+    real_copy, real_slot_copy = expert_major._copy_expert, ExpertPager.copy_into_slot
+    monkeypatch.setattr(expert_major, "_copy_expert", lambda p, e, dest: (copies.append(e), real_copy(p, e, dest)))
+    monkeypatch.setattr(ExpertPager, "copy_into_slot", lambda p, e, s: (copies.append(e), real_slot_copy(p, e, s)))
+    steps = []
+    model_misses = 0
+    for i, t in enumerate(lengths):
+        hidden, ids, weights = batch(n, t, k, seed + i, dtype)
+        steps.append(ids.reshape(-1).tolist())
+        before = store.counters.misses
+        copies.clear()
+        assert torch.equal(store.forward(hidden, ids, weights), resident.forward(hidden, ids, weights))
+        misses = store.counters.misses - before
+        assert sorted(copies) == sorted(set(copies)) and len(copies) == misses  # each miss copied once
+        hits, model_step_misses, model_resident = lru_model(steps, cap)[-1]
+        assert misses == model_step_misses
+        assert store.pager.resident_experts() == model_resident
+        model_misses += model_step_misses
+        store.pager.check_integrity()
+    c = store.counters
+    assert c.misses == model_misses == expert_miss_curve(steps, n)[cap]
+    assert c.loads == c.misses and c.bytes_h2d == c.misses * store.pager.expert_bytes
+    assert c.steps == len(lengths)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(1, 17), min_size=1, max_size=5), cap=st.integers(2, 8), seed=st.integers(0, 999))
+def test_chunking_a_batch_does_not_change_its_bits(dtype, sizes, cap, seed):
+    n, k = 8, 2
+    host = bank(n, dtype, seed)
+    hidden, ids, weights = batch(n, sum(sizes), k, seed, dtype)
+    whole = PagedExperts(host, cap, "cpu").forward(hidden, ids, weights)
+    chunked_store = PagedExperts(host, cap, "cpu")
+    parts, at = [], 0
+    for size in sizes:
+        parts.append(chunked_store.forward(hidden[at : at + size], ids[at : at + size], weights[at : at + size]))
+        at += size
+    assert torch.equal(torch.cat(parts), whole)
+
+
+def test_a_wide_step_keeps_the_highest_ids_and_streams_the_rest():
+    n, k, cap = 8, 2, 3
+    host = bank(n, torch.float32)
+    store = PagedExperts(host, cap, "cpu")
+    hidden, _, weights = batch(n, 2, k, 0, torch.float32)
+    store.forward(hidden, torch.tensor([[5, 6], [6, 5]]), weights)  # narrow: 5 and 6 resident
+    decision = store.pager.decide([0, 1, 2, 5, 6])
+    assert decision.hits == (5, 6)
+    assert [e for e, _ in decision.loads] == [2] and decision.streamed == (0, 1)
+    assert store.pager.resident_experts() == [2, 5, 6]

@@ -1,0 +1,104 @@
+"""Expert-major execution of a wide MoE step: more distinct routed experts than the layer has slots.
+
+A prefill chunk (or a large decode batch) may route to far more experts than the C slots hold. Cutting
+its tokens into groups that fit would evict and reload the same experts group after group; instead the
+step runs expert by expert, and each missing expert crosses PCIe exactly once:
+1. `ExpertPager.decide` takes the step's LRU decision: hits, misses loaded into a slot and kept (the
+   step's C highest ids), and misses streamed through a staging buffer;
+2. the hits run from their slots in one `pairs_by_map` launch through the expert_map as it was;
+3. each streamed miss is copied into one of two staging buffers, then its pairs are computed; each kept
+   miss is copied into its slot, then its pairs are computed from there;
+4. the new expert_map is published, and the [T*K, D] pair outputs are summed over k in routing order.
+
+On CUDA the copies run on a side stream in that order, streamed misses first: a copy waits only for the
+last reader of its destination (a staging buffer's previous expert, or, for a slot, the hits launch),
+and each expert's compute waits for its own copy, so the next copy overlaps the current compute
+(double buffering with events, no host sync). On the CPU the same steps run one after another.
+
+Invariant: the output is torch.equal to `fused` over a resident bank (the same per-pair arithmetic,
+the same combine), so resident, narrow paged, expert-major paged and any prefill chunking agree.
+Bytes copied per layer and step = distinct missing experts x expert bytes, never more.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wisp.core.kernels import MoEKernels
+from wisp.core.pager import ExpertPager
+
+GATE_UP, DOWN = "gate_up", "down"
+
+
+class StagingBuffers:
+    """Two expert-sized device buffers shared by every paged layer of a model (layers run one after
+    another), the copy stream, and per buffer the event after which its last reader is done."""
+
+    def __init__(self, like: dict[str, torch.Tensor], device: torch.device):
+        self.device = torch.device(device)
+        self.buffers = [
+            {name: torch.empty(t.shape[1:], dtype=t.dtype, device=self.device) for name, t in like.items()} for _ in range(2)
+        ]
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.free_after: list[torch.cuda.Event | None] = [None, None]
+        self.turn = 0
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for b in self.buffers for t in b.values())
+
+    def take(self) -> int:
+        """The index of the buffer to fill next (they alternate)."""
+        index, self.turn = self.turn, 1 - self.turn
+        return index
+
+
+def run_wide_step(
+    pager: ExpertPager,
+    staging: StagingBuffers,
+    kernels: MoEKernels,
+    hidden: torch.Tensor,  # [T, D]
+    topk_ids: torch.Tensor,  # [T, K]
+    topk_weights: torch.Tensor,  # [T, K]
+    experts: list[int],  # the step's distinct routed experts (already read to the host)
+    counts: list[int],  # [N] pairs routed to each expert
+) -> torch.Tensor:
+    t, k = topk_ids.shape
+    decision = pager.decide(experts)
+    scratch = pager.scratch
+    per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
+    kernels.pairs_by_map(per_k, hidden, scratch[GATE_UP], scratch[DOWN], topk_ids, pager.pi_dev)  # the hits
+    order = torch.argsort(topk_ids.reshape(-1), stable=True)  # [T*K] pairs grouped by expert, token order inside
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    side = staging.stream
+    main = torch.cuda.current_stream(hidden.device) if side is not None else None
+    hits_done = main.record_event() if side is not None else None
+    plan = [(e, None) for e in decision.streamed] + list(decision.loads)
+    for expert, slot in plan:
+        if slot is None:
+            index = staging.take()
+            dest, wait = staging.buffers[index], staging.free_after[index]
+        else:
+            dest, wait = {name: w[slot] for name, w in scratch.items()}, hits_done
+        if side is None:
+            _copy_expert(pager, expert, dest)
+        else:
+            with torch.cuda.stream(side):
+                if wait is not None:
+                    side.wait_event(wait)
+                _copy_expert(pager, expert, dest)
+                copied = side.record_event()
+            main.wait_event(copied)
+        pairs = order[offsets[expert] : offsets[expert + 1]]
+        kernels.pairs_of_one_expert(per_k, hidden, dest[GATE_UP], dest[DOWN], pairs, k)
+        if slot is None and side is not None:
+            staging.free_after[index] = main.record_event()
+    pager.publish_map()
+    return kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
+
+
+def _copy_expert(pager: ExpertPager, expert: int, dest: dict[str, torch.Tensor]) -> None:
+    for name, master in pager.host.items():
+        dest[name].copy_(master[expert], non_blocking=True)
