@@ -16,7 +16,7 @@ import socket
 import sys
 from typing import NoReturn
 
-from wisp.config import ATTENTION_BACKENDS, DTYPES, MODES, MOE_BACKENDS
+from wisp.config import ATTENTION_BACKENDS, DTYPES, MODES, MOE_BACKENDS, EngineConfig
 from wisp.errors import WispError
 
 
@@ -99,6 +99,8 @@ def _add_engine_args(p: argparse.ArgumentParser, record_help: str) -> None:
     p.add_argument("--mode", choices=MODES, default="paged")
     p.add_argument("--expert-cap", type=int, default=None, help="scratch slots per MoE layer (paged mode)")
     add_backend_args(p)
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=EngineConfig.max_num_batched_tokens,
+                   help="tokens per engine step: decodes first, then prefill chunks (a longer prompt is chunked)")
     p.add_argument("--record-routing", default=None, metavar="FILE", help=record_help)
 
 
@@ -149,7 +151,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
     )
     llm = LLM(args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, dtype=args.dtype,
-              moe_backend=args.moe_backend, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
+              moe_backend=args.moe_backend, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
+              max_num_batched_tokens=args.max_num_batched_tokens)
     recorder = _recorder(llm.engine, args.model, args.record_routing) if args.record_routing else None
     out = llm.generate([args.prompt if args.prompt is not None else args.prompt_ids], params)[0]
     if recorder is not None:
@@ -214,6 +217,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             model=args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, kv_blocks=args.kv_blocks,
             kv_bytes=args.kv_bytes, max_concurrency=args.max_concurrency, max_model_len=args.max_model_len,
             moe_backend=args.moe_backend, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
+            max_num_batched_tokens=args.max_num_batched_tokens,
         ))
         if args.plan or args.vram_budget:
             from wisp.engine.warmup import plan_from_file, plan_from_warmup

@@ -211,6 +211,7 @@ class EngineConfig:
     max_concurrency: int = 4  # W: requests running at once, and the promise the floor protects
     max_model_len: int | None = None  # L: prompt + output tokens; default min(max_position_embeddings, 4096)
     enable_prefix_caching: bool = True
+    max_num_batched_tokens: int = 2048  # tokens per step: decodes, then prefill chunks (chunked prefill)
     per_layer_caps: tuple[int, ...] | None = None  # one cap per MoE layer (a plan's uneven caps), paged mode
     moe_backend: str = "auto"  # "torch" (the reference, CPU and CUDA), "triton" (CUDA), auto: triton on CUDA
     attention_backend: str = "auto"  # "torch" (reference) or "triton" (CUDA; same fixed order, one kernel)
@@ -221,10 +222,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.kv_blocks is not None and self.kv_bytes is not None:
             raise WispError("give the KV pool size as --kv-blocks or --kv-bytes, not both")
-        for name in ("kv_block_size", "max_concurrency", "kv_blocks", "kv_bytes", "max_model_len"):
+        for name in ("kv_block_size", "max_concurrency", "kv_blocks", "kv_bytes", "max_model_len", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise WispError(f"{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.max_num_batched_tokens < self.max_concurrency:
+            raise WispError(f"max-num-batched-tokens {self.max_num_batched_tokens} is below --max-concurrency "
+                            f"{self.max_concurrency}: every running request's decode token must fit one step")
         if self.mode not in MODES:
             raise WispError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
         if self.load_format not in ("safetensors", "dummy"):

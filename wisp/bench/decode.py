@@ -100,7 +100,8 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
     t_start = time.perf_counter()
     engine.add_request("bench", prompt, params, strict_length=False)
     seq = engine.requests["bench"]
-    engine.step()  # the prefill samples the first token
+    while seq.first_token_time is None:  # the prefill (chunk by chunk past the step budget) samples the first token
+        engine.step()
     prefill = llm.stats()
     t_first = time.perf_counter()
     if replay is not None:

@@ -70,9 +70,8 @@ class LLMEngine:
         self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bs, num_blocks, cfg.dtype, self.device,
                           attention=config.resolve_backend("attention", self.device))
         self.pool = BlockPool(num_blocks, bs)
-        self.scheduler = Scheduler(
-            self.pool, config.max_concurrency, max(self.max_model_len, 2048), config.enable_prefix_caching
-        )
+        self.scheduler = Scheduler(self.pool, config.max_concurrency, config.max_num_batched_tokens,
+                                   config.enable_prefix_caching)
         self.requests: dict[str, Sequence] = {}
         self.step_hooks: list = []  # called before each forward (e.g. a routing recorder opening a step)
         self.tokens_prefilled = 0
@@ -163,13 +162,15 @@ class LLMEngine:
     # -- the loop -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
+        """One scheduled step; returns an output for each sequence that sampled a token (a prefill chunk
+        that does not reach its prompt's end samples nothing)."""
         batch = self.scheduler.schedule()
         if batch is None:
             return []
         for hook in self.step_hooks:
             hook()
         seqs = batch.seqs
-        if not batch.is_prefill and self.graphs is not None and len(seqs) <= self.graphs.max_batch \
+        if batch.is_decode and self.graphs is not None and len(seqs) <= self.graphs.max_batch \
                 and self.model.routing_hook is None:
             logits = self.graphs.run([s.token_ids[s.num_computed] for s in seqs], [s.num_computed for s in seqs],
                                      [s.block_table for s in seqs])
@@ -179,18 +180,26 @@ class LLMEngine:
         if self.graphs is not None:
             self.model.use_paging_side("host")  # after graph decode: every layer's LRU state in one read
         chunks, tokens = [], []
-        for seq in seqs:
-            ids = seq.token_ids[seq.num_computed :]
-            chunks.append(Chunk(BlockTableKV(self.kv, seq.block_table), seq.num_computed, len(ids)))
+        for seq, n in zip(seqs, batch.num_tokens):
+            ids = seq.token_ids[seq.num_computed : seq.num_computed + n]
+            chunks.append(Chunk(BlockTableKV(self.kv, seq.block_table), seq.num_computed, n))
             tokens.extend(ids)
+            if seq.output_ids and n == 1:
+                self.tokens_decoded += 1
+            else:
+                self.tokens_prefilled += n
         hidden = self.model.forward(torch.tensor(tokens, device=self.device), chunks)
-        last = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
-        logits = self.model.logits(hidden[last.to(self.device)])
-        if batch.is_prefill:
-            self.tokens_prefilled += len(tokens)
-        else:
-            self.tokens_decoded += len(tokens)
-        return [self._postprocess(seq, c.length, row) for seq, c, row in zip(seqs, chunks, logits)]
+        ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
+        sampling = [i for i, (seq, n) in enumerate(zip(seqs, batch.num_tokens)) if seq.num_computed + n == len(seq)]
+        logits = self.model.logits(hidden[ends[sampling].to(self.device)]) if sampling else None
+        outputs = []
+        for i, (seq, n) in enumerate(zip(seqs, batch.num_tokens)):
+            if i not in sampling:  # a prefill chunk short of the prompt's end: KV written, nothing sampled
+                seq.num_computed += n
+                self._register_full_blocks(seq)
+        for row, i in enumerate(sampling):
+            outputs.append(self._postprocess(seqs[i], batch.num_tokens[i], logits[row]))
+        return outputs
 
     def _postprocess(self, seq: Sequence, computed: int, logits: torch.Tensor) -> StepOutput:
         seq.num_computed += computed

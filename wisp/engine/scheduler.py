@@ -1,13 +1,18 @@
-"""Continuous batching over the block pool: which sequences run this step, and with which blocks.
+"""Continuous batching over the block pool with a per-step token budget (chunked prefill).
 
-Each step is either a prefill batch (waiting requests admitted FIFO while the running limit and the
-pool allow, each reusing its longest cached prefix) or, when none can be admitted, one decode token for
-every running request. When a decode needs a block and the pool has none, the most recently admitted
-request is preempted by recompute: its blocks are released (full ones stay cached) and it goes back to
-the front of the queue, to be re-prefilled from prompt + output so far. Nothing is ever dropped.
+Each step computes at most `max_batched_tokens` tokens (vLLM's --max-num-batched-tokens), chosen in
+this order: one token for every running request that is decoding (decodes never wait: they are taken
+even past the budget), then the next chunk of each running request whose prompt is still being
+prefilled, then new requests admitted FIFO while the running limit, the pool and the budget allow (each
+reusing its longest cached prefix). A long prompt is therefore prefilled in chunks, and the requests
+already decoding keep their pace while it is. When a request needs a block and the pool has none, the
+most recently admitted request is preempted by recompute: its blocks are released (full ones stay
+cached) and it goes back to the front of the queue, to be re-prefilled from prompt + output so far.
+Nothing is ever dropped.
 
-Invariant: a running sequence holds ceil(num_tokens_to_compute_through / block_size) blocks after
-`schedule`; a waiting one holds none.
+Invariants: a running sequence holds ceil(len(seq) / block_size) blocks after `schedule` (a prompt's
+blocks are all taken at admission); a waiting one holds none; a step's tokens of one sequence are its
+next `n` uncomputed tokens, and only a step that reaches its last token samples.
 """
 
 from __future__ import annotations
@@ -22,11 +27,18 @@ from wisp.engine.sequence import Sequence, Status
 @dataclass
 class Batch:
     seqs: list[Sequence]
-    is_prefill: bool
+    num_tokens: list[int]  # tokens each sequence computes this step, from its num_computed on
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence computes one token after its first was sampled (a CUDA-graph decode step)."""
+        return all(n == 1 and s.output_ids for s, n in zip(self.seqs, self.num_tokens))
 
 
 class Scheduler:
     def __init__(self, pool: BlockPool, max_running: int, max_batched_tokens: int, prefix_caching: bool = True):
+        if max_batched_tokens < 1:
+            raise ValueError(f"max_batched_tokens must be >= 1, got {max_batched_tokens}")
         self.pool = pool
         self.max_running = max_running
         self.max_batched_tokens = max_batched_tokens
@@ -44,16 +56,27 @@ class Scheduler:
         return -(-n_tokens // self.pool.block_size)
 
     def schedule(self) -> Batch | None:
-        batch = self._admit()
-        if batch:
-            return Batch(batch, is_prefill=True)
-        decodes = self._grow_running()
-        return Batch(decodes, is_prefill=False) if decodes else None
+        running = self._grow_running()
+        pending = {id(s): len(s) - s.num_computed for s in running}
+        decodes = [s for s in running if pending[id(s)] == 1]
+        seqs, counts = list(decodes), [1] * len(decodes)
+        budget = self.max_batched_tokens - len(decodes)
+        for seq in running:
+            if pending[id(seq)] > 1 and budget > 0:
+                n = min(pending[id(seq)], budget)
+                seqs.append(seq)
+                counts.append(n)
+                budget -= n
+        for seq in self._admit(budget):
+            n = min(len(seq) - seq.num_computed, budget)
+            seqs.append(seq)
+            counts.append(n)
+            budget -= n
+        return Batch(seqs, counts) if seqs else None
 
-    def _admit(self) -> list[Sequence]:
+    def _admit(self, budget: int) -> list[Sequence]:
         admitted: list[Sequence] = []
-        tokens = 0
-        while self.waiting and len(self.running) < self.max_running:
+        while self.waiting and len(self.running) < self.max_running and budget > 0:
             seq = self.waiting[0]
             ids = seq.token_ids
             hits, _ = self.pool.match_prefix(ids[:-1]) if self.prefix_caching else ([], None)
@@ -61,8 +84,6 @@ class Scheduler:
             new_tokens = len(ids) - len(hits) * self.pool.block_size
             free_hits = sum(1 for b in hits if self.pool.refcount[b] == 0)  # cached blocks we would pin
             if need > self.pool.available() - free_hits:
-                break
-            if admitted and tokens + new_tokens > self.max_batched_tokens:
                 break
             self.waiting.popleft()
             self.pool.acquire(hits)
@@ -74,7 +95,7 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             admitted.append(seq)
-            tokens += new_tokens
+            budget -= new_tokens
         return admitted
 
     def _grow_running(self) -> list[Sequence]:
