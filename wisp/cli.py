@@ -239,9 +239,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from wisp.bench.decode import bench_decode
+    if args.bench == "prefill":
+        from wisp.bench.prefill import bench_prefill
 
-    bench_decode(args)
+        bench_prefill(args)
+    else:
+        from wisp.bench.decode import bench_decode
+
+        bench_decode(args)
     return 0
 
 

@@ -209,3 +209,6 @@ def add_parser(sub) -> None:
     dec.add_argument("--vram-budget", type=parse_size, default=None, help="size paged runs' cap from this VRAM budget")
     dec.add_argument("--peer-decode-tokens", type=int, default=16, help="decode tokens of the (slow) accelerate peer")
     dec.add_argument("--out", default=None, help="write the records as a JSON list here")
+    from wisp.bench.prefill import add_prefill_parser
+
+    add_prefill_parser(kinds)
