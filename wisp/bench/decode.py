@@ -74,10 +74,12 @@ def cap_for_budget(cfg: ModelConfig, budget: int, max_model_len: int, block_size
 
 
 def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: int, decode_tokens: int,
-               temperature: float, trace: RoutingTrace | None = None) -> dict:
-    """One load + prefill + decode; returns the measured record (without probe/roofline fields)."""
+               temperature: float, trace: RoutingTrace | None = None, batch: int = 1) -> dict:
+    """One load + prefill + decode of `batch` requests at once; returns the measured record (without
+    probe/roofline fields). A decode step computes one token of every request."""
     t0 = time.perf_counter()
-    llm = LLM(model, mode=mode, expert_cap=cap, max_concurrency=1, max_model_len=prompt_len + decode_tokens + 8, **opts)
+    llm = LLM(model, mode=mode, expert_cap=cap, max_concurrency=batch, max_model_len=prompt_len + decode_tokens + 8,
+              **opts)
     load_s = time.perf_counter() - t0
     device = llm.engine.device
     replay = None
@@ -88,19 +90,22 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         llm.engine.step_hooks.append(replay.advance)
         llm.engine.capture_graphs()  # the graphs must read the replay buffer
     peak_load = _peak(device)
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, llm.config.vocab_size, (prompt_len,), generator=gen).tolist()
+    vocab = llm.config.vocab_size
+    prompts = [torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(100 + i)).tolist()
+               for i in range(batch)]
     params = SamplingParams(max_tokens=decode_tokens + 1, ignore_eos=True, temperature=temperature, seed=0)
     # warm-up (allocator, kernels) on another prompt of the same length: the timed one must miss the prefix cache
-    other = torch.randint(0, llm.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
+    other = torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
     llm.generate([other], SamplingParams(max_tokens=4, ignore_eos=True))
     llm.reset_stats()
     _reset_peak(device)
     engine = llm.engine
     t_start = time.perf_counter()
-    engine.add_request("bench", prompt, params, strict_length=False)
-    seq = engine.requests["bench"]
-    while seq.first_token_time is None:  # the prefill (chunk by chunk past the step budget) samples the first token
+    seqs = []
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"bench-{i}", prompt, params, strict_length=False)
+        seqs.append(engine.requests[f"bench-{i}"])
+    while any(s.first_token_time is None for s in seqs):  # prefill (in chunks past the step budget)
         engine.step()
     prefill = llm.stats()
     t_first = time.perf_counter()
@@ -110,7 +115,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         engine.step()
     t_end = time.perf_counter()
     s = llm.stats()
-    n_dec = len(seq.output_ids) - 1
+    n_dec = sum(len(seq.output_ids) - 1 for seq in seqs) // batch  # decode steps of each request
     decode_s = t_end - t_first
     decode_bytes = s["bytes_h2d"] - prefill["bytes_h2d"]
     hits = s["expert_hits"] - prefill["expert_hits"]
@@ -120,15 +125,16 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         "expert_cap": llm.expert_cap,
         "layers": llm.config.num_layers,
         "prompt_len": prompt_len,
+        "batch": batch,
         "decode_tokens": n_dec,
         "temperature": temperature,
         "load_s": round(load_s, 2),
-        "ttft_s": round(t_first - t_start, 4),
-        "prefill_tokens": prefill["tokens_prefilled"],  # computed for the timed prompt (all of it: a cold TTFT)
-        "decode_tok_s": round(n_dec / decode_s, 3),
+        "ttft_s": round(seqs[0].first_token_time - t_start, 4),
+        "prefill_tokens": prefill["tokens_prefilled"],  # computed for the timed prompts (all of them: a cold TTFT)
+        "decode_tok_s": round(batch * n_dec / decode_s, 3),
         "step_s": round(decode_s / n_dec, 6),
         "hit_rate": round(hits / routed, 4) if routed else 0.0,
-        "bytes_h2d_per_token": round(decode_bytes / n_dec),
+        "bytes_h2d_per_token": round(decode_bytes / n_dec),  # per decode step (one token of each request)
         "h2d_gbps_achieved": round(decode_bytes / decode_s / 1e9, 3),
         "expert_device_bytes": s["expert_device_bytes"],
         "peak_gpu_bytes_load": peak_load,
@@ -164,7 +170,8 @@ def bench_decode(args) -> list[dict]:
 
             r = run_accelerate(args.model, args.prompt_len, args.peer_decode_tokens)
         else:
-            r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature, trace)
+            r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature, trace,
+                           args.batch)
         if trace is not None and mode != "accelerate":
             r["routing"] = f"replay:{Path(args.routing_trace).name}"
         if args.vram_budget:
@@ -200,6 +207,7 @@ def add_parser(sub) -> None:
     dec.add_argument("--mode", default="paged", help="comma list of paged, resident, offload, zero-copy, accelerate")
     dec.add_argument("--expert-cap", default=None, help="comma list of caps for paged runs")
     dec.add_argument("--prompt-len", type=int, default=128)
+    dec.add_argument("--batch", type=int, default=1, help="requests decoded together (one token each per step)")
     dec.add_argument("--decode-tokens", type=int, default=128)
     dec.add_argument("--temperature", type=float, default=0.0)
     dec.add_argument("--dtype", default=None)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# GPU-machine calls for expert-major prefill, chunked prefill and batched decode (one H200).
+# STAGE=qwen3_olmoe|mixtral|decode picks one call's worth of work; results land in $OUT (or ./gpu-out).
+# The Mixtral routing trace travels in .gpu_data/ (ignored by git; pass it with the device tool's carry).
+set -uo pipefail
+out=${OUT:-gpu-out}; mkdir -p "$out"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+log() { echo "$out/$1.log"; }
+prefill() { name=$1; shift; python3 -m wisp bench prefill --load-format dummy --out "$out/$name.json" "$@" 2>"$(log $name)"; }
+decode() { name=$1; shift; python3 -m wisp bench decode --load-format dummy --prompt-len 128 --out "$out/$name.json" "$@" \
+  2>"$(log $name)"; }
+case "${STAGE:-qwen3_olmoe}" in
+qwen3_olmoe)  # the wide-step tests on the GPU (stop if they fail), then Qwen3-30B-A3B and OLMoE-1B-7B prefill
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/core/test_triton_interpreted.py tests/core/test_triton_moe.py \
+    tests/engine/test_chunked_prefill.py tests/engine/test_mode_identity.py tests/engine/test_cuda_graphs.py \
+    --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 | tee "$out/pytest_prefill_cuda.txt" | tail -4
+  [ "${PIPESTATUS[0]}" = 0 ] || exit 1
+  prefill prefill_qwen3_30b_a3b --model qwen3-30b-a3b --mode resident,paged --expert-cap 16,32 --prompt-len 128,512,2048,8192 \
+    --plot "$out/prefill_qwen3_30b_a3b.png"
+  prefill prefill_olmoe_1b_7b --model olmoe-1b-7b --mode resident,paged,zero-copy,offload --expert-cap 8,21 \
+    --prompt-len 128,512,2048,8192 --plot "$out/prefill_olmoe_1b_7b.png"
+  prefill prefill_qwen3_30b_a3b_baselines --model qwen3-30b-a3b --mode zero-copy,offload --prompt-len 128,512,2048 ;;
+mixtral)  # Mixtral-8x7B prefill (router) at C = 4 / 6, then decode with the real trace again
+  t=.gpu_data/gsm8k_2_decode_TxLxK.npz
+  prefill prefill_mixtral_8x7b --model mixtral-8x7b --mode resident,paged --expert-cap 4,6 --prompt-len 128,1024
+  decode decode_mixtral_8x7b_trace --model mixtral-8x7b --mode paged --expert-cap 4,6 --decode-tokens 64 --routing-trace $t ;;
+decode)  # Qwen3 decode at batch 1 (regression), 4 and 8 (step time against the roofline)
+  for b in 1 4 8; do
+    decode decode_qwen3_30b_a3b_batch$b --model qwen3-30b-a3b --mode resident,paged --expert-cap 16,32 --batch $b \
+      --decode-tokens 64
+  done ;;
+esac
