@@ -151,3 +151,12 @@ def test_request_validation(make_engine):
         engine.add_request("y", [1, 2], SamplingParams(max_tokens=2))
     engine.abort_request("nope")  # unknown ids are ignored
     run_all(engine)
+
+
+@pytest.mark.parametrize("mode, cap, concurrency, expected", [("paged", 4, 4, 1), ("paged", 8, 4, 2), ("paged", 16, 8, 4),
+                                                              ("paged", 16, 3, 3), ("resident", None, 6, 6)])
+def test_graphs_replay_only_decode_batches_whose_experts_fit(make_engine, mode, cap, concurrency, expected):
+    """demo: top-4 of 16. A paged graph pages in groups of C // top_k tokens, so a wider decode batch runs
+    eagerly (expert-major, each missing expert once) instead of reloading experts group after group."""
+    engine = make_engine(mode=mode, expert_cap=cap, max_concurrency=concurrency)
+    assert engine.graph_max_batch() == expected

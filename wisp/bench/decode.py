@@ -91,7 +91,8 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         llm.engine.capture_graphs()  # the graphs must read the replay buffer
     peak_load = _peak(device)
     vocab = llm.config.vocab_size
-    prompts = [torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(100 + i)).tolist()
+    # request 0's prompt is the one batch-1 records have always used (seed 0); the warm-up's is seed 1
+    prompts = [torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(100 + i if i else 0)).tolist()
                for i in range(batch)]
     params = SamplingParams(max_tokens=decode_tokens + 1, ignore_eos=True, temperature=temperature, seed=0)
     # warm-up (allocator, kernels) on another prompt of the same length: the timed one must miss the prefix cache
@@ -159,19 +160,21 @@ def bench_decode(args) -> list[dict]:
     if args.vram_budget:
         cfg = model_config_for(args.model, args.load_format)
         caps = [cap_for_budget(cfg, args.vram_budget, args.prompt_len + args.decode_tokens + 8)]
-    runs = [(m, c) for m in sorted(modes, key=lambda m: m != "resident") for c in (caps if m == "paged" else [None])]
+    batches = [int(b) for b in str(args.batch).split(",")]
+    runs = [(m, c, b) for b in batches for m in sorted(modes, key=lambda m: m != "resident")
+            for c in (caps if m == "paged" else [None])]
     device = resolve_device(args.device)
     gbps = probe_h2d_gbps(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     records, resident_step, commit = [], None, _git_commit()
-    for mode, cap in runs:
+    for mode, cap, batch in runs:
         if mode == "accelerate":
             from wisp.bench.peer import run_accelerate
 
             r = run_accelerate(args.model, args.prompt_len, args.peer_decode_tokens)
         else:
             r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature, trace,
-                           args.batch)
+                           batch)
         if trace is not None and mode != "accelerate":
             r["routing"] = f"replay:{Path(args.routing_trace).name}"
         if args.vram_budget:
@@ -185,10 +188,10 @@ def bench_decode(args) -> list[dict]:
                  command="wisp bench decode " + " ".join(sys.argv[3:]))
         records.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)
-    print(f"{'mode':9} {'cap':>4} {'tok/s':>8} {'step ms':>8} {'roof ms':>8} {'hit':>6} {'MB/tok':>8} {'peak GB':>8}")
+    print(f"{'mode':9} {'cap':>4} {'B':>2} {'tok/s':>8} {'step ms':>8} {'roof ms':>8} {'hit':>6} {'MB/tok':>8} {'peak GB':>8}")
     for r in records:
         roof = f"{r['roofline_step_s'] * 1e3:8.2f}" if r["roofline_step_s"] is not None else "       -"
-        print(f"{r['mode']:9} {r['expert_cap']:>4} {r['decode_tok_s']:>8} {r['step_s'] * 1e3:>8.2f} {roof} "
+        print(f"{r['mode']:9} {r['expert_cap']:>4} {r.get('batch', 1):>2} {r['decode_tok_s']:>8} {r['step_s'] * 1e3:>8.2f} {roof} "
               f"{r['hit_rate']:>6} {r['bytes_h2d_per_token'] / 1e6:>8.1f} {r['peak_gpu_bytes'] / 1e9:>8.2f}")
     print(f"pinned H2D probe: {gbps:.1f} GB/s on {gpu}")
     if args.out:
@@ -207,7 +210,7 @@ def add_parser(sub) -> None:
     dec.add_argument("--mode", default="paged", help="comma list of paged, resident, offload, zero-copy, accelerate")
     dec.add_argument("--expert-cap", default=None, help="comma list of caps for paged runs")
     dec.add_argument("--prompt-len", type=int, default=128)
-    dec.add_argument("--batch", type=int, default=1, help="requests decoded together (one token each per step)")
+    dec.add_argument("--batch", default="1", help="comma list: requests decoded together (one token each per step)")
     dec.add_argument("--decode-tokens", type=int, default=128)
     dec.add_argument("--temperature", type=float, default=0.0)
     dec.add_argument("--dtype", default=None)

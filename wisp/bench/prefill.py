@@ -1,7 +1,8 @@
 """`wisp bench prefill`: cold time to first token against prompt length, per expert mode and cap.
 
-Each (mode, cap) run loads the model once (prefix caching off, so every prompt is cold), warms the
-kernels up on a short prompt, then for each `--prompt-len` P (ascending) times one fresh random prompt
+Each (mode, cap) run loads the model once (prefix caching off, so every prompt is cold), then for each
+`--prompt-len` P (ascending) runs one untimed random prompt of length P (kernels compiled for its
+shapes; the expert slots then hold what it left, as after any earlier request) and times another
 from `add_request` to its first sampled token, under the engine's token budget
 (`--max-num-batched-tokens`: a prompt longer than it is prefilled in chunks). A record per (run, P):
 `ttft_s`, the bytes copied host -> device and expert loads per MoE layer during that prefill, and the
@@ -60,12 +61,13 @@ def run_prefill(model: str, mode: str, cap: int | None, opts: dict, prompt_lens:
     load_s = time.perf_counter() - t0
     engine, cfg, device = llm.engine, llm.config, llm.engine.device
     vocab = cfg.vocab_size
-    llm.generate([torch.randint(0, vocab, (64,), generator=torch.Generator().manual_seed(7)).tolist()],
-                 SamplingParams(max_tokens=2, ignore_eos=True))  # kernels compiled, allocator warm
     union = RoutedUnion(cfg.moe_layer_ids, cfg.num_experts, device)
     records = []
     for p in sorted(prompt_lens):
         prompt = torch.randint(0, vocab, (p,), generator=torch.Generator().manual_seed(p)).tolist()
+        # an untimed prompt of the same length first: kernels specialised on its shapes are compiled
+        other = torch.randint(0, vocab, (p,), generator=torch.Generator().manual_seed(p + 1)).tolist()
+        llm.generate([other], SamplingParams(max_tokens=1, ignore_eos=True))
         llm.reset_stats()
         _reset_peak(device)
         resident = _resident_mask(llm, union)
