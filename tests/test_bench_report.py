@@ -20,7 +20,7 @@ def test_every_record_is_a_row_and_missing_fields_show_as_dashes(tmp_path):
     page = render(load_records(tmp_path))
     rows = [line for line in page.splitlines() if line.startswith("| ") and "mode" not in line]
     assert len(rows) == 3
-    assert "| paged | 16 | torch / torch | - | - | 6.70 | 149.0 | 96.7 |" in rows[0] and "| 338.0 |" in rows[0]
+    assert "| paged | 16 | 1 | torch / torch | - | - | 6.70 | 149.0 | 96.7 |" in rows[0] and "| 338.0 |" in rows[0]
     assert rows[1].count("| - ") >= 5
 
 
@@ -31,9 +31,22 @@ def test_auto_backends_graphs_and_replay_are_named(tmp_path):
         {"mode": "paged", "expert_cap": 6, "moe_backend": "auto", "attention_backend": "torch", "gpu": "cpu", "graph_steps": 0},
     ]))
     rows = [line for line in render(load_records(tmp_path)).splitlines() if line.startswith("| paged")]
-    assert rows[0].startswith("| paged | 6 | triton / triton | yes | replay:t.npz |")
-    assert rows[1].startswith("| paged | 6 | torch / torch | no | - |")
+    assert rows[0].startswith("| paged | 6 | 1 | triton / triton | yes | replay:t.npz |")
+    assert rows[1].startswith("| paged | 6 | 1 | torch / torch | no | - |")
 
 
 def test_checked_in_benchmarks_page_matches_the_results():
     assert (ROOT / "BENCHMARKS.md").read_text() == render(load_records(ROOT / "benchmarks" / "results"))
+
+
+def test_prefill_records_get_their_own_columns(tmp_path):
+    from wisp.bench.report import load_records, render
+
+    record = {"mode": "paged", "expert_cap": 16, "prompt_len": 2048, "prefill_tokens": 2048, "prefill_steps": 1, "ttft_s": 1.653, "bound_s": 1.332,
+              "ttft_over_bound": 1.241, "expert_loads_per_layer": 54.6, "distinct_missing": 2621, "bytes_h2d": 24.73e9,
+              "h2d_gbps_probe": 55.2, "gpu": "H200", "preset": "qwen3-30b-a3b", "max_num_batched_tokens": 2048}
+    (tmp_path / "prefill_x.json").write_text(json.dumps([record]))
+    page = render(load_records(tmp_path))
+    assert "| mode | cap | prompt | steps | TTFT s | bound s | TTFT / bound |" in page
+    assert "| paged | 16 | 2048 | 1 | 1.653 | 1.332 | 1.24 | 54.6 | 2621 | 24.73 | 55.2 |" in page
+    assert "cold prompts, 2048 tokens per step" in page

@@ -27,6 +27,20 @@ COLUMNS = [
     ("h2d_gbps_probe", "probe GB/s", "{:.1f}"),
     ("peak", "peak GPU GB", "GB"),
 ]
+DECODE_COLUMNS = COLUMNS[:2] + [("batch", "batch", "{}")] + COLUMNS[2:]
+PREFILL_COLUMNS = [  # `wisp bench prefill` records: one per (run, prompt length)
+    ("mode", "mode", "{}"),
+    ("expert_cap", "cap", "{}"),
+    ("prompt_len", "prompt", "{}"),
+    ("prefill_steps", "steps", "{}"),
+    ("ttft_s", "TTFT s", "{:.3f}"),
+    ("bound_s", "bound s", "{:.3f}"),
+    ("ttft_over_bound", "TTFT / bound", "{:.2f}"),
+    ("expert_loads_per_layer", "loads / layer", "{:.1f}"),
+    ("distinct_missing", "distinct missing", "{}"),
+    ("bytes_h2d", "GB host->GPU", "GB"),
+    ("h2d_gbps_probe", "probe GB/s", "{:.1f}"),
+]
 
 
 def _cell(record: dict, key: str, fmt: str) -> str:
@@ -37,6 +51,8 @@ def _cell(record: dict, key: str, fmt: str) -> str:
         return " / ".join(names) if record.get("mode") != "accelerate" else "transformers + accelerate"
     if key == "graphs":
         return "-" if "graph_steps" not in record else ("yes" if record["graph_steps"] else "no")
+    if key == "batch":
+        return str(record.get("batch", 1))
     if key == "ttft_s" and "prefill_tokens" not in record and record.get("mode") != "accelerate":
         return "-"  # older records: the warm-up used the same prompt, so it came from the prefix cache
     value = record.get("peak_gpu_bytes", record.get("peak_gpu_bytes_decode")) if key == "peak" else record.get(key)
@@ -74,15 +90,20 @@ def render(rows: list[tuple[str, dict]]) -> str:
         layers = first.get("layers")
         out.append(f"## {name}")
         out.append("")
-        out.append(f"Model: {what}{f' ({layers} layers)' if layers else ''}; GPU: {first.get('gpu', '-')}; "
-                   f"prompt {first.get('prompt_len', '-')} tokens, {first.get('decode_tokens', '-')} decode tokens.")
+        prefill = "prefill_steps" in first
+        columns = PREFILL_COLUMNS if prefill else DECODE_COLUMNS
+        shape = (f"cold prompts, {first.get('max_num_batched_tokens', '-')} tokens per step" if prefill else
+                 f"prompt {first.get('prompt_len', '-')} tokens, {first.get('decode_tokens', '-')} decode tokens")
+        out.append(f"Model: {what}{f' ({layers} layers)' if layers else ''}; GPU: {first.get('gpu', '-')}; {shape}.")
+        if first.get("note"):
+            out.append(f"Note: {first['note']}.")
         if first.get("command"):
             out.append(f"Command: `{first['command']}`")
         out.append("")
-        out.append("| " + " | ".join(title for _, title, _ in COLUMNS) + " |")
-        out.append("|" + "---|" * len(COLUMNS))
+        out.append("| " + " | ".join(title for _, title, _ in columns) + " |")
+        out.append("|" + "---|" * len(columns))
         for record in records:
-            out.append("| " + " | ".join(_cell(record, key, fmt) for key, _, fmt in COLUMNS) + " |")
+            out.append("| " + " | ".join(_cell(record, key, fmt) for key, _, fmt in columns) + " |")
         out.append("")
     return "\n".join(out)
 
