@@ -73,6 +73,7 @@ class FakeEngine:
         self.running: dict[str, _Req] = {}
         self.aborted: list[str] = []
         self.steps = 0
+        self.tokens_prefilled = self.tokens_decoded = 0  # as LLMEngine counts them (the async loop reads them)
         self._owner: int | None = None
 
     def _check_thread(self) -> None:
@@ -116,7 +117,9 @@ class FakeEngine:
         if self.step_delay:
             time.sleep(self.step_delay)
         self._admit()
-        return [self._advance(req) for req in list(self.running.values())]
+        outputs = [self._advance(req) for req in list(self.running.values())]
+        self.tokens_decoded += len(outputs)
+        return outputs
 
     def stats(self) -> dict:
         if self._owner is not None:

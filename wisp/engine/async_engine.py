@@ -292,8 +292,10 @@ class AsyncEngine:
             for obs in self._observers:
                 obs.observe_finished(reason, live.prompt_tokens, live.completion_tokens)
 
-    def _step(self) -> int:
-        """One engine step, its outputs dispatched; returns how many there were."""
+    def _step(self) -> bool:
+        """One engine step, its outputs dispatched; returns whether it computed anything (a prefill chunk
+        short of its prompt's end computes tokens but has no output)."""
+        done_before = self.engine.tokens_prefilled + self.engine.tokens_decoded
         try:
             outputs = self.engine.step()
         except Exception as exc:
@@ -304,7 +306,7 @@ class AsyncEngine:
                 live.put(error)
             if self.engine.has_unfinished():
                 raise
-            return 0
+            return False
         now = time.perf_counter()
         for out in outputs:
             live = self._live.get(out.request_id)
@@ -316,7 +318,7 @@ class AsyncEngine:
                 for obs in self._observers:
                     obs.observe_finished(out.finish_reason or "stop", out.prompt_tokens, len(out.token_ids))
             live.put(out)
-        return len(outputs)
+        return bool(outputs) or self.engine.tokens_prefilled + self.engine.tokens_decoded != done_before
 
     def _observe(self, live: _Live, out: "StepOutput", now: float) -> None:
         n = len(out.new_token_ids)
