@@ -317,6 +317,7 @@ class LLMEngine:
             "tokens_decoded": self.tokens_decoded,
             "graph_steps": self.graph_steps,
             "expert_device_bytes": sum(s.device_bytes for s in stores.values()),
+            "expert_staging_bytes": _staging_bytes(stores.values()),  # wide steps' two buffers, shared by layers
             "kv_block_size": pool.block_size,
             "kv_block_bytes": self.block_bytes,
             "kv_blocks_total": pool.num_blocks,
@@ -340,6 +341,11 @@ class LLMEngine:
         self.pool.counters = type(self.pool.counters)()
         self.pool.counters.peak_blocks_used = min(peak, self.pool.num_used)
         self.tokens_prefilled = self.tokens_decoded = self.graph_steps = 0
+
+
+def _staging_bytes(stores) -> int:
+    staging = {id(s.staging): s.staging for s in stores if isinstance(s, PagedExperts) and s.staging is not None}
+    return sum(b.device_bytes for b in staging.values())
 
 
 def model_source(config: EngineConfig) -> tuple[Path | None, ModelConfig]:
