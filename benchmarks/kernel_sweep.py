@@ -38,14 +38,14 @@ same: dict[str, bool] = {}  # decode launches' bits against the default launch
 for bi, bd in [(8, 256), (16, 128), (16, 256), (16, 512), (32, 128), (32, 256), (64, 128)]:
     for warps in (2, 4, 8):
         def run(bi=bi, bd=bd, warps=warps):
-            _gate_up_act[(k, triton.cdiv(inter, bi))](x, w13, ids, emap, h, w13.stride(0), K=k, D=d, I=inter,
-                                                      BLOCK_I=bi, BLOCK_D=bd, num_warps=warps)
+            _gate_up_act[(k, triton.cdiv(inter, bi))](x, w13, ids, emap, ids, h, w13.stride(0), K=k, D=d, I=inter,
+                                                      BLOCK_I=bi, BLOCK_D=bd, ONE_EXPERT=False, num_warps=warps)
         results[f"gate_up BLOCK_I={bi} BLOCK_D={bd} warps={warps}"] = do_bench(run) * 1e3
 for bd, bi in [(32, 128), (64, 128), (64, 256), (128, 128), (128, 256)]:
     for warps in (2, 4, 8):
         def run(bd=bd, bi=bi, warps=warps):
-            _down[(k, triton.cdiv(d, bd))](h, w2, ids, emap, y, w2.stride(0), D=d, I=inter, BLOCK_D=bd, BLOCK_I=bi,
-                                           num_warps=warps)
+            _down[(k, triton.cdiv(d, bd))](h, w2, ids, emap, ids, y, w2.stride(0), D=d, I=inter, BLOCK_D=bd, BLOCK_I=bi,
+                                           ONE_EXPERT=False, num_warps=warps)
         results[f"down BLOCK_D={bd} BLOCK_I={bi} warps={warps}"] = do_bench(run) * 1e3
 
 hq, hkv, hd, bs = 32, 4, 128, 16

@@ -45,7 +45,7 @@ class PlanInputs:
 
 @dataclass(frozen=True)
 class ModelSizes:
-    non_expert_bytes: int
+    non_expert_bytes: int  # weights outside the routed experts, plus the two expert-sized staging buffers
     expert_bytes: int  # M_e: one expert
     slot_bytes: int  # a: one slot in every MoE layer
     block_bytes: int  # b: one KV block across layers
@@ -65,7 +65,9 @@ class ModelSizes:
             per_layer.append(attn + mlp)
         embed = cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2)
         kv_block = KVCache.block_bytes(cfg.num_layers, cfg.num_kv_heads, hd, block_size, cfg.dtype)
-        return cls((sum(per_layer) + embed + d) * el, cfg.expert_bytes, len(cfg.moe_layer_ids) * cfg.expert_bytes, kv_block)
+        staging = 2 * cfg.expert_bytes  # paged mode's two staging buffers for wide steps (`wisp.core.expert_major`)
+        return cls((sum(per_layer) + embed + d) * el + staging, cfg.expert_bytes, len(cfg.moe_layer_ids) * cfg.expert_bytes,
+                   kv_block)
 
 
 def probe_t_byte(device: torch.device, nbytes: int = 256 << 20) -> float:

@@ -135,7 +135,8 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         "decode_tok_s": round(batch * n_dec / decode_s, 3),
         "step_s": round(decode_s / n_dec, 6),
         "hit_rate": round(hits / routed, 4) if routed else 0.0,
-        "bytes_h2d_per_token": round(decode_bytes / n_dec),  # per decode step (one token of each request)
+        "bytes_h2d_per_token": round(decode_bytes / (n_dec * batch)),
+        "bytes_h2d_per_step": round(decode_bytes / n_dec),  # one token of each request
         "h2d_gbps_achieved": round(decode_bytes / decode_s / 1e9, 3),
         "expert_device_bytes": s["expert_device_bytes"],
         "peak_gpu_bytes_load": peak_load,
@@ -181,7 +182,8 @@ def bench_decode(args) -> list[dict]:
             r["vram_budget"] = args.vram_budget
         if mode == "resident":
             resident_step = r["step_s"]
-        roofline = (r["bytes_h2d_per_token"] / (gbps * 1e9) if gbps else 0.0) + (resident_step or 0.0)
+        step_bytes = r.get("bytes_h2d_per_step", r["bytes_h2d_per_token"])  # the accelerate peer: batch 1
+        roofline = (step_bytes / (gbps * 1e9) if gbps else 0.0) + (resident_step or 0.0)
         r.update(commit=commit, preset=args.model, load_format=args.load_format, moe_backend=args.moe_backend,
                  attention_backend=opts["attention_backend"], h2d_gbps_probe=round(gbps, 2),
                  roofline_step_s=round(roofline, 6) if resident_step is not None else None, gpu=gpu,

@@ -6,8 +6,9 @@ shapes; the expert slots then hold what it left, as after any earlier request) a
 from `add_request` to its first sampled token, under the engine's token budget
 (`--max-num-batched-tokens`: a prompt longer than it is prefilled in chunks). A record per (run, P):
 `ttft_s`, the bytes copied host -> device and expert loads per MoE layer during that prefill, and the
-distinct experts the prompt routed to that were not resident when it arrived (`distinct_missing`), the
-fewest loads any schedule could do. `bound_s` = max(resident TTFT at P, distinct_missing x expert bytes
+distinct experts the prompt routed to that were not on the device when it arrived (`distinct_missing`,
+all MoE layers together; in offload and zero-copy mode every routed expert), the fewest loads any
+schedule could do. `bound_s` = max(resident TTFT at P, distinct_missing x expert bytes
 / the pinned probe bandwidth measured in the same process); `ttft_over_bound` is the ratio the targets
 are written against. `--plot FILE.png` draws TTFT against P, one line per run.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from wisp.bench.decode import _git_commit, _peak, _reset_peak, probe_h2d_gbps
+from wisp.bench.decode import _git_commit, _peak, probe_h2d_gbps
 from wisp.config import MODES, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
@@ -44,12 +45,13 @@ class RoutedUnion:
 
 
 def _resident_mask(llm: LLM, union: RoutedUnion) -> torch.Tensor:
-    """[L, N] True where an expert sits in its layer's slots now (all of them outside paged mode)."""
-    mask = torch.ones_like(union.seen, device="cpu")
+    """[L, N] True where an expert sits on the device now: every expert in resident mode, a paged layer's
+    slots, none in offload and zero-copy mode (each routed expert must cross PCIe)."""
+    resident = llm.engine.config.mode == "resident"
+    mask = torch.full(union.seen.shape, resident, dtype=torch.bool)
     for layer, store in llm.model.experts.items():
         pager = getattr(store, "pager", None)
         if pager is not None:
-            mask[union.row[layer]] = False
             mask[union.row[layer], pager.resident_experts()] = True
     return mask
 
@@ -69,7 +71,8 @@ def run_prefill(model: str, mode: str, cap: int | None, opts: dict, prompt_lens:
         other = torch.randint(0, vocab, (p,), generator=torch.Generator().manual_seed(p + 1)).tolist()
         llm.generate([other], SamplingParams(max_tokens=1, ignore_eos=True))
         llm.reset_stats()
-        _reset_peak(device)
+        if device.type == "cuda":  # the peak only: emptying the cache would make the timed prompt allocate afresh
+            torch.cuda.reset_peak_memory_stats(device)
         resident = _resident_mask(llm, union)
         union.reset()
         engine.model.routing_hook = union.record
@@ -91,7 +94,7 @@ def run_prefill(model: str, mode: str, cap: int | None, opts: dict, prompt_lens:
             "prefill_tokens": s["tokens_prefilled"], "prefill_steps": steps, "load_s": round(load_s, 2),
             "ttft_s": round(ttft, 4), "bytes_h2d": s["bytes_h2d"],
             "expert_loads_per_layer": round(s["expert_loads"] / n_layers, 2),
-            "distinct_missing": int((union.seen.cpu() & ~resident).sum()),
+            "distinct_missing": int((union.seen.cpu() & ~resident).sum()),  # all MoE layers together
             "distinct_routed_per_layer": round(float(union.seen.sum()) / n_layers, 2),
             "expert_bytes": cfg.expert_bytes, "expert_device_bytes": s["expert_device_bytes"],
             "peak_gpu_bytes": _peak(device), "device": str(device),
