@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU-machine calls for expert-major prefill, chunked prefill and batched decode (one H200).
-# STAGE=qwen3_olmoe|mixtral|decode picks one call's worth of work; results land in $OUT (or ./gpu-out).
+# STAGE=qwen3_olmoe|mixtral|decode|mixtral_decode picks one call's worth of work; results land in $OUT (or ./gpu-out).
 # The Mixtral routing trace travels in .gpu_data/ (ignored by git; pass it with the device tool's carry).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -30,7 +30,15 @@ mixtral)  # OLMoE prefill (its context is 4096), Mixtral-8x7B prefill at C = 4 /
   decode decode_mixtral_8x7b_trace --model mixtral-8x7b --mode paged --expert-cap 4,6 --decode-tokens 64 --routing-trace $t
   prefill prefill_qwen3_30b_a3b_budget8192 --model qwen3-30b-a3b --mode paged --expert-cap 16 --prompt-len 8192 \
     --max-num-batched-tokens 8192 ;;
-decode)  # Qwen3 decode at batch 1 (regression), 4 and 8 (step time against the roofline), one process (pinned memory reused)
+decode)  # Qwen3 decode at batch 1 (the old rows' prompt), 4 and 8 (wide batches run expert-major), one process (pinned
+  # memory reused), then P = 8192 prefilled in one step (budget 8192) against the default chunks of 2048
   decode decode_qwen3_30b_a3b_batched --model qwen3-30b-a3b --mode resident,paged --expert-cap 16,32 --batch 1,4,8 \
-    --decode-tokens 64 ;;
+    --decode-tokens 128
+  for budget in 2048 8192; do
+    prefill prefill_qwen3_30b_a3b_8192_budget$budget --model qwen3-30b-a3b --mode paged --expert-cap 16 --prompt-len 8192 \
+      --max-num-batched-tokens $budget
+  done ;;
+mixtral_decode)  # Mixtral-8x7B decode with the real trace, resident in the same run for the roofline
+  decode decode_mixtral_8x7b_trace --model mixtral-8x7b --mode resident,paged --expert-cap 4,6 --decode-tokens 64 \
+    --routing-trace .gpu_data/gsm8k_2_decode_TxLxK.npz ;;
 esac
