@@ -21,15 +21,10 @@ qwen3_olmoe)  # the wide-step tests on the GPU (stop if they fail), then Qwen3-3
   prefill prefill_olmoe_1b_7b --model olmoe-1b-7b --mode resident,paged,zero-copy,offload --expert-cap 8,21 \
     --prompt-len 128,512,2048,8192 --plot "$out/prefill_olmoe_1b_7b.png"
   prefill prefill_qwen3_30b_a3b_baselines --model qwen3-30b-a3b --mode zero-copy,offload --prompt-len 128,512,2048 ;;
-mixtral)  # OLMoE prefill (its context is 4096), Mixtral-8x7B prefill at C = 4 / 6 and decode with the real trace,
-  # and Qwen3 C = 16 at P = 8192 prefilled in one step (budget 8192) against the default chunks of 2048
+mixtral)  # OLMoE prefill (its context is 4096) and Mixtral-8x7B prefill at C = 4 / 6 (about 8 minutes)
   prefill prefill_olmoe_1b_7b --model olmoe-1b-7b --mode resident,paged,zero-copy,offload --expert-cap 8,21 \
     --prompt-len 128,512,2048,4000 --plot "$out/prefill_olmoe_1b_7b.png"
-  t=.gpu_data/gsm8k_2_decode_TxLxK.npz
-  prefill prefill_mixtral_8x7b --model mixtral-8x7b --mode resident,paged --expert-cap 4,6 --prompt-len 128,1024
-  decode decode_mixtral_8x7b_trace --model mixtral-8x7b --mode paged --expert-cap 4,6 --decode-tokens 64 --routing-trace $t
-  prefill prefill_qwen3_30b_a3b_budget8192 --model qwen3-30b-a3b --mode paged --expert-cap 16 --prompt-len 8192 \
-    --max-num-batched-tokens 8192 ;;
+  prefill prefill_mixtral_8x7b --model mixtral-8x7b --mode resident,paged --expert-cap 4,6 --prompt-len 128,1024 ;;
 decode)  # Qwen3 decode at batch 1 (the old rows' prompt), 4 and 8 (wide batches run expert-major), one process (pinned
   # memory reused), then P = 8192 prefilled in one step (budget 8192) against the default chunks of 2048
   decode decode_qwen3_30b_a3b_batched --model qwen3-30b-a3b --mode resident,paged --expert-cap 16,32 --batch 1,4,8 \
