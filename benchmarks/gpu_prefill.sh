@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU-machine calls for expert-major prefill, chunked prefill and batched decode (one H200).
-# STAGE=qwen3_olmoe|mixtral|decode|mixtral_decode picks one call's worth of work; results land in $OUT (or ./gpu-out).
+# STAGE=qwen3|olmoe_mixtral|decode|mixtral_decode picks one call's worth of work; results land in $OUT (or ./gpu-out).
 # The Mixtral routing trace travels in .gpu_data/ (ignored by git; pass it with the device tool's carry).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -9,8 +9,8 @@ log() { echo "$out/$1.log"; }
 prefill() { name=$1; shift; python3 -m wisp bench prefill --load-format dummy --out "$out/$name.json" "$@" 2>"$(log $name)"; }
 decode() { name=$1; shift; python3 -m wisp bench decode --load-format dummy --prompt-len 128 --out "$out/$name.json" "$@" \
   2>"$(log $name)"; }
-case "${STAGE:-qwen3_olmoe}" in
-qwen3_olmoe)  # the wide-step tests on the GPU (stop if they fail), then Qwen3-30B-A3B and OLMoE-1B-7B prefill
+case "${STAGE:-qwen3}" in
+qwen3)  # the wide-step tests on the GPU (stop if they fail), then Qwen3-30B-A3B prefill and its baselines
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/core/test_triton_interpreted.py tests/core/test_triton_moe.py \
     tests/engine/test_chunked_prefill.py tests/engine/test_mode_identity.py tests/engine/test_cuda_graphs.py \
@@ -18,10 +18,8 @@ qwen3_olmoe)  # the wide-step tests on the GPU (stop if they fail), then Qwen3-3
   [ "${PIPESTATUS[0]}" = 0 ] || exit 1
   prefill prefill_qwen3_30b_a3b --model qwen3-30b-a3b --mode resident,paged --expert-cap 16,32 --prompt-len 128,512,2048,8192 \
     --plot "$out/prefill_qwen3_30b_a3b.png"
-  prefill prefill_olmoe_1b_7b --model olmoe-1b-7b --mode resident,paged,zero-copy,offload --expert-cap 8,21 \
-    --prompt-len 128,512,2048,8192 --plot "$out/prefill_olmoe_1b_7b.png"
   prefill prefill_qwen3_30b_a3b_baselines --model qwen3-30b-a3b --mode zero-copy,offload --prompt-len 128,512,2048 ;;
-mixtral)  # OLMoE prefill (its context is 4096) and Mixtral-8x7B prefill at C = 4 / 6 (about 8 minutes)
+olmoe_mixtral)  # OLMoE prefill (its context is 4096) and Mixtral-8x7B prefill at C = 4 / 6 (about 8 minutes)
   prefill prefill_olmoe_1b_7b --model olmoe-1b-7b --mode resident,paged,zero-copy,offload --expert-cap 8,21 \
     --prompt-len 128,512,2048,4000 --plot "$out/prefill_olmoe_1b_7b.png"
   prefill prefill_mixtral_8x7b --model mixtral-8x7b --mode resident,paged --expert-cap 4,6 --prompt-len 128,1024 ;;
