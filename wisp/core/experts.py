@@ -12,17 +12,17 @@ Four modes share one contract, `ExpertStore.forward(hidden, topk_ids, topk_weigh
 `forward_static` is the same computation with no host sync (CUDA, Triton backend), for CUDA-graph
 decode: counters go to a device count vector (`sync_all_counters` folds them in with one read), and the
 paged store runs the paging decision on the device in fixed groups of C // top_k tokens (a group's
-experts always fit). So a graph step of B > C // top_k tokens counts one MoE step (and its hits and
-misses) per group, where an eager step whose union fits counts one: outputs are the same, counters
-describe the decisions actually made.
+experts always fit). The engine replays graphs only for batches of at most C // top_k tokens (one
+group, so one MoE step as in eager mode); wider decode batches run eagerly, expert-major.
 
-Invariant: for the same routing all three return torch.equal outputs (fused_moe is slot- and
+Invariant: for the same routing all four return torch.equal outputs (the kernels are slot- and
 batch-invariant), so modes can be swapped without changing a single token.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+
 import torch
 
 from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_many
