@@ -94,7 +94,7 @@ def test_router_breaks_ties_toward_the_lower_id():
     assert triton_route(logits, 3, False, torch.float32)[1].tolist() == [[1, 3, 2]]
 
 
-@pytest.mark.parametrize("cap", [2, 3, 5])
+@pytest.mark.parametrize("cap", [2, 5])
 def test_expert_major_wide_step_equals_the_resident_kernel(cap):
     """The wide path with the Triton family (hits by map, one launch pair per streamed or loaded expert,
     combine) gives the resident Triton kernel's bits, on the GPU with the side copy stream."""
@@ -109,7 +109,7 @@ def test_expert_major_wide_step_equals_the_resident_kernel(cap):
     store = PagedExperts(host, cap, DEV)
     store.kernels = moe_kernels("triton")
     bank = {name: w.to(DEV) for name, w in host.items()}
-    for step in range(3):
+    for step in range(2):
         hidden = torch.randn(t, d, generator=g).to(DEV)
         ids = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(t)]).to(DEV)
         w = torch.softmax(torch.randn(t, k, generator=g), -1).to(DEV)

@@ -1,7 +1,7 @@
 """End to end: `python -m wisp serve --model demo` as a subprocess on a free port, called with the
 official `openai` client (and httpx for what the client cannot send), as a user would.
 
-One server for the module (started with --api-key, and a 16-token step budget, so every prompt here is
+One server for the module (started with --api-key, and a 32-token step budget, so every prompt here is
 prefilled in chunks beside other requests' decodes; its outputs are still compared with an `LLM` run). The tests run in file order: the last one sends
 SIGTERM while a stream is in flight and checks the process exits 0 within the graceful period.
 """
@@ -65,7 +65,7 @@ def server(tmp_path_factory):
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "wisp", "serve", "--model", "demo", "--device", "cpu", "--port", str(port),
-             "--api-key", API_KEY, "--max-num-batched-tokens", "16"],
+             "--api-key", API_KEY, "--max-num-batched-tokens", "32"],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )
     srv = Server(proc, f"http://127.0.0.1:{port}", log)
