@@ -23,7 +23,7 @@ from wisp.engine.block_pool import BlockPool
 from wisp.engine.cuda_graphs import DecodeGraphs
 from wisp.engine.kv_cache import BlockTableKV, KVCache
 from wisp.engine.sampling import SamplingParams
-from wisp.engine.scheduler import Scheduler
+from wisp.engine.scheduler import Scheduler, decodes
 from wisp.engine.sequence import Sequence
 from wisp.engine.tokenizer import TextTokenizer
 from wisp.errors import WispError
@@ -195,22 +195,19 @@ class LLMEngine:
             ids = seq.token_ids[seq.num_computed : seq.num_computed + n]
             chunks.append(Chunk(BlockTableKV(self.kv, seq.block_table), seq.num_computed, n))
             tokens.extend(ids)
-            if seq.output_ids and n == 1:
+            if decodes(seq, n):
                 self.tokens_decoded += 1
             else:
                 self.tokens_prefilled += n
         hidden = self.model.forward(torch.tensor(tokens, device=self.device), chunks)
         ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
         sampling = [i for i, (seq, n) in enumerate(zip(seqs, batch.num_tokens)) if seq.num_computed + n == len(seq)]
-        logits = self.model.logits(hidden[ends[sampling].to(self.device)]) if sampling else None
-        outputs = []
+        logits = self.model.logits(hidden[ends[sampling].to(self.device)]) if sampling else []
         for i, (seq, n) in enumerate(zip(seqs, batch.num_tokens)):
             if i not in sampling:  # a prefill chunk short of the prompt's end: KV written, nothing sampled
                 seq.num_computed += n
                 self._register_full_blocks(seq)
-        for row, i in enumerate(sampling):
-            outputs.append(self._postprocess(seqs[i], batch.num_tokens[i], logits[row]))
-        return outputs
+        return [self._postprocess(seqs[i], batch.num_tokens[i], row) for i, row in zip(sampling, logits)]
 
     def _postprocess(self, seq: Sequence, computed: int, logits: torch.Tensor) -> StepOutput:
         seq.num_computed += computed

@@ -31,8 +31,13 @@ class Batch:
 
     @property
     def is_decode(self) -> bool:
-        """Every sequence computes one token after its first was sampled (a CUDA-graph decode step)."""
-        return all(n == 1 and s.output_ids for s, n in zip(self.seqs, self.num_tokens))
+        """Every sequence decodes (a CUDA-graph decode step)."""
+        return all(map(decodes, self.seqs, self.num_tokens))
+
+
+def decodes(seq: Sequence, n: int) -> bool:
+    """A step's n tokens of seq are one decode token: one token after its first was sampled."""
+    return n == 1 and bool(seq.output_ids)
 
 
 class Scheduler:
