@@ -2,7 +2,8 @@
 
 Two pagers over the same masters see the same routing; one decides on the host, one on the device.
 After every step (and after long runs on the device alone, and under CUDA-graph replay) their maps,
-LRU clocks, counters and slot bytes must agree exactly. On the GPU machine the masters are pinned and
+LRU clocks, counters and slot bytes must agree exactly; the host pager is fed `touch_order` of the
+same tokens, so a group of several tokens also checks the device's recency order (last token, then id). On the GPU machine the masters are pinned and
 read through UVA; elsewhere the same kernels run on CPU tensors under Triton's interpreter.
 """
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from wisp.core.pager import ExpertPager, use_host_many
+from wisp.core.recency import touch_order
 
 pytest.importorskip("triton")
 ON_GPU = torch.cuda.is_available()
@@ -52,7 +54,7 @@ def test_device_decision_equals_host(n, c, k, t, sync_every):
     host, dev = ExpertPager(bank, c, CUDA), ExpertPager(bank, c, CUDA)
     for step in range(STEPS):
         ids = routing(rng, n, t, k, hot=max(k, c // 2 + 1))
-        host.prepare(sorted({e for row in ids for e in row}))
+        host.prepare(touch_order(ids))
         dev.prepare_on_device(torch.tensor(ids, device=CUDA))
         if step % sync_every == 0:
             same_state(host, dev)
@@ -69,7 +71,7 @@ def test_many_layers_hand_their_state_back_in_one_read():
     for _ in range(4):
         for (n, c, k), (host, dev) in zip(layers, pairs):
             ids = routing(rng, n, 1, k, hot=k + 1)
-            host.prepare(sorted({e for row in ids for e in row}))
+            host.prepare(touch_order(ids))
             dev.prepare_on_device(torch.tensor(ids, device=CUDA))
     pairs[2][1].use_host()  # already on the host: left as it is
     use_host_many([dev for _, dev in pairs])
@@ -101,7 +103,7 @@ def test_device_decision_under_cuda_graph_replay():
         rows = routing(rng, n, 2, k, hot=6)
         ids.copy_(torch.tensor(rows))
         graph.replay()
-        host.prepare(sorted({e for row in rows for e in row}))
+        host.prepare(touch_order(rows))
     torch.cuda.synchronize()
     same_state(host, dev)
 
@@ -113,7 +115,7 @@ def test_state_survives_switching_sides():
     host, mixed = ExpertPager(bank, c, CUDA), ExpertPager(bank, c, CUDA)
     for step in range(STEPS):
         ids = routing(rng, n, 2, k, hot=3)
-        need = sorted({e for row in ids for e in row})
+        need = touch_order(ids)
         host.prepare(need)
         if step % 3 == 0:
             mixed.prepare(need)  # takes the state back to the host

@@ -4,8 +4,8 @@ For random routing streams (hypothesis) whose steps route to more experts than t
 - the paged output is torch.equal to the resident one, step by step;
 - each missing expert is copied exactly once per step (copies counted at the copy functions);
 - hits and misses equal `wisp.core.reuse`'s miss curve at the pager's cap, for every cap;
-- after each step the slots hold what a plain LRU cache of C items would (set-valued steps touched in
-  ascending id order), and every pager invariant holds;
+- after each step the slots hold what a plain LRU cache of C items would (set-valued steps touched by
+  the last token routing to each expert, then id: `wisp.core.recency`), and every pager invariant holds;
 - any split of a batch's tokens into consecutive chunks gives the same bits (chunked prefill).
 """
 
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from wisp.core import expert_major
 from wisp.core.experts import DOWN, GATE_UP, PagedExperts, ResidentExperts
 from wisp.core.pager import ExpertPager
+from wisp.core.recency import touch_order
 from wisp.core.reuse import expert_miss_curve
 
 D, I = 24, 40  # odd widths: the CPU's SIMD tails would show if any op followed the row count
@@ -39,12 +40,13 @@ def batch(n, t, k, seed, dtype):
 
 
 def lru_model(steps, cap):
-    """A plain LRU cache of `cap` items fed set-valued steps touched in ascending id order:
-    (hits, misses) per step and the resident set after each."""
+    """A plain LRU cache of `cap` items fed steps of tokens ([T][K] ids), a step's experts touched by
+    (last token routing to it, id): (hits, misses) per step and the resident set after each."""
     order: list[int] = []  # least recent first
     out = []
-    for step in steps:
-        need = sorted(set(step))
+    for tokens in steps:
+        last = {e: t for t, row in enumerate(tokens) for e in row}
+        need = sorted(last, key=lambda e: (last[e], e))
         resident = set(order[-cap:])
         hits = sum(e in resident for e in need)
         order = [e for e in order if e not in need] + need
@@ -77,11 +79,12 @@ def check_stream(case, dtype, monkeypatch):
     real_copy, real_slot_copy = expert_major._copy_expert, ExpertPager.copy_into_slot
     monkeypatch.setattr(expert_major, "_copy_expert", lambda p, e, dest: (copies.append(e), real_copy(p, e, dest)))
     monkeypatch.setattr(ExpertPager, "copy_into_slot", lambda p, e, s: (copies.append(e), real_slot_copy(p, e, s)))
-    steps = []
+    steps, touch_orders = [], []
     model_misses = 0
     for i, t in enumerate(lengths):
         hidden, ids, weights = batch(n, t, k, seed + i, dtype)
-        steps.append(ids.reshape(-1).tolist())
+        steps.append(ids.tolist())
+        touch_orders.append(touch_order(ids.tolist()))
         before = store.counters.misses
         copies.clear()
         assert torch.equal(store.forward(hidden, ids, weights), resident.forward(hidden, ids, weights))
@@ -93,7 +96,7 @@ def check_stream(case, dtype, monkeypatch):
         model_misses += model_step_misses
         store.pager.check_integrity()
     c = store.counters
-    assert c.misses == model_misses == expert_miss_curve(steps, n)[cap]
+    assert c.misses == model_misses == expert_miss_curve(touch_orders, n)[cap]
     assert c.loads == c.misses and c.bytes_h2d == c.misses * store.pager.expert_bytes
     assert c.steps == len(lengths)
 
@@ -114,13 +117,19 @@ def test_chunking_a_batch_does_not_change_its_bits(dtype, sizes, cap, seed):
     assert torch.equal(torch.cat(parts), whole)
 
 
-def test_a_wide_step_keeps_the_highest_ids_and_streams_the_rest():
+def test_a_wide_step_keeps_what_its_last_tokens_route_to_and_streams_the_rest(monkeypatch):
     n, k, cap = 8, 2, 3
     host = bank(n, torch.float32)
     store = PagedExperts(host, cap, "cpu")
-    hidden, _, weights = batch(n, 2, k, 0, torch.float32)
-    store.forward(hidden, torch.tensor([[5, 6], [6, 5]]), weights)  # narrow: 5 and 6 resident
-    decision = store.pager.decide([0, 1, 2, 5, 6])
+    hidden, _, weights = batch(n, 3, k, 0, torch.float32)
+    store.forward(hidden[:2], torch.tensor([[5, 6], [6, 5]]), weights[:2])  # narrow: 5 and 6 resident
+    decisions = []
+    real_decide = ExpertPager.decide
+    monkeypatch.setattr(ExpertPager, "decide", lambda p, order: decisions.append(real_decide(p, order)) or decisions[-1])
+    # last tokens: 6 -> 0, 1 and 5 -> 1, 0 and 2 -> 2; touch order 6, 1, 5, 0, 2; the last three stay
+    store.forward(hidden, torch.tensor([[0, 6], [5, 1], [2, 0]]), weights)
+    (decision,) = decisions
     assert decision.hits == (5, 6)
-    assert [e for e, _ in decision.loads] == [2] and decision.streamed == (0, 1)
-    assert store.pager.resident_experts() == [2, 5, 6]
+    assert [e for e, _ in decision.loads] == [0, 2] and decision.streamed == (1,)
+    assert store.pager.resident_experts() == [0, 2, 5]
+    assert store.counters.misses == 2 + 3

@@ -1,9 +1,9 @@
 """Property tests of `ExpertPager` against a plain-Python LRU model.
 
 The model (`LRUModel`) is an OrderedDict LRU cache of capacity C, written independently of the pager:
-within a step the step's distinct experts are touched in ascending id order; the misses, also in
-ascending id order, take the lowest empty slot if there is one, otherwise the slot of the least
-recently used resident expert that the step does not need. Random routing sequences are replayed on
+a step is a list of expert ids in touch order (an id repeated counts at its last place, as
+`wisp.core.recency` defines it), touched in that order; the misses, in ascending id order, take the
+lowest empty slot if there is one, otherwise the slot of the least recently used resident expert that the step does not need. Random routing sequences are replayed on
 both and compared after every step (residency, slot map, evictions, counters, slot bytes).
 """
 
@@ -57,7 +57,8 @@ class LRUModel:
         self.c = dict(hits=0, misses=0, evictions=0, loads=0, bytes_h2d=0, steps=0)
 
     def step(self, experts) -> tuple[list[int], list[int]]:
-        need = sorted(set(experts))
+        touch = list(dict.fromkeys(reversed(experts)))[::-1]  # each id at its last place
+        need = sorted(touch)
         assert len(need) <= self.capacity
         misses = [e for e in need if e not in self.lru]
         evicted = []
@@ -71,7 +72,7 @@ class LRUModel:
                 slot = self.lru.pop(victim)
                 evicted.append(victim)
             self.lru[e] = slot
-        for e in need:
+        for e in touch:
             self.lru.move_to_end(e)
         self.c["steps"] += 1
         self.c["hits"] += len(need) - len(misses)
@@ -120,11 +121,11 @@ def test_pager_matches_lru_model(kind, case):
     assert set(pager.scratch) == set(host)
 
     for experts in steps:
-        # feed an unsorted list with a duplicate: the pager must dedupe and sort itself
+        # a touch order that is not ascending, with a duplicate (the smallest id counts last)
         arg = sorted(experts, reverse=True) + [min(experts)]
         before = set(pager.resident_experts())
         slot_before = list(pager.pi)
-        misses, evicted = model.step(experts)
+        misses, evicted = model.step(arg)
 
         out = pager.prepare(arg)
 
@@ -173,9 +174,9 @@ def test_lru_hand_trace():
     """A fixed trace, so the model itself is checked against hand-derived slots."""
     host = make_host(6, "two")
     pager = ExpertPager(host, 3, "cpu")
-    pager.prepare([2, 0])  # slots: 0->e0, 1->e2 (ascending misses); LRU: 0, 2
+    pager.prepare([2, 0])  # slots: 0->e0, 1->e2 (ascending misses); LRU (touch order): 2, 0
     assert pager.pi_inv == [0, 2, -1]
-    pager.prepare([5])  # empty slot 2; LRU: 0, 2, 5
+    pager.prepare([5])  # empty slot 2; LRU: 2, 0, 5
     assert pager.pi_inv == [0, 2, 5]
     pager.prepare([0])  # hit; LRU: 2, 5, 0
     pager.prepare([1, 5])  # evict 2 (LRU, not needed) -> slot 1; LRU: 0, 1, 5

@@ -38,8 +38,9 @@ def step_sequences(draw, max_experts=12, max_steps=40, max_set=5):
 
 
 def brute_lru(steps, capacity, order=None):
-    """Misses of set-semantics LRU; `order(step)` gives the touch order (default: ascending distinct)."""
-    order = order or (lambda s: sorted(set(s)))
+    """Misses of set-semantics LRU; `order(step)` gives the touch order (default: a flat step lists its
+    references in order, an id counting at its last place, as `ExpertPager.decide` reads it)."""
+    order = order or (lambda s: list(dict.fromkeys(reversed(s)))[::-1])
     rec: list = []  # resident, least recent first
     misses = 0
     for s in steps:
@@ -71,7 +72,7 @@ def test_curve_equals_pager_and_brute_force_at_every_capacity(case):
         order: list[int] = []  # global recency order, most recent last
         for s in steps:
             pager.prepare(s)
-            need = sorted(set(s))
+            need = list(dict.fromkeys(reversed(s)))[::-1]  # touch order: each id at its last place
             order = [e for e in order if e not in need] + need
             assert pager.resident_experts() == sorted(order[-c:]), "pager is not the top-C of the recency order"
         assert pager.counters.misses == m[c] == brute_lru(steps, c), (c, m)
@@ -96,10 +97,11 @@ def test_curve_invariants(case):
 
 
 def test_stack_distances_by_hand():
-    # steps {0,1} {1,2} {0} {1,3}: orders (most recent first) 1,0 -> 2,1,0 -> 0,2,1 -> 3,1,0,2
+    # steps in touch order (a repeat counts at its last place): 0,1 | 2,1 | 0 | 3,1
+    # recency orders (most recent first) 1,0 -> 1,2,0 -> 0,1,2 -> 1,3,0,2
     steps = [[1, 0, 1], [2, 1], [0], [3, 1]]
-    assert stack_distances(steps).tolist() == [COLD, COLD, 1, COLD, 3, 3, COLD]
-    assert expert_miss_curve(steps, 4).tolist() == [7, 6, 6, 4, 4]
+    assert stack_distances(steps).tolist() == [COLD, COLD, COLD, 1, 3, COLD, 2]
+    assert expert_miss_curve(steps, 4).tolist() == [7, 6, 5, 4, 4]
     # same-step experts never count against each other: {0,1} twice is all hits at C = 2
     assert stack_distances([[0, 1], [0, 1]]).tolist() == [COLD, COLD, 2, 1]
     assert expert_miss_curve([[0, 1], [0, 1]], 2).tolist() == [4, 3, 2]

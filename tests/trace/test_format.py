@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from wisp.core.recency import touch_order
 from wisp.trace import RoutingTrace
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -55,7 +56,7 @@ def test_npz_and_jsonl_round_trips_are_exact(tmp_path, tr):
 
 @SETTINGS
 @given(traces())
-def test_steps_are_sorted_distinct_sets(tr):
+def test_steps_are_distinct_sets_in_touch_order(tr):
     for layer in tr.layers.tolist():
         steps = tr.steps(layer)
         per_token = tr.steps(layer, per_token=True)
@@ -68,10 +69,12 @@ def test_steps_are_sorted_distinct_sets(tr):
             bounds = np.flatnonzero(np.diff(tr.step)) + 1
             starts = [0, *bounds.tolist()]
             ends = [*bounds.tolist(), tr.num_tokens]
+            col = tr.ids[:, tr.layer_position(layer), :]
             for s, a, b in zip(steps, starts, ends):
-                assert s == sorted(set().union(*[set(x) for x in per_token[a:b]]))
+                assert sorted(s) == sorted(set().union(*[set(x) for x in per_token[a:b]]))
+                assert s == touch_order(col[a:b].tolist())
         for s in steps:
-            assert s == sorted(set(s)) and all(0 <= e < tr.num_experts for e in s)
+            assert len(s) == len(set(s)) and all(0 <= e < tr.num_experts for e in s)
 
 
 def test_steps_by_hand_and_num_experts():
@@ -80,6 +83,9 @@ def test_steps_by_hand_and_num_experts():
     assert tr.steps(5) == [[3], [1, 3], [], [0, 2]]
     assert tr.num_experts == 4
     assert RoutingTrace(ids, step=[0, 0, 1, 1], layers=[5], num_experts=8).steps(5) == [[1, 3], [0, 2]]
+    # a multi-token step lists its experts by the last token routing to each, then id
+    two = np.array([[[2, 0]], [[5, 1]]], dtype=np.int16)
+    assert RoutingTrace(two, step=[0, 0], layers=[5]).steps(5) == [[0, 2, 1, 5]]
     with pytest.raises(ValueError):
         tr.steps(0)  # 0 is not one of the trace's MoE layers
 

@@ -5,7 +5,8 @@ Two launches per token group, both capturable in a CUDA graph:
    pi_inv [C], tick [C], clock) it finds the distinct routed experts, the misses, and their victims, and
    rewrites the state in place: exactly `ExpertPager.prepare`'s rule (misses in ascending id order take
    the least recently used slots the step does not need, ordered by (tick, slot); then every routed
-   expert is touched in ascending id order). It writes the miss list (expert, slot) and its length, and
+   expert is touched in `wisp.core.recency`'s order: by the last of the group's tokens routing to it,
+   then id). It writes the miss list (expert, slot) and its length, and
    adds the step to the device counters [steps, hits, misses, evictions, loads, bytes].
 2. `_copy_misses`: programs (miss i, chunk c) copy chunk c of expert miss_e[i]'s bytes from the pinned
    host master, read in place through unified virtual addressing, into slot miss_s[i]; programs past
@@ -33,21 +34,25 @@ def _bump(count_ptr, field, value):
 
 
 @triton.jit
-def _lru_decide(ids_ptr, n_pairs, pi_ptr, pi_inv_ptr, tick_ptr, clock_ptr, miss_e_ptr, miss_s_ptr, n_miss_ptr,
+def _lru_decide(ids_ptr, n_pairs, top_k, pi_ptr, pi_inv_ptr, tick_ptr, clock_ptr, miss_e_ptr, miss_s_ptr, n_miss_ptr,
                 count_ptr, N, C, expert_bytes,
                 BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
     p = tl.arange(0, BLOCK_P)
     ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=-1).to(tl.int32)
     e = tl.arange(0, BLOCK_E)
     e_ok = e < N
-    need = (tl.max((ids[None, :] == e[:, None]).to(tl.int32), axis=1) > 0) & e_ok  # [E]
+    routes = ids[None, :] == e[:, None]  # [E, P]
+    need = (tl.max(routes.to(tl.int32), axis=1) > 0) & e_ok  # [E]
+    last_token = tl.max(tl.where(routes, p[None, :] // top_k, -1), axis=1)  # [E]
+    # recency key (last token, id), distinct per expert; a needed expert's rank among the needed by it
+    key = last_token * BLOCK_E + e
+    touch_order_rank = tl.sum(((key[None, :] < key[:, None]) & need[None, :]).to(tl.int32), axis=1)  # [E]
     pi = tl.load(pi_ptr + e, mask=e_ok, other=-1)
     miss = need & (pi < 0)
     hit = need & (pi >= 0)
     miss_i = miss.to(tl.int32)
     need_i = need.to(tl.int32)
     miss_rank = tl.cumsum(miss_i, axis=0) - 1
-    need_rank = tl.cumsum(need_i, axis=0) - 1
     n_miss = tl.sum(miss_i, axis=0)
     n_need = tl.sum(need_i, axis=0)
 
@@ -72,7 +77,7 @@ def _lru_decide(ids_ptr, n_pairs, pi_ptr, pi_inv_ptr, tick_ptr, clock_ptr, miss_
     clock = tl.load(clock_ptr)
     touched = need[:, None] & (new_pi[:, None] == s[None, :])  # [E, C]
     touch_s = tl.max(touched.to(tl.int32), axis=0) > 0
-    touch_rank = tl.sum(tl.where(touched, need_rank[:, None], 0), axis=0)
+    touch_rank = tl.sum(tl.where(touched, touch_order_rank[:, None], 0), axis=0)
     new_tick = tl.where(touch_s, clock + touch_rank.to(tl.int64), tick)
 
     tl.store(pi_ptr + e, new_pi, mask=e_ok)
@@ -159,7 +164,7 @@ class DeviceLRU:
         if topk_ids.shape[-1] > self.capacity:
             raise ValueError(f"top-k {topk_ids.shape[-1]} exceeds the scratch's {self.capacity} slots")
         _lru_decide[(1,)](
-            ids, n_pairs, pi_dev, self.pi_inv, self.tick, self.clock, self.miss[0], self.miss[1], self.n_miss,
+            ids, n_pairs, topk_ids.shape[-1], pi_dev, self.pi_inv, self.tick, self.clock, self.miss[0], self.miss[1], self.n_miss,
             self.counts, self.num_experts, self.capacity, self.expert_bytes,
             BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_E=triton.next_power_of_2(max(self.num_experts, 2)),
             BLOCK_C=triton.next_power_of_2(max(self.capacity, 2)),

@@ -4,7 +4,7 @@ A prefill chunk (or a large decode batch) may route to far more experts than the
 its tokens into groups that fit would evict and reload the same experts group after group; instead the
 step runs expert by expert, and each missing expert crosses PCIe exactly once:
 1. `ExpertPager.decide` takes the step's LRU decision: hits, misses loaded into a slot and kept (the
-   step's C highest ids), and misses streamed through a staging buffer;
+   step's C most recently touched, i.e. those its last tokens route to: `wisp.core.recency`), and misses streamed through a staging buffer;
 2. the hits run from their slots in one `pairs_by_map` launch through the expert_map as it was;
 3. each streamed miss is copied into one of two staging buffers, then its pairs are computed; each kept
    miss is copied into its slot, then its pairs are computed from there;
@@ -60,7 +60,7 @@ def run_wide_step(
     hidden: torch.Tensor,  # [T, D]
     topk_ids: torch.Tensor,  # [T, K]
     topk_weights: torch.Tensor,  # [T, K]
-    experts: list[int],  # the step's distinct routed experts (already read to the host)
+    experts: list[int],  # the step's distinct routed experts in touch order (already read to the host)
     counts: list[int],  # [N] pairs routed to each expert
 ) -> torch.Tensor:
     t, k = topk_ids.shape

@@ -29,6 +29,7 @@ from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_many
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, run_wide_step
 from wisp.core.kernels import TORCH_KERNELS, MoEKernels
 from wisp.core.pager import ExpertPager, expert_bytes
+from wisp.core.recency import order_by_last_token
 
 
 class ExpertStore(ABC):
@@ -74,6 +75,16 @@ class ExpertStore(ABC):
 def sync_all_counters(stores) -> None:
     """Fold every store's device counts into its counters with one host read in all."""
     fold_many((v, s.counters) for s in stores if (v := s.device_count_vector()) is not None)
+
+
+def routed_counts_and_last_token(topk_ids: torch.Tensor, num_experts: int) -> tuple[list[int], list[int]]:
+    """Per expert: the pairs of `topk_ids` [T, K] routed to it and the last token that routes to it (-1:
+    none), in one host read."""
+    ids = topk_ids.reshape(-1).long()
+    token = torch.arange(topk_ids.shape[0], device=ids.device).repeat_interleave(topk_ids.shape[1])  # [T*K]
+    last = torch.full((num_experts,), -1, dtype=torch.long, device=ids.device).scatter_reduce_(0, ids, token, "amax")
+    both = torch.stack([torch.bincount(ids, minlength=num_experts), last]).tolist()
+    return both[0], both[1]
 
 
 def _distinct(topk_ids: torch.Tensor) -> list[int]:
@@ -132,8 +143,8 @@ class PagedExperts(ExpertStore):
 
     def forward(self, hidden, topk_ids, topk_weights):
         pager = self.pager
-        counts = torch.bincount(topk_ids.reshape(-1), minlength=pager.num_experts).tolist()  # the one host read
-        distinct = [e for e, c in enumerate(counts) if c]
+        counts, last_token = routed_counts_and_last_token(topk_ids, pager.num_experts)
+        distinct = order_by_last_token(last_token)  # the step's touch order (wisp.core.recency)
         if len(distinct) <= pager.capacity:
             expert_map = pager.prepare(distinct)
             return self.moe_fn(hidden, pager.scratch[GATE_UP], pager.scratch[DOWN], topk_ids, topk_weights, expert_map)

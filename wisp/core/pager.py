@@ -14,13 +14,15 @@ current stream, so the copies are ordered before the kernel that follows. Victim
 recently used slots that the step does not need (empty slots first, in slot order).
 
 A wide step (more than C distinct experts: a prefill chunk, a big decode batch) is decided by the same
-rule, `decide`, and run expert-major by `wisp.core.expert_major`: its C highest-id experts end in the
-slots (the C most recently touched), its other misses are computed from a staging buffer and not kept.
+rule, `decide`, and run expert-major by `wisp.core.expert_major`: its C most recently touched experts
+end in the slots, its other misses are computed from a staging buffer and not kept.
 Every miss crosses PCIe once per step, and hits and misses are exactly what an LRU cache of C items
 with set-valued steps gives, so `wisp.core.reuse`'s miss curves hold for every C, wide steps included.
 
-Recency is defined exactly so a plain LRU model can replay it: within a step the routed experts are
-touched in ascending id order, each getting the next clock value.
+Recency is defined exactly so a plain LRU model can replay it: a step's experts are touched in the order
+`wisp.core.recency` defines (by the last token that routes to each, then id), each getting the next
+clock value. `prepare` and `decide` take that order: a flat list of expert ids, least recent first (a
+repeated id counts at its last place).
 
 Two sides: the state above lives on the host (`prepare`, used by prefill and eager steps) or on the
 device (`prepare_on_device`, CUDA only: `wisp.core.device_pager` decides and copies with no host sync,
@@ -40,6 +42,7 @@ from typing import Sequence
 import torch
 
 from wisp.core.counters import ExpertCounters, add_counts, fold_counts
+from wisp.core.recency import distinct_in_order
 
 
 @dataclass(frozen=True)
@@ -128,8 +131,8 @@ class ExpertPager:
 
     # -- the host side ------------------------------------------------------------------------------
     def prepare(self, experts: Sequence[int]) -> torch.Tensor:
-        """Make the distinct routed `experts` of one narrow step (at most C of them) resident; return
-        pi_dev (the expert_map). A wider step runs expert-major (`wisp.core.expert_major`)."""
+        """Make the routed `experts` of one narrow step (at most C distinct, in touch order) resident;
+        return pi_dev (the expert_map). A wider step runs expert-major (`wisp.core.expert_major`)."""
         n_need = len(set(int(e) for e in experts))
         if n_need > self.capacity:
             raise ValueError(f"step needs {n_need} experts but the scratch has {self.capacity} slots")
@@ -144,16 +147,17 @@ class ExpertPager:
         """One step's LRU decision on the host state (no bytes move here; the caller copies `loads` into
         their slots, streams `streamed` through staging, and then calls `publish_map`).
 
-        The step's distinct experts are touched in ascending id order, so the C most recently used
-        after it are the step's C highest ids (all of them when they number at most C): those stay in
-        the slots; misses among them are loaded into the least recently used slots holding anything
-        else (empty first, by (tick, slot)); the other misses of a wide step are streamed (computed
-        from a staging buffer, not kept). Each miss crosses PCIe once either way."""
+        `experts` is the step's touch order (`wisp.core.recency`), so its last C distinct experts are
+        the most recently used after it (all of them when they number at most C): those stay in the
+        slots; misses among them, in ascending id, are loaded into the least recently used slots holding
+        anything else (empty first, by (tick, slot)); the other misses of a wide step are streamed
+        (computed from a staging buffer, not kept). Each miss crosses PCIe once either way."""
         self.use_host()
-        need = sorted(set(int(e) for e in experts))
-        if need and not (0 <= need[0] and need[-1] < self.num_experts):
-            raise ValueError(f"expert ids must be in [0, {self.num_experts}), got {need}")
-        kept = set(need[-self.capacity :])
+        order = distinct_in_order(experts)
+        if order and not (0 <= min(order) and max(order) < self.num_experts):
+            raise ValueError(f"expert ids must be in [0, {self.num_experts}), got {sorted(order)}")
+        need = sorted(order)
+        kept = set(order[-self.capacity :])
         hits = [e for e in need if self.pi[e] >= 0]
         misses = [e for e in need if self.pi[e] < 0]
         keep_slots = {self.pi[e] for e in hits if e in kept}
@@ -167,7 +171,7 @@ class ExpertPager:
             self.pi[expert] = slot
             self.pi_inv[slot] = expert
             loads.append((expert, slot))
-        for e in need:
+        for e in order:
             if self.pi[e] >= 0:
                 self.tick[self.pi[e]] = self._clock
             self._clock += 1

@@ -9,14 +9,15 @@ Why one pass suffices (LRU with set semantics is a stack algorithm)
 ------------------------------------------------------------------
 A step references a SET S of items that must be resident together; the cache evicts the least recently
 used residents NOT in S. Define the recency order after step t: S_t on top, touched in the step's order
-(experts: ascending id, so a larger id is more recent; KV: see `kv_stack_distances`), then every other
+(experts: `wisp.core.recency`'s order, by last token then id; KV: see `kv_stack_distances`), then every other
 item in its previous order. Claim: after every step, a cache of capacity C >= max|S| holds exactly the
 top-C items of this order (or every item seen so far, if fewer). Induction: let R = top-C of the old
 order, H = S & R (hits), M = S - R (misses). R - S is a prefix of (old order - S), because R is a prefix
 of the old order. The cache drops the |M| - (C - |R|) least recent of R - S (empty slots are used first),
 keeping its C - |S| most recent ones, i.e. the (C - |S|)-prefix of (old order - S); together with S that
 is the top-C of the new order. ExpertPager's ticks are exactly this order (every step re-ticks its
-experts in ascending id), so its resident set is the top-C set at every capacity at once.
+experts in its touch order), so its resident set is the top-C set at every capacity at once. The
+touch order must not depend on C, and `wisp.core.recency`'s does not.
 Hence an item e referenced at step t hits iff its position in the order BEFORE step t's updates is <= C.
 That position is its stack distance:
     d(e, t) = 1 + #{distinct items whose recency is newer than e's}, counted before step t's updates,
@@ -24,9 +25,9 @@ so items of the same step never count against each other. A first reference has 
 (a cold miss, stored as COLD = -1). Therefore, for every C >= 1,
     m[C] = #cold references + #{references with d > C}.
 The claim needs no C >= |S|: a wide step (|S| > C) hits exactly its resident members (d <= C), and
-afterwards the cache holds S's C most recent, which is what `ExpertPager.decide` keeps (the step's C
-highest ids; the rest are streamed through staging, `wisp.core.expert_major`). So the curve is the
-pager's at every C, including prefill chunks wider than the scratch.
+afterwards the cache holds S's C most recent, which is what `ExpertPager.decide` keeps (those the
+step's last tokens route to; the rest are streamed through staging, `wisp.core.expert_major`). So the
+curve is the pager's at every C, including prefill chunks wider than the scratch.
 
 Computation: each reference gets a fresh clock value; a Fenwick tree over clock values marks the latest
 clock of every item, so d = 1 + (#marks newer than the item's last clock), one O(log n) query; a step
@@ -43,6 +44,8 @@ import math
 from collections.abc import Hashable, Sequence
 
 import numpy as np
+
+from wisp.core.recency import distinct_in_order
 
 COLD = -1  # the stack distance of a first reference (infinite: a miss at every capacity)
 
@@ -97,20 +100,22 @@ def _ordered_distances(steps: Sequence[Sequence[Hashable]]) -> np.ndarray:
 
 
 def expert_sets(steps: Sequence[Sequence[int]], num_experts: int | None) -> list[list[int]]:
-    """Each step's distinct expert ids, sorted (checked against [0, num_experts) when it is given)."""
-    sets = [sorted({int(e) for e in step}) for step in steps]
+    """Each step's distinct expert ids in touch order (`ExpertPager.decide`'s input: a repeated id counts
+    at its last place), checked against [0, num_experts) when it is given."""
+    sets = [distinct_in_order(step) for step in steps]
     if num_experts is not None:
         for t, s in enumerate(sets):
-            if s and not (0 <= s[0] and s[-1] < num_experts):
-                raise ValueError(f"step {t}: expert ids must be in [0, {num_experts}), got {s}")
+            if s and not (0 <= min(s) and max(s) < num_experts):
+                raise ValueError(f"step {t}: expert ids must be in [0, {num_experts}), got {sorted(s)}")
     return sets
 
 
 def stack_distances(steps: Sequence[Sequence[int]], num_experts: int | None = None) -> np.ndarray:
     """Per-reference stack distances of an expert step sequence (ExpertPager semantics).
 
-    References are ordered step by step and, within a step, by ascending DISTINCT expert id (repeats
-    within a step are one reference, as in `ExpertPager.prepare`). int64 [n]; COLD (-1) marks a first
+    Each step lists its experts in touch order (`wisp.core.recency.touch_order` of its tokens; one
+    token's step is its ids in ascending order); repeats within a step are one reference, at the last
+    place, as in `ExpertPager.decide`. int64 [n]; COLD (-1) marks a first
     reference. With `num_experts`, ids outside [0, num_experts) raise ValueError.
     """
     return _ordered_distances(expert_sets(steps, num_experts))

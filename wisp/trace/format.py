@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from wisp.core.recency import touch_order
+
 
 class RoutingTrace:
     def __init__(
@@ -110,7 +112,9 @@ class RoutingTrace:
         return int(hit[0])
 
     def steps(self, layer: int, per_token: bool = False) -> list[list[int]]:
-        """Each step's sorted distinct experts at model layer `layer` (a value of `layers`).
+        """Each step's distinct experts at model layer `layer` (a value of `layers`), in the pager's touch
+        order (`wisp.core.recency`: by the last token routing to each, then id; one token's step is its
+        ids sorted), so `wisp.core.reuse` replays exactly what `ExpertPager` did.
 
         Missing ids are dropped; a step with none is an empty list (kept, so steps align across layers).
         per_token=True ignores `step` and makes every token its own step.
@@ -121,11 +125,7 @@ class RoutingTrace:
         if self.step is None or per_token:
             return [sorted(set(row[row >= 0].tolist())) for row in col]
         bounds = np.flatnonzero(np.diff(self.step)) + 1
-        out = []
-        for block in np.split(col, bounds):
-            valid = block[block >= 0]
-            out.append(np.unique(valid).tolist())
-        return out
+        return [touch_order(block.tolist()) for block in np.split(col, bounds)]
 
     @classmethod
     def concat(cls, traces: Sequence[RoutingTrace], metadata: dict[str, Any] | None = None) -> RoutingTrace:

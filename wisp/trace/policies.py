@@ -4,7 +4,8 @@ Owns `simulate(steps, capacity, policy)` and `miss_table(...)`, the baselines th
 (`wisp.core.reuse.expert_miss_curve`) is compared against. A step is a SET of experts; all the demand
 policies below use the pager's set semantics: the step's experts must be resident together, a miss
 loads the expert, and the victims are chosen among resident experts the step does NOT need (empty
-slots first). Within a step experts are referenced in ascending id order (this fixes LRU/LFU clocks).
+slots first). Within a step experts are referenced in the step's touch order, as listed (a repeated id
+at its last place: `wisp.core.recency`; this fixes LRU/LFU clocks).
 
 Policies (misses counted per distinct expert per step, as `ExpertCounters.misses`):
 - "lru":    evict the least recently used non-needed resident (exactly `ExpertPager`; a direct
@@ -43,7 +44,7 @@ OUT_OF_DOMAIN = -1  # miss_table's entry where a demand policy cannot run (C < l
 
 def _sets(steps: Sequence[Sequence[int]]) -> list[list[int]]:
     sets = expert_sets(steps, None)
-    if any(s and s[0] < 0 for s in sets):
+    if any(s and min(s) < 0 for s in sets):
         raise ValueError("expert ids must be >= 0")
     return sets
 
@@ -76,7 +77,7 @@ def _lru(sets: list[list[int]], capacity: int) -> int:
     clock = itertools.count()
 
     def touch(need: list[int], t: int) -> None:
-        for e in need:  # ascending ids: later id = more recent, as in ExpertPager
+        for e in need:  # touch order: later = more recent, as in ExpertPager
             last[e] = next(clock)
 
     return _demand(sets, capacity, lambda e: last[e], touch)
