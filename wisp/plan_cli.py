@@ -22,7 +22,7 @@ from wisp.trace.policies import OUT_OF_DOMAIN, POLICIES
 
 def model_shape(name: str, dtype: str | None = None) -> ModelConfig:
     """A model's config without its weights: a preset, 'demo', a folder or a hub id (as the engine resolves it)."""
-    from wisp.engine.engine import model_source
+    from wisp.models.source import model_source
 
     cfg = model_source(EngineConfig(model=name, load_format="dummy"))[1]
     override = parse_dtype(dtype)

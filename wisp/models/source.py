@@ -1,10 +1,24 @@
-"""Where a model comes from: `demo`, a local directory, or (network permitting) a hub id."""
+"""Where a model comes from: `demo`, a local directory, (network permitting) a hub id, or with
+`--load-format dummy` a shape preset; and its config, read without loading anything else."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from wisp.config import EngineConfig, ModelConfig
 from wisp.errors import WispError
+from wisp.models.presets import PRESETS, preset
+
+
+def model_source(config: EngineConfig) -> tuple[Path | None, ModelConfig]:
+    """(checkpoint folder or None, config): a folder / 'demo' / hub id, or with --load-format dummy also
+    a preset name (qwen3-30b-a3b, ...), whose weights are made up on the device."""
+    if config.model in PRESETS:
+        if config.load_format != "dummy":
+            raise WispError(f"{config.model} is a shape preset with no weights: use --load-format dummy")
+        return None, ModelConfig.from_hf(preset(config.model))
+    path = resolve_model_path(config.model)
+    return path, ModelConfig.from_dir(path)
 
 
 def resolve_model_path(model: str | Path) -> Path:
