@@ -5,7 +5,7 @@ interleavings of:
 - admit: a "sequence" whose tokens extend a prefix of one of a few base token lists (so prefixes are
   often shared), admitted as the scheduler does (`match_prefix(tokens[:-1])`, `acquire(hits)`,
   `allocate(need)` only when `need <= available() - hits with refcount 0`), then its full blocks
-  registered with chained keys as `LLMEngine._register_full_blocks` does;
+  registered with chained keys as `Scheduler.postprocess` does (`_advance`);
 - extend: one more token for a live sequence (decode), a block allocated when it crosses a boundary;
 - release: a random live sequence, with its full registered blocks expected in `cached` (tail block
   first) and the rest in `free`;
@@ -126,7 +126,7 @@ class PoolMachine(RuleBasedStateMachine):
             self.content[b] = chunk
 
     def _register(self, seq: Seq) -> None:
-        """The engine's _register_full_blocks, checked against the model."""
+        """The scheduler's block registration (`Scheduler._advance`), checked against the model."""
         bs = self.bs
         for i in range(len(seq.keys), len(seq.tokens) // bs):
             chunk = seq.tokens[i * bs : (i + 1) * bs]

@@ -40,7 +40,7 @@ def run(eng: LLMEngine, prompts, max_tokens=(9, 14, 6)) -> list[list[torch.Tenso
 @pytest.mark.parametrize("mode,cap", MODES)
 def test_graph_decode_equals_eager(mode, cap):
     graphed, eager = engine(mode, cap, False), engine(mode, cap, True)
-    assert graphed.graphs is not None and eager.graphs is None
+    assert graphed.runner.graphs is not None and eager.runner.graphs is None
     a, b = run(graphed, PROMPTS), run(eager, PROMPTS)
     assert graphed.stats()["graph_steps"] > 0 and eager.stats()["graph_steps"] == 0
     for la, lb in zip(a, b):
@@ -67,6 +67,6 @@ def test_plan_resize_recaptures_graphs():
     eng = engine("paged", 6, False)
     before = run(eng, PROMPTS[:1], (8,))[0]
     eng.apply_plan([4] * len(eng.model.experts), eng.pool.num_blocks + 3)
-    assert eng.graphs is not None
+    assert eng.runner.graphs is not None
     after = run(eng, PROMPTS[:1], (8,))[0]
     assert all(torch.equal(x, y) for x, y in zip(before, after))

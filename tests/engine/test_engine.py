@@ -159,7 +159,7 @@ def test_graphs_replay_only_decode_batches_whose_experts_fit(make_engine, mode, 
     """demo: top-4 of 16. A paged graph pages in groups of C // top_k tokens, so a wider decode batch runs
     eagerly (expert-major, each missing expert once) instead of reloading experts group after group."""
     engine = make_engine(mode=mode, expert_cap=cap, max_concurrency=concurrency)
-    assert engine.graph_max_batch() == expected
+    assert engine.runner.graph_max_batch() == expected
 
 
 def test_stats_report_the_shared_staging_buffers(make_engine):

@@ -59,7 +59,7 @@ def _reset_peak(device: torch.device) -> None:
 
 
 def model_config_for(model: str, load_format: str) -> ModelConfig:
-    from wisp.engine.engine import model_source
+    from wisp.models.source import model_source
 
     return model_source(EngineConfig(model=model, load_format=load_format))[1]
 
@@ -86,9 +86,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
     if trace is not None:
         cfg = llm.config
         replay = RoutingReplay(trace, cfg.moe_layer_ids, cfg.num_experts, cfg.top_k, device)
-        llm.engine.model.routing_override = replay
-        llm.engine.step_hooks.append(replay.advance)
-        llm.engine.capture_graphs()  # the graphs must read the replay buffer
+        llm.engine.runner.set_routing_replay(replay)  # re-captures the graphs: they must read the replay buffer
     peak_load = _peak(device)
     vocab = llm.config.vocab_size
     # request 0's prompt is the one batch-1 records have always used (seed 0); the warm-up's is seed 1

@@ -31,7 +31,7 @@ from wisp.errors import WispError
 
 class RoutedUnion:
     """Per MoE layer, the set of experts routed since `reset`, kept on the device (no host sync): a
-    routing hook for eager steps."""
+    routing observer of the engine's runner (`ModelRunner.add_routing_observer`)."""
 
     def __init__(self, layers: list[int], num_experts: int, device: torch.device):
         self.row = {layer: i for i, layer in enumerate(layers)}
@@ -39,6 +39,9 @@ class RoutedUnion:
 
     def reset(self) -> None:
         self.seen.zero_()
+
+    def begin_step(self) -> None:
+        """Steps are not told apart: the union spans them all."""
 
     def record(self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
         self.seen[self.row[layer], topk_ids.reshape(-1)] = True
@@ -75,7 +78,7 @@ def run_prefill(model: str, mode: str, cap: int | None, opts: dict, prompt_lens:
             torch.cuda.reset_peak_memory_stats(device)
         resident = _resident_mask(llm, union)
         union.reset()
-        engine.model.routing_hook = union.record
+        observing = engine.runner.add_routing_observer(union)
         rid = f"prefill-{p}"
         t_start = time.perf_counter()
         engine.add_request(rid, prompt, SamplingParams(max_tokens=2, ignore_eos=True), strict_length=False)
@@ -85,7 +88,7 @@ def run_prefill(model: str, mode: str, cap: int | None, opts: dict, prompt_lens:
             engine.step()
             steps += 1
         ttft = time.perf_counter() - t_start
-        engine.model.routing_hook = None
+        observing.remove()
         engine.abort_request(rid)
         s = llm.stats()
         n_layers = len(cfg.moe_layer_ids)

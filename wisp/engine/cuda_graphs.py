@@ -13,7 +13,8 @@ are asked for.
 Invariants: a replay computes exactly what the eager engine would (same kernels, same order: tested
 with torch.equal); graphs are captured only while the KV pool holds no data (the warm-up writes block 0)
 and are re-captured whenever the KV tensors or a scratch is reallocated (resize / apply_plan) and
-whenever the model's `routing_override` is set or cleared (a graph reads what was there at capture).
+whenever a routing replay is set or cleared (a graph reads what was there at capture): the
+`ModelRunner` owns them and does both.
 """
 
 from __future__ import annotations

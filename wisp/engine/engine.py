@@ -1,6 +1,8 @@
-"""LLMEngine: one loop of schedule() -> model forward over the KV pool -> postprocess().
+"""LLMEngine: one loop of scheduler.schedule() -> runner.run() -> scheduler.postprocess().
 
-Owns the model, the KV cache tensors, the block pool and the scheduler, sized and validated at start:
+The scheduler picks each step's tokens and, after it, advances and finishes the requests; the
+`ModelRunner` computes the step (eagerly or as a CUDA graph) and samples. The engine owns the requests
+by id, the model, the KV cache tensors, the block pool, the scheduler and the runner, sized and validated at start:
 the engine refuses to start unless the pool holds the admission floor, max_concurrency (W) x
 ceil(max_model_len (L) / block_size) blocks, and says in one line how many bytes it has and needs.
 
@@ -10,7 +12,6 @@ Not thread-safe: one thread calls add_request / abort_request / step (the server
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,18 +21,17 @@ from wisp.config import EngineConfig, ModelConfig, parse_dtype
 from wisp.core.counters import sum_counters
 from wisp.core.experts import PagedExperts, sync_all_counters
 from wisp.engine.block_pool import BlockPool
-from wisp.engine.cuda_graphs import DecodeGraphs
-from wisp.engine.kv_cache import BlockTableKV, KVCache
+from wisp.engine.detokenizer import IncrementalDetokenizer
+from wisp.engine.kv_cache import KVCache
+from wisp.engine.model_runner import ModelRunner
 from wisp.engine.sampling import SamplingParams
-from wisp.engine.scheduler import Scheduler, decodes
+from wisp.engine.scheduler import Scheduler
 from wisp.engine.sequence import Sequence
 from wisp.engine.tokenizer import TextTokenizer
 from wisp.errors import WispError
 from wisp.models.loader import CheckpointReader, load_model
-from wisp.models.presets import PRESETS, preset
 from wisp.models.random_checkpoint import RandomWeights
-from wisp.models.moe_decoder import Chunk
-from wisp.models.source import resolve_model_path
+from wisp.models.source import model_source
 
 
 @dataclass
@@ -56,65 +56,33 @@ class LLMEngine:
         config.resolve_backend("moe", self.device)  # fail before loading anything
         self.expert_cap = config.resolve_cap(cfg) if config.per_layer_caps is None else max(config.per_layer_caps)
         self.max_model_len = config.resolve_max_model_len(cfg)
-        bs = config.kv_block_size
-        self.block_bytes = KVCache.block_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bs, cfg.dtype)
-        self.floor_blocks = config.max_concurrency * -(-self.max_model_len // bs)
-        num_blocks = self._pool_blocks()
+        self.block_bytes = KVCache.block_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.kv_block_size,
+                                               cfg.dtype)
+        self.floor_blocks = config.max_concurrency * -(-self.max_model_len // config.kv_block_size)
+        num_blocks = self._pool_blocks()  # refuse a too-small pool before loading anything
         self.tokenizer = TextTokenizer.from_dir(self.path) if self.path else None
         self.chat_template, self.special_tokens = _tokenizer_config(self.path) if self.path else (None, {})
-        if config.load_format == "dummy":
-            reader = RandomWeights(cfg, device=self.device)
-        else:
-            reader = CheckpointReader(self.path)
-        self.model = load_model(reader, cfg, config, self.device)
-        self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, bs, num_blocks, cfg.dtype, self.device,
-                          attention=config.resolve_backend("attention", self.device))
-        self.pool = BlockPool(num_blocks, bs)
-        self.scheduler = Scheduler(self.pool, config.max_concurrency, config.max_num_batched_tokens,
-                                   config.enable_prefix_caching)
+        self.model = load_model(_weights(config, cfg, self.path, self.device), cfg, config, self.device)
+        self._build_pools(num_blocks)
         self.requests: dict[str, Sequence] = {}
-        self.step_hooks: list = []  # called before each forward (e.g. a routing recorder opening a step)
-        self.tokens_prefilled = 0
-        self.tokens_decoded = 0
-        self.graphs: DecodeGraphs | None = None
-        self.graph_steps = 0
-        self.capture_graphs()
+        self.runner.capture_graphs()
 
-    def graphs_enabled(self) -> bool:
-        c = self.config
-        # graphs read (paged, zero-copy) or copy (offload) host masters: only pinned memory may be captured
-        return (self.device.type == "cuda" and not c.enforce_eager and c.cuda_graph_max_batch > 0
-                and (c.pin_memory or c.mode == "resident")
-                and c.resolve_backend("moe", self.device) == "triton" and self.kv.uses_triton)
+    def _build_pools(self, num_blocks: int) -> None:
+        """The KV tensors, the block pool over them, the scheduler of that pool and the runner."""
+        c, cfg = self.config, self.model_config
+        self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, c.kv_block_size, num_blocks, cfg.dtype,
+                          self.device, attention=c.resolve_backend("attention", self.device))
+        self.pool = BlockPool(num_blocks, c.kv_block_size)
+        self.scheduler = Scheduler(self.pool, c.max_concurrency, c.max_num_batched_tokens, c.enable_prefix_caching)
+        self.runner = ModelRunner(self.model, self.kv, self.pool, c, self.max_model_len)
 
-    def graph_max_batch(self) -> int:
-        """The largest decode batch replayed as a CUDA graph. In paged mode also B x top_k <= the smallest
-        cap: a graph pages in device groups of C // top_k tokens, and a wider batch would evict and reload
-        experts group after group within one step; it runs eagerly instead, expert-major, each missing
-        expert copied once (replayed real Mixtral decode routing, four streams at once, C = 4: 3.34 -> 2.55
-        misses per layer and step; `benchmarks/wide_step_rules.py`)."""
-        c = self.config
-        limit = min(c.cuda_graph_max_batch, c.max_concurrency)
-        caps = [s.pager.capacity for s in self.model.experts.values() if isinstance(s, PagedExperts)]
-        return min(limit, min(caps) // self.model_config.top_k) if caps else limit
+    @property
+    def tokens_prefilled(self) -> int:
+        return self.runner.tokens_prefilled
 
-    @torch.inference_mode()
-    def capture_graphs(self) -> None:
-        """(Re)capture the decode graphs; only while the pool holds no data (the warm-up writes block 0)."""
-        self.graphs = None
-        if not self.graphs_enabled():
-            return
-        assert self.pool.num_used == 0 and self.pool.num_cached == 0, "decode graphs are captured only over an empty pool"
-        width = -(-self.max_model_len // self.pool.block_size)
-        stores = list(self.model.experts.values())
-        sync_all_counters(stores)
-        before = [replace(s.counters) for s in stores]
-        self.graphs = DecodeGraphs(self.model, self.kv, self.graph_max_batch(), width)
-        sync_all_counters(stores)
-        for store, counters in zip(stores, before):  # the warm-up's routing is not traffic
-            store.counters.copy_from(counters)
-            if isinstance(store, PagedExperts):
-                store.pager.clear()  # its copies overwrote slots: the LRU restarts empty, as after a resize
+    @property
+    def tokens_decoded(self) -> int:
+        return self.runner.tokens_decoded
 
     def _pool_blocks(self) -> int:
         c = self.config
@@ -158,7 +126,9 @@ class LLMEngine:
             )
         if request_id in self.requests:
             raise WispError(f"request id {request_id!r} is already in use")
-        seq = Sequence(request_id, list(prompt_ids), params, self.max_model_len, keep_logits=keep_logits)
+        detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else None
+        seq = Sequence(request_id, list(prompt_ids), params, self.max_model_len, keep_logits=keep_logits,
+                       detokenizer=detokenizer)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
 
@@ -171,80 +141,20 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     # -- the loop -----------------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self) -> list[StepOutput]:
         """One scheduled step; returns an output for each sequence that sampled a token (a prefill chunk
         that does not reach its prompt's end samples nothing)."""
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        for hook in self.step_hooks:
-            hook()
-        seqs = batch.seqs
-        if batch.is_decode and self.graphs is not None and len(seqs) <= self.graphs.max_batch \
-                and self.model.routing_hook is None:
-            logits = self.graphs.run([s.token_ids[s.num_computed] for s in seqs], [s.num_computed for s in seqs],
-                                     [s.block_table for s in seqs])
-            self.graph_steps += 1
-            self.tokens_decoded += len(seqs)
-            return [self._postprocess(seq, 1, row) for seq, row in zip(seqs, logits)]
-        if self.graphs is not None:
-            self.model.use_paging_side("host")  # after graph decode: every layer's LRU state in one read
-        chunks, tokens = [], []
-        for seq, n in zip(seqs, batch.num_tokens):
-            ids = seq.token_ids[seq.num_computed : seq.num_computed + n]
-            chunks.append(Chunk(BlockTableKV(self.kv, seq.block_table), seq.num_computed, n))
-            tokens.extend(ids)
-            if decodes(seq, n):
-                self.tokens_decoded += 1
-            else:
-                self.tokens_prefilled += n
-        hidden = self.model.forward(torch.tensor(tokens, device=self.device), chunks)
-        ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
-        sampling = [i for i, (seq, n) in enumerate(zip(seqs, batch.num_tokens)) if seq.num_computed + n == len(seq)]
-        logits = self.model.logits(hidden[ends[sampling].to(self.device)]) if sampling else []
-        for i, (seq, n) in enumerate(zip(seqs, batch.num_tokens)):
-            if i not in sampling:  # a prefill chunk short of the prompt's end: KV written, nothing sampled
-                seq.num_computed += n
-                self._register_full_blocks(seq)
-        return [self._postprocess(seqs[i], batch.num_tokens[i], row) for i, row in zip(sampling, logits)]
-
-    def _postprocess(self, seq: Sequence, computed: int, logits: torch.Tensor) -> StepOutput:
-        seq.num_computed += computed
-        self._register_full_blocks(seq)
-        token = seq.sampler(logits)
-        now = time.perf_counter()
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        seq.output_ids.append(token)
-        if seq.logits is not None:
-            seq.logits.append(logits.cpu())
-        p = seq.params
-        reason = None
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.model_config.eos_token_ids):
-            reason = "stop"
-        elif len(seq.output_ids) >= p.max_tokens or len(seq) >= seq.max_len:
-            reason = "length"
-        if self.tokenizer is not None:
-            seq.text = self.tokenizer.decode(seq.output_ids)
-            for stop in p.stop:
-                cut = seq.text.find(stop)
-                if cut >= 0:
-                    seq.text, reason = seq.text[:cut], "stop"
-        if reason is not None:
-            seq.finish_time = now
-            self.scheduler.finish(seq, reason)
-            self.requests.pop(seq.request_id, None)
-        return StepOutput(seq.request_id, [token], list(seq.output_ids), seq.text, seq.finished, seq.finish_reason, len(seq.prompt_ids))
-
-    def _register_full_blocks(self, seq: Sequence) -> None:
-        bs, ids = self.pool.block_size, seq.token_ids
-        for i in range(len(seq.block_keys), seq.num_computed // bs):
-            parent = seq.block_keys[-1] if seq.block_keys else None
-            seq.block_keys.append(self.pool.register(seq.block_table[i], parent, ids[i * bs : (i + 1) * bs]))
+        sampled = self.runner.run(batch)
+        done = self.scheduler.postprocess(batch, sampled, self.model_config.eos_token_ids)
+        for seq in done:
+            if seq.finished:
+                self.requests.pop(seq.request_id, None)
+        return [_output(seq) for seq in done]
 
     # -- extras -------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
         """Logits [T, V] at every prompt position (teacher forcing), computed in fresh blocks."""
         self.validate_prompt(prompt_ids)
@@ -253,9 +163,7 @@ class LLMEngine:
             raise WispError(f"the KV pool has no room for a {len(prompt_ids)}-token prompt right now")
         table = self.pool.allocate(need)
         try:
-            kv = BlockTableKV(self.kv, table)
-            hidden = self.model.forward(torch.tensor(prompt_ids, device=self.device), [Chunk(kv, 0, len(prompt_ids))])
-            return self.model.logits(hidden)
+            return self.runner.prompt_logits(prompt_ids, table)
         finally:
             self.pool.release(table)
 
@@ -264,11 +172,11 @@ class LLMEngine:
         if self.scheduler.running:
             raise WispError(f"cannot resize the KV pool while {len(self.scheduler.running)} requests run")
         self.check_floor(num_blocks)
-        self.graphs = None  # they point at the old KV tensors
+        self.runner.drop_graphs()  # they point at the old KV tensors
         self.pool.resize(num_blocks)
         self.kv.resize(num_blocks)
         if capture:
-            self.capture_graphs()
+            self.runner.capture_graphs()
 
     def apply_plan(self, expert_caps: list[int], kv_blocks: int) -> None:
         """Resize both pools at a drained moment: each paged layer's scratch to its cap, the KV pool to
@@ -281,24 +189,43 @@ class LLMEngine:
         paged = {li: s for li, s in self.model.experts.items() if isinstance(s, PagedExperts)}
         if len(paged) != len(caps):
             raise WispError("a plan's expert caps apply to --mode paged only")
+        self.runner.drop_graphs()  # they point at the old scratches
+        self._resize_pools(paged, caps, kv_blocks)
+        self.config = self.runner.config = cfg
+        self.expert_cap = max(caps.values())
+        self.runner.capture_graphs()
+
+    def _resize_pools(self, paged: dict[int, PagedExperts], caps: dict[int, int], kv_blocks: int) -> None:
+        """The shrinking side first, so the two never hold their larger sizes at once."""
         kv_shrinks = kv_blocks < self.pool.num_blocks
-        self.graphs = None  # they point at the old scratches
         if kv_shrinks:
             self.resize_kv(kv_blocks, capture=False)
         for li, store in paged.items():
             store.resize(caps[li])
         if not kv_shrinks:
             self.resize_kv(kv_blocks, capture=False)
-        self.config = cfg
-        self.expert_cap = max(caps.values())
-        self.capture_graphs()
 
     def stats(self) -> dict:
         stores = self.model.experts
         sync_all_counters(stores.values())  # one host read for every layer's device counts
+        runner = self.runner
+        return {
+            **self._expert_stats(),
+            "tokens_prefilled": runner.tokens_prefilled,
+            "tokens_decoded": runner.tokens_decoded,
+            "graph_steps": runner.graph_steps,
+            "expert_device_bytes": sum(s.device_bytes for s in stores.values()),
+            "expert_staging_bytes": _staging_bytes(stores.values()),  # wide steps' two buffers, shared by layers
+            **self._kv_stats(),
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "per_layer": {str(li): s.counters.as_dict() for li, s in stores.items()},
+        }
+
+    def _expert_stats(self) -> dict:
+        stores = self.model.experts
         total = sum_counters(s.counters for s in stores.values())
         routed = total.hits + total.misses
-        pool, kvc = self.pool, self.pool.counters
         return {
             "mode": self.config.mode,
             "expert_cap": self.expert_cap,
@@ -310,11 +237,11 @@ class LLMEngine:
             "bytes_h2d": total.bytes_h2d,
             "moe_steps": total.steps,
             "hit_rate": total.hits / routed if routed else 0.0,
-            "tokens_prefilled": self.tokens_prefilled,
-            "tokens_decoded": self.tokens_decoded,
-            "graph_steps": self.graph_steps,
-            "expert_device_bytes": sum(s.device_bytes for s in stores.values()),
-            "expert_staging_bytes": _staging_bytes(stores.values()),  # wide steps' two buffers, shared by layers
+        }
+
+    def _kv_stats(self) -> dict:
+        pool, kvc = self.pool, self.pool.counters
+        return {
             "kv_block_size": pool.block_size,
             "kv_block_bytes": self.block_bytes,
             "kv_blocks_total": pool.num_blocks,
@@ -325,9 +252,6 @@ class LLMEngine:
             "prefix_hit_tokens": kvc.prefix_hit_tokens,
             "prefix_miss_tokens": kvc.prefix_miss_tokens,
             "preemptions": kvc.preemptions,
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
-            "per_layer": {str(li): s.counters.as_dict() for li, s in stores.items()},
         }
 
     def reset_stats(self) -> None:
@@ -337,23 +261,22 @@ class LLMEngine:
         peak = self.pool.counters.peak_blocks_used
         self.pool.counters = type(self.pool.counters)()
         self.pool.counters.peak_blocks_used = min(peak, self.pool.num_used)
-        self.tokens_prefilled = self.tokens_decoded = self.graph_steps = 0
+        self.runner.reset_counters()
+
+
+def _output(seq: Sequence) -> StepOutput:
+    return StepOutput(seq.request_id, [seq.output_ids[-1]], list(seq.output_ids), seq.text, seq.finished,
+                      seq.finish_reason, len(seq.prompt_ids))
+
+
+def _weights(config: EngineConfig, cfg: ModelConfig, path: Path | None, device: torch.device):
+    """Where the weights come from: made up on the device (--load-format dummy) or the checkpoint."""
+    return RandomWeights(cfg, device=device) if config.load_format == "dummy" else CheckpointReader(path)
 
 
 def _staging_bytes(stores) -> int:
     staging = {id(s.staging): s.staging for s in stores if isinstance(s, PagedExperts) and s.staging is not None}
     return sum(b.device_bytes for b in staging.values())
-
-
-def model_source(config: EngineConfig) -> tuple[Path | None, ModelConfig]:
-    """(checkpoint folder or None, config): a folder / 'demo' / hub id, or with --load-format dummy also
-    a preset name (qwen3-30b-a3b, ...), whose weights are made up on the device."""
-    if config.model in PRESETS:
-        if config.load_format != "dummy":
-            raise WispError(f"{config.model} is a shape preset with no weights: use --load-format dummy")
-        return None, ModelConfig.from_hf(preset(config.model))
-    path = resolve_model_path(config.model)
-    return path, ModelConfig.from_dir(path)
 
 
 def _tokenizer_config(path) -> tuple[str | None, dict]:

@@ -10,6 +10,10 @@ most recently admitted request is preempted by recompute: its blocks are release
 cached) and it goes back to the front of the queue, to be re-prefilled from prompt + output so far.
 Nothing is ever dropped.
 
+After the step, `postprocess` advances each sequence by the tokens it computed, hands its newly full
+blocks to the pool (hashed, for the prefix cache), appends the token it sampled, and finishes it when
+a stop condition holds (`wisp.engine.stopping`).
+
 Invariants: a running sequence holds ceil(len(seq) / block_size) blocks after `schedule` (a prompt's
 blocks are all taken at admission); a waiting one holds none; a step's tokens of one sequence are its
 next `n` uncomputed tokens, and only a step that reaches its last token samples.
@@ -17,11 +21,14 @@ next `n` uncomputed tokens, and only a step that reaches its last token samples.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Collection
 
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.sequence import Sequence, Status
+from wisp.engine.stopping import stop_reason
 
 
 @dataclass
@@ -137,3 +144,36 @@ class Scheduler:
         seq.block_table = []
         seq.status = Status.FINISHED
         seq.finish_reason = reason
+
+    def postprocess(self, batch: Batch, sampled: list[int | None], eos_token_ids: Collection[int]) -> list[Sequence]:
+        """After a step computed `batch`: per sequence the token it sampled, or None (a prefill chunk short
+        of its prompt's end). Returns the sequences that sampled, in batch order (some now finished)."""
+        steps = list(zip(batch.seqs, batch.num_tokens, sampled))
+        for seq, n, token in steps:  # chunks first: their blocks are registered before any finished one's release
+            if token is None:
+                self._advance(seq, n)
+        done = []
+        for seq, n, token in steps:
+            if token is not None:
+                self._advance(seq, n)
+                self._append(seq, token, eos_token_ids)
+                done.append(seq)
+        return done
+
+    def _advance(self, seq: Sequence, n: int) -> None:
+        """seq's next n tokens are in the KV cache: register its blocks that are now full."""
+        seq.num_computed += n
+        bs, ids = self.pool.block_size, seq.token_ids
+        for i in range(len(seq.block_keys), seq.num_computed // bs):
+            parent = seq.block_keys[-1] if seq.block_keys else None
+            seq.block_keys.append(self.pool.register(seq.block_table[i], parent, ids[i * bs : (i + 1) * bs]))
+
+    def _append(self, seq: Sequence, token: int, eos_token_ids: Collection[int]) -> None:
+        now = time.perf_counter()
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.output_ids.append(token)
+        reason = stop_reason(seq, token, eos_token_ids)
+        if reason is not None:
+            seq.finish_time = now
+            self.finish(seq, reason)

@@ -1,4 +1,4 @@
-"""A request as the scheduler sees it: tokens, block table, progress, and how it ended."""
+"""A request as the scheduler sees it: tokens, block table, progress, its text so far, and how it ended."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from enum import Enum
 
 import torch
 
+from wisp.engine.detokenizer import IncrementalDetokenizer
 from wisp.engine.sampling import Sampler, SamplingParams
 
 
@@ -30,7 +31,8 @@ class Sequence:
     num_computed: int = 0  # tokens whose KV is in the cache
     status: Status = Status.WAITING
     finish_reason: str | None = None
-    text: str = ""
+    text: str = ""  # the output's text (cut before a stop string), kept by `detokenizer` if there is one
+    detokenizer: IncrementalDetokenizer | None = None
     logits: list[torch.Tensor] | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None

@@ -1,12 +1,12 @@
 """RoutingRecorder: capture the routed experts of every token, per engine step and MoE layer.
 
-Attach with `recorder.attach(engine)`: the model calls `record(layer, topk_ids, topk_weights)` from its
-MoE blocks, and the engine opens a new step before each forward. `trace()` returns a `RoutingTrace`
-whose tokens are in processing order with `step` marking which tokens were computed together (a
-prefill chunk, or one batched decode step, or both in one step). Those are the pager's steps at every C:
-a step wider than C runs expert-major as one step (`wisp.core.expert_major`). Graph decode runs in
-device groups of C // top_k tokens instead and is not recorded (a hook needs the host).
-Recording reads the routing back to the host every layer: it is for traces, not for speed.
+Attach with `recorder.attach(engine)`: it registers as a routing observer on the engine's `ModelRunner`,
+which calls `begin_step()` before each step's forward and `record(layer, topk_ids, topk_weights)` from
+every MoE layer. `trace()` returns a `RoutingTrace` whose tokens are in processing order with `step`
+marking which tokens were computed together (a prefill chunk, or one batched decode step, or both in
+one step). Those are the pager's steps at every C: a step wider than C runs expert-major as one step
+(`wisp.core.expert_major`). While attached, decode runs eagerly (the runner replays no CUDA graph: an
+observer needs the routing on the host). Recording reads the routing back to the host every layer: it is for traces, not for speed.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class RoutingRecorder:
         self._pos = {layer: i for i, layer in enumerate(self.layers)}
         self._steps: list[tuple[np.ndarray, np.ndarray]] = []  # per step: ids [n, L, K], weights [n, L, K]
         self._current: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._handle = None  # while attached: the runner's registration
 
     def begin_step(self) -> None:
         self._flush()
@@ -54,11 +55,11 @@ class RoutingRecorder:
         return RoutingTrace(ids, weights, step, self.layers, self.num_experts, meta)
 
     def attach(self, engine) -> "RoutingRecorder":
-        engine.model.routing_hook = self.record
-        engine.step_hooks.append(self.begin_step)
+        self._handle = engine.runner.add_routing_observer(self)
         return self
 
     def detach(self, engine) -> None:
         """Undo `attach`: the engine runs unrecorded again (what was recorded stays readable)."""
-        engine.model.routing_hook = None
-        engine.step_hooks.remove(self.begin_step)
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None

@@ -1,11 +1,13 @@
 """RoutingReplay: recorded expert choices in place of the router's (benchmarks only, clearly labelled).
 
-A trace of T tokens x L MoE layers x K (`RoutingTrace`) is replayed one token per engine step: before
-each step `advance()` writes the next token's ids into a device buffer [L, K], and the decoder's MoE
-layers use them (`MoEDecoder.routing_override`) in place of top-k; the mixing weights are the router's
+A trace of T tokens x L MoE layers x K (`RoutingTrace`) is replayed one token per engine step. Set it
+with `engine.runner.set_routing_replay(replay)`: before each step the runner calls `advance()`, which
+writes the next token's ids into a device buffer [L, K], and the decoder's MoE layers use them (`ids`)
+in place of top-k; the mixing weights are the router's
 probabilities at those experts. While inactive the buffer holds -1 and the router's choice stands, so
-a prefill runs on real routing; a trace row with a missing (-1) entry also leaves the router's choice. The buffer's address never changes: the override works inside CUDA
-graphs (set it before they are captured).
+a prefill runs on real routing; a trace row with a missing (-1) entry also leaves the router's choice.
+The buffer's address never changes: the override works inside CUDA graphs (the runner re-captures them
+when the replay is set, so set it while the engine holds no request).
 
 Replayed routing measures what a real model's expert reuse does to the pager with random weights; the
 tokens it produces mean nothing.
@@ -38,7 +40,7 @@ class RoutingReplay:
         return self.rows.shape[0]
 
     def advance(self) -> None:
-        """Step hook: load the next trace token (wrapping around) while active, else -1 (router's ids)."""
+        """A step begins: load the next trace token (wrapping around) while active, else -1 (router's ids)."""
         if self.active:
             self.buf.copy_(self.rows[self.position % len(self)])
             self.position += 1

@@ -1,0 +1,210 @@
+"""ModelRunner: a scheduled batch -> the model's forward over the KV pool -> one sampled token per sequence.
+
+Owns the tensor side of a step: the step's input tensors (token ids, per-sequence chunks of the KV
+pool), the choice between the eager forward and a CUDA-graph replay, graph capture, sampling, and the
+step-kind counters (tokens prefilled / decoded, graph steps). It reads the sequences of a batch and
+never changes their progress: the scheduler's `postprocess` does that with what `run` returns.
+
+Extension points (benchmarks and tracing), in place of attributes patched onto the model:
+- routing observers (`add_routing_observer`): see every eager step's routed experts per MoE layer and
+  are told when a step begins. While any is registered, decode runs eagerly (an observer reads routing
+  on the host, which a graph cannot), so the graphs need no re-capture.
+- a routing replay (`set_routing_replay`): recorded expert choices in place of the router's. A graph
+  reads the replay's buffer only if captured with it, so setting or clearing one re-captures the graphs.
+
+Invariants: a step samples exactly the sequences whose tokens this step reach their end (a prefill
+chunk short of its prompt's end only writes KV); a decode batch replays a graph only when graphs exist,
+it fits `graph_max_batch`, and no observer is registered; graphs are captured only while the block pool
+holds no data (capture writes block 0), and re-captured by `capture_graphs` after the KV tensors or an
+expert scratch are reallocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol
+
+import torch
+
+from wisp.config import EngineConfig
+from wisp.core.experts import PagedExperts, sync_all_counters
+from wisp.engine.block_pool import BlockPool
+from wisp.engine.cuda_graphs import DecodeGraphs
+from wisp.engine.kv_cache import BlockTableKV, KVCache
+from wisp.engine.scheduler import Batch, decodes
+from wisp.engine.sequence import Sequence
+from wisp.models.moe_decoder import Chunk, MoEDecoder
+
+
+class RoutingObserver(Protocol):
+    def begin_step(self) -> None:
+        """A new engine step begins (its tokens were computed together)."""
+
+    def record(self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        """The routed experts [T, K] and their weights of a step's T tokens at one MoE layer."""
+
+
+class RoutingReplayer(Protocol):
+    def advance(self) -> None:
+        """A new engine step begins: load its replayed choices."""
+
+    def ids(self, layer: int, topk_ids: torch.Tensor) -> torch.Tensor:
+        """The expert ids [T, K] to use at `layer` in place of the router's `topk_ids`."""
+
+
+@dataclass(frozen=True)
+class ObserverHandle:
+    """What `add_routing_observer` returns: `remove()` unregisters the observer (again: no-op)."""
+
+    remove: Callable[[], None]
+
+
+class ModelRunner:
+    def __init__(self, model: MoEDecoder, kv: KVCache, pool: BlockPool, config: EngineConfig, max_model_len: int):
+        self.model, self.kv, self.pool = model, kv, pool
+        self.config = config  # the engine replaces it when a plan is applied
+        self.device = config.torch_device()
+        self.max_model_len = max_model_len
+        self.observers: list[RoutingObserver] = []
+        self.replay: RoutingReplayer | None = None
+        self.graphs: DecodeGraphs | None = None
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        self.tokens_prefilled = self.tokens_decoded = self.graph_steps = 0
+
+    # -- extension points -------------------------------------------------------------------------------
+    def add_routing_observer(self, observer: RoutingObserver) -> ObserverHandle:
+        """Show `observer` the routing of every step from now on (decode then runs eagerly)."""
+        self.observers.append(observer)
+        self.model.routing_hook = self._record_routing
+        return ObserverHandle(lambda: self._remove_observer(observer))
+
+    def _remove_observer(self, observer: RoutingObserver) -> None:
+        if observer in self.observers:
+            self.observers.remove(observer)
+        if not self.observers:
+            self.model.routing_hook = None
+
+    def _record_routing(self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        for observer in self.observers:
+            observer.record(layer, topk_ids, topk_weights)
+
+    def set_routing_replay(self, replay: RoutingReplayer | None) -> None:
+        """Route by `replay` from now on (None: by the router again); re-captures the graphs, so only while
+        the block pool holds no data."""
+        self.replay = replay
+        self.model.routing_override = replay
+        self.capture_graphs()
+
+    def _begin_step(self) -> None:
+        if self.replay is not None:
+            self.replay.advance()
+        for observer in self.observers:
+            observer.begin_step()
+
+    # -- CUDA graphs --------------------------------------------------------------------------------
+    def graphs_enabled(self) -> bool:
+        c = self.config
+        # graphs read (paged, zero-copy) or copy (offload) host masters: only pinned memory may be captured
+        return (self.device.type == "cuda" and not c.enforce_eager and c.cuda_graph_max_batch > 0
+                and (c.pin_memory or c.mode == "resident")
+                and c.resolve_backend("moe", self.device) == "triton" and self.kv.uses_triton)
+
+    def graph_max_batch(self) -> int:
+        """The largest decode batch replayed as a CUDA graph. In paged mode also B x top_k <= the smallest
+        cap: a graph pages in device groups of C // top_k tokens, and a wider batch would evict and reload
+        experts group after group within one step; it runs eagerly instead, expert-major, each missing
+        expert copied once (replayed real Mixtral decode routing, four streams at once, C = 4: 3.34 -> 2.55
+        misses per layer and step; `benchmarks/wide_step_rules.py`)."""
+        c = self.config
+        limit = min(c.cuda_graph_max_batch, c.max_concurrency)
+        caps = [s.pager.capacity for s in self.model.experts.values() if isinstance(s, PagedExperts)]
+        return min(limit, min(caps) // self.model.config.top_k) if caps else limit
+
+    def drop_graphs(self) -> None:
+        """Forget the graphs (before the KV tensors or a scratch they point at are reallocated)."""
+        self.graphs = None
+
+    @torch.inference_mode()
+    def capture_graphs(self) -> None:
+        """(Re)capture the decode graphs; only while the pool holds no data (the warm-up writes block 0)."""
+        self.graphs = None
+        if not self.graphs_enabled():
+            return
+        assert self.pool.num_used == 0 and self.pool.num_cached == 0, "decode graphs are captured only over an empty pool"
+        stores = list(self.model.experts.values())
+        sync_all_counters(stores)
+        before = [replace(s.counters) for s in stores]
+        hook, self.model.routing_hook = self.model.routing_hook, None  # observers see traffic, not the warm-up
+        try:
+            width = -(-self.max_model_len // self.pool.block_size)
+            self.graphs = DecodeGraphs(self.model, self.kv, self.graph_max_batch(), width)
+        finally:
+            self.model.routing_hook = hook
+        sync_all_counters(stores)
+        for store, counters in zip(stores, before):  # the warm-up's routing is not traffic
+            store.counters.copy_from(counters)
+            if isinstance(store, PagedExperts):
+                store.pager.clear()  # its copies overwrote slots: the LRU restarts empty, as after a resize
+
+    # -- a step ---------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, batch: Batch) -> list[int | None]:
+        """Compute the batch's tokens; per sequence the token it sampled, or None where its tokens stop
+        short of its end (a prefill chunk: KV written, nothing sampled)."""
+        self._begin_step()
+        if self._replays_graph(batch):
+            return self._sample(batch.seqs, self._run_graph(batch.seqs))
+        if self.graphs is not None:
+            self.model.use_paging_side("host")  # after graph decode: every layer's LRU state in one read
+        sampling = [seq.num_computed + n == len(seq) for seq, n in zip(batch.seqs, batch.num_tokens)]
+        logits = iter(self._run_eager(batch, sampling))
+        sampled = self._sample([s for s, keep in zip(batch.seqs, sampling) if keep], logits)
+        tokens = iter(sampled)
+        return [next(tokens) if keep else None for keep in sampling]
+
+    def _replays_graph(self, batch: Batch) -> bool:
+        return (batch.is_decode and self.graphs is not None and len(batch.seqs) <= self.graphs.max_batch
+                and not self.observers)
+
+    def _run_graph(self, seqs: list[Sequence]) -> torch.Tensor:
+        logits = self.graphs.run([s.token_ids[s.num_computed] for s in seqs], [s.num_computed for s in seqs],
+                                 [s.block_table for s in seqs])
+        self.graph_steps += 1
+        self.tokens_decoded += len(seqs)
+        return logits
+
+    def _run_eager(self, batch: Batch, sampling: list[bool]) -> torch.Tensor | list:
+        """The logits [S, V] at the last token of each sequence that samples (S of them)."""
+        chunks, tokens = [], []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            chunks.append(Chunk(BlockTableKV(self.kv, seq.block_table), seq.num_computed, n))
+            tokens.extend(seq.token_ids[seq.num_computed : seq.num_computed + n])
+            self._count(seq, n)
+        hidden = self.model.forward(torch.tensor(tokens, device=self.device), chunks)
+        ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
+        rows = [i for i, keep in enumerate(sampling) if keep]
+        return self.model.logits(hidden[ends[rows].to(self.device)]) if rows else []
+
+    def _count(self, seq: Sequence, n: int) -> None:
+        if decodes(seq, n):
+            self.tokens_decoded += 1
+        else:
+            self.tokens_prefilled += n
+
+    @staticmethod
+    def _sample(seqs: list[Sequence], logits) -> list[int]:
+        tokens = []
+        for seq, row in zip(seqs, logits):
+            tokens.append(seq.sampler(row))
+            if seq.logits is not None:
+                seq.logits.append(row.cpu())
+        return tokens
+
+    @torch.inference_mode()
+    def prompt_logits(self, prompt_ids: list[int], block_table: list[int]) -> torch.Tensor:
+        """Logits [T, V] at every prompt position (teacher forcing), the prompt's KV written in block_table."""
+        kv = BlockTableKV(self.kv, block_table)
+        hidden = self.model.forward(torch.tensor(prompt_ids, device=self.device), [Chunk(kv, 0, len(prompt_ids))])
+        return self.model.logits(hidden)
