@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from wisp.config import MODES, EngineConfig, ModelConfig, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
+from wisp.engine.sequence import Sequence
 from wisp.errors import WispError
 from wisp.planner import ModelSizes, PlanInputs, probe_t_byte
 from wisp.trace.format import RoutingTrace
@@ -81,23 +83,61 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
     llm = LLM(model, mode=mode, expert_cap=cap, max_concurrency=batch, max_model_len=prompt_len + decode_tokens + 8,
               **opts)
     load_s = time.perf_counter() - t0
-    device = llm.engine.device
-    replay = None
-    if trace is not None:
-        cfg = llm.config
-        replay = RoutingReplay(trace, cfg.moe_layer_ids, cfg.num_experts, cfg.top_k, device)
-        llm.engine.runner.set_routing_replay(replay)  # re-captures the graphs: they must read the replay buffer
-    peak_load = _peak(device)
-    vocab = llm.config.vocab_size
-    # request 0's prompt is the one batch-1 records have always used (seed 0); the warm-up's is seed 1
-    prompts = [torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(100 + i if i else 0)).tolist()
-               for i in range(batch)]
+    replay = _replay(llm, trace) if trace is not None else None
+    peak_load = _peak(llm.engine.device)
+    _warm_up(llm, prompt_len)
     params = SamplingParams(max_tokens=decode_tokens + 1, ignore_eos=True, temperature=temperature, seed=0)
-    # warm-up (allocator, kernels) on another prompt of the same length: the timed one must miss the prefix cache
-    other = torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
+    timed = _timed_decode(llm, _prompts(llm.config.vocab_size, prompt_len, batch), params, replay)
+    device = llm.engine.device
+    return {
+        "mode": mode, "expert_cap": llm.expert_cap, "layers": llm.config.num_layers, "prompt_len": prompt_len,
+        "batch": batch, "decode_tokens": timed.decode_steps(batch), "temperature": temperature,
+        "load_s": round(load_s, 2), **_measures(timed, batch),
+        "peak_gpu_bytes_load": peak_load, "peak_gpu_bytes": _peak(device), "device": str(device),
+        "graph_steps": timed.stats["graph_steps"], "routing": "router",
+    }
+
+
+def _replay(llm: LLM, trace: RoutingTrace) -> RoutingReplay:
+    """Replay `trace` in place of the router (inactive until the timed decode; the graphs read it)."""
+    cfg = llm.config
+    replay = RoutingReplay(trace, cfg.moe_layer_ids, cfg.num_experts, cfg.top_k, llm.engine.device)
+    llm.engine.runner.set_routing_replay(replay)
+    return replay
+
+
+def _prompts(vocab: int, prompt_len: int, batch: int) -> list[list[int]]:
+    """Request 0's prompt is the one batch-1 records have always used (seed 0); the warm-up's is seed 1."""
+    return [torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(100 + i if i else 0)).tolist()
+            for i in range(batch)]
+
+
+def _warm_up(llm: LLM, prompt_len: int) -> None:
+    """Allocator and kernels, on another prompt of the same length (the timed one must miss the prefix
+    cache); then the counters and the peak start from zero."""
+    other = torch.randint(0, llm.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
     llm.generate([other], SamplingParams(max_tokens=4, ignore_eos=True))
     llm.reset_stats()
-    _reset_peak(device)
+    _reset_peak(llm.engine.device)
+
+
+@dataclass(frozen=True)
+class TimedDecode:
+    """What one timed prefill + decode left: its sequences, stats after the prefill and at the end, times."""
+
+    seqs: list[Sequence]
+    prefill: dict
+    stats: dict
+    t_start: float
+    t_first: float
+    t_end: float
+
+    def decode_steps(self, batch: int) -> int:
+        return sum(len(seq.output_ids) - 1 for seq in self.seqs) // batch  # decode steps of each request
+
+
+def _timed_decode(llm: LLM, prompts: list[list[int]], params: SamplingParams, replay: RoutingReplay | None) -> TimedDecode:
+    """The engine stepped by hand so the prefill's counters and the decode's are split."""
     engine = llm.engine
     t_start = time.perf_counter()
     seqs = []
@@ -113,22 +153,18 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
     while engine.has_unfinished():
         engine.step()
     t_end = time.perf_counter()
-    s = llm.stats()
-    n_dec = sum(len(seq.output_ids) - 1 for seq in seqs) // batch  # decode steps of each request
-    decode_s = t_end - t_first
+    return TimedDecode(seqs, prefill, llm.stats(), t_start, t_first, t_end)
+
+
+def _measures(timed: TimedDecode, batch: int) -> dict:
+    """Time to first token, decode speed, hit rate and copies of the decode (the prefill's subtracted)."""
+    s, prefill, n_dec = timed.stats, timed.prefill, timed.decode_steps(batch)
+    decode_s = timed.t_end - timed.t_first
     decode_bytes = s["bytes_h2d"] - prefill["bytes_h2d"]
     hits = s["expert_hits"] - prefill["expert_hits"]
     routed = hits + s["expert_misses"] - prefill["expert_misses"]
     return {
-        "mode": mode,
-        "expert_cap": llm.expert_cap,
-        "layers": llm.config.num_layers,
-        "prompt_len": prompt_len,
-        "batch": batch,
-        "decode_tokens": n_dec,
-        "temperature": temperature,
-        "load_s": round(load_s, 2),
-        "ttft_s": round(seqs[0].first_token_time - t_start, 4),
+        "ttft_s": round(timed.seqs[0].first_token_time - timed.t_start, 4),
         "prefill_tokens": prefill["tokens_prefilled"],  # computed for the timed prompts (all of them: a cold TTFT)
         "decode_tok_s": round(batch * n_dec / decode_s, 3),
         "step_s": round(decode_s / n_dec, 6),
@@ -137,47 +173,18 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         "bytes_h2d_per_step": round(decode_bytes / n_dec),  # one token of each request
         "h2d_gbps_achieved": round(decode_bytes / decode_s / 1e9, 3),
         "expert_device_bytes": s["expert_device_bytes"],
-        "peak_gpu_bytes_load": peak_load,
-        "peak_gpu_bytes": _peak(device),
-        "device": str(device),
-        "graph_steps": s["graph_steps"],
-        "routing": "router",
     }
 
 
 def bench_decode(args) -> list[dict]:
-    opts = {"device": args.device, "load_format": args.load_format, "moe_backend": args.moe_backend,
-            "attention_backend": args.attention_backend, "enforce_eager": args.enforce_eager}
-    if args.dtype:
-        opts["dtype"] = args.dtype
-    caps = [int(c) for c in args.expert_cap.split(",")] if args.expert_cap else [None]
-    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
-    bad = [m for m in modes if m not in (*MODES, "accelerate")]
-    if bad:
-        raise WispError(f"unknown mode {bad[0]!r}; choose from: {', '.join((*MODES, 'accelerate'))}")
+    opts = _engine_options(args)
     trace = load_any(args.routing_trace) if args.routing_trace else None
-    if args.vram_budget:
-        cfg = model_config_for(args.model, args.load_format)
-        caps = [cap_for_budget(cfg, args.vram_budget, args.prompt_len + args.decode_tokens + 8)]
-    batches = [int(b) for b in str(args.batch).split(",")]
-    runs = [(m, c, b) for b in batches for m in sorted(modes, key=lambda m: m != "resident")
-            for c in (caps if m == "paged" else [None])]
     device = resolve_device(args.device)
     gbps = probe_h2d_gbps(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     records, resident_step, commit = [], None, _git_commit()
-    for mode, cap, batch in runs:
-        if mode == "accelerate":
-            from wisp.bench.peer import run_accelerate
-
-            r = run_accelerate(args.model, args.prompt_len, args.peer_decode_tokens)
-        else:
-            r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature, trace,
-                           batch)
-        if trace is not None and mode != "accelerate":
-            r["routing"] = f"replay:{Path(args.routing_trace).name}"
-        if args.vram_budget:
-            r["vram_budget"] = args.vram_budget
+    for mode, cap, batch in _runs(args):
+        r = _run_one(args, mode, cap, batch, opts, trace)
         if mode == "resident":
             resident_step = r["step_s"]
         step_bytes = r.get("bytes_h2d_per_step", r["bytes_h2d_per_token"])  # the accelerate peer: batch 1
@@ -188,15 +195,57 @@ def bench_decode(args) -> list[dict]:
                  command="wisp bench decode " + " ".join(sys.argv[3:]))
         records.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)
+    _print_table(records, gbps, gpu)
+    if args.out:
+        Path(args.out).write_text(json.dumps(records, indent=1))
+    return records
+
+
+def _engine_options(args) -> dict:
+    opts = {"device": args.device, "load_format": args.load_format, "moe_backend": args.moe_backend,
+            "attention_backend": args.attention_backend, "enforce_eager": args.enforce_eager}
+    if args.dtype:
+        opts["dtype"] = args.dtype
+    return opts
+
+
+def _runs(args) -> list[tuple[str, int | None, int]]:
+    """(mode, cap, batch) of every run: per batch, resident first, each paged cap (or the budget's)."""
+    caps = [int(c) for c in args.expert_cap.split(",")] if args.expert_cap else [None]
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    bad = [m for m in modes if m not in (*MODES, "accelerate")]
+    if bad:
+        raise WispError(f"unknown mode {bad[0]!r}; choose from: {', '.join((*MODES, 'accelerate'))}")
+    if args.vram_budget:
+        cfg = model_config_for(args.model, args.load_format)
+        caps = [cap_for_budget(cfg, args.vram_budget, args.prompt_len + args.decode_tokens + 8)]
+    batches = [int(b) for b in str(args.batch).split(",")]
+    return [(m, c, b) for b in batches for m in sorted(modes, key=lambda m: m != "resident")
+            for c in (caps if m == "paged" else [None])]
+
+
+def _run_one(args, mode: str, cap: int | None, batch: int, opts: dict, trace: RoutingTrace | None) -> dict:
+    """One run's record: the accelerate peer's, or wisp's (labelled with the replayed trace, the budget)."""
+    if mode == "accelerate":
+        from wisp.bench.peer import run_accelerate
+
+        r = run_accelerate(args.model, args.prompt_len, args.peer_decode_tokens)
+    else:
+        r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature, trace, batch)
+    if trace is not None and mode != "accelerate":
+        r["routing"] = f"replay:{Path(args.routing_trace).name}"
+    if args.vram_budget:
+        r["vram_budget"] = args.vram_budget
+    return r
+
+
+def _print_table(records: list[dict], gbps: float, gpu: str) -> None:
     print(f"{'mode':9} {'cap':>4} {'B':>2} {'tok/s':>8} {'step ms':>8} {'roof ms':>8} {'hit':>6} {'MB/tok':>8} {'peak GB':>8}")
     for r in records:
         roof = f"{r['roofline_step_s'] * 1e3:8.2f}" if r["roofline_step_s"] is not None else "       -"
         print(f"{r['mode']:9} {r['expert_cap']:>4} {r.get('batch', 1):>2} {r['decode_tok_s']:>8} {r['step_s'] * 1e3:>8.2f} {roof} "
               f"{r['hit_rate']:>6} {r['bytes_h2d_per_token'] / 1e6:>8.1f} {r['peak_gpu_bytes'] / 1e9:>8.2f}")
     print(f"pinned H2D probe: {gbps:.1f} GB/s on {gpu}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(records, indent=1))
-    return records
 
 
 def add_parser(sub) -> None:
