@@ -299,26 +299,33 @@ class AsyncEngine:
         try:
             outputs = self.engine.step()
         except Exception as exc:
-            log.exception("engine step failed; aborting its requests")
-            error = EngineShutDown(f"the engine step failed: {exc!r}")
-            for request_id, live in list(self._live.items()):
-                self._abort(request_id, "error")
-                live.put(error)
-            if self.engine.has_unfinished():
-                raise
+            self._step_failed(exc)
             return False
         now = time.perf_counter()
         for out in outputs:
-            live = self._live.get(out.request_id)
-            if live is None:  # aborted by its consumer after this step was scheduled
-                continue
-            self._observe(live, out, now)
-            if out.finished:
-                del self._live[out.request_id]
-                for obs in self._observers:
-                    obs.observe_finished(out.finish_reason or "stop", out.prompt_tokens, len(out.token_ids))
-            live.put(out)
+            self._dispatch(out, now)
         return bool(outputs) or self.engine.tokens_prefilled + self.engine.tokens_decoded != done_before
+
+    def _step_failed(self, exc: Exception) -> None:
+        """Abort every live request with the error; re-raise if the engine still holds work (a bug)."""
+        log.exception("engine step failed; aborting its requests")
+        error = EngineShutDown(f"the engine step failed: {exc!r}")
+        for request_id, live in list(self._live.items()):
+            self._abort(request_id, "error")
+            live.put(error)
+        if self.engine.has_unfinished():
+            raise exc
+
+    def _dispatch(self, out: "StepOutput", now: float) -> None:
+        live = self._live.get(out.request_id)
+        if live is None:  # aborted by its consumer after this step was scheduled
+            return
+        self._observe(live, out, now)
+        if out.finished:
+            del self._live[out.request_id]
+            for obs in self._observers:
+                obs.observe_finished(out.finish_reason or "stop", out.prompt_tokens, len(out.token_ids))
+        live.put(out)
 
     def _observe(self, live: _Live, out: "StepOutput", now: float) -> None:
         n = len(out.new_token_ids)
