@@ -64,47 +64,54 @@ def run_prefill(model: str, mode: str, cap: int | None, opts: dict, prompt_lens:
     llm = LLM(model, mode=mode, expert_cap=cap, max_concurrency=1, max_model_len=max(prompt_lens) + 16,
               enable_prefix_caching=False, **opts)
     load_s = time.perf_counter() - t0
-    engine, cfg, device = llm.engine, llm.config, llm.engine.device
-    vocab = cfg.vocab_size
-    union = RoutedUnion(cfg.moe_layer_ids, cfg.num_experts, device)
+    union = RoutedUnion(llm.config.moe_layer_ids, llm.config.num_experts, llm.engine.device)
     records = []
     for p in sorted(prompt_lens):
-        prompt = torch.randint(0, vocab, (p,), generator=torch.Generator().manual_seed(p)).tolist()
-        # an untimed prompt of the same length first: kernels specialised on its shapes are compiled
-        other = torch.randint(0, vocab, (p,), generator=torch.Generator().manual_seed(p + 1)).tolist()
-        llm.generate([other], SamplingParams(max_tokens=1, ignore_eos=True))
-        llm.reset_stats()
-        if device.type == "cuda":  # the peak only: emptying the cache would make the timed prompt allocate afresh
-            torch.cuda.reset_peak_memory_stats(device)
-        resident = _resident_mask(llm, union)
-        union.reset()
-        observing = engine.runner.add_routing_observer(union)
-        rid = f"prefill-{p}"
-        t_start = time.perf_counter()
-        engine.add_request(rid, prompt, SamplingParams(max_tokens=2, ignore_eos=True), strict_length=False)
-        seq = engine.requests[rid]
-        steps = 0
-        while seq.first_token_time is None:
-            engine.step()
-            steps += 1
-        ttft = time.perf_counter() - t_start
-        observing.remove()
-        engine.abort_request(rid)
-        s = llm.stats()
-        n_layers = len(cfg.moe_layer_ids)
-        records.append({
-            "mode": mode, "expert_cap": llm.expert_cap, "layers": cfg.num_layers, "prompt_len": p,
-            "prefill_tokens": s["tokens_prefilled"], "prefill_steps": steps, "load_s": round(load_s, 2),
-            "ttft_s": round(ttft, 4), "bytes_h2d": s["bytes_h2d"],
-            "expert_loads_per_layer": round(s["expert_loads"] / n_layers, 2),
-            "distinct_missing": int((union.seen.cpu() & ~resident).sum()),  # all MoE layers together
-            "distinct_routed_per_layer": round(float(union.seen.sum()) / n_layers, 2),
-            "expert_bytes": cfg.expert_bytes, "expert_device_bytes": s["expert_device_bytes"],
-            "peak_gpu_bytes": _peak(device), "device": str(device),
-            "max_num_batched_tokens": engine.config.max_num_batched_tokens,
-        })
+        records.append(_measure_prefill(llm, union, p, load_s))
         print(json.dumps(records[-1]), file=sys.stderr, flush=True)
     return records
+
+
+def _measure_prefill(llm: LLM, union: RoutedUnion, p: int, load_s: float) -> dict:
+    """One cold prompt of length p timed to its first token, after an untimed one of the same length."""
+    engine, cfg, device = llm.engine, llm.config, llm.engine.device
+    prompt = torch.randint(0, cfg.vocab_size, (p,), generator=torch.Generator().manual_seed(p)).tolist()
+    # an untimed prompt of the same length first: kernels specialised on its shapes are compiled
+    other = torch.randint(0, cfg.vocab_size, (p,), generator=torch.Generator().manual_seed(p + 1)).tolist()
+    llm.generate([other], SamplingParams(max_tokens=1, ignore_eos=True))
+    llm.reset_stats()
+    if device.type == "cuda":  # the peak only: emptying the cache would make the timed prompt allocate afresh
+        torch.cuda.reset_peak_memory_stats(device)
+    resident = _resident_mask(llm, union)
+    union.reset()
+    observing = engine.runner.add_routing_observer(union)
+    ttft, steps = _time_to_first_token(engine, f"prefill-{p}", prompt)
+    observing.remove()
+    engine.abort_request(f"prefill-{p}")
+    s, n_layers = llm.stats(), len(cfg.moe_layer_ids)
+    return {
+        "mode": engine.config.mode, "expert_cap": llm.expert_cap, "layers": cfg.num_layers, "prompt_len": p,
+        "prefill_tokens": s["tokens_prefilled"], "prefill_steps": steps, "load_s": round(load_s, 2),
+        "ttft_s": round(ttft, 4), "bytes_h2d": s["bytes_h2d"],
+        "expert_loads_per_layer": round(s["expert_loads"] / n_layers, 2),
+        "distinct_missing": int((union.seen.cpu() & ~resident).sum()),  # all MoE layers together
+        "distinct_routed_per_layer": round(float(union.seen.sum()) / n_layers, 2),
+        "expert_bytes": cfg.expert_bytes, "expert_device_bytes": s["expert_device_bytes"],
+        "peak_gpu_bytes": _peak(device), "device": str(device),
+        "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+    }
+
+
+def _time_to_first_token(engine, rid: str, prompt: list[int]) -> tuple[float, int]:
+    """Seconds from add_request to the first sampled token, and the engine steps that took."""
+    t_start = time.perf_counter()
+    engine.add_request(rid, prompt, SamplingParams(max_tokens=2, ignore_eos=True), strict_length=False)
+    seq = engine.requests[rid]
+    steps = 0
+    while seq.first_token_time is None:
+        engine.step()
+        steps += 1
+    return time.perf_counter() - t_start, steps
 
 
 def bench_prefill(args) -> list[dict]:
