@@ -32,7 +32,8 @@ from wisp.core.experts import (
 from wisp.core.expert_major import StagingBuffers
 from wisp.core.kernels import moe_kernels
 from wisp.errors import WispError
-from wisp.models.families import FamilyNames, family_names
+from wisp.models.families import get_family
+from wisp.models.weight_names import WeightNames
 from wisp.models.moe_decoder import AttentionWeights, LayerWeights, MLPWeights, MoEDecoder
 
 
@@ -90,7 +91,7 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
     """Build the decoder from `reader` (a CheckpointReader, or RandomWeights for --load-format dummy)."""
     dtype = model_cfg.dtype
     try:
-        names = family_names(model_cfg.family)
+        names = get_family(model_cfg.family).weights
 
         def dev(key: str) -> torch.Tensor:
             return reader.get(key).to(device=device, dtype=dtype)
@@ -108,7 +109,7 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
         reader.close()
 
 
-def _load_layer(i: int, cfg: ModelConfig, n: FamilyNames, dev, opt) -> LayerWeights:
+def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeights:
     attn = AttentionWeights(
         q=dev(n.attn(i, "q_proj.weight")),
         k=dev(n.attn(i, "k_proj.weight")),
@@ -136,7 +137,7 @@ def _load_layer(i: int, cfg: ModelConfig, n: FamilyNames, dev, opt) -> LayerWeig
 
 
 def _load_experts(
-    reader: CheckpointReader, cfg: ModelConfig, engine: EngineConfig, n: FamilyNames, device: torch.device
+    reader: CheckpointReader, cfg: ModelConfig, engine: EngineConfig, n: WeightNames, device: torch.device
 ) -> dict[int, ExpertStore]:
     """Fill each MoE layer's expert tensors, expert by expert, and wrap them in the mode's store."""
     caps = dict(zip(cfg.moe_layer_ids, engine.resolve_layer_caps(cfg)))
