@@ -8,4 +8,4 @@ python3 -m pytest -q -p no:cacheprovider tests/core/test_triton_moe.py 2>&1 | te
 python3 -m pytest -q -p no:cacheprovider tests/models tests/engine --wisp-device cuda --wisp-moe-backend triton 2>&1 \
   | tee "$out/pytest_cuda_triton.txt" | tail -3
 python3 benchmarks/decode_random_checkpoint.py --layers 24 --modes paged:16,resident --moe-backend triton \
-  --prompt-len 32 --decode-tokens 64 --keep --out "$out/decode_triton.json" 2>&1 | grep -v '^{'
+  --prompt-len 32 --decode-tokens 64 --keep --out "$out/decode_qwen3_30b_a3b_24layers_triton.json" 2>&1 | grep -v '^{'

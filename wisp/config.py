@@ -1,9 +1,10 @@
 """Configuration: one normalised model config and the engine options, both frozen and validated once.
 
-`ModelConfig.from_hf` is the only place that reads a Hugging Face `config.json`; every naming quirk of
-the supported families (num_experts vs num_local_experts, rope_theta vs rope_parameters, Mixtral's
-always-renormalised router, Qwen2-MoE's shared expert and sparse-step layout, OLMoE's full-width q/k
-norms) is resolved here, so the model code reads plain fields.
+`ModelConfig.from_hf` is the only place that reads a Hugging Face `config.json`. Naming differences
+shared by all families (num_experts vs num_local_experts, rope_theta vs rope_parameters) are resolved
+here; each family's own quirks (Mixtral's always-renormalised router, Qwen2-MoE's shared expert and
+sparse-step layout, OLMoE's full-width q/k norms) live in its entry of `wisp.models.families`. So the
+model code reads plain fields.
 """
 
 from __future__ import annotations
@@ -16,14 +17,7 @@ from typing import Any
 import torch
 
 from wisp.errors import WispError
-
-# architecture name (config.json "architectures"[0]) -> family key used by the model code
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "Qwen3MoeForCausalLM": "qwen3_moe",
-    "OlmoeForCausalLM": "olmoe",
-    "MixtralForCausalLM": "mixtral",
-    "Qwen2MoeForCausalLM": "qwen2_moe",
-}
+from wisp.models.families import Family, family_for_architecture
 
 MODES = ("paged", "resident", "offload", "zero-copy")
 MOE_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch on the CPU
@@ -107,87 +101,62 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None) -> "ModelConfig":
+        """A Hugging Face config.json (and generation_config.json) as one normalised config."""
         archs = raw.get("architectures") or []
-        arch = archs[0] if archs else None
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise WispError(
-                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        family = SUPPORTED_ARCHITECTURES[arch]
-        hidden = int(raw["hidden_size"])
-        n_heads = int(raw["num_attention_heads"])
-        n_layers = int(raw["num_hidden_layers"])
-        head_dim = raw.get("head_dim") or hidden // n_heads
-
-        n_experts = raw.get("num_experts") or raw.get("num_local_experts")
-        if not n_experts:
-            raise WispError(f"{arch} config has no num_experts / num_local_experts")
-        if family in ("mixtral", "olmoe"):
-            moe_inter = int(raw["intermediate_size"])
-            dense_inter = moe_inter
-        else:
-            moe_inter = int(raw["moe_intermediate_size"])
-            dense_inter = int(raw.get("intermediate_size", moe_inter))
-
-        moe_layers = tuple(_is_moe_layer(raw, family, i) for i in range(n_layers))
-
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "linear"):
-            raise WispError(f"unsupported rope_type {rope_type!r}; supported: default, linear")
-        rope_theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
-        rope_factor = float(rope.get("factor", 1.0)) if rope_type == "linear" else 1.0
-
-        sliding = raw.get("sliding_window")
-        if family == "qwen2_moe" and not raw.get("use_sliding_window", False):
-            sliding = None
-        if family == "qwen3_moe" and not raw.get("use_sliding_window", False):
-            sliding = None
-
-        eos: list[int] = []
-        for src in (raw.get("eos_token_id"), (generation or {}).get("eos_token_id")):
-            for tok in src if isinstance(src, list) else [src]:
-                if isinstance(tok, int) and 0 <= tok < int(raw["vocab_size"]) and tok not in eos:
-                    eos.append(tok)
-
-        dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-        return cls(
-            family=family,
-            architecture=arch,
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=hidden,
-            num_layers=n_layers,
-            num_heads=n_heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or n_heads),
-            head_dim=int(head_dim),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta,
-            rope_scaling_factor=rope_factor,
-            num_experts=int(n_experts),
-            top_k=int(raw["num_experts_per_tok"]),
-            moe_intermediate_size=moe_inter,
-            norm_topk_prob=True if family == "mixtral" else bool(raw.get("norm_topk_prob", False)),
-            dense_intermediate_size=dense_inter,
-            moe_layers=moe_layers,
-            shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0)
-            if family == "qwen2_moe"
-            else 0,
-            attention_bias=bool(raw.get("qkv_bias", True) if family == "qwen2_moe" else raw.get("attention_bias", False)),
-            qk_norm={"qwen3_moe": "per_head", "olmoe": "full"}.get(family, "none"),
-            clip_qkv=raw.get("clip_qkv"),
-            sliding_window=int(sliding) if sliding else None,
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            eos_token_ids=tuple(eos),
-            dtype=parse_dtype(dtype_name) or torch.float32,
-        )
+        family = family_for_architecture(archs[0] if archs else None)
+        layout = _layout_fields(raw)
+        experts = _expert_fields(raw, family, layout["num_layers"])
+        rope = _rope_fields(raw)
+        window = family.sliding_window(raw)
+        eos = _eos_token_ids(raw, generation or {})
+        dtype = parse_dtype(raw.get("dtype") or raw.get("torch_dtype") or "float32") or torch.float32
+        return cls(family=family.name, architecture=family.architecture, vocab_size=int(raw["vocab_size"]),
+                   **layout, **_attention_fields(raw), **rope, top_k=int(raw["num_experts_per_tok"]), **experts,
+                   attention_bias=family.attention_bias(raw), qk_norm=family.qk_norm, clip_qkv=raw.get("clip_qkv"),
+                   sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                   eos_token_ids=eos, dtype=dtype)
 
 
-def _is_moe_layer(raw: dict[str, Any], family: str, i: int) -> bool:
-    if family in ("mixtral", "olmoe"):
-        return True
-    step = int(raw.get("decoder_sparse_step", 1) or 1)
-    return i not in (raw.get("mlp_only_layers") or []) and (i + 1) % step == 0
+def _layout_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    hidden, n_heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    n_layers = int(raw["num_hidden_layers"])
+    head_dim = raw.get("head_dim") or hidden // n_heads
+    return dict(hidden_size=hidden, num_heads=n_heads, num_layers=n_layers, head_dim=int(head_dim))
+
+
+def _attention_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    return dict(num_kv_heads=int(raw.get("num_key_value_heads") or raw["num_attention_heads"]),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)))
+
+
+def _expert_fields(raw: dict[str, Any], family: Family, num_layers: int) -> dict[str, Any]:
+    n_experts = raw.get("num_experts") or raw.get("num_local_experts")
+    if not n_experts:
+        raise WispError(f"{family.architecture} config has no num_experts / num_local_experts")
+    moe_width, dense_width = family.expert_widths(raw)
+    return dict(num_experts=int(n_experts), moe_intermediate_size=moe_width, dense_intermediate_size=dense_width,
+                moe_layers=family.moe_layers(raw, num_layers), norm_topk_prob=family.norm_topk_prob(raw),
+                shared_expert_intermediate_size=family.shared_expert_width(raw))
+
+
+def _rope_fields(raw: dict[str, Any]) -> dict[str, float]:
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "linear"):
+        raise WispError(f"unsupported rope_type {rope_type!r}; supported: default, linear")
+    return dict(rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
+                rope_scaling_factor=float(rope.get("factor", 1.0)) if rope_type == "linear" else 1.0)
+
+
+def _eos_token_ids(raw: dict[str, Any], generation: dict[str, Any]) -> tuple[int, ...]:
+    """EOS ids of config.json, then generation_config.json: in-vocabulary ints, each once, in order."""
+    eos: list[int] = []
+    for src in (raw.get("eos_token_id"), generation.get("eos_token_id")):
+        for tok in src if isinstance(src, list) else [src]:
+            if isinstance(tok, int) and 0 <= tok < int(raw["vocab_size"]) and tok not in eos:
+                eos.append(tok)
+    return tuple(eos)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Two pagers over the same masters see the same routing; one decides on the host, one on the device.
 After every step (and after long runs on the device alone, and under CUDA-graph replay) their maps,
-LRU clocks, counters and slot bytes must agree exactly; the host pager is fed `touch_order` of the
+last-used touch numbers, touch counts, counters and slot bytes must agree exactly; the host pager is fed `touch_order` of the
 same tokens, so a group of several tokens also checks the device's recency order (last token, then id). On the GPU machine the masters are pinned and
 read through UVA; elsewhere the same kernels run on CPU tensors under Triton's interpreter.
 """
@@ -38,9 +38,9 @@ def routing(rng: random.Random, n: int, t: int, k: int, hot: int) -> list[list[i
 
 def same_state(host: ExpertPager, dev: ExpertPager) -> None:
     dev.use_host()
-    assert dev.pi == host.pi
-    assert dev.pi_inv == host.pi_inv
-    assert dev.tick == host.tick and dev._clock == host._clock
+    assert dev.slot_of == host.slot_of
+    assert dev.expert_in_slot == host.expert_in_slot
+    assert dev.last_used == host.last_used and dev._touch_count == host._touch_count
     assert dev.counters == host.counters
     dev.check_integrity()
 
@@ -77,7 +77,7 @@ def test_many_layers_hand_their_state_back_in_one_read():
     use_host_many([dev for _, dev in pairs])
     for host, dev in pairs:
         assert dev.side == "host"
-        assert (dev.pi, dev.pi_inv, dev.tick, dev._clock) == (host.pi, host.pi_inv, host.tick, host._clock)
+        assert (dev.slot_of, dev.expert_in_slot, dev.last_used, dev._touch_count) == (host.slot_of, host.expert_in_slot, host.last_used, host._touch_count)
         assert dev.counters == host.counters and int(dev.device_lru.counts.abs().sum()) == 0
         dev.check_integrity()
 

@@ -93,16 +93,16 @@ def routing(draw):
 
 
 def assert_consistent(pager: ExpertPager) -> None:
-    """Independent of check_integrity: pi/pi_inv inverse, pi_dev == pi, slot bytes == master bytes."""
+    """Independent of check_integrity: slot_of/expert_in_slot inverse, expert_map == slot_of, slot bytes == master bytes."""
     n, c = pager.num_experts, pager.capacity
-    assert len(pager.pi) == n and len(pager.pi_inv) == c
-    for e, s in enumerate(pager.pi):
-        assert s == -1 or (0 <= s < c and pager.pi_inv[s] == e)
-    for s, e in enumerate(pager.pi_inv):
-        assert e == -1 or (0 <= e < n and pager.pi[e] == s)
-    assert pager.pi_dev.dtype == torch.int32
-    assert pager.pi_dev.tolist() == pager.pi
-    for s, e in enumerate(pager.pi_inv):
+    assert len(pager.slot_of) == n and len(pager.expert_in_slot) == c
+    for e, s in enumerate(pager.slot_of):
+        assert s == -1 or (0 <= s < c and pager.expert_in_slot[s] == e)
+    for s, e in enumerate(pager.expert_in_slot):
+        assert e == -1 or (0 <= e < n and pager.slot_of[e] == s)
+    assert pager.expert_map.dtype == torch.int32
+    assert pager.expert_map.tolist() == pager.slot_of
+    for s, e in enumerate(pager.expert_in_slot):
         if e >= 0:
             for name, master in pager.host.items():
                 assert torch.equal(pager.scratch[name][s], master[e]), (s, e, name)
@@ -116,7 +116,7 @@ def test_pager_matches_lru_model(kind, case):
     host = make_host(n, kind)
     pager = ExpertPager(host, cap, "cpu")
     model = LRUModel(cap, expert_nbytes(host))
-    pi_dev_ptr = pager.pi_dev.data_ptr()
+    map_ptr = pager.expert_map.data_ptr()
     scratch_ptrs = {k: v.data_ptr() for k, v in pager.scratch.items()}
     assert set(pager.scratch) == set(host)
 
@@ -124,30 +124,30 @@ def test_pager_matches_lru_model(kind, case):
         # a touch order that is not ascending, with a duplicate (the smallest id counts last)
         arg = sorted(experts, reverse=True) + [min(experts)]
         before = set(pager.resident_experts())
-        slot_before = list(pager.pi)
+        slot_before = list(pager.slot_of)
         misses, evicted = model.step(arg)
 
         out = pager.prepare(arg)
 
-        assert out is pager.pi_dev
-        assert pager.pi_dev.data_ptr() == pi_dev_ptr
+        assert out is pager.expert_map
+        assert pager.expert_map.data_ptr() == map_ptr
         assert {k: v.data_ptr() for k, v in pager.scratch.items()} == scratch_ptrs
         pager.check_integrity()
         assert_consistent(pager)
         for e in experts:
-            assert pager.pi[e] >= 0, f"routed expert {e} not resident"
+            assert pager.slot_of[e] >= 0, f"routed expert {e} not resident"
         after = set(pager.resident_experts())
         assert after == set(model.lru), (after, set(model.lru))
-        assert {e: pager.pi[e] for e in after} == dict(model.lru)
+        assert {e: pager.slot_of[e] for e in after} == dict(model.lru)
         # evictions: only experts the step did not need, exactly the model's LRU choice
         gone = before - after
         assert not gone & set(experts)
         assert gone == set(evicted)
         # an evicted expert's slot now holds one of this step's misses; hits did not move
         for e in gone:
-            assert pager.pi_inv[slot_before[e]] in misses
+            assert pager.expert_in_slot[slot_before[e]] in misses
         for e in set(experts) - set(misses):
-            assert pager.pi[e] == slot_before[e]
+            assert pager.slot_of[e] == slot_before[e]
         assert pager.counters.as_dict() == model.c
 
 
@@ -175,15 +175,15 @@ def test_lru_hand_trace():
     host = make_host(6, "two")
     pager = ExpertPager(host, 3, "cpu")
     pager.prepare([2, 0])  # slots: 0->e0, 1->e2 (ascending misses); LRU (touch order): 2, 0
-    assert pager.pi_inv == [0, 2, -1]
+    assert pager.expert_in_slot == [0, 2, -1]
     pager.prepare([5])  # empty slot 2; LRU: 2, 0, 5
-    assert pager.pi_inv == [0, 2, 5]
+    assert pager.expert_in_slot == [0, 2, 5]
     pager.prepare([0])  # hit; LRU: 2, 5, 0
     pager.prepare([1, 5])  # evict 2 (LRU, not needed) -> slot 1; LRU: 0, 1, 5
-    assert pager.pi_inv == [0, 1, 5]
+    assert pager.expert_in_slot == [0, 1, 5]
     pager.prepare([3, 4])  # evict 0 then 1: e3 -> slot 0, e4 -> slot 1
-    assert pager.pi_inv == [3, 4, 5]
-    assert pager.pi == [-1, -1, -1, 0, 1, 2]
+    assert pager.expert_in_slot == [3, 4, 5]
+    assert pager.slot_of == [-1, -1, -1, 0, 1, 2]
     assert pager.counters.as_dict() == dict(hits=2, misses=6, evictions=3, loads=6, bytes_h2d=6 * 18 * 4, steps=5)
     pager.check_integrity()
 
@@ -198,7 +198,7 @@ def test_check_integrity_detects_corruption():
     with pytest.raises(AssertionError):
         pager.check_integrity()
     pager.check_integrity(check_bytes=False)
-    pager.pi_dev[0] = 1
+    pager.expert_map[0] = 1
     with pytest.raises(AssertionError):
         pager.check_integrity(check_bytes=False)
 
@@ -208,12 +208,12 @@ def test_too_many_experts_raises_and_leaves_state(kind):
     host = make_host(8, kind)
     pager = ExpertPager(host, 3, "cpu")
     pager.prepare([0, 1, 2])
-    state = (list(pager.pi), list(pager.pi_inv), list(pager.tick), pager.counters.as_dict())
+    state = (list(pager.slot_of), list(pager.expert_in_slot), list(pager.last_used), pager.counters.as_dict())
     with pytest.raises(ValueError):
         pager.prepare([3, 4, 5, 6])
     with pytest.raises(ValueError):
         pager.prepare([0, 1, 2, 3])
-    assert (pager.pi, pager.pi_inv, pager.tick, pager.counters.as_dict()) == state
+    assert (pager.slot_of, pager.expert_in_slot, pager.last_used, pager.counters.as_dict()) == state
     pager.prepare([0, 0, 1, 1, 2])  # duplicates count once: fits
     assert pager.counters.hits == 3
 
@@ -228,7 +228,7 @@ def test_capacity_out_of_range_raises(cap):
 def test_capacity_bounds_accepted(cap):
     pager = ExpertPager(make_host(4, "two"), cap, "cpu")
     assert pager.capacity == cap and all(t.shape[0] == cap for t in pager.scratch.values())
-    assert pager.pi == [-1] * 4 and pager.pi_dev.tolist() == [-1] * 4
+    assert pager.slot_of == [-1] * 4 and pager.expert_map.tolist() == [-1] * 4
     assert pager.counters == ExpertCounters()
 
 

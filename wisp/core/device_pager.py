@@ -1,20 +1,25 @@
 """The paging decision on the GPU: one step of `ExpertPager.prepare` with no host round trip (CUDA only).
 
+The device state of one pager (`DeviceLRU`, plus the pager's `expert_map`): `expert_map` [N] expert ->
+slot or -1, `expert_in_slot` [C] slot -> expert or -1, `last_used` [C] the touch number of each slot's
+latest touch, `touch_count` [1] the touches so far; the same fields as `wisp.core.pager`'s host state.
+
 Two launches per token group, both capturable in a CUDA graph:
-1. `_lru_decide` (one program): from the group's routed ids [P] and the pager's device state (pi [N],
-   pi_inv [C], tick [C], clock) it finds the distinct routed experts, the misses, and their victims, and
-   rewrites the state in place: exactly `ExpertPager.prepare`'s rule (misses in ascending id order take
-   the least recently used slots the step does not need, ordered by (tick, slot); then every routed
-   expert is touched in `wisp.core.recency`'s order: by the last of the group's tokens routing to it,
-   then id). It writes the miss list (expert, slot) and its length, and
-   adds the step to the device counters [steps, hits, misses, evictions, loads, bytes].
+1. `_lru_decide` (one program): from the group's routed ids [P] and that state it finds the distinct
+   routed experts, the misses, and their victims, and rewrites the state in place: exactly
+   `ExpertPager.prepare`'s rule (misses in ascending id order take the least recently used slots the
+   step does not need, ordered by (last_used, slot); then every routed expert is touched in
+   `wisp.core.recency`'s order: by the last of the group's tokens routing to it, then id). It writes
+   the miss list (expert, slot) and its length, and adds the step to the device counters [steps, hits,
+   misses, evictions, loads, bytes].
 2. `_copy_misses`: programs (miss i, chunk c) copy chunk c of expert miss_e[i]'s bytes from the pinned
    host master, read in place through unified virtual addressing, into slot miss_s[i]; programs past
    the miss count exit at once. So only the missed experts' bytes cross PCIe, with no host sync.
 
 Precondition (the caller's): the group routes to at most C distinct experts (groups of C // top_k
-tokens guarantee it). Invariant: after `device_prepare` the device state equals what the host pager
-would hold after `prepare` of the same ids (tested on the GPU against `ExpertPager`).
+tokens guarantee it). Invariant: after `DeviceLRU.prepare` (called by `ExpertPager.prepare_on_device`)
+the device state equals what the host pager would hold after `prepare` of the same ids in touch order
+(tests/core/test_device_pager.py: on the GPU, and elsewhere under Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ def _bump(count_ptr, field, value):
 
 
 @triton.jit
-def _lru_decide(ids_ptr, n_pairs, top_k, pi_ptr, pi_inv_ptr, tick_ptr, clock_ptr, miss_e_ptr, miss_s_ptr, n_miss_ptr,
-                count_ptr, N, C, expert_bytes,
+def _lru_decide(ids_ptr, n_pairs, top_k, expert_map_ptr, expert_in_slot_ptr, last_used_ptr, touch_count_ptr,
+                miss_e_ptr, miss_s_ptr, n_miss_ptr, count_ptr, N, C, expert_bytes,
                 BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
     p = tl.arange(0, BLOCK_P)
     ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=-1).to(tl.int32)
@@ -47,9 +52,9 @@ def _lru_decide(ids_ptr, n_pairs, top_k, pi_ptr, pi_inv_ptr, tick_ptr, clock_ptr
     # recency key (last token, id), distinct per expert; a needed expert's rank among the needed by it
     key = last_token * BLOCK_E + e
     touch_order_rank = tl.sum(((key[None, :] < key[:, None]) & need[None, :]).to(tl.int32), axis=1)  # [E]
-    pi = tl.load(pi_ptr + e, mask=e_ok, other=-1)
-    miss = need & (pi < 0)
-    hit = need & (pi >= 0)
+    slot_of = tl.load(expert_map_ptr + e, mask=e_ok, other=-1)
+    miss = need & (slot_of < 0)
+    hit = need & (slot_of >= 0)
     miss_i = miss.to(tl.int32)
     need_i = need.to(tl.int32)
     miss_rank = tl.cumsum(miss_i, axis=0) - 1
@@ -58,32 +63,33 @@ def _lru_decide(ids_ptr, n_pairs, top_k, pi_ptr, pi_inv_ptr, tick_ptr, clock_ptr
 
     s = tl.arange(0, BLOCK_C)
     s_ok = s < C
-    pi_inv = tl.load(pi_inv_ptr + s, mask=s_ok, other=-1)
-    tick = tl.load(tick_ptr + s, mask=s_ok, other=0)
-    at = pi[:, None] == s[None, :]  # [E, C]: expert e sits in slot s
+    expert_in_slot = tl.load(expert_in_slot_ptr + s, mask=s_ok, other=-1)
+    last_used = tl.load(last_used_ptr + s, mask=s_ok, other=0)
+    at = slot_of[:, None] == s[None, :]  # [E, C]: expert e sits in slot s
     needed_slot = tl.max((at & hit[:, None]).to(tl.int32), axis=0) > 0
     cand = s_ok & (needed_slot == 0)
-    # a candidate's rank in (tick, slot) order among the candidates
-    earlier = (tick[None, :] < tick[:, None]) | ((tick[None, :] == tick[:, None]) & (s[None, :] < s[:, None]))
+    # a candidate's rank in (last_used, slot) order among the candidates
+    before, tied = last_used[None, :] < last_used[:, None], last_used[None, :] == last_used[:, None]
+    earlier = before | (tied & (s[None, :] < s[:, None]))
     cand_rank = tl.sum((earlier & cand[None, :]).to(tl.int32), axis=1)
     take = cand & (cand_rank < n_miss)
     match = miss[:, None] & take[None, :] & (miss_rank[:, None] == cand_rank[None, :])  # [E, C]
     new_e_of_s = tl.sum(tl.where(match, e[:, None], 0), axis=0)
     new_s_of_e = tl.sum(tl.where(match, s[None, :], 0), axis=1)
     evicted_e = tl.max((at & take[None, :]).to(tl.int32), axis=1) > 0
-    n_evict = tl.sum((take & (pi_inv >= 0)).to(tl.int32), axis=0)
-    new_pi = tl.where(miss, new_s_of_e, tl.where(evicted_e, -1, pi))
-    new_pi_inv = tl.where(take, new_e_of_s, pi_inv)
-    clock = tl.load(clock_ptr)
-    touched = need[:, None] & (new_pi[:, None] == s[None, :])  # [E, C]
+    n_evict = tl.sum((take & (expert_in_slot >= 0)).to(tl.int32), axis=0)
+    new_slot_of = tl.where(miss, new_s_of_e, tl.where(evicted_e, -1, slot_of))
+    new_expert_in_slot = tl.where(take, new_e_of_s, expert_in_slot)
+    touch_count = tl.load(touch_count_ptr)
+    touched = need[:, None] & (new_slot_of[:, None] == s[None, :])  # [E, C]
     touch_s = tl.max(touched.to(tl.int32), axis=0) > 0
     touch_rank = tl.sum(tl.where(touched, touch_order_rank[:, None], 0), axis=0)
-    new_tick = tl.where(touch_s, clock + touch_rank.to(tl.int64), tick)
+    new_last_used = tl.where(touch_s, touch_count + touch_rank.to(tl.int64), last_used)
 
-    tl.store(pi_ptr + e, new_pi, mask=e_ok)
-    tl.store(pi_inv_ptr + s, new_pi_inv, mask=s_ok)
-    tl.store(tick_ptr + s, new_tick, mask=s_ok)
-    tl.store(clock_ptr, clock + n_need.to(tl.int64))
+    tl.store(expert_map_ptr + e, new_slot_of, mask=e_ok)
+    tl.store(expert_in_slot_ptr + s, new_expert_in_slot, mask=s_ok)
+    tl.store(last_used_ptr + s, new_last_used, mask=s_ok)
+    tl.store(touch_count_ptr, touch_count + n_need.to(tl.int64))
     tl.store(miss_e_ptr + cand_rank, new_e_of_s, mask=take)
     tl.store(miss_s_ptr + cand_rank, s, mask=take)
     tl.store(n_miss_ptr, n_miss)
@@ -149,14 +155,14 @@ class DeviceLRU:
 
     def __init__(self, num_experts: int, capacity: int, expert_bytes: int, device: torch.device):
         self.num_experts, self.capacity, self.expert_bytes = num_experts, capacity, expert_bytes
-        self.pi_inv = torch.full((capacity,), -1, dtype=torch.int32, device=device)
-        self.tick = torch.full((capacity,), -1, dtype=torch.int64, device=device)
-        self.clock = torch.zeros((1,), dtype=torch.int64, device=device)
+        self.expert_in_slot = torch.full((capacity,), -1, dtype=torch.int32, device=device)
+        self.last_used = torch.full((capacity,), -1, dtype=torch.int64, device=device)
+        self.touch_count = torch.zeros((1,), dtype=torch.int64, device=device)
         self.miss = torch.zeros((2, capacity), dtype=torch.int32, device=device)
         self.n_miss = torch.zeros((1,), dtype=torch.int32, device=device)
         self.counts = torch.zeros((len(COUNT_FIELDS),), dtype=torch.int64, device=device)
 
-    def prepare(self, pi_dev: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, torch.Tensor],
+    def prepare(self, expert_map: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, torch.Tensor],
                 scratch: dict[str, torch.Tensor]) -> None:
         """Launch the decision and the copies for one group's routed ids [T, K] (no host sync)."""
         ids = topk_ids.reshape(-1)
@@ -164,7 +170,8 @@ class DeviceLRU:
         if topk_ids.shape[-1] > self.capacity:
             raise ValueError(f"top-k {topk_ids.shape[-1]} exceeds the scratch's {self.capacity} slots")
         _lru_decide[(1,)](
-            ids, n_pairs, topk_ids.shape[-1], pi_dev, self.pi_inv, self.tick, self.clock, self.miss[0], self.miss[1], self.n_miss,
+            ids, n_pairs, topk_ids.shape[-1], expert_map, self.expert_in_slot, self.last_used, self.touch_count,
+            self.miss[0], self.miss[1], self.n_miss,
             self.counts, self.num_experts, self.capacity, self.expert_bytes,
             BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_E=triton.next_power_of_2(max(self.num_experts, 2)),
             BLOCK_C=triton.next_power_of_2(max(self.capacity, 2)),

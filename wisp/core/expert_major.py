@@ -67,7 +67,7 @@ def run_wide_step(
     decision = pager.decide(experts)
     scratch = pager.scratch
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
-    kernels.pairs_by_map(per_k, hidden, scratch[GATE_UP], scratch[DOWN], topk_ids, pager.pi_dev)  # the hits
+    kernels.pairs_by_map(per_k, hidden, scratch[GATE_UP], scratch[DOWN], topk_ids, pager.expert_map)  # the hits
     order = torch.argsort(topk_ids.reshape(-1), stable=True)  # [T*K] pairs grouped by expert, token order inside
     offsets = [0]
     for c in counts:

@@ -15,8 +15,11 @@ paged store runs the paging decision on the device in fixed groups of C // top_k
 experts always fit). The engine replays graphs only for batches of at most C // top_k tokens (one
 group, so one MoE step as in eager mode); wider decode batches run eagerly, expert-major.
 
-Invariant: for the same routing all four return torch.equal outputs (the kernels are slot- and
-batch-invariant), so modes can be swapped without changing a single token.
+Invariant: for the same routing all four return torch.equal outputs, in `forward` and `forward_static`
+alike: whatever the backend, a (token, k) pair's output does not depend on where its expert's weights
+sit (a bank through the map, a slot, a staging buffer, host memory) or on the other tokens, and the sum
+over k runs in routing order; an expert-major step gives the bits `fused` gives (`wisp.core.kernels`).
+So modes can be swapped without changing a single token.
 """
 
 from __future__ import annotations

@@ -3,10 +3,12 @@
 The pager owns, for one layer:
 - `host[name]`  [N, ...]  every expert's tensors in host memory (pinned when the device is CUDA);
 - `scratch[name]` [C, ...] the device slots; a slot holds all tensors of one expert;
-- `pi`  (list, N)  logical expert -> slot or -1;  `pi_inv` (list, C)  slot -> logical expert or -1;
-- `pi_dev` (int32 tensor, N, on the device) the expert_map the MoE kernel reads; updated in place, so
-  its address never changes (CUDA graphs captured over it stay valid);
-- `tick` (list, C) the LRU clock of each slot (-1: never used).
+- `slot_of` (list, N) logical expert -> slot or -1 (the paper's pi); `expert_in_slot` (list, C) its
+  inverse, slot -> logical expert or -1;
+- `expert_map` (int32 tensor, N, on the device) `slot_of` as the MoE kernel reads it; updated in place,
+  so its address never changes (CUDA graphs captured over it stay valid);
+- `last_used` (list, C) per slot, the touch number of its expert's latest touch (-1: never used), and
+  `_touch_count` the number of touches so far (the next touch's number).
 
 `prepare(experts)` makes a narrow step's routed experts (at most C) resident: misses are copied, each
 expert alone (all of its tensors, never the layer), from its host master into a victim slot, on the
@@ -21,7 +23,7 @@ with set-valued steps gives, so `wisp.core.reuse`'s miss curves hold for every C
 
 Recency is defined exactly so a plain LRU model can replay it: a step's experts are touched in the order
 `wisp.core.recency` defines (by the last token that routes to each, then id), each getting the next
-clock value. `prepare` and `decide` take that order: a flat list of expert ids, least recent first (a
+touch number. `prepare` and `decide` take that order: a flat list of expert ids, least recent first (a
 repeated id counts at its last place).
 
 Two sides: the state above lives on the host (`prepare`, used by prefill and eager steps) or on the
@@ -29,9 +31,9 @@ device (`prepare_on_device`, CUDA only: `wisp.core.device_pager` decides and cop
 so a decode step can be one CUDA graph). `use_host()` / `use_device()` hand the state over (a no-op
 when it is already there); each `prepare*` call takes it where it needs it.
 
-Invariants (`check_integrity`): pi[e] == s <=> pi_inv[s] == e; pi_dev == pi; slot s holds exactly the
-bytes of expert pi_inv[s]; an expert routed in the current step is never evicted before its tokens are
-computed (in a narrow step, never during it).
+Invariants (`check_integrity`): slot_of[e] == s <=> expert_in_slot[s] == e; expert_map == slot_of;
+slot s holds exactly the bytes of expert expert_in_slot[s]; an expert routed in the current step is
+never evicted before its tokens are computed (in a narrow step, never during it).
 """
 
 from __future__ import annotations
@@ -71,13 +73,13 @@ class ExpertPager:
             name: torch.empty((capacity, *t.shape[1:]), dtype=t.dtype, device=self.device) for name, t in host.items()
         }
         self.expert_bytes = expert_bytes(host)
-        self.pi: list[int] = [-1] * self.num_experts
-        self.pi_inv: list[int] = [-1] * capacity
-        self.tick: list[int] = [-1] * capacity
-        self._clock = 0
-        self.pi_dev = torch.full((self.num_experts,), -1, dtype=torch.int32, device=self.device)
+        self.slot_of: list[int] = [-1] * self.num_experts
+        self.expert_in_slot: list[int] = [-1] * capacity
+        self.last_used: list[int] = [-1] * capacity
+        self._touch_count = 0
+        self.expert_map = torch.full((self.num_experts,), -1, dtype=torch.int32, device=self.device)
         pin = self.device.type == "cuda"
-        self._pi_staging = torch.full((self.num_experts,), -1, dtype=torch.int32, pin_memory=pin)
+        self._map_staging = torch.full((self.num_experts,), -1, dtype=torch.int32, pin_memory=pin)
         self.counters = ExpertCounters()
         self.device_lru = None  # DeviceLRU, made on first use_device()
         self.side = "host"
@@ -92,9 +94,9 @@ class ExpertPager:
 
             self.device_lru = DeviceLRU(self.num_experts, self.capacity, self.expert_bytes, self.device)
         lru = self.device_lru
-        lru.pi_inv.copy_(torch.tensor(self.pi_inv, dtype=torch.int32))
-        lru.tick.copy_(torch.tensor(self.tick, dtype=torch.int64))
-        lru.clock.fill_(self._clock)
+        lru.expert_in_slot.copy_(torch.tensor(self.expert_in_slot, dtype=torch.int32))
+        lru.last_used.copy_(torch.tensor(self.last_used, dtype=torch.int64))
+        lru.touch_count.fill_(self._touch_count)
         self.side = "device"
 
     def use_host(self) -> None:
@@ -102,12 +104,13 @@ class ExpertPager:
 
     def _device_state(self) -> torch.Tensor:
         lru = self.device_lru
-        return torch.cat([self.pi_dev.long(), lru.pi_inv.long(), lru.tick, lru.clock, lru.counts])
+        return torch.cat([self.expert_map.long(), lru.expert_in_slot.long(), lru.last_used, lru.touch_count,
+                          lru.counts])
 
     def _take_state(self, state: list[int]) -> None:
         n, c = self.num_experts, self.capacity
-        self.pi, self.pi_inv, self.tick = state[:n], state[n : n + c], state[n + c : n + 2 * c]
-        self._clock = state[n + 2 * c]
+        self.slot_of, self.expert_in_slot, self.last_used = state[:n], state[n : n + c], state[n + c : n + 2 * c]
+        self._touch_count = state[n + 2 * c]
         add_counts(self.counters, state[n + 2 * c + 1 :])
         self.side = "host"
 
@@ -117,22 +120,23 @@ class ExpertPager:
             fold_counts(self.device_lru.counts, self.counters)
 
     def prepare_on_device(self, topk_ids: torch.Tensor) -> torch.Tensor:
-        """`prepare` of topk_ids' distinct experts, decided and copied on the device; returns pi_dev.
+        """`prepare` of topk_ids' distinct experts, decided and copied on the device; returns expert_map.
         The caller guarantees they number at most `capacity` (e.g. capacity // top_k tokens)."""
         self.use_device()
-        self.device_lru.prepare(self.pi_dev, topk_ids, self.host, self.scratch)
-        return self.pi_dev
+        self.device_lru.prepare(self.expert_map, topk_ids, self.host, self.scratch)
+        return self.expert_map
 
     def clear(self) -> None:
         """Empty every slot (state only; the bytes stay and are never read through the map)."""
         self.use_host()
-        self.pi, self.pi_inv, self.tick, self._clock = [-1] * self.num_experts, [-1] * self.capacity, [-1] * self.capacity, 0
+        self.slot_of, self.expert_in_slot = [-1] * self.num_experts, [-1] * self.capacity
+        self.last_used, self._touch_count = [-1] * self.capacity, 0
         self.publish_map()
 
     # -- the host side ------------------------------------------------------------------------------
     def prepare(self, experts: Sequence[int]) -> torch.Tensor:
         """Make the routed `experts` of one narrow step (at most C distinct, in touch order) resident;
-        return pi_dev (the expert_map). A wider step runs expert-major (`wisp.core.expert_major`)."""
+        return `expert_map`. A wider step runs expert-major (`wisp.core.expert_major`)."""
         n_need = len(set(int(e) for e in experts))
         if n_need > self.capacity:
             raise ValueError(f"step needs {n_need} experts but the scratch has {self.capacity} slots")
@@ -141,7 +145,7 @@ class ExpertPager:
             self.copy_into_slot(expert, slot)
         if decision.loads:
             self.publish_map()
-        return self.pi_dev
+        return self.expert_map
 
     def decide(self, experts: Sequence[int]) -> "StepDecision":
         """One step's LRU decision on the host state (no bytes move here; the caller copies `loads` into
@@ -150,7 +154,7 @@ class ExpertPager:
         `experts` is the step's touch order (`wisp.core.recency`), so its last C distinct experts are
         the most recently used after it (all of them when they number at most C): those stay in the
         slots; misses among them, in ascending id, are loaded into the least recently used slots holding
-        anything else (empty first, by (tick, slot)); the other misses of a wide step are streamed
+        anything else (empty first, by (last_used, slot)); the other misses of a wide step are streamed
         (computed from a staging buffer, not kept). Each miss crosses PCIe once either way."""
         self.use_host()
         order = distinct_in_order(experts)
@@ -158,23 +162,23 @@ class ExpertPager:
             raise ValueError(f"expert ids must be in [0, {self.num_experts}), got {sorted(order)}")
         need = sorted(order)
         kept = set(order[-self.capacity :])
-        hits = [e for e in need if self.pi[e] >= 0]
-        misses = [e for e in need if self.pi[e] < 0]
-        keep_slots = {self.pi[e] for e in hits if e in kept}
-        victims = sorted((s for s in range(self.capacity) if s not in keep_slots), key=lambda s: (self.tick[s], s))
+        hits = [e for e in need if self.slot_of[e] >= 0]
+        misses = [e for e in need if self.slot_of[e] < 0]
+        keep_slots = {self.slot_of[e] for e in hits if e in kept}
+        victims = sorted((s for s in range(self.capacity) if s not in keep_slots), key=lambda s: (self.last_used[s], s))
         loads = []
         for expert, slot in zip((e for e in misses if e in kept), victims):
-            old = self.pi_inv[slot]
+            old = self.expert_in_slot[slot]
             if old >= 0:
-                self.pi[old] = -1
+                self.slot_of[old] = -1
                 self.counters.evictions += 1
-            self.pi[expert] = slot
-            self.pi_inv[slot] = expert
+            self.slot_of[expert] = slot
+            self.expert_in_slot[slot] = expert
             loads.append((expert, slot))
         for e in order:
-            if self.pi[e] >= 0:
-                self.tick[self.pi[e]] = self._clock
-            self._clock += 1
+            if self.slot_of[e] >= 0:
+                self.last_used[self.slot_of[e]] = self._touch_count
+            self._touch_count += 1
         c = self.counters
         c.steps += 1
         c.hits += len(hits)
@@ -192,23 +196,24 @@ class ExpertPager:
     def publish_map(self) -> None:
         # A pinned staging buffer keeps the update asynchronous; it is safe to rewrite because the next
         # prepare() runs after the host has read that step's routing, which waited for this copy.
-        self._pi_staging.copy_(torch.tensor(self.pi, dtype=torch.int32))
-        self.pi_dev.copy_(self._pi_staging, non_blocking=True)
+        self._map_staging.copy_(torch.tensor(self.slot_of, dtype=torch.int32))
+        self.expert_map.copy_(self._map_staging, non_blocking=True)
 
     def resident_experts(self) -> list[int]:
         self.use_host()
-        return sorted(e for e in self.pi_inv if e >= 0)
+        return sorted(e for e in self.expert_in_slot if e >= 0)
 
     def check_integrity(self, check_bytes: bool = True) -> None:
         """Assert every invariant in the module docstring (used by tests)."""
         self.use_host()
-        for e, s in enumerate(self.pi):
-            assert s == -1 or self.pi_inv[s] == e, f"pi[{e}]={s} but pi_inv[{s}]={self.pi_inv[s]}"
-        for s, e in enumerate(self.pi_inv):
-            assert e == -1 or self.pi[e] == s, f"pi_inv[{s}]={e} but pi[{e}]={self.pi[e]}"
-        assert self.pi_dev.tolist() == self.pi, "pi_dev differs from pi"
+        for e, s in enumerate(self.slot_of):
+            assert s == -1 or self.expert_in_slot[s] == e, (
+                f"slot_of[{e}]={s} but expert_in_slot[{s}]={self.expert_in_slot[s]}")
+        for s, e in enumerate(self.expert_in_slot):
+            assert e == -1 or self.slot_of[e] == s, f"expert_in_slot[{s}]={e} but slot_of[{e}]={self.slot_of[e]}"
+        assert self.expert_map.tolist() == self.slot_of, "expert_map differs from slot_of"
         if check_bytes:
-            for s, e in enumerate(self.pi_inv):
+            for s, e in enumerate(self.expert_in_slot):
                 if e >= 0:
                     for name, master in self.host.items():
                         assert torch.equal(self.scratch[name][s].cpu(), master[e]), f"slot {s} != expert {e} ({name})"

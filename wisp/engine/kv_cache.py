@@ -3,12 +3,13 @@
 `KVCache.k/v`: [num_layers, num_blocks, num_kv_heads, block_size, head_dim] on the device. Position p of
 a sequence lives in block `table[p // block_size]` at offset `p % block_size`.
 
-`paged_attention` is written for exactness, not speed (the GPU kernel comes later): queries run in
-16-row tiles aligned on absolute positions and keys in whole blocks, combined with an online softmax
-in block order. A query's result is then a fixed computation over keys 0..p alone: extra (masked)
-blocks add exact zeros. So a token's attention output is bit-identical whether its prefix came from
-the prefix cache, a chunked or whole prefill, a recompute after preemption, or decode, and whatever
-else shares the batch.
+`paged_attention` is the torch path, written for exactness, not speed: queries run in 16-row tiles
+aligned on absolute positions and keys in whole blocks, combined with an online softmax in block order.
+A query's result is then a fixed computation over keys 0..p alone: extra (masked) blocks add exact
+zeros. So a token's attention output is bit-identical whether its prefix came from the prefix cache, a
+chunked or whole prefill, a recompute after preemption, or decode, and whatever else shares the batch.
+The fast path on CUDA, `wisp.engine.triton_attention` (used with attention="triton" where head_dim and
+block_size allow), keeps that guarantee in its own fixed order; its numbers differ slightly from these.
 """
 
 from __future__ import annotations

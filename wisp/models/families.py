@@ -1,62 +1,98 @@
-"""Per-family checkpoint tensor names (as the hub publishes them), behind one registry.
+"""The supported model families: one registry entry per architecture, registered by name.
 
-Every family maps our parameter roles to Hugging Face tensor names. Experts are read either one
-tensor per expert (`...experts.3.gate_proj.weight`, Mixtral's `w1/w3/w2`) or, where a checkpoint stores
-them fused (`...experts.gate_up_proj` [N, 2I, D], `...experts.down_proj` [N, D, I]), as stacks.
+A `Family` holds everything that differs between architectures: how its config.json names things
+(read by `wisp.config.ModelConfig.from_hf` through the methods below), plain fields the model code
+reads (`qk_norm`, `router_dtype`), and where its checkpoint keeps each tensor (`weights`, a
+`wisp.models.weight_names.WeightNames`). No other module tests a family's name, so adding a family is
+one `register(Family(...))` here plus, if its tensors are named in a new style, one `WeightNames`.
+
+Invariants: family names and architectures are unique; looking up anything else raises WispError
+listing the supported names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from wisp.errors import WispError
+from wisp.models.weight_names import HF_STYLE, MIXTRAL_STYLE, WeightNames
 
 
 @dataclass(frozen=True)
-class FamilyNames:
-    moe_prefix: str  # module holding router + experts inside a layer
-    expert_gate: str
-    expert_up: str
-    expert_down: str
+class Family:
+    name: str  # the model code's key (ModelConfig.family)
+    architecture: str  # config.json "architectures"[0]
+    weights: WeightNames
+    expert_width_field: str = "moe_intermediate_size"  # config field of one expert's MLP width
+    every_layer_moe: bool = False  # else: MoE layers follow decoder_sparse_step and mlp_only_layers
+    sliding_window_switch: bool = False  # sliding_window applies only when use_sliding_window is true
+    always_renormalise: bool = False  # top-k weights renormalised whatever norm_topk_prob says
+    shared_expert: bool = False  # a shared expert of shared_expert_intermediate_size, sigmoid-gated
+    attention_bias_field: tuple[str, bool] = ("attention_bias", False)  # config field, its default
+    qk_norm: str = "none"  # "none" | "per_head" (RMSNorm per head) | "full" (over all heads)
+    router_dtype: torch.dtype | None = None  # dtype of the routing weights; None: the activations'
 
-    @staticmethod
-    def layer(i: int) -> str:
-        return f"model.layers.{i}"
+    def expert_widths(self, raw: dict[str, Any]) -> tuple[int, int]:
+        """(MLP width of one expert, MLP width of a dense layer; the expert's when not given)."""
+        moe = int(raw[self.expert_width_field])
+        return moe, int(raw.get("intermediate_size", moe))
 
-    def attn(self, i: int, proj: str) -> str:
-        return f"{self.layer(i)}.self_attn.{proj}"
+    def moe_layers(self, raw: dict[str, Any], num_layers: int) -> tuple[bool, ...]:
+        """Per layer: True when its MLP is a routed MoE block."""
+        if self.every_layer_moe:
+            return (True,) * num_layers
+        step = int(raw.get("decoder_sparse_step", 1) or 1)
+        dense = raw.get("mlp_only_layers") or []
+        return tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
 
-    def router(self, i: int) -> str:
-        return f"{self.layer(i)}.{self.moe_prefix}.gate.weight"
+    def norm_topk_prob(self, raw: dict[str, Any]) -> bool:
+        return True if self.always_renormalise else bool(raw.get("norm_topk_prob", False))
 
-    def expert(self, i: int, e: int, which: str) -> str:
-        part = {"gate": self.expert_gate, "up": self.expert_up, "down": self.expert_down}[which]
-        return f"{self.layer(i)}.{self.moe_prefix}.experts.{e}.{part}.weight"
+    def shared_expert_width(self, raw: dict[str, Any]) -> int:
+        return int(raw.get("shared_expert_intermediate_size") or 0) if self.shared_expert else 0
 
-    def fused_experts(self, i: int, which: str) -> str:
-        return f"{self.layer(i)}.{self.moe_prefix}.experts.{which}_proj"
+    def attention_bias(self, raw: dict[str, Any]) -> bool:
+        return bool(raw.get(*self.attention_bias_field))
 
-    def dense_mlp(self, i: int, which: str) -> str:
-        return f"{self.layer(i)}.mlp.{which}_proj.weight"
-
-    def shared_expert(self, i: int, which: str) -> str:
-        return f"{self.layer(i)}.mlp.shared_expert.{which}_proj.weight"
-
-    def shared_expert_gate(self, i: int) -> str:
-        return f"{self.layer(i)}.mlp.shared_expert_gate.weight"
-
-
-_HF_STYLE = FamilyNames("mlp", "gate_proj", "up_proj", "down_proj")
-
-FAMILIES: dict[str, FamilyNames] = {
-    "qwen3_moe": _HF_STYLE,
-    "olmoe": _HF_STYLE,
-    "qwen2_moe": _HF_STYLE,
-    "mixtral": FamilyNames("block_sparse_moe", "w1", "w3", "w2"),
-}
+    def sliding_window(self, raw: dict[str, Any]) -> int | None:
+        window = raw.get("sliding_window")
+        if self.sliding_window_switch and not raw.get("use_sliding_window", False):
+            window = None
+        return int(window) if window else None
 
 
-def family_names(family: str) -> FamilyNames:
-    if family not in FAMILIES:
-        raise WispError(f"unsupported model family {family!r}; supported: {', '.join(FAMILIES)}")
-    return FAMILIES[family]
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    taken = {f.architecture for f in FAMILIES.values()}
+    if family.name in FAMILIES or family.architecture in taken:
+        raise ValueError(f"family {family.name!r} ({family.architecture}) is already registered")
+    FAMILIES[family.name] = family
+    return family
+
+
+def get_family(name: str) -> Family:
+    if name not in FAMILIES:
+        raise WispError(f"unsupported model family {name!r}; supported: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def family_for_architecture(architecture: str | None) -> Family:
+    for family in FAMILIES.values():
+        if family.architecture == architecture:
+            return family
+    supported = ", ".join(f.architecture for f in FAMILIES.values())
+    raise WispError(f"unsupported architecture {architecture!r}; supported: {supported}")
+
+
+register(Family("qwen3_moe", "Qwen3MoeForCausalLM", HF_STYLE, sliding_window_switch=True, qk_norm="per_head"))
+register(Family("olmoe", "OlmoeForCausalLM", HF_STYLE, expert_width_field="intermediate_size", every_layer_moe=True,
+                qk_norm="full"))
+register(Family("mixtral", "MixtralForCausalLM", MIXTRAL_STYLE, expert_width_field="intermediate_size",
+                every_layer_moe=True, always_renormalise=True, router_dtype=torch.float32))
+register(Family("qwen2_moe", "Qwen2MoeForCausalLM", HF_STYLE, sliding_window_switch=True, shared_expert=True,
+                attention_bias_field=("qkv_bias", True)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,7 +33,8 @@ from wisp.core.experts import (
 from wisp.core.expert_major import StagingBuffers
 from wisp.core.kernels import moe_kernels
 from wisp.errors import WispError
-from wisp.models.families import FamilyNames, family_names
+from wisp.models.families import get_family
+from wisp.models.weight_names import WeightNames
 from wisp.models.moe_decoder import AttentionWeights, LayerWeights, MLPWeights, MoEDecoder
 
 
@@ -90,7 +92,7 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
     """Build the decoder from `reader` (a CheckpointReader, or RandomWeights for --load-format dummy)."""
     dtype = model_cfg.dtype
     try:
-        names = family_names(model_cfg.family)
+        names = get_family(model_cfg.family).weights
 
         def dev(key: str) -> torch.Tensor:
             return reader.get(key).to(device=device, dtype=dtype)
@@ -108,7 +110,7 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
         reader.close()
 
 
-def _load_layer(i: int, cfg: ModelConfig, n: FamilyNames, dev, opt) -> LayerWeights:
+def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeights:
     attn = AttentionWeights(
         q=dev(n.attn(i, "q_proj.weight")),
         k=dev(n.attn(i, "k_proj.weight")),
@@ -136,51 +138,68 @@ def _load_layer(i: int, cfg: ModelConfig, n: FamilyNames, dev, opt) -> LayerWeig
 
 
 def _load_experts(
-    reader: CheckpointReader, cfg: ModelConfig, engine: EngineConfig, n: FamilyNames, device: torch.device
+    reader: CheckpointReader, cfg: ModelConfig, engine: EngineConfig, n: WeightNames, device: torch.device
 ) -> dict[int, ExpertStore]:
     """Fill each MoE layer's expert tensors, expert by expert, and wrap them in the mode's store."""
     caps = dict(zip(cfg.moe_layer_ids, engine.resolve_layer_caps(cfg)))
-    ne, inter, d, dtype = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.dtype
     on_device = engine.mode == "resident"
     pin = device.type == "cuda" and not on_device and engine.pin_memory
     target = device if on_device else torch.device("cpu")
     stores: dict[int, ExpertStore] = {}
-    shared_buffer: LayerBuffer | None = None
-    staging: StagingBuffers | None = None  # paged: two expert-sized buffers for wide steps, shared by layers
-    moe_ids = cfg.moe_layer_ids
-    bar = tqdm(total=len(moe_ids) * ne, desc="Loading experts", unit="expert", file=sys.stderr, disable=None)
-    for li in moe_ids:
-        try:
-            gate_up = torch.empty((ne, 2 * inter, d), dtype=dtype, device=target, pin_memory=pin)
-            down = torch.empty((ne, d, inter), dtype=dtype, device=target, pin_memory=pin)
-        except RuntimeError as exc:
-            raise WispError(f"could not allocate {'pinned ' if pin else ''}expert memory for layer {li}: {exc}") from None
-        fused = n.fused_experts(li, "gate_up") in reader
-        stacked = (reader.get(n.fused_experts(li, "gate_up")), reader.get(n.fused_experts(li, "down"))) if fused else None
-        for e in range(ne):
-            if stacked is not None:
-                gate_up[e].copy_(stacked[0][e])
-                down[e].copy_(stacked[1][e])
-            else:
-                gate_up[e, :inter].copy_(reader.get(n.expert(li, e, "gate")))
-                gate_up[e, inter:].copy_(reader.get(n.expert(li, e, "up")))
-                down[e].copy_(reader.get(n.expert(li, e, "down")))
-            bar.update(1)
-        bank = {GATE_UP: gate_up, DOWN: down}
-        if engine.mode == "resident":
-            stores[li] = ResidentExperts(bank)
-        elif engine.mode == "paged":
-            staging = staging or StagingBuffers(bank, device)
-            stores[li] = PagedExperts(bank, caps[li], device, staging)
-        elif engine.mode == "zero-copy":
-            stores[li] = ZeroCopyExperts(bank, device)
-        else:
-            owner = shared_buffer is None
-            if owner:
-                shared_buffer = LayerBuffer(bank, device)
-            stores[li] = OffloadExperts(bank, shared_buffer, owns_buffer=owner)
+    shared = _SharedBuffers()
+    bar = tqdm(total=len(cfg.moe_layer_ids) * cfg.num_experts, desc="Loading experts", unit="expert", file=sys.stderr,
+               disable=None)
+    for li in cfg.moe_layer_ids:
+        bank = _read_layer_bank(reader, cfg, n, li, target, pin, bar)
+        stores[li] = _make_store(engine.mode, bank, caps[li], device, shared)
     bar.close()
     kernels = moe_kernels(engine.resolve_backend("moe", device))
     for store in stores.values():
         store.kernels = kernels
     return stores
+
+
+def _read_layer_bank(reader, cfg: ModelConfig, n: WeightNames, li: int, target: torch.device, pin: bool,
+                     bar) -> dict[str, torch.Tensor]:
+    """Layer li's experts as {GATE_UP: [N, 2I, D], DOWN: [N, D, I]} on `target`, read expert by expert."""
+    ne, inter, d, dtype = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.dtype
+    try:
+        gate_up = torch.empty((ne, 2 * inter, d), dtype=dtype, device=target, pin_memory=pin)
+        down = torch.empty((ne, d, inter), dtype=dtype, device=target, pin_memory=pin)
+    except RuntimeError as exc:
+        raise WispError(f"could not allocate {'pinned ' if pin else ''}expert memory for layer {li}: {exc}") from None
+    fused = n.fused_experts(li, "gate_up") in reader
+    stacked = (reader.get(n.fused_experts(li, "gate_up")), reader.get(n.fused_experts(li, "down"))) if fused else None
+    for e in range(ne):
+        if stacked is not None:
+            gate_up[e].copy_(stacked[0][e])
+            down[e].copy_(stacked[1][e])
+        else:
+            gate_up[e, :inter].copy_(reader.get(n.expert(li, e, "gate")))
+            gate_up[e, inter:].copy_(reader.get(n.expert(li, e, "up")))
+            down[e].copy_(reader.get(n.expert(li, e, "down")))
+        bar.update(1)
+    return {GATE_UP: gate_up, DOWN: down}
+
+
+@dataclass
+class _SharedBuffers:
+    """Device buffers one model's stores share, made by the first layer that needs them."""
+
+    layer: LayerBuffer | None = None  # offload: one layer-sized buffer
+    staging: StagingBuffers | None = None  # paged: two expert-sized buffers for wide steps
+
+
+def _make_store(mode: str, bank: dict[str, torch.Tensor], cap: int, device: torch.device,
+                shared: _SharedBuffers) -> ExpertStore:
+    if mode == "resident":
+        return ResidentExperts(bank)
+    if mode == "paged":
+        shared.staging = shared.staging or StagingBuffers(bank, device)
+        return PagedExperts(bank, cap, device, shared.staging)
+    if mode == "zero-copy":
+        return ZeroCopyExperts(bank, device)
+    owner = shared.layer is None
+    if owner:
+        shared.layer = LayerBuffer(bank, device)
+    return OffloadExperts(bank, shared.layer, owns_buffer=owner)

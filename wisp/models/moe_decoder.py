@@ -22,6 +22,7 @@ from wisp.config import ModelConfig
 from wisp.core import rows
 from wisp.core.experts import ExpertStore
 from wisp.core.pager import use_host_many
+from wisp.models.families import get_family
 
 
 class KVStorage(Protocol):
@@ -113,6 +114,7 @@ class MoEDecoder:
         backend: str = "torch",
     ):
         self.config = config
+        self.router_dtype = get_family(config.family).router_dtype  # None: the activations' dtype
         self.embed = embed
         self.final_norm = final_norm
         self.lm_head = lm_head
@@ -163,7 +165,7 @@ class MoEDecoder:
     def moe(self, li: int, x: torch.Tensor, static: bool = False) -> torch.Tensor:
         cfg, lw = self.config, self.layers[li]
         logits = rows.linear(x, lw.router)  # [T, N]
-        weight_dtype = torch.float32 if cfg.family == "mixtral" else x.dtype
+        weight_dtype = self.router_dtype or x.dtype
         if self.route is not None and self.routing_override is None:
             topk_weights, topk_ids = self.route(logits, cfg.top_k, cfg.norm_topk_prob, weight_dtype)  # [T, K]
         else:

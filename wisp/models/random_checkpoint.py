@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from wisp.config import ModelConfig
-from wisp.models.families import family_names
+from wisp.models.families import get_family
 
 DEMO_VERSION = "v2"
 DEMO_CONFIG: dict[str, Any] = {
@@ -60,7 +60,7 @@ DEMO_CHAT_TEMPLATE = (
 def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], float]]:
     """(shard, name, shape, std) of every tensor of a checkpoint; std 0 means all ones (norm weights).
     Shard 0 holds embeddings, final norm and LM head; shard i + 1 holds layer i."""
-    n = family_names(cfg.family)
+    n = get_family(cfg.family).weights
     d, hd, h, hkv, v = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size
     yield 0, "model.embed_tokens.weight", (v, d), 0.5
     yield 0, "model.norm.weight", (d,), 0.0

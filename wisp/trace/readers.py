@@ -101,16 +101,7 @@ def read_vllm_layer_log(
 ) -> RoutingTrace:
     """One-layer vLLM route log -> RoutingTrace; skip_rows / num_experts default from the meta's model."""
     path = Path(path)
-    meta, rows = {}, []
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            if r.get("type") == "meta":
-                meta = r
-            elif r.get("type", "route") == "route":
-                rows.append(r)
+    meta, rows = _vllm_meta_and_routes(path)
     model = meta.get("model_id", "?")
     known_skip, known_n = VLLM_LOGS.get(model, (0, None))
     skip = known_skip if skip_rows is None else skip_rows
@@ -121,35 +112,63 @@ def read_vllm_layer_log(
     if len(layers) != 1:
         raise ValueError(f"{path}: expected one logged layer, found {layers}")
     dummy, real = rows[:skip], rows[skip:]
-    # split into forward passes where token_idx restarts (if it ever does)
+    passes, dropped = _split_passes(real), 0
+    if drop_repeat_profiles and dummy:
+        passes, dropped = _drop_profile_repeats(passes, dummy)
+    ids, weights = _one_layer_arrays([r for p in passes for r in p], int(meta.get("top_k", 0)))
+    step = np.repeat(np.arange(len(passes)), [len(p) for p in passes]) if len(passes) > 1 else None
+    note = f"{path.name}: layer {layers[0]}, skipped {skip} profiling rows and {dropped} repeated profiling pass(es)"
+    return RoutingTrace(ids, weights, step, layers, int(n_exp), {"model": model, "note": note})
+
+
+def _vllm_meta_and_routes(path: Path) -> tuple[dict, list[dict]]:
+    """The log's meta line (the last one; {} if none) and its route rows, in file order."""
+    meta, rows = {}, []
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            if r.get("type") == "meta":
+                meta = r
+            elif r.get("type", "route") == "route":
+                rows.append(r)
+    return meta, rows
+
+
+def _split_passes(rows: list[dict]) -> list[list[dict]]:
+    """Rows cut into forward passes wherever token_idx restarts (one pass if it only grows)."""
     passes, cur = [], []
-    for r in real:
+    for r in rows:
         if cur and int(r["token_idx"]) <= int(cur[-1]["token_idx"]):
             passes.append(cur)
             cur = []
         cur.append(r)
     if cur:
         passes.append(cur)
-    dropped = 0
-    if drop_repeat_profiles and dummy:
-        sig = [(tuple(r["topk_ids"]), tuple(r["topk_weights"])) for r in dummy]
-        kept = []
-        for p in passes:
-            if len(p) == len(sig) and [(tuple(r["topk_ids"]), tuple(r["topk_weights"])) for r in p] == sig:
-                dropped += 1
-            else:
-                kept.append(p)
-        passes = kept
-    tokens = [r for p in passes for r in p]
-    K = max((len(r["topk_ids"]) for r in tokens), default=int(meta.get("top_k", 0)))
+    return passes
+
+
+def _drop_profile_repeats(passes: list[list[dict]], dummy: list[dict]) -> tuple[list[list[dict]], int]:
+    """The passes that are not a repeat of the profiling rows `dummy`, and how many were dropped."""
+    signature = _route_signature(dummy)
+    kept = [p for p in passes if len(p) != len(signature) or _route_signature(p) != signature]
+    return kept, len(passes) - len(kept)
+
+
+def _route_signature(rows: list[dict]) -> list[tuple[tuple, tuple]]:
+    return [(tuple(r["topk_ids"]), tuple(r["topk_weights"])) for r in rows]
+
+
+def _one_layer_arrays(tokens: list[dict], default_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """ids int16 and weights float32 [T, 1, K] of one layer's route rows (-1 / NaN where a row is short)."""
+    K = max((len(r["topk_ids"]) for r in tokens), default=default_k)
     ids = np.full((len(tokens), 1, K), -1, dtype=np.int16)
     weights = np.full((len(tokens), 1, K), np.nan, dtype=np.float32)
     for t, r in enumerate(tokens):
         ids[t, 0, : len(r["topk_ids"])] = r["topk_ids"]
         weights[t, 0, : len(r["topk_weights"])] = r["topk_weights"]
-    step = np.repeat(np.arange(len(passes)), [len(p) for p in passes]) if len(passes) > 1 else None
-    note = f"{path.name}: layer {layers[0]}, skipped {skip} profiling rows and {dropped} repeated profiling pass(es)"
-    return RoutingTrace(ids, weights, step, layers, int(n_exp), {"model": model, "note": note})
+    return ids, weights
 
 
 def load_any(path: str | Path) -> RoutingTrace:

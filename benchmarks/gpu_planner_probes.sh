@@ -25,4 +25,4 @@ python3 -m wisp generate --model /tmp/q3 --device cuda --dtype bfloat16 --prompt
   | python3 -c "import json,sys; d=json.load(sys.stdin); print({k: d['stats'][k] for k in ('expert_hits','expert_misses','hit_rate','bytes_h2d')})"
 rm -rf /tmp/q3
 python3 benchmarks/decode_random_checkpoint.py --layers 24 --modes paged:16,paged:32,resident,offload \
-  --prompt-len 32 --decode-tokens 64 --out "$out/decode_qwen3_30b_a3b_shape.json" 2>&1 | tee "$out/bench.txt" | grep -v '^{'
+  --prompt-len 32 --decode-tokens 64 --out "$out/decode_qwen3_30b_a3b_24layers_torch.json" 2>&1 | tee "$out/bench.txt" | grep -v '^{'
