@@ -1,5 +1,4 @@
-"""Model code: the family registry, the generic MoE decoder, checkpoint loading, random checkpoints."""
+"""Model code: the family registry, the generic MoE decoder, checkpoint loading, random checkpoints.
 
-from wisp.models.source import resolve_model_path
-
-__all__ = ["resolve_model_path"]
+Nothing is imported here: `wisp.config` imports the family registry, and `wisp.models.source` imports
+`wisp.config`, so an eager import would be a cycle."""
