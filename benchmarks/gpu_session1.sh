@@ -9,7 +9,7 @@ python3 - <<'PY' 2>&1 | tee "$out/probes.txt"
 import torch
 from wisp.config import ModelConfig
 from wisp.models.presets import preset
-from wisp.planner import estimate_recompute_cost, probe_t_byte
+from wisp.plan.planner import estimate_recompute_cost, probe_t_byte
 dev = torch.device("cuda")
 cfg = ModelConfig.from_hf(preset("qwen3-30b-a3b"))
 t = probe_t_byte(dev, 1 << 30)

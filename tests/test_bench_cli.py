@@ -78,7 +78,7 @@ def test_bench_refuses_a_trace_of_another_shape(tmp_path):
 
 def test_cap_for_budget_fills_the_budget_and_clamps():
     from wisp.bench.decode import cap_for_budget
-    from wisp.planner import ModelSizes, PlanInputs
+    from wisp.plan.planner import ModelSizes, PlanInputs
 
     cfg = ModelConfig.from_hf(DEMO_CONFIG)
     sizes = ModelSizes.of(cfg, 16)

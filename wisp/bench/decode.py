@@ -26,7 +26,7 @@ from wisp.config import MODES, EngineConfig, ModelConfig, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
 from wisp.errors import WispError
-from wisp.planner import ModelSizes, PlanInputs, probe_t_byte
+from wisp.plan.planner import ModelSizes, PlanInputs, probe_t_byte
 from wisp.trace.format import RoutingTrace
 from wisp.trace.readers import load_any
 from wisp.trace.replay import RoutingReplay

@@ -43,7 +43,7 @@ def plan_from_file(path: str, block_size: int = 16) -> dict:
 
 
 def plan_from_warmup(engine: LLMEngine, vram_budget: int, tokens: int = 32) -> dict:
-    from wisp.planner import PlanInputs, make_plan
+    from wisp.plan.planner import PlanInputs, make_plan
     from wisp.trace.recorder import RoutingRecorder
 
     cfg = engine.model_config

@@ -1,4 +1,4 @@
-"""Exact LRU miss curves (`wisp.core.reuse`) against the real pager, the real block pool, and brute force.
+"""Exact LRU miss curves (`wisp.plan.miss_curves`) against the real pager, the real block pool, and brute force.
 
 Brute force here is a recency LIST (most recent last), written independently of the Fenwick code and
 of the pager's slots/ticks: a step evicts the least recent non-needed residents, then moves its items
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wisp.core.pager import ExpertPager
-from wisp.core.reuse import (
+from wisp.plan.miss_curves import (
     COLD,
     DecayedHistogram,
     Fenwick,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from wisp.core.budget import SplitProblem, equimarginal_cap, lower_hull, per_layer_caps, split
+from wisp.plan.split import SplitProblem, equimarginal_cap, lower_hull, per_layer_caps, split
 
 
 @st.composite

@@ -17,7 +17,7 @@ from wisp.cli import parse_size
 from wisp.config import EngineConfig, ModelConfig, parse_dtype, resolve_device
 from wisp.errors import WispError
 from wisp.models.presets import PRESETS
-from wisp.trace.policies import OUT_OF_DOMAIN, POLICIES
+from wisp.plan.policies import OUT_OF_DOMAIN, POLICIES
 
 
 def model_shape(name: str, dtype: str | None = None) -> ModelConfig:
@@ -79,7 +79,7 @@ def add_parsers(sub) -> None:
 
 
 def _plan_inputs(args):
-    from wisp.planner import PlanInputs
+    from wisp.plan.planner import PlanInputs
 
     for name in ("max_concurrency", "max_model_len", "block_size"):
         if getattr(args, name) < 1:
@@ -89,7 +89,7 @@ def _plan_inputs(args):
 
 
 def cmd_plan(args) -> int:
-    from wisp.planner import make_plan, plot_plan, write_plan
+    from wisp.plan.planner import make_plan, plot_plan, write_plan
 
     cfg = model_shape(args.model, args.dtype)
     trace, kv = load_traces(args)
@@ -109,8 +109,8 @@ def cmd_plan(args) -> int:
 
 
 def cmd_sim(args) -> int:
-    from wisp.planner import make_plan
-    from wisp.trace.simulate import allocator_arms, policy_table, references
+    from wisp.plan.planner import make_plan
+    from wisp.plan.simulate import allocator_arms, policy_table, references
 
     trace, kv = load_traces(args)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -162,7 +162,7 @@ def cmd_sim(args) -> int:
 
 
 def _plot_policies(caps, table, refs, path) -> None:
-    from wisp.planner import pyplot
+    from wisp.plan.planner import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))

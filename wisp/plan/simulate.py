@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wisp.core.budget import SplitProblem, curve_at, latency
+from wisp.plan.split import SplitProblem, curve_at, latency
 from wisp.trace.format import RoutingTrace
-from wisp.trace.policies import OUT_OF_DOMAIN, miss_table
+from wisp.plan.policies import OUT_OF_DOMAIN, miss_table
 
 
 def policy_table(trace: RoutingTrace, caps: Sequence[int], policies: Sequence[str]) -> dict[str, list[int]]:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.cli_runner import run_many, run_wisp
 from wisp.config import EngineConfig
-from wisp.core.reuse import expert_miss_curve
+from wisp.plan.miss_curves import expert_miss_curve
 from wisp.engine.engine import LLMEngine
 from wisp.engine.sampling import SamplingParams
 from wisp.engine.warmup import plan_from_file, plan_from_warmup

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from wisp.config import ModelConfig
-from wisp.core.budget import SplitProblem, equimarginal_cap, latency, per_layer_caps, split
-from wisp.core.reuse import expert_miss_curve, kv_miss_curve
+from wisp.plan.split import SplitProblem, equimarginal_cap, latency, per_layer_caps, split
+from wisp.plan.miss_curves import expert_miss_curve, kv_miss_curve
 from wisp.engine.kv_cache import KVCache
 from wisp.errors import WispError
 from wisp.trace.format import RoutingTrace
