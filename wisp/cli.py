@@ -223,8 +223,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from wisp.engine.warmup import plan_from_file, plan_from_warmup
 
             plan = plan_from_file(args.plan, engine.config.kv_block_size) if args.plan else plan_from_warmup(engine, args.vram_budget)
-            engine.apply_plan(plan["per_layer_caps"], plan["kv_blocks"])
-            print(f"wisp: plan applied: expert caps {plan['per_layer_caps']}, {plan['kv_blocks']} KV blocks", flush=True)
+            engine.apply_plan(list(plan.per_layer_caps), plan.kv_blocks)
+            print(f"wisp: plan applied: expert caps {list(plan.per_layer_caps)}, {plan.kv_blocks} KV blocks", flush=True)
         recorder = _recorder(engine, args.model, args.record_routing) if args.record_routing else None
     except BaseException:
         sock.close()

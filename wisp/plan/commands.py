@@ -84,93 +84,121 @@ def _plan_inputs(args):
     for name in ("max_concurrency", "max_model_len", "block_size"):
         if getattr(args, name) < 1:
             raise WispError(f"--{name.replace('_', '-')} must be >= 1")
-    return PlanInputs(args.vram_budget, args.max_concurrency, args.max_model_len, args.block_size, args.t_byte,
-                      args.recompute_cost, args.reserve, args.tokens_per_request)
+    return PlanInputs(args.vram_budget, args.max_concurrency, args.max_model_len, args.block_size,
+                      seconds_per_byte=args.t_byte, recompute_seconds_per_token=args.recompute_cost,
+                      reserve_bytes=args.reserve, tokens_per_request=args.tokens_per_request)
+
+
+def _make_plan(args, trace, kv):
+    """The model's shape and the plan the command line asks for."""
+    from wisp.plan.planner import make_plan
+
+    cfg = model_shape(args.model, args.dtype)
+    return cfg, make_plan(cfg, _plan_inputs(args), trace, kv, resolve_device(args.device))
 
 
 def cmd_plan(args) -> int:
-    from wisp.plan.planner import make_plan, plot_plan, write_plan
+    from wisp.plan.plan_file import plan_text, write_plan
+    from wisp.plan.plots import plot_plan
 
-    cfg = model_shape(args.model, args.dtype)
     trace, kv = load_traces(args)
-    plan = make_plan(cfg, _plan_inputs(args), trace, kv, resolve_device(args.device))
+    _, plan = _make_plan(args, trace, kv)
     if args.out:
         write_plan(plan, args.out)
     else:
-        print(json.dumps({k: v for k, v in plan.items() if not k.startswith("_")}, indent=1))
+        print(plan_text(plan))
     if args.plot:
         plot_plan(plan, args.plot)
+    report = plan.report
     print(
-        f"wisp: plan C={plan['expert_cap']} ({plan['expert_bytes'] / 2**30:.2f} GiB experts), "
-        f"kv_blocks={plan['kv_blocks']} ({plan['kv_bytes'] / 2**30:.2f} GiB), floor={plan['admission_floor_blocks']}",
+        f"wisp: plan C={report.expert_cap} ({report.expert_bytes / 2**30:.2f} GiB experts), "
+        f"kv_blocks={plan.kv_blocks} ({report.kv_bytes / 2**30:.2f} GiB), floor={report.admission_floor_blocks}",
         file=sys.stderr,
     )
     return 0
 
 
 def cmd_sim(args) -> int:
-    from wisp.plan.planner import make_plan
-    from wisp.plan.simulate import allocator_arms, policy_table, references
+    from wisp.plan.plots import plot_policies
+    from wisp.plan.simulate import policy_table, references
 
     trace, kv = load_traces(args)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = _policies(args.policies)
+    caps = _sim_caps(args.caps, trace.top_k, trace.num_experts)
+    refs = references(trace)
+    table = policy_table(trace, caps, policies)
+    _print_policy_table(trace, caps, policies, table, refs)
+    result = {"caps": caps, "references": refs, "misses": table}
+    if args.model and args.vram_budget:
+        result.update(_sim_budget(args, trace, kv))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.plot:
+        plot_policies(caps, table, refs, args.plot)
+    return 0
+
+
+def _policies(text: str) -> list[str]:
+    policies = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         raise WispError(f"unknown policy {bad[0]!r}; choose from: {', '.join(POLICIES)}")
-    n, k = trace.num_experts, trace.top_k
-    if args.caps:
-        try:
-            caps = [int(c) for c in args.caps.split(",")]
-        except ValueError:
-            raise WispError(f"--caps must be comma-separated integers, got {args.caps!r}") from None
-        if any(c < 0 for c in caps):
-            raise WispError(f"--caps must be >= 0, got {args.caps!r}")
-    else:
-        caps = sorted(set(int(round(c)) for c in torch.linspace(k, n, min(12, n - k + 1)).tolist()))
-    refs = references(trace)
-    table = policy_table(trace, caps, policies)
-    print(f"trace: {trace.num_tokens} tokens, {len(trace.layers)} layers, {n} experts, top-{k}, {refs} references")
+    return policies
+
+
+def _sim_caps(text: str | None, top_k: int, num_experts: int) -> list[int]:
+    """--caps, or up to 12 capacities spread over top_k..num_experts."""
+    if not text:
+        spread = torch.linspace(top_k, num_experts, min(12, num_experts - top_k + 1)).tolist()
+        return sorted(set(int(round(c)) for c in spread))
+    try:
+        caps = [int(c) for c in text.split(",")]
+    except ValueError:
+        raise WispError(f"--caps must be comma-separated integers, got {text!r}") from None
+    if any(c < 0 for c in caps):
+        raise WispError(f"--caps must be >= 0, got {text!r}")
+    return caps
+
+
+def _print_policy_table(trace, caps: list[int], policies: list[str], table: dict[str, list[int]], refs: int) -> None:
+    print(f"trace: {trace.num_tokens} tokens, {len(trace.layers)} layers, {trace.num_experts} experts, "
+          f"top-{trace.top_k}, {refs} references")
     print("hit rate by capacity (misses / references; '-' = capacity below a step's expert set)")
     print(f"{'policy':8}" + "".join(f"{c:>8}" for c in caps))
     for p in policies:
         cells = ["       -" if m == OUT_OF_DOMAIN else f"{1 - m / refs:8.3f}" for m in table[p]]
         print(f"{p:8}" + "".join(cells))
-    result = {"caps": caps, "references": refs, "misses": table}
-    if args.model and args.vram_budget:
-        cfg = model_shape(args.model, args.dtype)
-        plan = make_plan(cfg, _plan_inputs(args), trace, kv, resolve_device(args.device))
-        arms = allocator_arms(plan, cfg.num_experts)
-        print(f"\nallocator arms at {args.vram_budget / 2**30:.2f} GiB (pageable {plan['pageable_bytes'] / 2**30:.2f} GiB, "
-              f"floor {plan['admission_floor_blocks']} blocks)")
-        print(f"{'arm':10}{'cap':>6}{'kv blocks':>11}{'floor ok':>9}{'exp miss/tok':>14}{'kv miss/req':>13}{'T (s/req)':>11}")
-        for a in arms:
-            cap = "-" if a["expert_cap"] is None else a["expert_cap"]
-            print(f"{a['arm']:10}{cap:>6}{a['kv_blocks']:>11}{str(a['meets_floor']):>9}"
-                  f"{a['expert_misses_per_token']:>14.3f}{a['kv_block_misses_per_request']:>13.2f}{a['predicted_latency_s']:>11.4f}")
-        result["arms"] = arms
-        uniform, uneven = plan["predicted_expert_misses_per_token"], plan["predicted_expert_misses_per_token_per_layer_caps"]
-        gain = 1 - uneven / uniform if uniform else 0.0
-        print(f"\nper-layer caps {plan['per_layer_caps']}: {uneven:.3f} expert misses/token against {uniform:.3f} "
-              f"with C = {plan['expert_cap']} in every layer (same bytes; {100 * gain:.1f}% fewer)")
-        result["per_layer_caps"] = {"caps": plan["per_layer_caps"], "misses_per_token": uneven,
-                                    "uniform_misses_per_token": uniform, "gain": gain}
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.plot:
-        _plot_policies(caps, table, refs, args.plot)
-    return 0
 
 
-def _plot_policies(caps, table, refs, path) -> None:
-    from wisp.plan.planner import pyplot
+def _sim_budget(args, trace, kv) -> dict:
+    """The allocator arms and the per-layer caps at --vram-budget, printed; their JSON entries."""
+    from wisp.plan.arms import allocator_arms
 
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for p, misses in table.items():
-        pts = [(c, 1 - m / refs) for c, m in zip(caps, misses) if m != OUT_OF_DOMAIN]
-        ax.plot([c for c, _ in pts], [h for _, h in pts], marker="o", label=p)
-    ax.set(xlabel="expert slots per layer (C)", ylabel="hit rate", title="expert cache policies on the trace")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    cfg, plan = _make_plan(args, trace, kv)
+    arms = allocator_arms(plan, cfg.num_experts)
+    _print_arms(args.vram_budget, plan, arms)
+    per_layer = _per_layer_gain(plan)
+    print(f"\nper-layer caps {per_layer['caps']}: {per_layer['misses_per_token']:.3f} expert misses/token against "
+          f"{per_layer['uniform_misses_per_token']:.3f} with C = {plan.report.expert_cap} in every layer (same bytes; "
+          f"{100 * per_layer['gain']:.1f}% fewer)")
+    return {"arms": [a.to_json() for a in arms], "per_layer_caps": per_layer}
+
+
+def _print_arms(vram_budget: int, plan, arms) -> None:
+    report = plan.report
+    print(f"\nallocator arms at {vram_budget / 2**30:.2f} GiB (pageable {report.pageable_bytes / 2**30:.2f} GiB, "
+          f"floor {report.admission_floor_blocks} blocks)")
+    print(f"{'arm':10}{'cap':>6}{'kv blocks':>11}{'floor ok':>9}{'exp miss/tok':>14}{'kv miss/req':>13}{'T (s/req)':>11}")
+    for a in arms:
+        cap = "-" if a.expert_cap is None else a.expert_cap
+        print(f"{a.arm:10}{cap:>6}{a.kv_blocks:>11}{str(a.meets_floor):>9}"
+              f"{a.expert_misses_per_token:>14.3f}{a.kv_block_misses_per_request:>13.2f}{a.predicted_latency_s:>11.4f}")
+
+
+def _per_layer_gain(plan) -> dict:
+    """Per-layer caps against the uniform cap: both predicted misses per token and the fraction saved."""
+    uniform = plan.report.predicted_expert_misses_per_token
+    uneven = plan.report.predicted_expert_misses_per_token_per_layer_caps
+    gain = 1 - uneven / uniform if uniform else 0.0
+    return {"caps": list(plan.per_layer_caps), "misses_per_token": uneven, "uniform_misses_per_token": uniform,
+            "gain": gain}
