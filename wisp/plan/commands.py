@@ -89,20 +89,20 @@ def _plan_inputs(args):
                       reserve_bytes=args.reserve, tokens_per_request=args.tokens_per_request)
 
 
-def _make_plan(args, trace, kv):
-    """The model's shape and the plan the command line asks for."""
+def _make_plan(args, cfg: ModelConfig, trace, kv):
+    """The plan the command line asks for."""
     from wisp.plan.planner import make_plan
 
-    cfg = model_shape(args.model, args.dtype)
-    return cfg, make_plan(cfg, _plan_inputs(args), trace, kv, resolve_device(args.device))
+    return make_plan(cfg, _plan_inputs(args), trace, kv, resolve_device(args.device))
 
 
 def cmd_plan(args) -> int:
     from wisp.plan.plan_file import plan_text, write_plan
     from wisp.plan.plots import plot_plan
 
+    cfg = model_shape(args.model, args.dtype)
     trace, kv = load_traces(args)
-    _, plan = _make_plan(args, trace, kv)
+    plan = _make_plan(args, cfg, trace, kv)
     if args.out:
         write_plan(plan, args.out)
     else:
@@ -174,7 +174,8 @@ def _sim_budget(args, trace, kv) -> dict:
     """The allocator arms and the per-layer caps at --vram-budget, printed; their JSON entries."""
     from wisp.plan.arms import allocator_arms
 
-    cfg, plan = _make_plan(args, trace, kv)
+    cfg = model_shape(args.model, args.dtype)
+    plan = _make_plan(args, cfg, trace, kv)
     arms = allocator_arms(plan, cfg.num_experts)
     _print_arms(args.vram_budget, plan, arms)
     per_layer = _per_layer_gain(plan)
