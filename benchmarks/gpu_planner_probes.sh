@@ -9,10 +9,10 @@ python3 - <<'PY' 2>&1 | tee "$out/probes.txt"
 import torch
 from wisp.config import ModelConfig
 from wisp.models.presets import preset
-from wisp.planner import estimate_recompute_cost, probe_t_byte
+from wisp.plan.probes import estimate_recompute_cost, probe_seconds_per_byte
 dev = torch.device("cuda")
 cfg = ModelConfig.from_hf(preset("qwen3-30b-a3b"))
-t = probe_t_byte(dev, 1 << 30)
+t = probe_seconds_per_byte(dev, 1 << 30)
 print(f"t_byte {t:.4e} s/B = {1 / t / 1e9:.1f} GB/s; recompute_cost {estimate_recompute_cost(cfg, dev):.4e} s/token")
 PY
 python3 -c "

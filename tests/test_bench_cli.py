@@ -76,18 +76,6 @@ def test_bench_refuses_a_trace_of_another_shape(tmp_path):
     assert proc.returncode == 2 and "3 layers" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_cap_for_budget_fills_the_budget_and_clamps():
-    from wisp.bench.decode import cap_for_budget
-    from wisp.planner import ModelSizes, PlanInputs
-
-    cfg = ModelConfig.from_hf(DEMO_CONFIG)
-    sizes = ModelSizes.of(cfg, 16)
-    base = sizes.non_expert_bytes + -(-40 // 16) * sizes.block_bytes + PlanInputs.reserve_bytes
-    assert cap_for_budget(cfg, base + 7 * sizes.slot_bytes + 1, 40) == 7
-    assert cap_for_budget(cfg, base, 40) == cfg.top_k
-    assert cap_for_budget(cfg, base + 10**12, 40) == cfg.num_experts
-
-
 def test_bench_prefill_writes_a_record_per_run_and_length(tmp_path):
     out, plot = tmp_path / "p.json", tmp_path / "p.png"
     proc = run_wisp(["prefill", "--model", "demo", "--load-format", "dummy", "--mode", "paged,resident", "--expert-cap", "4",

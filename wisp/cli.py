@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="plan both pools for this budget from a short built-in warm-up trace")
 
     from wisp.bench.decode import add_parser as add_bench_parser
-    from wisp.plan_cli import add_parsers  # after this module's helpers exist (it imports parse_size)
+    from wisp.plan.commands import add_parsers  # after this module's helpers exist (it imports parse_size)
 
     add_parsers(sub)
     add_bench_parser(sub)
@@ -223,8 +223,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from wisp.engine.warmup import plan_from_file, plan_from_warmup
 
             plan = plan_from_file(args.plan, engine.config.kv_block_size) if args.plan else plan_from_warmup(engine, args.vram_budget)
-            engine.apply_plan(plan["per_layer_caps"], plan["kv_blocks"])
-            print(f"wisp: plan applied: expert caps {plan['per_layer_caps']}, {plan['kv_blocks']} KV blocks", flush=True)
+            engine.apply_plan(list(plan.per_layer_caps), plan.kv_blocks)
+            print(f"wisp: plan applied: expert caps {list(plan.per_layer_caps)}, {plan.kv_blocks} KV blocks", flush=True)
         recorder = _recorder(engine, args.model, args.record_routing) if args.record_routing else None
     except BaseException:
         sock.close()
@@ -253,7 +253,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from wisp.plan_cli import cmd_plan, cmd_sim
+        from wisp.plan.commands import cmd_plan, cmd_sim
 
         commands = {"generate": cmd_generate, "serve": cmd_serve, "plan": cmd_plan, "sim": cmd_sim, "bench": cmd_bench}
         return commands[args.command](args)

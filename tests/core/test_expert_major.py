@@ -3,7 +3,7 @@
 For random routing streams (hypothesis) whose steps route to more experts than the slots hold:
 - the paged output is torch.equal to the resident one, step by step;
 - each missing expert is copied exactly once per step (copies counted at the copy functions);
-- hits and misses equal `wisp.core.reuse`'s miss curve at the pager's cap, for every cap;
+- hits and misses equal `wisp.plan.miss_curves`'s miss curve at the pager's cap, for every cap;
 - after each step the slots hold what a plain LRU cache of C items would (set-valued steps touched by
   the last token routing to each expert, then id: `wisp.core.recency`), and every pager invariant holds;
 - any split of a batch's tokens into consecutive chunks gives the same bits (chunked prefill).
@@ -20,7 +20,7 @@ from wisp.core import expert_major
 from wisp.core.experts import DOWN, GATE_UP, PagedExperts, ResidentExperts
 from wisp.core.pager import ExpertPager
 from wisp.core.recency import touch_order
-from wisp.core.reuse import expert_miss_curve
+from wisp.plan.miss_curves import expert_miss_curve
 
 D, I = 24, 40  # odd widths: the CPU's SIMD tails would show if any op followed the row count
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from wisp import LLM, SamplingParams
-from wisp.core.reuse import expert_miss_curve
+from wisp.plan.miss_curves import expert_miss_curve
 from wisp.trace.format import RoutingTrace
 from wisp.trace.recorder import RoutingRecorder
 

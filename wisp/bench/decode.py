@@ -28,7 +28,8 @@ from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
 from wisp.engine.sequence import Sequence
 from wisp.errors import WispError
-from wisp.planner import ModelSizes, PlanInputs, probe_t_byte
+from wisp.plan.probes import probe_seconds_per_byte
+from wisp.plan.sizes import cap_for_budget
 from wisp.trace.format import RoutingTrace
 from wisp.trace.readers import load_any
 from wisp.trace.replay import RoutingReplay
@@ -47,7 +48,7 @@ def _git_commit() -> str | None:
 
 def probe_h2d_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
     """Pinned host->device GB/s on CUDA (the planner's probe); 0 on the CPU, where it means nothing."""
-    return 1 / probe_t_byte(device, nbytes) / 1e9 if device.type == "cuda" else 0.0
+    return 1 / probe_seconds_per_byte(device, nbytes) / 1e9 if device.type == "cuda" else 0.0
 
 
 def _peak(device: torch.device) -> int:
@@ -64,15 +65,6 @@ def model_config_for(model: str, load_format: str) -> ModelConfig:
     from wisp.models.source import model_source
 
     return model_source(EngineConfig(model=model, load_format=load_format))[1]
-
-
-def cap_for_budget(cfg: ModelConfig, budget: int, max_model_len: int, block_size: int = 16) -> int:
-    """The largest paged cap whose scratch fits `budget` beside the non-expert weights, a batch-1 KV pool
-    and the planner's reserve (clamped to [top_k, num_experts])."""
-    sizes = ModelSizes.of(cfg, block_size)
-    kv = -(-max_model_len // block_size) * sizes.block_bytes
-    cap = (budget - sizes.non_expert_bytes - kv - PlanInputs.reserve_bytes) // sizes.slot_bytes
-    return int(min(max(cap, cfg.top_k), cfg.num_experts))
 
 
 def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: int, decode_tokens: int,

@@ -19,7 +19,7 @@ A wide step (more than C distinct experts: a prefill chunk, a big decode batch) 
 rule, `decide`, and run expert-major by `wisp.core.expert_major`: its C most recently touched experts
 end in the slots, its other misses are computed from a staging buffer and not kept.
 Every miss crosses PCIe once per step, and hits and misses are exactly what an LRU cache of C items
-with set-valued steps gives, so `wisp.core.reuse`'s miss curves hold for every C, wide steps included.
+with set-valued steps gives, so `wisp.plan.miss_curves`'s miss curves hold for every C, wide steps included.
 
 Recency is defined exactly so a plain LRU model can replay it: a step's experts are touched in the order
 `wisp.core.recency` defines (by the last token that routes to each, then id), each getting the next

@@ -7,7 +7,7 @@ order, least recent first. One token's step is therefore its experts in ascendin
 step (more distinct experts than the C slots) the experts that stay are those its last tokens used,
 which the next decode steps are most likely to route to again.
 
-The rule never depends on C, so LRU with it stays a stack algorithm and `wisp.core.reuse`'s miss
+The rule never depends on C, so LRU with it stays a stack algorithm and `wisp.plan.miss_curves`'s miss
 curves are exact at every capacity. The same rule is written three times, each checked against this
 one by tests: here (plain Python, for traces and models), in `wisp.core.experts` (from one device read
 of each expert's last token) and in `wisp.core.device_pager` (inside the graph-safe Triton decision).

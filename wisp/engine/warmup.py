@@ -2,18 +2,19 @@
 
 The warm-up generates from a few fixed prompts with routing recorded, times its prefill for the
 recompute cost (seconds per token), probes the host->device time, plans the given VRAM budget, and
-resets the counters it touched.
+resets the counters it touched. Both return a `wisp.plan.plan.Plan`; a plan file is checked by
+`Plan.from_json`, and here only for this engine's KV block size.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 from wisp.engine.engine import LLMEngine
 from wisp.engine.sampling import SamplingParams
 from wisp.errors import WispError
+from wisp.plan.plan import Plan
+from wisp.plan.plan_file import read_plan
 
 WARMUP_PROMPTS = (
     "The history of computing began",
@@ -23,27 +24,16 @@ WARMUP_PROMPTS = (
 )
 
 
-def plan_from_file(path: str, block_size: int = 16) -> dict:
-    """A `wisp plan` JSON, checked: integer caps and block count, planned for this engine's block size."""
-    try:
-        plan = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise WispError(f"could not read plan {path}: {exc}") from None
-    if not isinstance(plan, dict):
-        raise WispError(f"plan {path} is not a JSON object")
-    missing = [k for k in ("per_layer_caps", "kv_blocks") if k not in plan]
-    if missing:
-        raise WispError(f"plan {path} has no {', '.join(missing)}")
-    caps, blocks = plan["per_layer_caps"], plan["kv_blocks"]
-    if not (isinstance(caps, list) and all(type(c) is int for c in caps) and type(blocks) is int):
-        raise WispError(f"plan {path}: per_layer_caps must be a list of integers and kv_blocks an integer")
-    if plan.get("kv_block_size", 16) != block_size:
-        raise WispError(f"plan {path} was made for {plan.get('kv_block_size')}-token KV blocks; this engine uses {block_size}")
+def plan_from_file(path: str, block_size: int = 16) -> Plan:
+    """A `wisp plan` JSON, checked (`Plan.from_json`) and planned for this engine's block size."""
+    plan = read_plan(path)
+    if plan.kv_block_size != block_size:
+        raise WispError(f"plan {path} was made for {plan.kv_block_size}-token KV blocks; this engine uses {block_size}")
     return plan
 
 
-def plan_from_warmup(engine: LLMEngine, vram_budget: int, tokens: int = 32) -> dict:
-    from wisp.planner import PlanInputs, make_plan
+def plan_from_warmup(engine: LLMEngine, vram_budget: int, tokens: int = 32) -> Plan:
+    from wisp.plan.planner import PlanInputs, make_plan
     from wisp.trace.recorder import RoutingRecorder
 
     cfg = engine.model_config
@@ -55,13 +45,13 @@ def plan_from_warmup(engine: LLMEngine, vram_budget: int, tokens: int = 32) -> d
         t0 = time.perf_counter()
         before = engine.tokens_prefilled
         engine.step()  # the first step prefills every warm-up prompt: it times the recompute cost
-        beta = (time.perf_counter() - t0) / max(engine.tokens_prefilled - before, 1)
+        recompute = (time.perf_counter() - t0) / max(engine.tokens_prefilled - before, 1)
         while engine.has_unfinished():
             engine.step()
     finally:
         recorder.detach(engine)
     inputs = PlanInputs(vram_budget, engine.config.max_concurrency, engine.max_model_len, engine.config.kv_block_size,
-                        recompute_cost=beta)
+                        recompute_seconds_per_token=recompute)
     plan = make_plan(cfg, inputs, recorder.trace(), None, engine.device)
     engine.reset_stats()
     return plan

@@ -1,5 +1,5 @@
-"""Routing traces: wisp's own format (`format`), readers of other projects' traces (`readers`), and
-trace-driven cache-policy simulation (`policies`). Exact LRU curves live in `wisp.core.reuse`."""
+"""Routing traces: wisp's own format (`format`), readers of other projects' traces (`readers`), the
+recorder and the replay. Miss curves and cache-policy simulation over traces live in `wisp.plan`."""
 
 from wisp.trace.format import RoutingTrace
 

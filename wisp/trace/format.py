@@ -114,7 +114,7 @@ class RoutingTrace:
     def steps(self, layer: int, per_token: bool = False) -> list[list[int]]:
         """Each step's distinct experts at model layer `layer` (a value of `layers`), in the pager's touch
         order (`wisp.core.recency`: by the last token routing to each, then id; one token's step is its
-        ids sorted), so `wisp.core.reuse` replays exactly what `ExpertPager` did.
+        ids sorted), so `wisp.plan.miss_curves` replays exactly what `ExpertPager` did.
 
         Missing ids are dropped; a step with none is an empty list (kept, so steps align across layers).
         per_token=True ignores `step` and makes every token its own step.

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wisp.core.pager import ExpertPager
-from wisp.core.reuse import expert_miss_curve
-from wisp.trace.policies import (
+from wisp.plan.miss_curves import expert_miss_curve
+from wisp.plan.policies import (
     OUT_OF_DOMAIN,
     POLICIES,
     miss_table,

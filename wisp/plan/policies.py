@@ -1,7 +1,7 @@
 """Trace-driven simulation of one MoE layer's expert cache under other replacement policies.
 
 Owns `simulate(steps, capacity, policy)` and `miss_table(...)`, the baselines the exact LRU curve
-(`wisp.core.reuse.expert_miss_curve`) is compared against. A step is a SET of experts; all the demand
+(`wisp.plan.miss_curves.expert_miss_curve`) is compared against. A step is a SET of experts; all the demand
 policies below use the pager's set semantics: the step's experts must be resident together, a miss
 loads the expert, and the victims are chosen among resident experts the step does NOT need (empty
 slots first). Within a step experts are referenced in the step's touch order, as listed (a repeated id
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from wisp.core.reuse import expert_miss_curve, expert_sets
+from wisp.plan.miss_curves import expert_miss_curve, expert_sets
 
 POLICIES = ("lru", "opt", "lfu", "static")
 OUT_OF_DOMAIN = -1  # miss_table's entry where a demand policy cannot run (C < largest step set)

@@ -1,27 +1,32 @@
-"""MV-WSA: split one pageable VRAM budget between the expert scratch and the KV pool.
+"""The VRAM split: one pageable budget divided between the expert scratch and the KV pool.
 
-Notation (the paper's): B pageable bytes; a = bytes of one expert slot across all MoE layers (L x M_e);
-b = bytes of one KV block across layers; C = expert slots per layer, kappa = KV blocks, so
-C * a + kappa * b <= B. Latency per unit of work:
+A `SplitProblem` holds everything the split needs in plain bytes and seconds: `budget_bytes` pageable
+bytes, `slot_bytes` per expert slot (one expert in every MoE layer), `block_bytes` per KV block (all
+layers), and `expert_cost` / `kv_cost`, the seconds one unit of each miss curve costs (the planner's
+expert curve counts misses per token, so its expert_cost is one miss's seconds times the tokens of a
+request, and latency comes out in seconds per request). A split gives each MoE layer `expert_cap`
+slots and the pool `kv_blocks` blocks, with
 
-    T(C, kappa) = c_exp * m_exp(C) + c_kv * m_kv(kappa),   c_exp = M_e * t_byte,   c_kv = beta * b_tok
+    expert_cap * slot_bytes + kv_blocks * block_bytes <= budget_bytes,
+    latency = expert_cost * expert_curve[expert_cap] + kv_cost * kv_curve[kv_blocks],
 
-with m_exp the expert misses (all layers) and m_kv the KV block misses over the same work, both exact
-LRU miss curves. The optimum equalises latency removed per byte on both sides; it is clamped by the
-admission floor kappa >= kappa_min = W * ceil(L / b_tok) and by C >= top_k (one token's experts fit).
+where the two curves are exact LRU miss curves over the same work (`wisp.plan.miss_curves`). It is
+clamped by the admission floor (kv_blocks >= kv_floor, every admitted request's whole context) and by
+expert_cap >= min_cap (top_k: one token's experts fit). The paper's symbols for all of these are
+mapped to these names in `wisp.plan`'s docstring.
 
-`split` returns the exact optimum over every feasible C (at most num_experts evaluations of two
+`split` returns the exact optimum over every feasible cap (at most num_experts evaluations of two
 precomputed curves: cheaper than being clever, and exact on non-convex curves too), and
-`equimarginal_cap` the paper's characterisation: walking C up while one more slot removes more
+`equimarginal_cap` the paper's characterisation: walking the cap up while one more slot removes more
 latency per byte on the expert side than it adds on the KV side, both read off the curves' convex
 hulls with KV treated as continuous. The two agree on convex curves; the plan reports both.
-`per_layer_caps` hands out a fixed number of slots across layers by greedy marginal gain on each
-layer's own curve (optimal when the curves are convex).
+
+Invariants: a returned split fits the budget and, with floor=True, keeps kv_blocks >= kv_floor; ties
+(latencies within 1e-9 relative) go to the larger cap, so the answer does not hinge on rounding.
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,14 +37,14 @@ TIE = 1e-9  # relative latency difference treated as a tie
 
 @dataclass(frozen=True)
 class SplitProblem:
-    budget_bytes: int  # B
-    slot_bytes: int  # a: one expert slot in every MoE layer
-    block_bytes: int  # b: one KV block across layers
-    expert_cost: float  # c_exp: seconds per expert miss (M_e * t_byte)
-    kv_cost: float  # c_kv: seconds per KV block miss (beta * b_tok)
+    budget_bytes: int  # pageable bytes to split
+    slot_bytes: int  # one expert slot in every MoE layer
+    block_bytes: int  # one KV block across layers
+    expert_cost: float  # seconds per unit of the expert miss curve
+    kv_cost: float  # seconds per unit of the KV miss curve (one block's recompute)
     min_cap: int  # top_k
     max_cap: int  # num_experts
-    kv_floor: int  # kappa_min
+    kv_floor: int  # the admission floor, in blocks
 
     def kv_blocks(self, cap: int) -> int:
         return (self.budget_bytes - cap * self.slot_bytes) // self.block_bytes
@@ -64,14 +69,14 @@ class Split:
 
 
 def curve_at(curve: np.ndarray, x: int) -> float:
-    """m(x), holding the last value past the end of the curve (more room never adds misses)."""
+    """curve[x], holding the last value past the end of the curve (more room never adds misses)."""
     return float(curve[min(max(x, 0), len(curve) - 1)])
 
 
 def latency(p: SplitProblem, exp_curve: np.ndarray, kv_curve: np.ndarray, cap: int) -> Split:
-    kappa = p.kv_blocks(cap)
-    me, mk = curve_at(exp_curve, cap), curve_at(kv_curve, kappa)
-    return Split(cap, kappa, p.expert_cost * me + p.kv_cost * mk, me, mk)
+    kv_blocks = p.kv_blocks(cap)
+    expert_misses, kv_misses = curve_at(exp_curve, cap), curve_at(kv_curve, kv_blocks)
+    return Split(cap, kv_blocks, p.expert_cost * expert_misses + p.kv_cost * kv_misses, expert_misses, kv_misses)
 
 
 def lower_hull(curve: np.ndarray) -> np.ndarray:
@@ -89,8 +94,8 @@ def lower_hull(curve: np.ndarray) -> np.ndarray:
 
 
 def split(p: SplitProblem, exp_curve: np.ndarray, kv_curve: np.ndarray, floor: bool = True) -> Split | None:
-    """The latency-minimising split; None when no C >= top_k fits the budget. Ties (latencies equal to
-    within float rounding, 1e-9 relative) go to the larger cap, so the answer does not hinge on rounding."""
+    """The latency-minimising split; None when no cap >= min_cap fits the budget. Ties (latencies equal
+    to within float rounding, 1e-9 relative) go to the larger cap."""
     caps = p.feasible_caps(floor)
     if not caps:
         return None
@@ -118,22 +123,3 @@ def equimarginal_cap(p: SplitProblem, exp_curve: np.ndarray, kv_curve: np.ndarra
             break
         cap += 1
     return cap
-
-
-def per_layer_caps(curves: list[np.ndarray], total_slots: int, min_cap: int, max_cap: int) -> list[int]:
-    """Caps per layer summing to total_slots, each in [min_cap, max_cap], by greedy marginal gain."""
-    n = len(curves)
-    if not n * min_cap <= total_slots <= n * max_cap:
-        raise ValueError(f"{total_slots} slots cannot be split over {n} layers within [{min_cap}, {max_cap}]")
-    caps = [min_cap] * n
-    heap = [(-(curve_at(c, min_cap) - curve_at(c, min_cap + 1)), i) for i, c in enumerate(curves)]
-    heapq.heapify(heap)
-    for _ in range(total_slots - n * min_cap):
-        while True:
-            _, i = heapq.heappop(heap)
-            if caps[i] < max_cap:
-                break
-        caps[i] += 1
-        c = caps[i]
-        heapq.heappush(heap, (-(curve_at(curves[i], c) - curve_at(curves[i], c + 1)), i))
-    return caps

@@ -1,4 +1,4 @@
-"""Exact LRU miss curves (`wisp.core.reuse`) against the real pager, the real block pool, and brute force.
+"""Exact LRU miss curves (`wisp.plan.miss_curves`) against the real pager, the real block pool, and brute force.
 
 Brute force here is a recency LIST (most recent last), written independently of the Fenwick code and
 of the pager's slots/ticks: a step evicts the least recent non-needed residents, then moves its items
@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wisp.core.pager import ExpertPager
-from wisp.core.reuse import (
+from wisp.engine.block_pool import BlockPool
+from wisp.plan.miss_curves import (
     COLD,
-    DecayedHistogram,
     Fenwick,
     expert_miss_curve,
     kv_miss_curve,
@@ -25,7 +25,6 @@ from wisp.core.reuse import (
     miss_curve_from_distances,
     stack_distances,
 )
-from wisp.engine.block_pool import BlockPool
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -127,48 +126,6 @@ def test_fenwick_matches_a_list(ops):
         assert fen.prefix(i + 1) == sum(ref[: i + 1]) and fen.total == sum(ref)
 
 
-# -- decayed histogram ------------------------------------------------------------------------------
-@SETTINGS
-@given(step_sequences())
-def test_decayed_histogram_without_decay_is_the_exact_curve(case):
-    n, steps = case
-    h = DecayedHistogram(n)
-    h.add_many(stack_distances(steps, n))
-    h.decay(1.0)
-    m = expert_miss_curve(steps, n)
-    if m[0] == 0:
-        assert np.array_equal(h.miss_curve(), np.ones(n + 1))
-    else:
-        np.testing.assert_allclose(h.miss_curve() * m[0], m, rtol=1e-12, atol=1e-9)
-        np.testing.assert_allclose(h.total, m[0])
-
-
-def test_decayed_histogram_half_life_and_decay():
-    h = DecayedHistogram(4, half_life=3)
-    h.add(1)
-    for _ in range(3):
-        h.add(COLD)
-    w = h.weights()
-    assert w[1] == pytest.approx(0.5) and w[5] == pytest.approx(1 + 2 ** (-1 / 3) + 2 ** (-2 / 3))
-    h.decay(0.5)
-    assert h.total == pytest.approx(0.5 * (0.5 + 1 + 2 ** (-1 / 3) + 2 ** (-2 / 3)))
-    curve = h.miss_curve()
-    assert np.all(np.diff(curve) <= 0) and 0 <= curve.min() and curve.max() <= 1
-    # distance 9 > max_distance lands in the cold/far bucket: a miss at every C
-    g = DecayedHistogram(2)
-    g.add(9)
-    g.add(2)
-    assert g.miss_curve().tolist() == [1.0, 1.0, 0.5]
-    # long runs stay finite (the per-add scale is renormalised); steady state is 1 / (1 - 2**-1) = 2
-    f = DecayedHistogram(3, half_life=1)
-    f.add_many([1] * 5000)
-    assert f.total == pytest.approx(2.0) and np.isfinite(f.weights()).all()
-    for bad in (lambda: DecayedHistogram(0), lambda: DecayedHistogram(2, half_life=0), lambda: g.add(0),
-                lambda: g.decay(0), lambda: g.miss_curve(3)):
-        with pytest.raises(ValueError):
-            bad()
-
-
 # -- KV stream --------------------------------------------------------------------------------------
 @st.composite
 def kv_requests(draw, max_requests=14, max_blocks=6):
@@ -181,9 +138,9 @@ def chain_keys(requests):
     return [[ids.setdefault(tuple(r[: i + 1]), len(ids)) for i in range(len(r))] for r in requests]
 
 
-def pool_misses(requests, kappa, bs=2):
+def pool_misses(requests, num_blocks, bs=2):
     """Replay requests one at a time on the real BlockPool; a miss = a full block to recompute."""
-    pool, misses = BlockPool(kappa, bs), 0
+    pool, misses = BlockPool(num_blocks, bs), 0
     for r in requests:
         tokens = [c for c in r for _ in range(bs)]
         hits, parent = pool.match_prefix(tokens)
@@ -207,9 +164,9 @@ def test_kv_curve_equals_block_pool_and_brute_force(requests):
     m = kv_miss_curve(keys, top)
     later = kv_miss_curve(keys, top, evict_tail_first=False)
     widest = max([len(r) for r in keys] + [1])
-    for kappa in range(widest, top + 1):
-        assert m[kappa] == brute_lru(keys, kappa, order=lambda r: list(r)[::-1]) == pool_misses(requests, kappa)
-        assert later[kappa] == brute_lru(keys, kappa, order=list)
+    for blocks in range(widest, top + 1):
+        assert m[blocks] == brute_lru(keys, blocks, order=lambda r: list(r)[::-1]) == pool_misses(requests, blocks)
+        assert later[blocks] == brute_lru(keys, blocks, order=list)
     d = kv_stack_distances(keys)
     assert len(d) == m[0] == sum(len(r) for r in keys)
 

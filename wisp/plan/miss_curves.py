@@ -2,8 +2,9 @@
 
 This module owns the miss curves m(C) that size the expert scratch and the KV pool: the expert stream
 (`expert_miss_curve`, one MoE layer's routed-expert sets, replayed by `ExpertPager`) and the KV stream
-(`kv_miss_curve`, requests' full-block chain keys, replayed by `BlockPool`'s prefix cache), plus
-`DecayedHistogram`, the online (exponentially forgotten) version of the same curve.
+(`kv_miss_curve`, requests' full-block chain keys, replayed by `BlockPool`'s prefix cache). Here C is
+a capacity (expert slots, or KV blocks) and m[C] the misses at that capacity; the online, exponentially
+forgotten version of the same curve is `wisp.plan.decayed_histogram`.
 
 Why one pass suffices (LRU with set semantics is a stack algorithm)
 ------------------------------------------------------------------
@@ -40,7 +41,6 @@ items; every distance is COLD or in [1, #distinct items].
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -169,80 +169,11 @@ def kv_stack_distances(requests: Sequence[Sequence[int]], evict_tail_first: bool
 
 
 def kv_miss_curve(requests: Sequence[Sequence[int]], max_blocks: int, evict_tail_first: bool = True) -> np.ndarray:
-    """Exact LRU block misses of a KV request stream at every pool size kappa = 0..max_blocks.
+    """Exact LRU block misses of a KV request stream at every pool size 0..max_blocks (in blocks).
 
-    m[kappa] = blocks missed (each costs block_size tokens of recompute) by a prefix-caching pool of
-    kappa blocks that serves the requests one at a time, a request pinning its own blocks and evicting
-    the least recently used others. Valid for kappa >= the largest request's block count; below that it
+    m[C] = blocks missed (each costs block_size tokens of recompute) by a prefix-caching pool of C
+    blocks that serves the requests one at a time, a request pinning its own blocks and evicting the
+    least recently used others. Valid for C >= the largest request's block count; below that it
     is the formula's value, outside the pool's domain. See `kv_stack_distances` for the recency order.
     """
     return miss_curve_from_distances(kv_stack_distances(requests, evict_tail_first), max_blocks)
-
-
-class DecayedHistogram:
-    """Exponentially decayed histogram of stack distances, for an online miss curve.
-
-    Bucket d in 1..max_distance counts references at distance d; one more bucket counts COLD and
-    d > max_distance (a miss at every capacity the histogram can answer). Weights are forgotten either
-    explicitly, `decay(factor)` (multiply every weight by factor in (0, 1]), or per reference with
-    `half_life` (each `add` first multiplies the existing weights by 2**(-1/half_life), so a reference
-    counts half as much `half_life` references later). With neither (or decay(1.0)) it is an exact count,
-    and miss_curve(C) * n_references equals the exact curve.
-
-    Invariants: all weights >= 0; miss_curve is non-increasing in C, in [0, 1].
-    """
-
-    _RESCALE = 1e100  # renormalise the growing per-add scale before it can overflow
-
-    def __init__(self, max_distance: int, half_life: float | None = None):
-        if max_distance < 1:
-            raise ValueError("max_distance must be >= 1")
-        if half_life is not None and not half_life > 0:
-            raise ValueError("half_life must be > 0")
-        self.max_distance = max_distance
-        self.half_life = half_life
-        self._growth = 1.0 if half_life is None else 2.0 ** (1.0 / half_life)
-        self._scale = 1.0  # stored weights are true weights times _scale
-        self._w = np.zeros(max_distance + 2, dtype=np.float64)  # [0] unused, [max_distance + 1] cold/far
-
-    def add(self, distance: int) -> None:
-        """Record one reference at `distance` (COLD for a first reference)."""
-        d = int(distance)
-        if d != COLD and d < 1:
-            raise ValueError(f"a stack distance is >= 1 or COLD, got {d}")
-        self._scale *= self._growth
-        if self._scale > self._RESCALE:
-            self._w /= self._scale
-            self._scale = 1.0
-        idx = self.max_distance + 1 if d == COLD or d > self.max_distance else d
-        self._w[idx] += self._scale
-
-    def add_many(self, distances: Sequence[int] | np.ndarray) -> None:
-        for d in np.asarray(distances, dtype=np.int64).tolist():
-            self.add(d)
-
-    def decay(self, factor: float) -> None:
-        if not 0.0 < factor <= 1.0:
-            raise ValueError(f"decay factor must be in (0, 1], got {factor}")
-        self._w *= factor
-
-    @property
-    def total(self) -> float:
-        """The decayed number of references recorded."""
-        return float(self._w.sum() / self._scale)
-
-    def weights(self) -> np.ndarray:
-        """Decayed counts: [d] for d = 1..max_distance at index d, index max_distance+1 = cold/far."""
-        return self._w / self._scale
-
-    def miss_curve(self, max_c: int | None = None) -> np.ndarray:
-        """Expected misses per reference for C = 0..max_c (float64 [max_c + 1]); all ones when empty."""
-        max_c = self.max_distance if max_c is None else max_c
-        if not 0 <= max_c <= self.max_distance:
-            raise ValueError(f"max_c must be in [0, {self.max_distance}]")
-        w = self._w
-        total = w.sum()
-        if total <= 0.0 or not math.isfinite(total):
-            return np.ones(max_c + 1)
-        beyond = np.cumsum(w[::-1])[::-1]  # beyond[k] = sum of w[k:], so misses at C = beyond[C + 1]
-        return np.clip(beyond[1 : max_c + 2] / total, 0.0, 1.0)

@@ -1,13 +1,12 @@
-"""MV-WSA split and per-layer caps against brute force."""
+"""MV-WSA split (`wisp.plan.split`) against brute force."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from wisp.core.budget import SplitProblem, equimarginal_cap, lower_hull, per_layer_caps, split
+from wisp.plan.split import SplitProblem, equimarginal_cap, lower_hull, split
 
 
 @st.composite
@@ -36,9 +35,10 @@ def brute_force(p: SplitProblem, me, mk, floor: bool):
     """Independent reference: try every C, with its own budget arithmetic; ties (1e-9 relative) -> larger C."""
     rows = []
     for cap in range(p.min_cap, p.max_cap + 1):
-        kappa = (p.budget_bytes - cap * p.slot_bytes) // p.block_bytes
-        if kappa >= (p.kv_floor if floor else 0):
-            rows.append((p.expert_cost * me[min(cap, len(me) - 1)] + p.kv_cost * mk[min(kappa, len(mk) - 1)], cap, kappa))
+        kv_blocks = (p.budget_bytes - cap * p.slot_bytes) // p.block_bytes
+        if kv_blocks >= (p.kv_floor if floor else 0):
+            rows.append((p.expert_cost * me[min(cap, len(me) - 1)] + p.kv_cost * mk[min(kv_blocks, len(mk) - 1)], cap,
+                         kv_blocks))
     if not rows:
         return None
     low = min(r[0] for r in rows)
@@ -97,36 +97,3 @@ def test_costly_misses_win_the_bytes():
     assert split(cheap, exp, kv).expert_cap == 1 and equimarginal_cap(cheap, exp, kv) == 1
     floored = SplitProblem(**{**p.__dict__, "kv_floor": 60})
     assert split(floored, exp, kv).expert_cap == 4  # the floor caps the expert side: 100 - 4*10 = 60 blocks
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.integers(1, 5), st.integers(2, 16), st.data())
-def test_per_layer_caps_match_exhaustive_search_on_convex_curves(layers, n, data):
-    curves = [lower_hull(data.draw(miss_curve(n))) for _ in range(layers)]
-    min_cap = data.draw(st.integers(1, n))
-    total = data.draw(st.integers(layers * min_cap, layers * n))
-    caps = per_layer_caps(curves, total, min_cap, n)
-    assert sum(caps) == total and all(min_cap <= c <= n for c in caps)
-    got = sum(c[k] for c, k in zip(curves, caps))
-    best = min_total(curves, total, min_cap, n)
-    assert got <= best + 1e-6
-
-
-def min_total(curves, total, lo, hi):
-    """Exhaustive DP over layers."""
-    best = {0: 0.0}
-    for c in curves:
-        nxt = {}
-        for used, val in best.items():
-            for k in range(lo, hi + 1):
-                if used + k <= total:
-                    v = val + c[k]
-                    if v < nxt.get(used + k, float("inf")):
-                        nxt[used + k] = v
-        best = nxt
-    return best[total]
-
-
-def test_per_layer_caps_rejects_impossible_totals():
-    with pytest.raises(ValueError):
-        per_layer_caps([np.zeros(5)], 10, 1, 4)

@@ -1,0 +1,76 @@
+"""The typed plan (`wisp.plan.plan`): its JSON form is the file `wisp plan` has always written, and
+`Plan.from_json` is where a plan is checked."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from wisp.config import ModelConfig
+from wisp.errors import WispError
+from wisp.models.presets import preset
+from wisp.plan.plan import FILE_ORDER, Plan
+from wisp.plan.planner import PlanInputs, make_plan
+from wisp.trace.format import RoutingTrace
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+SAVED = sorted(DOCS.glob("plan_*.json"))
+POOLS = {"per_layer_caps": [4, 4], "kv_blocks": 64, "kv_block_size": 16}
+
+
+@pytest.mark.parametrize("path", SAVED, ids=[p.name for p in SAVED])
+def test_saved_plans_read_back_key_for_key(path):
+    obj = json.loads(path.read_text())
+    plan = Plan.from_json(obj)
+    assert plan.report is not None and list(plan.to_json()) == list(obj) == list(FILE_ORDER)
+    assert plan.to_json() == obj and Plan.from_json(plan.to_json()) == plan
+    assert plan.report.cost_model.seconds_per_byte == obj["cost_model"]["t_byte_s"]
+
+
+def test_a_planned_plan_round_trips_without_its_curves():
+    cfg = ModelConfig.from_hf(preset("qwen3-30b-a3b"))
+    trace = RoutingTrace.load(DOCS / "traces" / "qwen3_shape_random_8layer_trace.npz")
+    inputs = PlanInputs(20 << 30, 4, 4096, seconds_per_byte=1.8e-11, recompute_seconds_per_token=2.3e-5)
+    plan = make_plan(cfg, inputs, trace, None, torch.device("cpu"))
+    back = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert back == plan and back.curves is None and plan.curves is not None
+    assert set(plan.to_json()) == set(FILE_ORDER) and not any(k.startswith("_") for k in plan.to_json())
+    assert sum(plan.per_layer_caps) == len(plan.per_layer_caps) * plan.report.expert_cap
+
+
+def test_a_file_with_only_the_pool_sizes_is_a_plan_without_a_report():
+    plan = Plan.from_json({"per_layer_caps": [4, 4], "kv_blocks": 64})
+    assert plan == Plan((4, 4), 64) and plan.kv_block_size == 16 and plan.report is None
+    assert plan.to_json() == POOLS
+    partial = Plan.from_json({**POOLS, "expert_cap": "not checked: the report is incomplete"})
+    assert partial.report is None
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda o: [1, 2], "is not a JSON object"),
+    (lambda o: {k: v for k, v in o.items() if k != "kv_blocks"}, "has no kv_blocks"),
+    (lambda o: {**o, "per_layer_caps": [4, 4.0]}, "per_layer_caps must be a list of integers"),
+    (lambda o: {**o, "kv_block_size": "16"}, "kv_block_size must be an integer"),
+    (lambda o: {**o, "expert_cap": 4.5}, "expert_cap must be an integer"),
+    (lambda o: {**o, "model": None}, "model must be a string"),
+    (lambda o: {**o, "predicted_latency_s": True}, "predicted_latency_s must be a number"),
+    (lambda o: {**o, "trace": [1]}, "trace must be a JSON object"),
+    (lambda o: {**o, "cost_model": {**o["cost_model"], "c_kv_s": "x"}}, "cost_model.c_kv_s must be a number"),
+    (lambda o: {**o, "unconstrained": {"expert_cap": 4, "kv_blocks": 1}}, "unconstrained has no predicted_latency_s"),
+])
+def test_bad_plans_name_the_source_and_the_key(change, fragment):
+    obj = json.loads(SAVED[0].read_text())
+    with pytest.raises(WispError, match=fragment) as err:
+        Plan.from_json(change(obj), "plan p.json")
+    assert str(err.value).startswith("plan p.json")
+
+
+def test_plans_are_frozen():
+    plan = Plan.from_json(POOLS)
+    with pytest.raises(AttributeError):
+        plan.kv_blocks = 1
+    assert replace(plan, kv_blocks=1).kv_blocks == 1 and plan.kv_blocks == 64

@@ -1,0 +1,205 @@
+"""`wisp plan` and `wisp sim`: the planner and the trace simulator on the command line.
+
+Both need only a model's shape (a checkpoint directory's config.json, `demo`, or a preset name such as
+qwen3-30b-a3b), a routing trace, and optionally a KV trace; no weights are loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from wisp.cli import parse_size
+from wisp.config import EngineConfig, ModelConfig, parse_dtype, resolve_device
+from wisp.errors import WispError
+from wisp.models.presets import PRESETS
+from wisp.plan.policies import OUT_OF_DOMAIN, POLICIES
+
+
+def model_shape(name: str, dtype: str | None = None) -> ModelConfig:
+    """A model's config without its weights: a preset, 'demo', a folder or a hub id (as the engine resolves it)."""
+    from wisp.models.source import model_source
+
+    cfg = model_source(EngineConfig(model=name, load_format="dummy"))[1]
+    override = parse_dtype(dtype)
+    if override is not None:
+        from dataclasses import replace
+
+        cfg = replace(cfg, dtype=override)
+    return cfg
+
+
+def load_traces(args) -> tuple:
+    from wisp.trace.kv_trace import read_kv_trace
+    from wisp.trace.readers import load_any
+
+    if not Path(args.trace).is_file():
+        raise WispError(f"routing trace {args.trace} does not exist")
+    try:
+        trace = load_any(args.trace)
+    except (ValueError, KeyError, OSError, TypeError, AttributeError, IndexError) as exc:
+        raise WispError(f"could not read routing trace {args.trace}: {exc}") from None
+    kv = read_kv_trace(args.kv_trace, args.block_size) if args.kv_trace else None
+    return trace, kv
+
+
+def add_budget_args(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--model", required=required, help=f"checkpoint dir, 'demo', or a preset: {', '.join(PRESETS)}")
+    p.add_argument("--dtype", default=None, help="override the checkpoint dtype (sizes scale with it)")
+    p.add_argument("--vram-budget", type=parse_size, required=required, help="total VRAM to plan for, e.g. 20GiB")
+    p.add_argument("--max-concurrency", type=int, default=4)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-trace", default=None, help="KV workload (JSONL of requests, AgentInstruct sessions, ...)")
+    p.add_argument("--t-byte", type=float, default=None, help="seconds per host->device byte (default: probe)")
+    p.add_argument("--recompute-cost", type=float, default=None, help="seconds per recomputed token (default: estimate)")
+    p.add_argument("--reserve", type=parse_size, default=1 << 29, help="activations/workspace reserve (default 512MiB)")
+    p.add_argument("--tokens-per-request", type=int, default=None)
+    p.add_argument("--device", default="auto", help="where to probe the costs: auto, cpu or cuda")
+
+
+def add_parsers(sub) -> None:
+    plan = sub.add_parser("plan", help="split a VRAM budget between expert slots and the KV pool")
+    add_budget_args(plan, required=True)
+    plan.add_argument("--trace", required=True, help="routing trace (.npz/.jsonl, or a shared real trace)")
+    plan.add_argument("--out", default=None, help="write the plan JSON here (default: stdout)")
+    plan.add_argument("--plot", default=None, help="write a PNG with both miss curves and T(f)")
+
+    sim = sub.add_parser("sim", help="replay a routing trace under cache policies and allocator arms")
+    sim.add_argument("--trace", required=True)
+    sim.add_argument("--policies", default="lru,opt,lfu,static", help=f"comma list of: {', '.join(POLICIES)}")
+    sim.add_argument("--caps", default=None, help="comma list of capacities (default: top_k..N, up to 12 values)")
+    sim.add_argument("--json", default=None, help="also write the results as JSON here")
+    sim.add_argument("--plot", default=None, help="write a PNG of hit rate against capacity per policy")
+    add_budget_args(sim, required=False)
+
+
+def _plan_inputs(args):
+    from wisp.plan.planner import PlanInputs
+
+    for name in ("max_concurrency", "max_model_len", "block_size"):
+        if getattr(args, name) < 1:
+            raise WispError(f"--{name.replace('_', '-')} must be >= 1")
+    return PlanInputs(args.vram_budget, args.max_concurrency, args.max_model_len, args.block_size,
+                      seconds_per_byte=args.t_byte, recompute_seconds_per_token=args.recompute_cost,
+                      reserve_bytes=args.reserve, tokens_per_request=args.tokens_per_request)
+
+
+def _make_plan(args, cfg: ModelConfig, trace, kv):
+    """The plan the command line asks for."""
+    from wisp.plan.planner import make_plan
+
+    return make_plan(cfg, _plan_inputs(args), trace, kv, resolve_device(args.device))
+
+
+def cmd_plan(args) -> int:
+    from wisp.plan.plan_file import plan_text, write_plan
+    from wisp.plan.plots import plot_plan
+
+    cfg = model_shape(args.model, args.dtype)
+    trace, kv = load_traces(args)
+    plan = _make_plan(args, cfg, trace, kv)
+    if args.out:
+        write_plan(plan, args.out)
+    else:
+        print(plan_text(plan))
+    if args.plot:
+        plot_plan(plan, args.plot)
+    report = plan.report
+    print(
+        f"wisp: plan C={report.expert_cap} ({report.expert_bytes / 2**30:.2f} GiB experts), "
+        f"kv_blocks={plan.kv_blocks} ({report.kv_bytes / 2**30:.2f} GiB), floor={report.admission_floor_blocks}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_sim(args) -> int:
+    from wisp.plan.plots import plot_policies
+    from wisp.plan.simulate import policy_table, references
+
+    trace, kv = load_traces(args)
+    policies = _policies(args.policies)
+    caps = _sim_caps(args.caps, trace.top_k, trace.num_experts)
+    refs = references(trace)
+    table = policy_table(trace, caps, policies)
+    _print_policy_table(trace, caps, policies, table, refs)
+    result = {"caps": caps, "references": refs, "misses": table}
+    if args.model and args.vram_budget:
+        result.update(_sim_budget(args, trace, kv))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.plot:
+        plot_policies(caps, table, refs, args.plot)
+    return 0
+
+
+def _policies(text: str) -> list[str]:
+    policies = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad:
+        raise WispError(f"unknown policy {bad[0]!r}; choose from: {', '.join(POLICIES)}")
+    return policies
+
+
+def _sim_caps(text: str | None, top_k: int, num_experts: int) -> list[int]:
+    """--caps, or up to 12 capacities spread over top_k..num_experts."""
+    if not text:
+        spread = torch.linspace(top_k, num_experts, min(12, num_experts - top_k + 1)).tolist()
+        return sorted(set(int(round(c)) for c in spread))
+    try:
+        caps = [int(c) for c in text.split(",")]
+    except ValueError:
+        raise WispError(f"--caps must be comma-separated integers, got {text!r}") from None
+    if any(c < 0 for c in caps):
+        raise WispError(f"--caps must be >= 0, got {text!r}")
+    return caps
+
+
+def _print_policy_table(trace, caps: list[int], policies: list[str], table: dict[str, list[int]], refs: int) -> None:
+    print(f"trace: {trace.num_tokens} tokens, {len(trace.layers)} layers, {trace.num_experts} experts, "
+          f"top-{trace.top_k}, {refs} references")
+    print("hit rate by capacity (misses / references; '-' = capacity below a step's expert set)")
+    print(f"{'policy':8}" + "".join(f"{c:>8}" for c in caps))
+    for p in policies:
+        cells = ["       -" if m == OUT_OF_DOMAIN else f"{1 - m / refs:8.3f}" for m in table[p]]
+        print(f"{p:8}" + "".join(cells))
+
+
+def _sim_budget(args, trace, kv) -> dict:
+    """The allocator arms and the per-layer caps at --vram-budget, printed; their JSON entries."""
+    from wisp.plan.arms import allocator_arms
+
+    cfg = model_shape(args.model, args.dtype)
+    plan = _make_plan(args, cfg, trace, kv)
+    arms = allocator_arms(plan, cfg.num_experts)
+    _print_arms(args.vram_budget, plan, arms)
+    per_layer = _per_layer_gain(plan)
+    print(f"\nper-layer caps {per_layer['caps']}: {per_layer['misses_per_token']:.3f} expert misses/token against "
+          f"{per_layer['uniform_misses_per_token']:.3f} with C = {plan.report.expert_cap} in every layer (same bytes; "
+          f"{100 * per_layer['gain']:.1f}% fewer)")
+    return {"arms": [a.to_json() for a in arms], "per_layer_caps": per_layer}
+
+
+def _print_arms(vram_budget: int, plan, arms) -> None:
+    report = plan.report
+    print(f"\nallocator arms at {vram_budget / 2**30:.2f} GiB (pageable {report.pageable_bytes / 2**30:.2f} GiB, "
+          f"floor {report.admission_floor_blocks} blocks)")
+    print(f"{'arm':10}{'cap':>6}{'kv blocks':>11}{'floor ok':>9}{'exp miss/tok':>14}{'kv miss/req':>13}{'T (s/req)':>11}")
+    for a in arms:
+        cap = "-" if a.expert_cap is None else a.expert_cap
+        print(f"{a.arm:10}{cap:>6}{a.kv_blocks:>11}{str(a.meets_floor):>9}"
+              f"{a.expert_misses_per_token:>14.3f}{a.kv_block_misses_per_request:>13.2f}{a.predicted_latency_s:>11.4f}")
+
+
+def _per_layer_gain(plan) -> dict:
+    """Per-layer caps against the uniform cap: both predicted misses per token and the fraction saved."""
+    uniform = plan.report.predicted_expert_misses_per_token
+    uneven = plan.report.predicted_expert_misses_per_token_per_layer_caps
+    gain = 1 - uneven / uniform if uniform else 0.0
+    return {"caps": list(plan.per_layer_caps), "misses_per_token": uneven, "uniform_misses_per_token": uniform,
+            "gain": gain}

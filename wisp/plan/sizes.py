@@ -1,0 +1,75 @@
+"""A model's byte sizes for planning, from its config alone (no weights are read).
+
+Owns `ModelSizes`: one expert, one expert slot (that expert in every MoE layer), one KV block (all
+layers, K and V) and everything that is not a routed expert (attention, dense and shared MLPs, norms,
+routers, embeddings and LM head, plus paged mode's two expert-sized staging buffers), and
+`cap_for_budget`, the largest paged cap a batch-1 run can afford under a VRAM budget.
+
+Invariants: slot_bytes = number of MoE layers * expert_bytes; block_bytes equals the engine's
+`KVCache.block_bytes` for the same shape (this package may not import the engine, so a test checks the
+two agree); every size scales with the element size of the config's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from wisp.config import ModelConfig
+
+GiB = 1 << 30
+DEFAULT_RESERVE_BYTES = GiB // 2  # activations and workspace, kept out of the pageable budget
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    non_expert_bytes: int  # weights outside the routed experts, plus the two expert-sized staging buffers
+    expert_bytes: int  # one expert
+    slot_bytes: int  # one slot in every MoE layer
+    block_bytes: int  # one KV block across layers
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, block_size: int) -> "ModelSizes":
+        element = torch.empty((), dtype=cfg.dtype).element_size()
+        staging = 2 * cfg.expert_bytes  # paged mode's two staging buffers for wide steps (`wisp.core.expert_major`)
+        kv_block = 2 * cfg.num_layers * cfg.num_kv_heads * block_size * cfg.head_dim * element
+        return cls(non_expert_params(cfg) * element + staging, cfg.expert_bytes,
+                   len(cfg.moe_layer_ids) * cfg.expert_bytes, kv_block)
+
+
+def _attention_params(cfg: ModelConfig) -> int:
+    """One layer's attention projections and its two norms."""
+    d, hd = cfg.hidden_size, cfg.head_dim
+    params = d * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 2 * d
+    if cfg.attention_bias:
+        params += hd * (cfg.num_heads + 2 * cfg.num_kv_heads)
+    return params
+
+
+def _mlp_params(cfg: ModelConfig, moe: bool) -> int:
+    """One layer's MLP outside the routed experts: a dense MLP, or the router plus any shared expert."""
+    d = cfg.hidden_size
+    if not moe:
+        return 3 * d * cfg.dense_intermediate_size
+    params = cfg.num_experts * d
+    if cfg.shared_expert_intermediate_size:
+        params += 3 * d * cfg.shared_expert_intermediate_size + d
+    return params
+
+
+def non_expert_params(cfg: ModelConfig) -> int:
+    """Parameters outside the routed experts: every layer's attention and MLP, embeddings, the final norm."""
+    d = cfg.hidden_size
+    layers = sum(_attention_params(cfg) + _mlp_params(cfg, moe) for moe in cfg.moe_layers)
+    embed = cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2)
+    return layers + embed + d
+
+
+def cap_for_budget(cfg: ModelConfig, budget: int, max_model_len: int, block_size: int = 16) -> int:
+    """The largest paged cap whose scratch fits `budget` beside the non-expert weights, a batch-1 KV pool
+    and the planner's reserve (clamped to [top_k, num_experts])."""
+    sizes = ModelSizes.of(cfg, block_size)
+    kv = -(-max_model_len // block_size) * sizes.block_bytes
+    cap = (budget - sizes.non_expert_bytes - kv - DEFAULT_RESERVE_BYTES) // sizes.slot_bytes
+    return int(min(max(cap, cfg.top_k), cfg.num_experts))
