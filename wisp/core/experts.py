@@ -9,13 +9,13 @@ Four modes share one contract, `ExpertStore.forward(hidden, topk_ids, topk_weigh
 - `ZeroCopyExperts`: no device copy at all: the kernel reads the routed experts in place from the pinned
   host masters (UVA on CUDA; needs the Triton kernel), the cache-less baseline.
 
-`forward_static` is the same computation with no host sync (CUDA, Triton backend), for CUDA-graph
+`forward_graph_safe` is the same computation with no host sync (CUDA, Triton backend), for CUDA-graph
 decode: counters go to a device count vector (`sync_all_counters` folds them in with one read), and the
 paged store runs the paging decision on the device in fixed groups of C // top_k tokens (a group's
 experts always fit). The engine replays graphs only for batches of at most C // top_k tokens (one
 group, so one MoE step as in eager mode); wider decode batches run eagerly, expert-major.
 
-Invariant: for the same routing all four return torch.equal outputs, in `forward` and `forward_static`
+Invariant: for the same routing all four return torch.equal outputs, in `forward` and `forward_graph_safe`
 alike: whatever the backend, a (token, k) pair's output does not depend on where its expert's weights
 sit (a bank through the map, a slot, a staging buffer, host memory) or on the other tokens, and the sum
 over k runs in routing order; an expert-major step gives the bits `fused` gives (`wisp.core.kernels`).
@@ -51,7 +51,7 @@ class ExpertStore(ABC):
     def device_bytes(self) -> int:
         """Expert bytes this layer holds on the device (a shared buffer counts once, on its owner)."""
 
-    def forward_static(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    def forward_graph_safe(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """`forward` with no host sync and fixed shapes, capturable in a CUDA graph (Triton backend)."""
         self._count_on_device(topk_ids)
         w, expert_map = self._weights()
@@ -155,7 +155,7 @@ class PagedExperts(ExpertStore):
             self.staging = StagingBuffers(pager.host, pager.device)
         return run_wide_step(pager, self.staging, self.kernels, hidden, topk_ids, topk_weights, distinct, counts)
 
-    def forward_static(self, hidden, topk_ids, topk_weights):
+    def forward_graph_safe(self, hidden, topk_ids, topk_weights):
         pager = self.pager
         w = pager.scratch
         group = pager.capacity // topk_ids.shape[1]  # tokens whose experts always fit in C slots (C >= top_k)

@@ -2,7 +2,7 @@
 
 A decode step of B sequences (one token each) is captured whole: embedding, every layer's attention
 (KV writes and the Triton kernel reading the block tables from a device buffer), router, top-k, the
-MoE store's `forward_static` (for paged layers the LRU decision and the miss copies run on the device,
+MoE store's `forward_graph_safe` (for paged layers the LRU decision and the miss copies run on the device,
 `wisp.core.device_pager`), the final norm and the logits. Inputs live in static buffers (tokens,
 positions, block tables) rewritten before each replay; the logits buffer is the output.
 
@@ -44,7 +44,7 @@ class DecodeGraphs:
 
     def _body(self, b: int) -> torch.Tensor:
         kv = DecodeBatchKV(self.cache, self.tables[:b], self.positions[:b])
-        hidden = self.model.forward_batch(self.tokens[:b], self.positions[:b], kv, static=True)
+        hidden = self.model.forward_batch(self.tokens[:b], self.positions[:b], kv, graph_safe=True)
         return self.model.logits(hidden)
 
     def _capture(self, b: int, pool):

@@ -162,7 +162,7 @@ class MoEDecoder:
         out = kv.write_attend(li, q, k, v, cfg.sliding_window)  # [T, H, hd]
         return rows.linear(out.reshape(t, h * hd), w.o)
 
-    def moe(self, li: int, x: torch.Tensor, static: bool = False) -> torch.Tensor:
+    def moe(self, li: int, x: torch.Tensor, graph_safe: bool = False) -> torch.Tensor:
         cfg, lw = self.config, self.layers[li]
         logits = rows.linear(x, lw.router)  # [T, N]
         weight_dtype = self.router_dtype or x.dtype
@@ -180,7 +180,7 @@ class MoEDecoder:
         if self.routing_hook is not None:
             self.routing_hook(li, topk_ids, topk_weights)
         store = self.experts[li]
-        out = store.forward_static(x, topk_ids, topk_weights) if static else store.forward(x, topk_ids, topk_weights)
+        out = store.forward_graph_safe(x, topk_ids, topk_weights) if graph_safe else store.forward(x, topk_ids, topk_weights)
         if lw.shared is not None:
             gate = rows.pointwise(torch.sigmoid, rows.linear(x, lw.shared_gate))  # [T, 1]
             out = out + gate * mlp(x, lw.shared)
@@ -192,18 +192,18 @@ class MoEDecoder:
         positions = torch.cat([torch.arange(c.start, c.start + c.length) for c in chunks]).to(self.device)
         return self.forward_batch(tokens, positions, ChunkedKV(chunks))
 
-    def forward_batch(self, tokens: torch.Tensor, positions: torch.Tensor, kv, static: bool = False) -> torch.Tensor:
+    def forward_batch(self, tokens: torch.Tensor, positions: torch.Tensor, kv, graph_safe: bool = False) -> torch.Tensor:
         """tokens [T] at positions [T], attention through `kv.write_attend` -> final hidden [T, D].
-        static: MoE stores run `forward_static` (no host sync: the body of a CUDA-graph decode step)."""
-        if static and self.routing_hook is not None:
-            raise RuntimeError("a routing hook reads routing on the host: it cannot run in a static (graph) step")
+        graph_safe: MoE stores run `forward_graph_safe` (no host sync: the body of a CUDA-graph decode step)."""
+        if graph_safe and self.routing_hook is not None:
+            raise RuntimeError("a routing hook reads routing on the host: it cannot run in a graph-safe (CUDA-graph) step")
         x = self.embed[tokens]
         eps = self.config.rms_norm_eps
         rope = self.rope(positions)  # once per forward, shared by every layer
         for li, lw in enumerate(self.layers):
             x = x + self.attention(li, self.rms_norm(x, lw.input_norm, eps), rope, kv)
             h = self.rms_norm(x, lw.post_norm, eps)
-            x = x + (self.moe(li, h, static) if lw.router is not None else mlp(h, lw.dense))
+            x = x + (self.moe(li, h, graph_safe) if lw.router is not None else mlp(h, lw.dense))
         return self.rms_norm(x, self.final_norm, eps)
 
     def use_paging_side(self, side: str) -> None:
