@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import FAMILIES
+from tests.helpers import FAMILIES
 from wisp import LLM, SamplingParams
 
 LONG_PROMPT = [(7 * i + 3) % 128 for i in range(40)]
