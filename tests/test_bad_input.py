@@ -132,11 +132,13 @@ def cli_results(tmp_path_factory, good, bad) -> dict[str, subprocess.CompletedPr
     return run_many(cases, tmp_path_factory.getbasetemp() / "wisp-cache")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CHECKPOINT_CASES)
 def test_cli_bad_checkpoint(cli_results, bad, case):
     assert_one_line_error(cli_results[case], *bad[case][1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(FLAG_CASES))
 def test_cli_bad_flags_and_prompts(cli_results, case):
     assert_one_line_error(cli_results[case], *FLAG_CASES[case][1])

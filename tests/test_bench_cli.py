@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from tests.cli_runner import run_wisp
@@ -17,6 +18,7 @@ KEYS = {"preset", "mode", "expert_cap", "decode_tok_s", "ttft_s", "hit_rate", "b
         "h2d_gbps_achieved", "h2d_gbps_probe", "step_s", "roofline_step_s", "peak_gpu_bytes", "gpu", "command"}
 
 
+@pytest.mark.slow
 def test_bench_decode_writes_one_record_per_run(tmp_path):
     out = tmp_path / "b.json"
     proc = run_wisp(["decode", "--model", "demo", "--load-format", "dummy", "--mode", "paged,resident,offload",
@@ -33,6 +35,7 @@ def test_bench_decode_writes_one_record_per_run(tmp_path):
     assert records[1]["roofline_step_s"] == records[0]["step_s"]  # no GPU probe here: the resident step alone
 
 
+@pytest.mark.slow
 def test_a_preset_needs_dummy_weights(tmp_path):
     proc = run_wisp(["decode", "--model", "qwen3-30b-a3b"], tmp_path, command="bench")
     assert proc.returncode == 2 and "--load-format dummy" in proc.stderr and "Traceback" not in proc.stderr
@@ -54,6 +57,7 @@ def _demo_trace(path: Path, layers: int = 4, k: int = 4) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_bench_replays_a_routing_trace_and_runs_zero_copy(tmp_path):
     out = tmp_path / "b.json"
     trace = _demo_trace(tmp_path / "t.npz")
@@ -69,6 +73,7 @@ def test_bench_replays_a_routing_trace_and_runs_zero_copy(tmp_path):
     assert zero["bytes_h2d_per_token"] == 4 * 4 * 98304 and zero["expert_device_bytes"] == 0
 
 
+@pytest.mark.slow
 def test_bench_refuses_a_trace_of_another_shape(tmp_path):
     trace = _demo_trace(tmp_path / "t.npz", layers=3)
     proc = run_wisp(["decode", "--model", "demo", "--load-format", "dummy", "--device", "cpu", "--decode-tokens", "2",
@@ -76,6 +81,7 @@ def test_bench_refuses_a_trace_of_another_shape(tmp_path):
     assert proc.returncode == 2 and "3 layers" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_bench_prefill_writes_a_record_per_run_and_length(tmp_path):
     out, plot = tmp_path / "p.json", tmp_path / "p.png"
     proc = run_wisp(["prefill", "--model", "demo", "--load-format", "dummy", "--mode", "paged,resident", "--expert-cap", "4",

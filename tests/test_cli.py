@@ -13,6 +13,8 @@ import pytest
 
 from tests.cli_runner import run_many, run_wisp
 
+pytestmark = pytest.mark.slow  # every test here reads `wisp` subprocess runs
+
 DEMO_EOS = 256
 # demo: hidden 128, moe_intermediate 64, float32 -> gate + up + down of one expert
 DEMO_EXPERT_BYTES = 3 * 128 * 64 * 4

@@ -1,4 +1,8 @@
-"""The `wisp` command line: `wisp generate ...` and `wisp serve ...`.
+"""The `wisp` command line: `wisp generate|serve|plan|sim|bench ...`.
+
+Building the parser imports neither torch nor the engine (the argument definitions live in torch-free
+modules: wisp/cli_args.py, wisp/plan_args.py, wisp/bench/args.py); a command's implementation is
+imported only when it runs, so `wisp --help` is instant.
 
 Bad input is one line on stderr and exit status 2, never a traceback: argparse errors and every
 `WispError` raised below go through `fail`. `wisp serve` exits 0 after SIGINT/SIGTERM once its
@@ -9,110 +13,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import re
 import socket
 import sys
-from typing import NoReturn
+from collections.abc import Callable
 
-from wisp.config import ATTENTION_BACKENDS, DTYPES, MODES, MOE_BACKENDS, EngineConfig
+from wisp.bench.args import add_parser as add_bench_parser
+from wisp.cli_args import (
+    DTYPES, Parser, add_engine_args, fail, parse_port, parse_positive_int, parse_size, parse_token_ids,
+)
 from wisp.errors import WispError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        fail(f"{self.prog}: {message}")
-
-
-def fail(message: str) -> NoReturn:
-    # one line, whatever the message holds (hub and safetensors errors can span several)
-    message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
-    print(f"wisp: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def _token_ids(text: str) -> list[int]:
-    try:
-        ids = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("--prompt-ids is empty")
-    return ids
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
-    return value
-
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """'2GiB' -> 2*2**30, '512MiB', '1.5GB' -> 1.5e9, '1e9' -> 10**9, '4096' -> 4096 (bytes, > 0)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected a size like 2GiB, 512MiB, 1e9 or 4096, got {text!r}")
-    number, prefix, binary = match.groups()
-    power = "kmgt".find(prefix.lower()) + 1 if prefix else 0
-    if binary and not prefix:
-        raise argparse.ArgumentTypeError(f"expected a size like 2GiB, 512MiB, 1e9 or 4096, got {text!r}")
-    scaled = float(number) * ((1024 if binary else 1000) ** power)
-    if not math.isfinite(scaled):
-        raise argparse.ArgumentTypeError(f"size {text!r} is not a finite number of bytes")
-    value = int(scaled)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
-    return value
-
-
-def add_backend_args(p: argparse.ArgumentParser) -> None:
-    """Where and how the engine runs: --device, the two kernel backends, --enforce-eager (every command)."""
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--moe-backend", choices=MOE_BACKENDS, default="auto",
-                   help="fused-MoE implementation (auto: triton on CUDA, torch on the CPU)")
-    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
-                   help="paged attention (auto: triton on CUDA, torch on the CPU)")
-    p.add_argument("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
-
-
-def _add_engine_args(p: argparse.ArgumentParser, record_help: str) -> None:
-    """The engine options `generate` and `serve` share."""
-    p.add_argument("--model", required=True, help="checkpoint directory, or 'demo' for the built-in tiny MoE")
-    p.add_argument("--mode", choices=MODES, default="paged")
-    p.add_argument("--expert-cap", type=int, default=None, help="scratch slots per MoE layer (paged mode)")
-    add_backend_args(p)
-    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=EngineConfig.max_num_batched_tokens,
-                   help="tokens per engine step: decodes first, then prefill chunks (a longer prompt is chunked)")
-    p.add_argument("--record-routing", default=None, metavar="FILE", help=record_help)
+from wisp.plan.args import add_parsers as add_plan_parsers
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="wisp", description="Serve MoE models on GPUs too small to hold them.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="wisp", description="Serve MoE models on GPUs too small to hold them.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    _add_generate_parser(sub)
+    _add_serve_parser(sub)
+    add_plan_parsers(sub)
+    add_bench_parser(sub)
+    return parser
 
+
+def _add_generate_parser(sub) -> None:
     gen = sub.add_parser("generate", help="generate from one prompt")
-    _add_engine_args(gen, "write the routed experts (.npz/.jsonl)")
+    add_engine_args(gen, "write the routed experts (.npz/.jsonl)")
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-ids", type=_token_ids, help="prompt as comma-separated token ids")
+    src.add_argument("--prompt-ids", type=parse_token_ids, help="prompt as comma-separated token ids")
     gen.add_argument("--max-tokens", type=int, default=16)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -121,27 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
     gen.add_argument("--json", action="store_true", help="print one JSON object with tokens, text and stats")
 
+
+def _add_serve_parser(sub) -> None:
     srv = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
-    _add_engine_args(srv, "write the routed experts at shutdown")
+    add_engine_args(srv, "write the routed experts at shutdown")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    srv.add_argument("--port", type=_port, default=8000, help="port to bind (0: any free port)")
+    srv.add_argument("--port", type=parse_port, default=8000, help="port to bind (0: any free port)")
     kv = srv.add_mutually_exclusive_group()
-    kv.add_argument("--kv-blocks", type=_positive_int, default=None, help="KV cache size in blocks")
+    kv.add_argument("--kv-blocks", type=parse_positive_int, default=None, help="KV cache size in blocks")
     kv.add_argument("--kv-bytes", type=parse_size, default=None, help="KV cache size in bytes, e.g. 2GiB, 512MiB, 1e9")
-    srv.add_argument("--max-concurrency", type=_positive_int, default=4, help="most requests running at once")
-    srv.add_argument("--max-model-len", type=_positive_int, default=None, help="longest prompt + completion, tokens")
+    srv.add_argument("--max-concurrency", type=parse_positive_int, default=4, help="most requests running at once")
+    srv.add_argument("--max-model-len", type=parse_positive_int, default=None, help="longest prompt + completion, tokens")
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     sizing = srv.add_mutually_exclusive_group()
     sizing.add_argument("--plan", default=None, metavar="PLAN.json", help="size both pools from `wisp plan` output")
     sizing.add_argument("--vram-budget", type=parse_size, default=None,
                         help="plan both pools for this budget from a short built-in warm-up trace")
-
-    from wisp.bench.decode import add_parser as add_bench_parser
-    from wisp.plan.commands import add_parsers  # after this module's helpers exist (it imports parse_size)
-
-    add_parsers(sub)
-    add_bench_parser(sub)
-    return parser
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -250,13 +174,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The function that runs command `name`; plan and sim are imported only now (they load torch)."""
+    if name in ("plan", "sim"):
+        from wisp.plan.commands import cmd_plan, cmd_sim
+
+        return cmd_plan if name == "plan" else cmd_sim
+    return {"generate": cmd_generate, "serve": cmd_serve, "bench": cmd_bench}[name]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from wisp.plan.commands import cmd_plan, cmd_sim
-
-        commands = {"generate": cmd_generate, "serve": cmd_serve, "plan": cmd_plan, "sim": cmd_sim, "bench": cmd_bench}
-        return commands[args.command](args)
+        return _command(args.command)(args)
     except WispError as exc:
         fail(str(exc))
 

@@ -45,6 +45,7 @@ def same_state(host: ExpertPager, dev: ExpertPager) -> None:
     dev.check_integrity()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,c,k,t", [(8, 2, 2, 1), (16, 4, 4, 1), (64, 16, 8, 2), (128, 16, 8, 2), (60, 13, 4, 3),
                                      (128, 128, 8, 4)])
 @pytest.mark.parametrize("sync_every", [1, 7])
@@ -62,6 +63,7 @@ def test_device_decision_equals_host(n, c, k, t, sync_every):
     host.check_integrity()
 
 
+@pytest.mark.slow
 def test_many_layers_hand_their_state_back_in_one_read():
     """`use_host_many` over layers of different sizes (and one still on the host) == each layer's host mirror."""
     rng = random.Random(5)
@@ -108,6 +110,7 @@ def test_device_decision_under_cuda_graph_replay():
     same_state(host, dev)
 
 
+@pytest.mark.slow
 def test_state_survives_switching_sides():
     n, c, k = 16, 4, 2
     rng = random.Random(5)

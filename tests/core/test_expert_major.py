@@ -63,6 +63,7 @@ def streams(draw):
     return n, k, cap, lengths, draw(st.integers(0, 2**20))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(case=streams(), dtype=st.sampled_from([torch.float32, torch.bfloat16]))
 def test_wide_steps_equal_resident_and_the_lru_model(case, dtype):

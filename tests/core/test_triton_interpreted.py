@@ -16,6 +16,7 @@ from wisp.core.triton_norm import triton_rms_norm  # noqa: E402
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("t,n,k", [(1, 8, 2), (3, 16, 4), (2, 6, 6)])
 def test_fused_moe_matches_the_reference_with_a_sparse_map(t, n, k):
     g = torch.Generator().manual_seed(t * 100 + n)
@@ -94,6 +95,7 @@ def test_router_breaks_ties_toward_the_lower_id():
     assert triton_route(logits, 3, False, torch.float32)[1].tolist() == [[1, 3, 2]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cap", [2, 5])
 def test_expert_major_wide_step_equals_the_resident_kernel(cap):
     """The wide path with the Triton family (hits by map, one launch pair per streamed or loaded expert,

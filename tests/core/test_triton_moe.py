@@ -42,6 +42,7 @@ def permuted(gu, dn, n, extra=3, seed=1):
     return sgu, sdn, slots.to(torch.int32).to(CUDA)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t", [1, 3, 17, 40] if GPU else [1, 3, 17])
 @pytest.mark.parametrize("n, k", SHAPES)
@@ -61,6 +62,7 @@ def test_matches_oracle_and_reference(t, n, k, dtype):
     assert torch.equal(out, alone)  # nor does the batch
 
 
+@pytest.mark.slow
 def test_minus_one_skips_the_term():
     hidden, gu, dn, ids, w = problem(5, 8, 2, dtype=torch.float32)
     emap = torch.arange(8, dtype=torch.int32, device=CUDA)

@@ -266,6 +266,7 @@ class PoolMachine(RuleBasedStateMachine):
 
 
 TestBlockPoolStateMachine = PoolMachine.TestCase
+TestBlockPoolStateMachine.pytestmark = [pytest.mark.slow]
 TestBlockPoolStateMachine.settings = settings(
     max_examples=80, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -52,6 +52,7 @@ def run(eng, prompts, start_steps=()):
     return {rid: s.logits for rid, s in seqs.items()}, batches
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["paged", "resident"])
 def test_logits_do_not_depend_on_the_budget_or_on_sharing_steps(device, attention_backend, mode):
     ref, _ = run(engine(device, attention_backend, 4096, mode), [LONG])

@@ -78,6 +78,7 @@ def test_second_turn_computes_only_new_tokens_and_matches_no_cache(make_engine):
     assert all(torch.equal(a, b) for a, b in zip(second.logits, ref.logits))
 
 
+@pytest.mark.slow
 def test_resize_shrinks_and_grows_with_identical_outputs(make_engine):
     engine = make_engine(max_concurrency=2, max_model_len=128)  # floor 16 blocks
     prompts = [[(3 * i + j) % 250 for i in range(20 + j)] for j in range(3)]
@@ -98,6 +99,7 @@ def test_resize_shrinks_and_grows_with_identical_outputs(make_engine):
     engine.pool.check_integrity()
 
 
+@pytest.mark.slow
 def test_preemption_by_recompute_loses_nothing_and_changes_nothing(make_engine):
     prompts = [[(7 * i + 11 * j) % 250 for i in range(10 + 3 * j)] for j in range(6)]
     params = SamplingParams(max_tokens=30, ignore_eos=True)
@@ -118,6 +120,7 @@ def test_preemption_by_recompute_loses_nothing_and_changes_nothing(make_engine):
         assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
 
 
+@pytest.mark.slow
 def test_random_requests_and_aborts_leave_no_leak(make_engine):
     engine = make_engine(max_concurrency=3, max_model_len=96)
     rng = random.Random(0)

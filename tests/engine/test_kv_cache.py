@@ -176,6 +176,7 @@ def check_exact(case):
     assert torch.equal(decode, whole), "one token at a time"
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(exactness_case())
 def test_output_is_identical_for_prefill_chunks_and_decode(case):
@@ -183,6 +184,7 @@ def test_output_is_identical_for_prefill_chunks_and_decode(case):
     check_exact(case)
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None)
 @given(exactness_case(hkvs=(H,), sizes=(1, 2, 4, 8, 16, 32)))
 def test_output_is_identical_for_prefill_chunks_and_decode_without_gqa(case):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import FAMILIES
+from tests.helpers import FAMILIES
 from wisp import LLM, SamplingParams
 
 LONG_PROMPT = [(7 * i + 3) % 128 for i in range(40)]
@@ -24,6 +24,7 @@ def run(path, mode, cap, dtype, prompt, device, moe_backend, attention_backend):
     return llm, prefill, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_paged_offload_and_zero_copy_equal_resident(hf_checkpoints, family, dtype, device, moe_backend, attention_backend):
@@ -54,6 +55,7 @@ def test_a_wide_prefill_loads_each_expert_once(hf_checkpoints, device, moe_backe
         store.pager.check_integrity()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
 def test_batch_does_not_change_a_requests_tokens(hf_checkpoints, family, device, moe_backend, attention_backend):
     """A request's logits are identical alone and inside a batch of other requests (batch invariance).

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,7 @@ def workloads(draw):
     return prompts, outputs, arrivals, max_running, budget, blocks
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(case=workloads(), caching=st.booleans())
 def test_every_request_finishes_within_the_budget(case, caching):

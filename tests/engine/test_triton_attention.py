@@ -62,6 +62,7 @@ SHAPES = ([(dt, hkv, hd, n) for dt in (torch.float32, torch.bfloat16) for hkv in
           [(torch.float32, 2, 32, 17), (torch.bfloat16, 1, 16, 70), (torch.float32, 4, 16, 150)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,hkv,hd,n", SHAPES)
 def test_close_to_torch_and_exact_across_chunking(dtype, hkv, hd, n):
     q, k, v = qkv(n, 4, hkv, hd, dtype, n * 1000 + hd + hkv)
@@ -77,6 +78,7 @@ def test_close_to_torch_and_exact_across_chunking(dtype, hkv, hd, n):
         assert torch.equal(by_chunks(q, kc, vc, table, list(range(n + 1))), whole)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("bs", [16, 32])
 def test_decode_launch_has_the_prefill_bits(window, bs):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import FAMILIES, make_hf_model
+from tests.helpers import FAMILIES, make_hf_model
 from wisp import LLM, SamplingParams
 
 PROMPT = [5, 17, 99, 3, 64, 21, 8, 120, 45, 77, 12, 33]

@@ -10,6 +10,8 @@ from tests.cli_runner import run_many, run_wisp
 from wisp.plan.miss_curves import expert_miss_curve
 from wisp.trace.format import RoutingTrace
 
+pytestmark = pytest.mark.slow  # `wisp plan|sim|generate` subprocess runs and warm-up plans
+
 PLAN_FIELDS = {"expert_cap", "per_layer_caps", "kv_blocks", "kv_bytes", "expert_bytes", "budget_bytes",
                "predicted_expert_misses_per_token", "predicted_latency_s", "admission_floor_blocks"}
 COSTS = ["--t-byte", "2e-11", "--recompute-cost", "1e-4"]

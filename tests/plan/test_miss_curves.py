@@ -59,6 +59,7 @@ def tiny_host(n: int) -> dict[str, torch.Tensor]:
 
 
 # -- expert stream ----------------------------------------------------------------------------------
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(step_sequences())
 def test_curve_equals_pager_and_brute_force_at_every_capacity(case):

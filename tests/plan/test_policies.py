@@ -137,6 +137,7 @@ def test_mixtral_every_layer_every_capacity(name):
                 assert pager.counters.misses == m[c]
 
 
+@pytest.mark.slow
 def test_flame_curves_and_brute_force():
     tr = real("flame_moe_290m_dynande/flame290m_iter5473_32seq_x64tok_TxLxK.npz")
     curves = {layer: expert_miss_curve(tr.steps(layer), 64) for layer in tr.layers.tolist()}  # all 8 layers
@@ -145,6 +146,7 @@ def test_flame_curves_and_brute_force():
     check_layer(tr.steps(9), 64, caps=range(6, 65, 7))
 
 
+@pytest.mark.slow
 def test_olmoe_layer0_prefix():
     tr = real("layer0_only_vllm_logs/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl")
     full = expert_miss_curve(tr.steps(0), 64)
@@ -152,6 +154,7 @@ def test_olmoe_layer0_prefix():
     check_layer(tr.steps(0)[:2000], 64)
 
 
+@pytest.mark.slow
 def test_qwen_layer0_tokens_and_passes():
     tr = real("layer0_only_vllm_logs/qwen15moe_a27b_layer0_gsm8k_TotaniYash.jsonl")
     check_layer(tr.steps(0, per_token=True), 60)

@@ -45,6 +45,7 @@ def brute_force(p: SplitProblem, me, mk, floor: bool):
     return max((r for r in rows if r[0] <= low + 1e-9 * max(1.0, abs(low))), key=lambda r: r[1])
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(problems(), st.booleans())
 @example(
@@ -66,6 +67,7 @@ def test_split_equals_brute_force_and_respects_the_floor(case, with_floor):
         assert ours.kv_blocks >= p.kv_floor
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(problems())
 def test_equimarginal_cap_matches_brute_force_on_convex_curves(case):

@@ -36,6 +36,13 @@ async def settled(engine: AsyncEngine, timeout: float = 5.0) -> dict:
     raise AssertionError(f"engine did not settle: {engine.stats()}")
 
 
+async def handled(engine: AsyncEngine) -> None:
+    """Return once the engine thread has handled every command posted so far: a one-token request posted
+    now finishes only after them (the stats snapshot alone can look settled before an abort is seen)."""
+    outs = [o async for o in engine.generate("barrier", [2], SamplingParams(max_tokens=1))]
+    assert [o.finished for o in outs] == [True]
+
+
 def test_generate_yields_every_token_in_order():
     async def body(engine, fake):
         outs = [o async for o in engine.generate("a", [1, 2, 3], SamplingParams(max_tokens=5))]
@@ -104,6 +111,7 @@ def test_an_abandoned_stream_is_aborted_when_collected():
         stream = await engine.submit("dropped", [1], SamplingParams(max_tokens=100))
         await stream.__anext__()
         del stream
+        await handled(engine)
         await settled(engine)
         assert "dropped" in fake.aborted
 
@@ -117,9 +125,14 @@ def test_cancelled_while_waiting_for_admission_is_undone():
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        await handled(engine)
         await settled(engine)
+        # undone, not left to run (an aborted and a finished request look alike once settled): the engine
+        # was told to abort it, and it stopped well short of its 100 tokens (1 s of steps at this delay)
+        assert fake.aborted == ["early"]
+        assert fake.tokens_decoded < 100
 
-    run(body, step_delay=0.002)
+    run(body, step_delay=0.01)
 
 
 def test_shutdown_ends_running_streams_and_refuses_new_ones():

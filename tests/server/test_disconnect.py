@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.server.conftest import MODEL
+from tests.server.helpers import MODEL
 from tests.server.fake_engine import FakeEngine
 from wisp.engine.async_engine import AsyncEngine
 from wisp.server.app import build_app

@@ -28,6 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from wisp import LLM, SamplingParams
 
+pytestmark = pytest.mark.slow  # a live `wisp serve` subprocess
+
 API_KEY = "sk-wisp-test"
 PREFIX = "The quick brown fox jumps over the lazy dog. "  # > one 16-token block: concurrent prompts share it
 PROMPTS = [PREFIX + f"Question {i}: what is {i} + {i}?" for i in range(8)]

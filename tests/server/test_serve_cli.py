@@ -5,12 +5,11 @@ Run in-process through `wisp.cli.main`; every case fails before uvicorn starts.
 
 from __future__ import annotations
 
-import argparse
 import socket
 
 import pytest
 
-from wisp.cli import main, parse_size
+from wisp.cli import main
 
 
 def fails(capsys, argv: list[str]) -> str:
@@ -65,18 +64,3 @@ def test_taken_port(capsys):
 def test_engine_refusals(capsys, flags, needle):
     model = [] if "--model" in flags else ["--model", "demo"]
     assert needle in fails(capsys, ["serve", *model, "--port", "0", "--device", "cpu", *flags])
-
-
-@pytest.mark.parametrize(
-    "text, value",
-    [("2GiB", 2 * 2**30), ("512MiB", 512 * 2**20), ("1e9", 10**9), ("1.5GB", 1_500_000_000), ("4096", 4096),
-     ("64 KiB", 65536), ("3k", 3000)],
-)
-def test_parse_size(text, value):
-    assert parse_size(text) == value
-
-
-@pytest.mark.parametrize("text", ["", "GiB", "2 XB", "-1GiB", "2iB", "0.1"])
-def test_parse_size_rejects(text):
-    with pytest.raises(argparse.ArgumentTypeError):
-        parse_size(text)

@@ -13,6 +13,7 @@ from wisp.trace.recorder import RoutingRecorder
 LONG = "a prompt long enough that its prefill routes to more experts than the slots hold"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cap, prompts", [(4, ["h"]), (6, ["h"]), (8, ["a", "b"]), (12, ["a", "b", "c"]),
                                           (4, [LONG]), (6, [LONG, "b"])])
 def test_recorded_trace_predicts_the_live_misses_exactly(cap, prompts, tmp_path):

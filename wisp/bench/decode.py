@@ -238,29 +238,3 @@ def _print_table(records: list[dict], gbps: float, gpu: str) -> None:
         print(f"{r['mode']:9} {r['expert_cap']:>4} {r.get('batch', 1):>2} {r['decode_tok_s']:>8} {r['step_s'] * 1e3:>8.2f} {roof} "
               f"{r['hit_rate']:>6} {r['bytes_h2d_per_token'] / 1e6:>8.1f} {r['peak_gpu_bytes'] / 1e9:>8.2f}")
     print(f"pinned H2D probe: {gbps:.1f} GB/s on {gpu}")
-
-
-def add_parser(sub) -> None:
-    from wisp.cli import add_backend_args, parse_size
-
-    bench = sub.add_parser("bench", help="benchmarks")
-    kinds = bench.add_subparsers(dest="bench", required=True)
-    dec = kinds.add_parser("decode", help="batch-1 decode in one or more expert modes")
-    dec.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
-    dec.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
-    dec.add_argument("--mode", default="paged", help="comma list of paged, resident, offload, zero-copy, accelerate")
-    dec.add_argument("--expert-cap", default=None, help="comma list of caps for paged runs")
-    dec.add_argument("--prompt-len", type=int, default=128)
-    dec.add_argument("--batch", default="1", help="comma list: requests decoded together (one token each per step)")
-    dec.add_argument("--decode-tokens", type=int, default=128)
-    dec.add_argument("--temperature", type=float, default=0.0)
-    dec.add_argument("--dtype", default=None)
-    add_backend_args(dec)
-    dec.add_argument("--routing-trace", default=None, metavar="FILE",
-                     help="replay these recorded expert choices during decode (benchmark only)")
-    dec.add_argument("--vram-budget", type=parse_size, default=None, help="size paged runs' cap from this VRAM budget")
-    dec.add_argument("--peer-decode-tokens", type=int, default=16, help="decode tokens of the (slow) accelerate peer")
-    dec.add_argument("--out", default=None, help="write the records as a JSON list here")
-    from wisp.bench.prefill import add_prefill_parser
-
-    add_prefill_parser(kinds)

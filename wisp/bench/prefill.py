@@ -177,20 +177,3 @@ def plot_ttft(records: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def add_prefill_parser(kinds) -> None:
-    from wisp.cli import add_backend_args
-    from wisp.config import EngineConfig
-
-    pre = kinds.add_parser("prefill", help="cold time to first token against prompt length")
-    pre.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
-    pre.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
-    pre.add_argument("--mode", default="resident,paged", help="comma list of paged, resident, offload, zero-copy")
-    pre.add_argument("--expert-cap", default=None, help="comma list of caps for paged runs")
-    pre.add_argument("--prompt-len", default="128,512,2048", help="comma list of prompt lengths")
-    pre.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
-                     help="the engine's token budget per step (prefill chunk size)")
-    add_backend_args(pre)
-    pre.add_argument("--out", default=None, help="write the records as a JSON list here")
-    pre.add_argument("--plot", default=None, help="draw TTFT against prompt length into this PNG")

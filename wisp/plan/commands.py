@@ -1,22 +1,20 @@
 """`wisp plan` and `wisp sim`: the planner and the trace simulator on the command line.
 
 Both need only a model's shape (a checkpoint directory's config.json, `demo`, or a preset name such as
-qwen3-30b-a3b), a routing trace, and optionally a KV trace; no weights are loaded.
+qwen3-30b-a3b), a routing trace, and optionally a KV trace; no weights are loaded. Their arguments are
+defined in wisp/plan_args.py (torch-free, so `wisp --help` stays fast).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-from wisp.cli import parse_size
 from wisp.config import EngineConfig, ModelConfig, parse_dtype, resolve_device
 from wisp.errors import WispError
-from wisp.models.presets import PRESETS
 from wisp.plan.policies import OUT_OF_DOMAIN, POLICIES
 
 
@@ -45,37 +43,6 @@ def load_traces(args) -> tuple:
         raise WispError(f"could not read routing trace {args.trace}: {exc}") from None
     kv = read_kv_trace(args.kv_trace, args.block_size) if args.kv_trace else None
     return trace, kv
-
-
-def add_budget_args(p: argparse.ArgumentParser, required: bool) -> None:
-    p.add_argument("--model", required=required, help=f"checkpoint dir, 'demo', or a preset: {', '.join(PRESETS)}")
-    p.add_argument("--dtype", default=None, help="override the checkpoint dtype (sizes scale with it)")
-    p.add_argument("--vram-budget", type=parse_size, required=required, help="total VRAM to plan for, e.g. 20GiB")
-    p.add_argument("--max-concurrency", type=int, default=4)
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-trace", default=None, help="KV workload (JSONL of requests, AgentInstruct sessions, ...)")
-    p.add_argument("--t-byte", type=float, default=None, help="seconds per host->device byte (default: probe)")
-    p.add_argument("--recompute-cost", type=float, default=None, help="seconds per recomputed token (default: estimate)")
-    p.add_argument("--reserve", type=parse_size, default=1 << 29, help="activations/workspace reserve (default 512MiB)")
-    p.add_argument("--tokens-per-request", type=int, default=None)
-    p.add_argument("--device", default="auto", help="where to probe the costs: auto, cpu or cuda")
-
-
-def add_parsers(sub) -> None:
-    plan = sub.add_parser("plan", help="split a VRAM budget between expert slots and the KV pool")
-    add_budget_args(plan, required=True)
-    plan.add_argument("--trace", required=True, help="routing trace (.npz/.jsonl, or a shared real trace)")
-    plan.add_argument("--out", default=None, help="write the plan JSON here (default: stdout)")
-    plan.add_argument("--plot", default=None, help="write a PNG with both miss curves and T(f)")
-
-    sim = sub.add_parser("sim", help="replay a routing trace under cache policies and allocator arms")
-    sim.add_argument("--trace", required=True)
-    sim.add_argument("--policies", default="lru,opt,lfu,static", help=f"comma list of: {', '.join(POLICIES)}")
-    sim.add_argument("--caps", default=None, help="comma list of capacities (default: top_k..N, up to 12 values)")
-    sim.add_argument("--json", default=None, help="also write the results as JSON here")
-    sim.add_argument("--plot", default=None, help="write a PNG of hit rate against capacity per policy")
-    add_budget_args(sim, required=False)
 
 
 def _plan_inputs(args):

@@ -7,7 +7,8 @@ Invariants:
 - Every error a client can cause is an OpenAI error object ({"error": {message, type, param, code}}):
   bad JSON / wrong types / unsupported options / too long -> 400, missing or wrong bearer key on /v1
   -> 401, unknown model or route -> 404, engine shutting down -> 503.
-- All state (engine, metrics, chat template, key) lives in this function's closure or `app.state`.
+- All state (engine, metrics, chat template, key) lives in `app.state`, the route closures and the
+  `_Generator` that `build_app` makes for them; nothing is module-global.
 - The lifespan starts the engine thread and, on shutdown, aborts what is left and joins it.
 """
 
@@ -112,10 +113,24 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None = None) -> FastAPI:
+    """The app serving `engine` as `served_model_name` (with `api_key`, /v1 routes need it)."""
     metrics = ServerMetrics(engine.stats)
     engine.add_observer(metrics)
-    chat_template = ChatTemplate(engine.chat_template, engine.special_tokens)
-    created = now()
+    generator = _Generator(engine, served_model_name, ChatTemplate(engine.chat_template, engine.special_tokens))
+    app = FastAPI(title="wisp", lifespan=_lifespan(engine), docs_url=None, redoc_url=None)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    app.state.served_model_name = served_model_name
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)
+    _install_error_handlers(app)
+    _add_info_routes(app, engine, metrics, served_model_name)
+    _add_generation_routes(app, generator)
+    return app
+
+
+def _lifespan(engine: AsyncEngine):
+    """Start the engine thread with the app; on shutdown abort what is left and join it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -125,41 +140,12 @@ def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None =
         finally:
             await asyncio.to_thread(engine.shutdown)
 
-    app = FastAPI(title="wisp", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.engine = engine
-    app.state.metrics = metrics
-    app.state.served_model_name = served_model_name
-    if api_key:
-        app.add_middleware(BearerAuth, api_key=api_key)
-    _install_error_handlers(app)
+    return lifespan
 
-    def check_model(name: str) -> None:
-        if name != served_model_name:
-            raise APIError(404, f"The model `{name}` does not exist; this server serves `{served_model_name}`.",
-                           param="model", code="model_not_found")
 
-    def encode(text: str) -> list[int]:
-        if engine.tokenizer is None:
-            raise WispError("this model has no tokenizer.json: send the prompt as a list of token ids")
-        return engine.tokenizer.encode(text)
-
-    def max_tokens_for(req, prompt_len: int, default: int | None, prompt_param: str) -> int:
-        limit = engine.max_model_len
-        if prompt_len == 0:
-            raise APIError(400, "the prompt is empty (it encodes to no tokens)", param=prompt_param)
-        requested = req.requested_max_tokens()
-        max_tokens = requested if requested is not None else max(1, limit - prompt_len if default is None
-                                                                  else min(default, limit - prompt_len))
-        if prompt_len + max_tokens > limit:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the completion). "
-                "Please reduce the length of the prompt or max_tokens.",
-                param="max_tokens" if requested is not None else prompt_param,
-                code="context_length_exceeded",
-            )
-        return max_tokens
+def _add_info_routes(app: FastAPI, engine: AsyncEngine, metrics: ServerMetrics, served_model_name: str) -> None:
+    """GET /health, /metrics and /v1/models."""
+    created = now()
 
     @app.get("/health")
     async def health():
@@ -176,36 +162,85 @@ def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None =
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=served_model_name, created=created, max_model_len=engine.max_model_len)])
 
-    async def generate(req, request: Request, prompt_ids: list[int], default_max: int | None, field: str,
-                       prefix: str, chunks, whole):
-        """Submit one request; stream it as SSE through `chunks`, or wait and build `whole(id, output)`."""
-        params = req.sampling_params(max_tokens_for(req, len(prompt_ids), default_max, field))
-        request_id = new_id(prefix)
-        stream = await engine.submit(request_id, prompt_ids, params)
-        if req.stream:
-            events = sse_events(stream, chunks(request_id, now(), served_model_name), req.stop_strings,
-                                req.include_usage, len(prompt_ids))
-            return StreamingResponse(events, media_type="text/event-stream")
-        out = await final_output(stream, request)
-        return whole(request_id, out, Usage.of(len(prompt_ids), len(out.token_ids)))
+
+def _add_generation_routes(app: FastAPI, generator: "_Generator") -> None:
+    """POST /v1/completions and /v1/chat/completions."""
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
-        check_model(req.model)
-        prompt_ids = encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
-        return await generate(req, request, prompt_ids, DEFAULT_COMPLETION_TOKENS, "prompt", "cmpl", CompletionChunks,
-                              lambda rid, out, usage: Completion(
-                                  id=rid, created=now(), model=served_model_name, usage=usage,
-                                  choices=[CompletionChoice(text=out.text, finish_reason=out.finish_reason)]))
+        generator.check_model(req.model)
+        prompt_ids = generator.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+        return await generator.generate(req, request, prompt_ids, DEFAULT_COMPLETION_TOKENS, "prompt", "cmpl",
+                                        CompletionChunks, _completion)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
-        check_model(req.model)
-        prompt_ids = encode(chat_template.render([m.template_dict() for m in req.messages]))
-        return await generate(req, request, prompt_ids, None, "messages", "chatcmpl", ChatChunks,
-                              lambda rid, out, usage: ChatCompletion(
-                                  id=rid, created=now(), model=served_model_name, usage=usage,
-                                  choices=[ChatChoice(message=AssistantMessage(content=out.text),
-                                                      finish_reason=out.finish_reason)]))
+        generator.check_model(req.model)
+        prompt_ids = generator.encode(generator.chat_template.render([m.template_dict() for m in req.messages]))
+        return await generator.generate(req, request, prompt_ids, None, "messages", "chatcmpl", ChatChunks,
+                                        _chat_completion)
 
-    return app
+
+def _completion(request_id: str, out, usage: Usage, model: str) -> Completion:
+    return Completion(id=request_id, created=now(), model=model, usage=usage,
+                      choices=[CompletionChoice(text=out.text, finish_reason=out.finish_reason)])
+
+
+def _chat_completion(request_id: str, out, usage: Usage, model: str) -> ChatCompletion:
+    choice = ChatChoice(message=AssistantMessage(content=out.text), finish_reason=out.finish_reason)
+    return ChatCompletion(id=request_id, created=now(), model=model, usage=usage, choices=[choice])
+
+
+def max_tokens_for(req, prompt_len: int, limit: int, default: int | None, prompt_param: str) -> int:
+    """The completion length of a request: its own max_tokens, else `default` (None: the rest of the
+    context), capped by the context; a request past the `limit` of prompt + completion is a 400."""
+    if prompt_len == 0:
+        raise APIError(400, "the prompt is empty (it encodes to no tokens)", param=prompt_param)
+    requested = req.requested_max_tokens()
+    max_tokens = requested if requested is not None else max(1, limit - prompt_len if default is None
+                                                              else min(default, limit - prompt_len))
+    if prompt_len + max_tokens > limit:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the completion). "
+            "Please reduce the length of the prompt or max_tokens.",
+            param="max_tokens" if requested is not None else prompt_param,
+            code="context_length_exceeded",
+        )
+    return max_tokens
+
+
+class _Generator:
+    """What the two generation routes share: the model-name check, prompt encoding, and submitting one
+    request to the engine (streamed as server-sent events, or waited for and returned whole)."""
+
+    def __init__(self, engine: AsyncEngine, served_model_name: str, chat_template: ChatTemplate):
+        self.engine = engine
+        self.served_model_name = served_model_name
+        self.chat_template = chat_template
+
+    def check_model(self, name: str) -> None:
+        if name != self.served_model_name:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.served_model_name}`.",
+                           param="model", code="model_not_found")
+
+    def encode(self, text: str) -> list[int]:
+        if self.engine.tokenizer is None:
+            raise WispError("this model has no tokenizer.json: send the prompt as a list of token ids")
+        return self.engine.tokenizer.encode(text)
+
+    async def generate(self, req, request: Request, prompt_ids: list[int], default_max: int | None, field: str,
+                       prefix: str, chunks, whole):
+        """Submit one request; stream it as SSE through `chunks`, or wait and build `whole(id, output, usage,
+        model)`."""
+        limit = self.engine.max_model_len
+        params = req.sampling_params(max_tokens_for(req, len(prompt_ids), limit, default_max, field))
+        request_id = new_id(prefix)
+        stream = await self.engine.submit(request_id, prompt_ids, params)
+        if req.stream:
+            events = sse_events(stream, chunks(request_id, now(), self.served_model_name), req.stop_strings,
+                                req.include_usage, len(prompt_ids))
+            return StreamingResponse(events, media_type="text/event-stream")
+        out = await final_output(stream, request)
+        return whole(request_id, out, Usage.of(len(prompt_ids), len(out.token_ids)), self.served_model_name)

@@ -1,0 +1,93 @@
+"""The import rules of docs/architecture.md, checked on every import statement under wisp/.
+
+1. Layers: a package imports only from its own layer and the layers below it
+   (0 errors, cli_args; 1 core; 2 config, models, trace; 3 plan; 4 engine; 5 server, bench; 6 cli).
+   So the core (pager, kernels) never reaches the engine, server or CLI, and planning never the engine.
+2. The core imports nothing but itself and `wisp.errors`, so other front ends can reuse it alone.
+3. The modules that define the command line's arguments import neither torch nor the engine at module
+   level, so `wisp --help` stays instant (tests/test_cli_args.py checks the whole import closure).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+WISP = Path(__file__).resolve().parent.parent / "wisp"
+LAYERS = {
+    "wisp.errors": 0, "wisp.cli_args": 0,
+    "wisp.core": 1,
+    "wisp.config": 2, "wisp.models": 2, "wisp.trace": 2,
+    "wisp.plan": 3,
+    "wisp.engine": 4,
+    "wisp.server": 5, "wisp.bench": 5,
+    "wisp.cli": 6, "wisp.__main__": 6, "wisp": 6,  # wisp/__init__.py re-exports the engine's API lazily
+}
+# module file -> the only wisp modules (and their submodules) it may import at module level
+ARGUMENT_MODULES = {
+    "cli_args.py": (),
+    "plan/args.py": ("wisp.cli_args", "wisp.models.presets"),
+    "bench/args.py": ("wisp.cli_args",),
+    "cli.py": ("wisp.cli_args", "wisp.plan.args", "wisp.bench.args", "wisp.errors"),
+}
+HEAVY = ("torch", "numpy", "triton", "transformers", "fastapi", "uvicorn", "wisp.engine", "wisp.core", "wisp.config")
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(WISP.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> int:
+    """The layer of a wisp module: its longest listed prefix."""
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return LAYERS[best]
+
+
+def imported_names(tree: ast.AST) -> list[str]:
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return names
+
+
+def module_level_imports(tree: ast.Module) -> list[str]:
+    """Imports run when the module is imported (not those inside functions, which run on use)."""
+    return imported_names(ast.Module(body=[n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))],
+                                     type_ignores=[]))
+
+
+SOURCES = sorted(WISP.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    for path in SOURCES:
+        layer_of(module_of(path))  # raises if no listed package owns it
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(WISP)))
+def test_imports_go_down_the_layers(path):
+    here = layer_of(module_of(path))
+    for name in imported_names(ast.parse(path.read_text())):
+        if name == "wisp" or name.startswith("wisp."):
+            assert layer_of(name) <= here, f"{module_of(path)} (layer {here}) imports {name} (layer {layer_of(name)})"
+
+
+def test_core_imports_only_core_and_errors():
+    for path in (WISP / "core").glob("*.py"):
+        for name in imported_names(ast.parse(path.read_text())):
+            if name.startswith("wisp"):
+                assert name.startswith(("wisp.core", "wisp.errors")), f"core/{path.name} imports {name}"
+
+
+@pytest.mark.parametrize("file, allowed", ARGUMENT_MODULES.items())
+def test_argument_modules_import_no_torch(file, allowed):
+    for name in module_level_imports(ast.parse((WISP / file).read_text())):
+        assert not name.startswith(HEAVY), f"wisp/{file} imports {name}"
+        if name.startswith("wisp"):
+            assert name.startswith(allowed), f"wisp/{file} imports {name}"

@@ -1,0 +1,111 @@
+"""What every `wisp` parser shares: the parser class, the argument types, the option groups and the
+names the command line offers.
+
+Invariant: this module imports neither torch nor the engine, so `wisp --help` (and a typo caught by
+argparse) answers without loading them; tests/core/test_dependency_rule.py enforces it. The option
+names below are the command line's copy of the engine's registries (wisp.config, wisp.trace.policies);
+tests/test_cli_args.py pins each copy to its registry.
+
+Bad input is one line on stderr and exit status 2, never a traceback: `Parser.error` goes through `fail`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from typing import NoReturn
+
+MODES = ("paged", "resident", "offload", "zero-copy")  # wisp.config.MODES
+MOE_BACKENDS = ("auto", "torch", "triton")  # wisp.config.MOE_BACKENDS
+ATTENTION_BACKENDS = ("auto", "torch", "triton")  # wisp.config.ATTENTION_BACKENDS
+DTYPES = ("float32", "bfloat16", "float16")  # the keys of wisp.config.DTYPES
+CACHE_POLICIES = ("lru", "opt", "lfu", "static")  # wisp.trace.policies.POLICIES
+MAX_NUM_BATCHED_TOKENS = 2048  # EngineConfig.max_num_batched_tokens's default
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one `wisp: error:` line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{self.prog}: {message}")
+
+
+def fail(message: str) -> NoReturn:
+    # one line, whatever the message holds (hub and safetensors errors can span several)
+    message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    print(f"wisp: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def parse_token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("--prompt-ids is empty")
+    return ids
+
+
+def parse_positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def parse_port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
+    return value
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'2GiB' -> 2*2**30, '512MiB', '1.5GB' -> 1.5e9, '1e9' -> 10**9, '4096' -> 4096 (bytes, > 0)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a size like 2GiB, 512MiB, 1e9 or 4096, got {text!r}")
+    number, prefix, binary = match.groups()
+    power = "kmgt".find(prefix.lower()) + 1 if prefix else 0
+    if binary and not prefix:
+        raise argparse.ArgumentTypeError(f"expected a size like 2GiB, 512MiB, 1e9 or 4096, got {text!r}")
+    scaled = float(number) * ((1024 if binary else 1000) ** power)
+    if not math.isfinite(scaled):
+        raise argparse.ArgumentTypeError(f"size {text!r} is not a finite number of bytes")
+    value = int(scaled)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
+    return value
+
+
+def add_backend_args(p: argparse.ArgumentParser) -> None:
+    """Where and how the engine runs: --device, the two kernel backends, --enforce-eager (every command)."""
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--moe-backend", choices=MOE_BACKENDS, default="auto",
+                   help="fused-MoE implementation (auto: triton on CUDA, torch on the CPU)")
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                   help="paged attention (auto: triton on CUDA, torch on the CPU)")
+    p.add_argument("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
+
+
+def add_engine_args(p: argparse.ArgumentParser, record_help: str) -> None:
+    """The engine options `generate` and `serve` share."""
+    p.add_argument("--model", required=True, help="checkpoint directory, or 'demo' for the built-in tiny MoE")
+    p.add_argument("--mode", choices=MODES, default="paged")
+    p.add_argument("--expert-cap", type=int, default=None, help="scratch slots per MoE layer (paged mode)")
+    add_backend_args(p)
+    p.add_argument("--max-num-batched-tokens", type=parse_positive_int, default=MAX_NUM_BATCHED_TOKENS,
+                   help="tokens per engine step: decodes first, then prefill chunks (a longer prompt is chunked)")
+    p.add_argument("--record-routing", default=None, metavar="FILE", help=record_help)

@@ -1,0 +1,42 @@
+"""The arguments of `wisp plan` and `wisp sim` (their implementations are in wisp/plan/commands.py).
+
+Invariant: imports neither torch nor the engine (see wisp/cli_args.py), so building the parser is cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from wisp.cli_args import CACHE_POLICIES, parse_size
+from wisp.models.presets import PRESETS
+
+
+def add_budget_args(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--model", required=required, help=f"checkpoint dir, 'demo', or a preset: {', '.join(PRESETS)}")
+    p.add_argument("--dtype", default=None, help="override the checkpoint dtype (sizes scale with it)")
+    p.add_argument("--vram-budget", type=parse_size, required=required, help="total VRAM to plan for, e.g. 20GiB")
+    p.add_argument("--max-concurrency", type=int, default=4)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-trace", default=None, help="KV workload (JSONL of requests, AgentInstruct sessions, ...)")
+    p.add_argument("--t-byte", type=float, default=None, help="seconds per host->device byte (default: probe)")
+    p.add_argument("--recompute-cost", type=float, default=None, help="seconds per recomputed token (default: estimate)")
+    p.add_argument("--reserve", type=parse_size, default=1 << 29, help="activations/workspace reserve (default 512MiB)")
+    p.add_argument("--tokens-per-request", type=int, default=None)
+    p.add_argument("--device", default="auto", help="where to probe the costs: auto, cpu or cuda")
+
+
+def add_parsers(sub) -> None:
+    plan = sub.add_parser("plan", help="split a VRAM budget between expert slots and the KV pool")
+    add_budget_args(plan, required=True)
+    plan.add_argument("--trace", required=True, help="routing trace (.npz/.jsonl, or a shared real trace)")
+    plan.add_argument("--out", default=None, help="write the plan JSON here (default: stdout)")
+    plan.add_argument("--plot", default=None, help="write a PNG with both miss curves and T(f)")
+
+    sim = sub.add_parser("sim", help="replay a routing trace under cache policies and allocator arms")
+    sim.add_argument("--trace", required=True)
+    sim.add_argument("--policies", default="lru,opt,lfu,static", help=f"comma list of: {', '.join(CACHE_POLICIES)}")
+    sim.add_argument("--caps", default=None, help="comma list of capacities (default: top_k..N, up to 12 values)")
+    sim.add_argument("--json", default=None, help="also write the results as JSON here")
+    sim.add_argument("--plot", default=None, help="write a PNG of hit rate against capacity per policy")
+    add_budget_args(sim, required=False)
