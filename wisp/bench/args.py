@@ -19,10 +19,7 @@ def add_parser(sub) -> None:
 
 def _add_decode_parser(kinds) -> None:
     dec = kinds.add_parser("decode", help="batch-1 decode in one or more expert modes")
-    dec.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
-    dec.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
-    dec.add_argument("--mode", default="paged", help="comma list of paged, resident, offload, zero-copy, accelerate")
-    dec.add_argument("--expert-cap", default=None, help="comma list of caps for paged runs")
+    _add_model_and_modes(dec, "paged", "paged, resident, offload, zero-copy, accelerate")
     dec.add_argument("--prompt-len", type=int, default=128)
     dec.add_argument("--batch", default="1", help="comma list: requests decoded together (one token each per step)")
     dec.add_argument("--decode-tokens", type=int, default=128)
@@ -38,13 +35,18 @@ def _add_decode_parser(kinds) -> None:
 
 def _add_prefill_parser(kinds) -> None:
     pre = kinds.add_parser("prefill", help="cold time to first token against prompt length")
-    pre.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
-    pre.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
-    pre.add_argument("--mode", default="resident,paged", help="comma list of paged, resident, offload, zero-copy")
-    pre.add_argument("--expert-cap", default=None, help="comma list of caps for paged runs")
+    _add_model_and_modes(pre, "resident,paged", "paged, resident, offload, zero-copy")
     pre.add_argument("--prompt-len", default="128,512,2048", help="comma list of prompt lengths")
     pre.add_argument("--max-num-batched-tokens", type=int, default=MAX_NUM_BATCHED_TOKENS,
                      help="the engine's token budget per step (prefill chunk size)")
     add_backend_args(pre)
     pre.add_argument("--out", default=None, help="write the records as a JSON list here")
     pre.add_argument("--plot", default=None, help="draw TTFT against prompt length into this PNG")
+
+
+def _add_model_and_modes(p, default_modes: str, modes: str) -> None:
+    """What every bench runs: a model (or a shape preset) and the expert modes and caps to compare."""
+    p.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
+    p.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    p.add_argument("--mode", default=default_modes, help=f"comma list of {modes}")
+    p.add_argument("--expert-cap", default=None, help="comma list of caps for paged runs")
