@@ -33,7 +33,7 @@ def test_parse_size_rejects(text):
 
 def test_option_names_match_the_engine():
     from wisp import config
-    from wisp.trace.policies import POLICIES
+    from wisp.plan.policies import POLICIES
 
     assert cli_args.MODES == config.MODES
     assert cli_args.MOE_BACKENDS == config.MOE_BACKENDS
@@ -56,7 +56,7 @@ for argv in json.loads(sys.argv[1]):
             assert exc.code == 0, (argv, exc.code)
     helps[" ".join(argv)] = out.getvalue()
 print(json.dumps({"helps": helps, "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "numpy")
-                                                   or m.startswith(("wisp.engine", "wisp.core", "wisp.planner")))}))
+                                                   or m.startswith(("wisp.engine", "wisp.core", "wisp.plan.planner", "wisp.plan.commands")))}))
 """
 
 
