@@ -44,8 +44,7 @@ def allocator_arms(plan: Plan, num_experts: int) -> list[Arm]:
                    p.expert_cost * exp_misses + p.kv_cost * kv_misses)
 
     best = latency(p, exp, kv, plan.report.expert_cap)
-    half = _clamp(p, (p.budget_bytes // 2) // p.slot_bytes)
-    blind = _clamp(p, (p.budget_bytes - p.kv_floor * p.block_bytes) // p.slot_bytes)
+    half, blind = half_half_cap(p), kv_blind_cap(p)
     layers = len(plan.per_layer_caps)
     layer_buffer = num_experts * p.slot_bytes // layers  # all experts of one layer
     return [
@@ -58,3 +57,13 @@ def allocator_arms(plan: Plan, num_experts: int) -> list[Arm]:
 
 def _clamp(p: SplitProblem, cap: int) -> int:
     return max(p.min_cap, min(p.max_cap, cap))
+
+
+def half_half_cap(p: SplitProblem) -> int:
+    """The "50-50" arm's cap: half the pageable bytes in expert slots."""
+    return _clamp(p, (p.budget_bytes // 2) // p.slot_bytes)
+
+
+def kv_blind_cap(p: SplitProblem) -> int:
+    """The "kv-blind" arm's cap: every slot that fits beside the admission floor's KV blocks."""
+    return _clamp(p, (p.budget_bytes - p.kv_floor * p.block_bytes) // p.slot_bytes)
