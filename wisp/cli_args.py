@@ -2,9 +2,8 @@
 names the command line offers.
 
 Invariant: this module imports neither torch nor the engine, so `wisp --help` (and a typo caught by
-argparse) answers without loading them; tests/core/test_dependency_rule.py enforces it. The option
-names below are the command line's copy of the engine's registries (wisp.config, wisp.trace.policies);
-tests/test_cli_args.py pins each copy to its registry.
+argparse) answers without loading them; tests/test_layering.py enforces it. The option names come from
+`wisp.options`, which the engine's config and the planner read too.
 
 Bad input is one line on stderr and exit status 2, never a traceback: `Parser.error` goes through `fail`.
 """
@@ -17,12 +16,8 @@ import re
 import sys
 from typing import NoReturn
 
-MODES = ("paged", "resident", "offload", "zero-copy")  # wisp.config.MODES
-MOE_BACKENDS = ("auto", "torch", "triton")  # wisp.config.MOE_BACKENDS
-ATTENTION_BACKENDS = ("auto", "torch", "triton")  # wisp.config.ATTENTION_BACKENDS
-DTYPES = ("float32", "bfloat16", "float16")  # the keys of wisp.config.DTYPES
-CACHE_POLICIES = ("lru", "opt", "lfu", "static")  # wisp.trace.policies.POLICIES
-MAX_NUM_BATCHED_TOKENS = 2048  # EngineConfig.max_num_batched_tokens's default
+from wisp.options import ATTENTION_BACKENDS, CACHE_POLICIES, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS
+from wisp.options import DTYPE_NAMES as DTYPES
 
 
 class Parser(argparse.ArgumentParser):

@@ -18,11 +18,9 @@ import torch
 
 from wisp.errors import WispError
 from wisp.models.families import Family, family_for_architecture
+from wisp.options import ATTENTION_BACKENDS, DTYPE_NAMES, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS
 
-MODES = ("paged", "resident", "offload", "zero-copy")
-MOE_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch on the CPU
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
@@ -180,7 +178,7 @@ class EngineConfig:
     max_concurrency: int = 4  # W: requests running at once, and the promise the floor protects
     max_model_len: int | None = None  # L: prompt + output tokens; default min(max_position_embeddings, 4096)
     enable_prefix_caching: bool = True
-    max_num_batched_tokens: int = 2048  # tokens per step: decodes, then prefill chunks (chunked prefill)
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS  # tokens per step: decodes, then prefill chunks (chunked prefill)
     per_layer_caps: tuple[int, ...] | None = None  # one cap per MoE layer (a plan's uneven caps), paged mode
     moe_backend: str = "auto"  # "torch" (the reference, CPU and CUDA), "triton" (CUDA), auto: triton on CUDA
     attention_backend: str = "auto"  # "torch" (reference) or "triton" (CUDA; same fixed order, one kernel)

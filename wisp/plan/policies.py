@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from wisp.options import CACHE_POLICIES as POLICIES
 from wisp.plan.miss_curves import expert_miss_curve, expert_sets
 
-POLICIES = ("lru", "opt", "lfu", "static")
 OUT_OF_DOMAIN = -1  # miss_table's entry where a demand policy cannot run (C < largest step set)
 
 

@@ -1,0 +1,10 @@
+"""The names of wisp's choices (expert modes, kernel backends, dtypes, cache policies) and the token
+budget's default, in one torch-free place: the engine's config and the command line both read them here,
+so `wisp --help` can list them without loading torch."""
+
+MODES = ("paged", "resident", "offload", "zero-copy")
+MOE_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch on the CPU
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+CACHE_POLICIES = ("lru", "opt", "lfu", "static")  # the replacement policies `wisp sim` replays
+MAX_NUM_BATCHED_TOKENS = 2048  # tokens per engine step (decodes, then prefill chunks)
