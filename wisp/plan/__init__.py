@@ -11,7 +11,7 @@ One concept per module:
 - `commands`: `wisp plan` and `wisp sim`.
 
 Dependency rule: this package may import wisp.core, wisp.trace, wisp.models, wisp.config and
-wisp.errors, never wisp.engine, wisp.server, wisp.cli or wisp.bench (tests/core/test_dependency_rule.py);
+wisp.errors, never wisp.engine, wisp.server, wisp.cli or wisp.bench (tests/test_layering.py);
 the engine's warm-up and the bench import it, not the other way round.
 
 The paper's symbols and their names in code (the symbols are used nowhere else in code):
