@@ -58,21 +58,19 @@ class Resize:
     reason: str
 
 
-class _Rate:
-    """A decayed count of references per unit (token or request), forgotten like the histogram."""
+class _UnitsSeen:
+    """Tokens (or requests) seen, forgotten per reference at the histogram's pace, so that the
+    histogram's decayed `total` over it is the recent references per token (or request)."""
 
     def __init__(self, half_life: float | None):
         self.factor = 1.0 if half_life is None else 2.0 ** (-1.0 / half_life)
-        self.refs = self.units = 0.0
+        self.value = 0.0
 
     def add(self, refs: int, units: int) -> None:
-        keep = self.factor ** refs
-        self.refs = self.refs * keep + refs
-        self.units = self.units * keep + units
+        self.value = self.value * self.factor ** refs + units
 
-    @property
-    def per_unit(self) -> float:
-        return self.refs / self.units if self.units > 0 else 0.0
+    def per_unit(self, histogram: DecayedHistogram) -> float:
+        return histogram.total / self.value if self.value > 0 else 0.0
 
 
 class SplitController:
@@ -89,26 +87,26 @@ class SplitController:
         max_blocks = max(p.kv_blocks(p.min_cap), 1)
         self._experts = DecayedHistogram(p.max_cap, config.half_life)
         self._kv = DecayedHistogram(max_blocks, config.half_life)
-        self._expert_rate, self._kv_rate = _Rate(config.half_life), _Rate(config.half_life)
+        self._tokens, self._requests = _UnitsSeen(config.half_life), _UnitsSeen(config.half_life)
 
     # -- what it is fed -------------------------------------------------------------------------------
     def observe_experts(self, distances: Iterable[int], tokens: int) -> None:
         """Stack distances of the expert references of `tokens` tokens (all MoE layers)."""
         d = list(distances)
         self._experts.add_many(d)
-        self._expert_rate.add(len(d), tokens)
+        self._tokens.add(len(d), tokens)
 
     def observe_kv(self, distances: Iterable[int]) -> None:
         """Stack distances of one request's full KV blocks (`wisp.plan.miss_curves.kv_stack_distances`)."""
         d = list(distances)
         self._kv.add_many(d)
-        self._kv_rate.add(len(d), 1)
+        self._requests.add(len(d), 1)
 
     # -- what it answers ------------------------------------------------------------------------------
     def curves(self) -> tuple[np.ndarray, np.ndarray]:
         """(expert misses per token by cap, KV block misses per request by pool size), recent past."""
-        expert = self._experts.miss_curve() * self._expert_rate.per_unit
-        kv = self._kv.miss_curve() * self._kv_rate.per_unit
+        expert = self._experts.miss_curve() * self._tokens.per_unit(self._experts)
+        kv = self._kv.miss_curve() * self._requests.per_unit(self._kv)
         return expert, kv
 
     def marginal_values(self) -> tuple[float, float]:
@@ -123,7 +121,7 @@ class SplitController:
         """One engine step passed; every `resolve_every` steps, re-solve and maybe adopt a new split."""
         self.steps += 1
         cfg = self.config
-        if self.steps % cfg.resolve_every or self._expert_rate.refs < cfg.min_observations:
+        if self.steps % cfg.resolve_every or self._experts.total < cfg.min_observations:
             return None
         expert, kv = self.curves()
         best = split(cfg.problem, expert, kv)
