@@ -13,7 +13,9 @@ have to span the whole chain to serve wrong KV (and the keys are 128-bit BLAKE2b
 Invariants (`check_integrity`): free + cached + used == num_blocks; a block's refcount equals the
 number of block tables holding it; a cached block's tokens are the tokens its key claims.
 
-The pool is pure bookkeeping (no tensors), so it can be resized whenever no block is used.
+The pool is pure bookkeeping (no tensors). `resize` (nothing in use) starts it afresh; `resize_live`
+resizes while requests run: it keeps every used block and as many cached ones as fit, packed into the
+lowest ids, and returns the moves for the engine to apply to the KV tensors and the block tables.
 """
 
 from __future__ import annotations
@@ -141,6 +143,36 @@ class BlockPool:
         if self.num_used:
             raise RuntimeError(f"cannot resize the KV pool while {self.num_used} blocks are in use")
         self._reset(num_blocks)
+
+    def resize_live(self, num_blocks: int) -> dict[int, int]:
+        """Resize while blocks are in use. Afterwards the used and the kept cached blocks occupy ids
+        0..k-1 (so the KV tensors need keep only their first k blocks); cached blocks are kept most
+        recently used first while room lasts, the rest evicted. Returns {old id: new id} for every block
+        that moved (the caller copies their KV and rewrites the block tables). RuntimeError if the used
+        blocks alone exceed num_blocks."""
+        if self.num_used > num_blocks:
+            raise RuntimeError(f"cannot shrink the KV pool to {num_blocks} blocks: {self.num_used} are in use")
+        used = [b for b in range(self.num_blocks) if self.refcount[b] > 0]
+        cached = list(self.cached)[::-1][: num_blocks - len(used)]  # most recently used first
+        keep = sorted(used + cached)
+        state = [(self.refcount[b], self.key[b], self.tokens[b], self.parent[b]) for b in keep]
+        kept, kept_cached = set(keep), set(cached)
+        recency = [b for b in self.cached if b in kept_cached]  # least recently used first
+        holes = iter(i for i in range(len(keep)) if i not in kept)
+        moves = {b: next(holes) for b in keep if b >= len(keep)}
+        new_id = {b: moves.get(b, b) for b in keep}
+        counters = self.counters
+        self._reset(num_blocks)
+        self.counters = counters
+        self.free = deque(range(len(keep), num_blocks))
+        for b, (ref, key, tokens, parent) in zip(keep, state):
+            i = new_id[b]
+            self.refcount[i], self.key[i], self.tokens[i], self.parent[i] = ref, key, tokens, parent
+            if key is not None:
+                self.by_key[key] = i
+        self.cached = OrderedDict((new_id[b], None) for b in recency)
+        self.num_used = len(used)
+        return moves
 
     def reset_peak(self) -> None:
         self.counters.peak_blocks_used = self.num_used

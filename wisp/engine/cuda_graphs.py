@@ -4,7 +4,9 @@ A decode step of B sequences (one token each) is captured whole: embedding, ever
 (KV writes and the Triton kernel reading the block tables from a device buffer), router, top-k, the
 MoE store's `forward_graph_safe` (for paged layers the LRU decision and the miss copies run on the device,
 `wisp.core.device_pager`), the final norm and the logits. Inputs live in static buffers (tokens,
-positions, block tables) rewritten before each replay; the logits buffer is the output.
+positions, block tables) rewritten before each replay; the logits buffer is the output. Capture runs the
+step on dummy inputs whose every block table entry is `scratch_block`, a block the caller holds for the
+duration, so capturing never touches another request's KV.
 
 Host syncs per decode step: none inside the graph. Around it: the input copies into the static buffers
 (host -> device) and reading the sampled tokens back. Expert counters stay on the device until stats
@@ -26,12 +28,12 @@ from wisp.models.moe_decoder import MoEDecoder
 
 
 class DecodeGraphs:
-    def __init__(self, model: MoEDecoder, cache: KVCache, max_batch: int, max_blocks: int):
+    def __init__(self, model: MoEDecoder, cache: KVCache, max_batch: int, max_blocks: int, scratch_block: int):
         self.model, self.cache, self.max_batch = model, cache, max_batch
         dev = model.device
         self.tokens = torch.zeros((max_batch,), dtype=torch.int64, device=dev)
         self.positions = torch.zeros((max_batch,), dtype=torch.int64, device=dev)
-        self.tables = torch.zeros((max_batch, max_blocks), dtype=torch.int32, device=dev)
+        self.tables = torch.full((max_batch, max_blocks), scratch_block, dtype=torch.int32, device=dev)
         self._staging = torch.zeros((max_batch * (2 + max_blocks),), dtype=torch.int64, pin_memory=True)
         self._staged = torch.cuda.Event()  # the last copy out of the staging buffer
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}

@@ -167,43 +167,43 @@ class LLMEngine:
         finally:
             self.pool.release(table)
 
-    def resize_kv(self, num_blocks: int, capture: bool = True) -> None:
-        """Shrink or grow the KV pool; only when no request is running (the prefix cache is dropped)."""
-        if self.scheduler.running:
-            raise WispError(f"cannot resize the KV pool while {len(self.scheduler.running)} requests run")
+    def resize_kv(self, num_blocks: int) -> None:
+        """Shrink or grow the KV pool between steps, requests running or not (see `apply_plan`)."""
         self.check_floor(num_blocks)
         self.runner.drop_graphs()  # they point at the old KV tensors
-        self.pool.resize(num_blocks)
-        self.kv.resize(num_blocks)
-        if capture:
-            self.runner.capture_graphs()
+        self._resize_kv_tensors(num_blocks)
+        self.runner.capture_graphs()
 
     def apply_plan(self, expert_caps: list[int], kv_blocks: int) -> None:
-        """Resize both pools at a drained moment: each paged layer's scratch to its cap, the KV pool to
-        kv_blocks. The shrinking side is freed before the other grows; outputs stay bit-identical."""
-        if self.scheduler.running:
-            raise WispError(f"cannot apply a plan while {len(self.scheduler.running)} requests run")
+        """Resize both pools between steps, without draining: each paged layer's scratch to its cap (it
+        refills on demand) and the KV pool to kv_blocks, keeping every used block and the most recently
+        used cached ones (`BlockPool.resize_live`). The shrinking side goes first, so the two never hold
+        their larger sizes at once; no request is preempted while kv_blocks holds the admission floor
+        (every running request fits in it). Outputs stay bit-identical: KV blocks are copied bit for bit
+        and a token's MoE result does not depend on which slots hold its experts."""
         self.check_floor(kv_blocks)
         cfg = EngineConfig(**{**self.config.__dict__, "per_layer_caps": tuple(expert_caps), "expert_cap": None})
         caps = dict(zip(self.model_config.moe_layer_ids, cfg.resolve_layer_caps(self.model_config)))
         paged = {li: s for li, s in self.model.experts.items() if isinstance(s, PagedExperts)}
         if len(paged) != len(caps):
             raise WispError("a plan's expert caps apply to --mode paged only")
-        self.runner.drop_graphs()  # they point at the old scratches
-        self._resize_pools(paged, caps, kv_blocks)
+        self.runner.drop_graphs()  # they point at the old scratches and KV tensors
+        kv_shrinks = kv_blocks < self.pool.num_blocks
+        if kv_shrinks:
+            self._resize_kv_tensors(kv_blocks)
+        for li, store in paged.items():
+            store.resize(caps[li])
+        if not kv_shrinks:
+            self._resize_kv_tensors(kv_blocks)
         self.config = self.runner.config = cfg
         self.expert_cap = max(caps.values())
         self.runner.capture_graphs()
 
-    def _resize_pools(self, paged: dict[int, PagedExperts], caps: dict[int, int], kv_blocks: int) -> None:
-        """The shrinking side first, so the two never hold their larger sizes at once."""
-        kv_shrinks = kv_blocks < self.pool.num_blocks
-        if kv_shrinks:
-            self.resize_kv(kv_blocks, capture=False)
-        for li, store in paged.items():
-            store.resize(caps[li])
-        if not kv_shrinks:
-            self.resize_kv(kv_blocks, capture=False)
+    def _resize_kv_tensors(self, num_blocks: int) -> None:
+        moves = self.pool.resize_live(num_blocks)
+        self.kv.resize_keeping(num_blocks, moves, self.pool.num_used + self.pool.num_cached)
+        for seq in self.scheduler.running:
+            seq.block_table = [moves.get(b, b) for b in seq.block_table]
 
     def stats(self) -> dict:
         stores = self.model.experts

@@ -14,9 +14,9 @@ Extension points (benchmarks and tracing), in place of attributes patched onto t
 
 Invariants: a step samples exactly the sequences whose tokens this step reach their end (a prefill
 chunk short of its prompt's end only writes KV); a decode batch replays a graph only when graphs exist,
-it fits `graph_max_batch`, and no observer is registered; graphs are captured only while the block pool
-holds no data (capture writes block 0), and re-captured by `capture_graphs` after the KV tensors or an
-expert scratch are reallocated.
+it fits `graph_max_batch`, and no observer is registered; capture writes only a block it holds from the
+pool meanwhile (so it may run while requests hold KV), and `capture_graphs` re-captures after the KV
+tensors or an expert scratch are reallocated.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class RoutingObserver(Protocol):
 
 
 class RoutingReplayer(Protocol):
-    def advance(self) -> None:
-        """A new engine step begins: load its replayed choices."""
+    def advance(self, batch: Batch) -> None:
+        """A new engine step begins (`batch`: its sequences and their token counts): load its replayed choices."""
 
     def ids(self, layer: int, topk_ids: torch.Tensor) -> torch.Tensor:
         """The expert ids [T, K] to use at `layer` in place of the router's `topk_ids`."""
@@ -91,15 +91,14 @@ class ModelRunner:
             observer.record(layer, topk_ids, topk_weights)
 
     def set_routing_replay(self, replay: RoutingReplayer | None) -> None:
-        """Route by `replay` from now on (None: by the router again); re-captures the graphs, so only while
-        the block pool holds no data."""
+        """Route by `replay` from now on (None: by the router again); re-captures the graphs."""
         self.replay = replay
         self.model.routing_override = replay
         self.capture_graphs()
 
-    def _begin_step(self) -> None:
+    def _begin_step(self, batch: Batch) -> None:
         if self.replay is not None:
-            self.replay.advance()
+            self.replay.advance(batch)
         for observer in self.observers:
             observer.begin_step()
 
@@ -128,18 +127,26 @@ class ModelRunner:
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:
-        """(Re)capture the decode graphs; only while the pool holds no data (the warm-up writes block 0)."""
+        """(Re)capture the decode graphs, writing only one block taken from the pool meanwhile."""
         self.graphs = None
         if not self.graphs_enabled():
             return
-        assert self.pool.num_used == 0 and self.pool.num_cached == 0, "decode graphs are captured only over an empty pool"
+        peak = self.pool.counters.peak_blocks_used
+        scratch = self.pool.allocate(1)
+        try:
+            self._capture(scratch[0])
+        finally:
+            self.pool.release(scratch)
+            self.pool.counters.peak_blocks_used = peak
+
+    def _capture(self, scratch_block: int) -> None:
         stores = list(self.model.experts.values())
         sync_all_counters(stores)
         before = [replace(s.counters) for s in stores]
         hook, self.model.routing_hook = self.model.routing_hook, None  # observers see traffic, not the warm-up
         try:
             width = -(-self.max_model_len // self.pool.block_size)
-            self.graphs = DecodeGraphs(self.model, self.kv, self.graph_max_batch(), width)
+            self.graphs = DecodeGraphs(self.model, self.kv, self.graph_max_batch(), width, scratch_block)
         finally:
             self.model.routing_hook = hook
         sync_all_counters(stores)
@@ -153,7 +160,7 @@ class ModelRunner:
     def run(self, batch: Batch) -> list[int | None]:
         """Compute the batch's tokens; per sequence the token it sampled, or None where its tokens stop
         short of its end (a prefill chunk: KV written, nothing sampled)."""
-        self._begin_step()
+        self._begin_step(batch)
         if self._replays_graph(batch):
             return self._sample(batch.seqs, self._run_graph(batch.seqs))
         if self.graphs is not None:

@@ -1,7 +1,7 @@
 """RoutingReplay: recorded expert choices in place of the router's (benchmarks only, clearly labelled).
 
 A trace of T tokens x L MoE layers x K (`RoutingTrace`) is replayed one token per engine step. Set it
-with `engine.runner.set_routing_replay(replay)`: before each step the runner calls `advance()`, which
+with `engine.runner.set_routing_replay(replay)`: before each step the runner calls `advance(batch)`, which
 writes the next token's ids into a device buffer [L, K], and the decoder's MoE layers use them (`ids`)
 in place of top-k; the mixing weights are the router's
 probabilities at those experts. While inactive the buffer holds -1 and the router's choice stands, so
@@ -39,8 +39,8 @@ class RoutingReplay:
     def __len__(self) -> int:
         return self.rows.shape[0]
 
-    def advance(self) -> None:
-        """A step begins: load the next trace token (wrapping around) while active, else -1 (router's ids)."""
+    def advance(self, batch=None) -> None:
+        """A step begins (whatever its batch): load the next trace token (wrapping around) while active, else -1 (router's ids)."""
         if self.active:
             self.buf.copy_(self.rows[self.position % len(self)])
             self.position += 1
