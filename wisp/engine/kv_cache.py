@@ -47,6 +47,21 @@ class KVCache:
         self.num_blocks = num_blocks
 
 
+    def resize_keeping(self, num_blocks: int, moves: dict[int, int], keep: int) -> None:
+        """Reallocate with `num_blocks` blocks while requests run: first copy each moved block to its new
+        id, then carry blocks 0..keep-1 over (`BlockPool.resize_live`'s result). The kept blocks wait in
+        host memory while the old tensors are freed, so the device never holds both sizes at once."""
+        if moves:
+            src = torch.tensor(list(moves), device=self.device)
+            dst = torch.tensor(list(moves.values()), device=self.device)
+            for t in (self.k, self.v):
+                t[:, dst] = t[:, src]
+        kept = [t[:, :keep].cpu() for t in (self.k, self.v)]
+        self.resize(num_blocks)
+        for t, saved in zip((self.k, self.v), kept):
+            t[:, :keep].copy_(saved)
+
+
 class BlockTableKV:
     """One sequence's view of the cache: what the model's attention writes to and reads from."""
 
