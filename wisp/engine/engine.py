@@ -23,6 +23,7 @@ from wisp.core.experts import PagedExperts, sync_all_counters
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.detokenizer import IncrementalDetokenizer
 from wisp.engine.kv_cache import KVCache
+from wisp.engine.live_split import LiveSplit
 from wisp.engine.model_runner import ModelRunner
 from wisp.engine.sampling import SamplingParams
 from wisp.engine.scheduler import Scheduler
@@ -65,6 +66,7 @@ class LLMEngine:
         self.model = load_model(_weights(config, cfg, self.path, self.device), cfg, config, self.device)
         self._build_pools(num_blocks)
         self.requests: dict[str, Sequence] = {}
+        self.live_split = None  # the online split controller, when one is registered
         self.runner.capture_graphs()
 
     def _build_pools(self, num_blocks: int) -> None:
@@ -131,6 +133,8 @@ class LLMEngine:
                        detokenizer=detokenizer)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
+        if self.live_split is not None:
+            self.live_split.observe_request(seq.prompt_ids)
 
     def abort_request(self, request_id: str) -> None:
         seq = self.requests.pop(request_id, None)
@@ -152,7 +156,16 @@ class LLMEngine:
         for seq in done:
             if seq.finished:
                 self.requests.pop(seq.request_id, None)
+        if self.live_split is not None:
+            self.live_split.after_step()
         return [_output(seq) for seq in done]
+
+    def set_live_split(self, controller) -> None:
+        """Let the online split controller (`wisp.plan.controller.SplitController`) resize the pools while
+        serving, starting from its current split (None: stop); see `wisp.engine.live_split`."""
+        if self.live_split is not None:
+            self.live_split.close()
+        self.live_split = None if controller is None else LiveSplit(self, controller)
 
     # -- extras -------------------------------------------------------------------------------------
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:

@@ -18,18 +18,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from wisp.errors import WispError
 from wisp.trace.format import RoutingTrace
+from wisp.trace.session_replay import check_trace_fits
 
 
 class RoutingReplay:
     def __init__(self, trace: RoutingTrace, moe_layer_ids: list[int], num_experts: int, top_k: int, device: torch.device):
         ids = np.asarray(trace.ids)  # [T, L, K]
-        if ids.shape[1] != len(moe_layer_ids) or ids.shape[2] != top_k:
-            raise WispError(f"routing trace has {ids.shape[1]} layers x top-{ids.shape[2]}; the model has "
-                            f"{len(moe_layer_ids)} MoE layers x top-{top_k}")
-        if ids.max() >= num_experts:
-            raise WispError(f"routing trace names expert {int(ids.max())}; the model has {num_experts}")
+        check_trace_fits(ids, moe_layer_ids, num_experts, top_k)
         self.rows = torch.from_numpy(ids.astype(np.int64))
         self.buf = torch.full((len(moe_layer_ids), top_k), -1, dtype=torch.int64, device=device)
         self.layer_index = {li: i for i, li in enumerate(moe_layer_ids)}

@@ -1,0 +1,136 @@
+"""LiveSplit: the online split controller (`wisp.plan.controller.SplitController`) driving a running engine.
+
+Registered with `LLMEngine.set_live_split`. It feeds the controller, live, what the offline planner reads
+from traces:
+- KV: each request's prompt blocks on arrival (the prefix cache's chain keys of its full blocks), as stack
+  distances over all requests so far (`LruStack.touch_blocks`);
+- experts: each step's routing per MoE layer, in touch order (`wisp.core.recency`), as stack distances
+  per layer. The routing comes from the engine's routing replay when it keeps the step's rows on the host
+  (`SessionRoutingReplay.last_rows`: no device read; set the replay before the live split), else from a
+  routing observer (decode then runs eagerly, see `wisp.engine.model_runner`).
+After each step the controller may decide a resize; it is applied at once with `LLMEngine.apply_plan`
+(between steps, nothing drained: outputs unchanged, no preemption while the admission floor holds).
+Every applied resize is logged (when, from -> to, why) and kept as a `ResizeEvent` with the seconds it
+stalled serving; `state()` is what `/metrics` exports.
+
+Invariants: the controller never proposes a split beyond the budget or below the floor (its own tests);
+the engine's caps and pool size always equal the controller's current split after `after_step`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from wisp.core.experts import PagedExperts
+from wisp.core.recency import order_by_last_token
+from wisp.engine.block_pool import chain_hash
+from wisp.plan.controller import Resize, SplitController
+from wisp.plan.lru_stack import LruStack
+
+log = logging.getLogger("wisp.controller")
+
+
+@dataclass(frozen=True)
+class ResizeEvent:
+    resize: Resize
+    at_s: float  # seconds since the live split was registered
+    stall_s: float  # how long applying it held the engine (pools, copies, graph capture)
+
+
+@dataclass(frozen=True)
+class SplitState:
+    """What the controller decides from, and where it stands (exported live on /metrics)."""
+    expert_cap: int
+    kv_blocks: int
+    admission_floor_blocks: int
+    expert_slot_value: float  # seconds per request saved per byte by one more expert slot
+    kv_block_value: float  # ... by one more KV block's bytes
+    resizes: int
+
+
+class _StepRouting:
+    """A routing observer keeping the current step's routed ids per MoE layer on the host."""
+
+    def __init__(self, layers: list[int]):
+        self.index = {li: i for i, li in enumerate(layers)}
+        self.ids: list[np.ndarray | None] = [None] * len(layers)
+
+    def begin_step(self) -> None:
+        self.ids = [None] * len(self.ids)
+
+    def record(self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        self.ids[self.index[layer]] = topk_ids.cpu().numpy()
+
+    def rows(self) -> np.ndarray | None:
+        return None if any(x is None for x in self.ids) else np.stack(self.ids, axis=1)  # [T, L, K]
+
+
+class LiveSplit:
+    def __init__(self, engine, controller: SplitController):
+        stores = engine.model.experts
+        if not all(isinstance(s, PagedExperts) for s in stores.values()):
+            raise ValueError("the live split controller needs --mode paged")
+        self.engine, self.controller = engine, controller
+        self.layers = list(stores)
+        self.num_experts = engine.model_config.num_experts
+        self.expert_stacks = [LruStack() for _ in self.layers]
+        self.kv_stack = LruStack()
+        self.events: list[ResizeEvent] = []
+        self.started = time.perf_counter()
+        replay = engine.runner.replay
+        self._observer = None if hasattr(replay, "last_rows") else _StepRouting(self.layers)
+        self._handle = engine.runner.add_routing_observer(self._observer) if self._observer else None
+        engine.apply_plan([controller.expert_cap] * len(self.layers), controller.kv_blocks)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+
+    # -- what it is fed -----------------------------------------------------------------------------
+    def observe_request(self, prompt_ids: list[int]) -> None:
+        bs, keys, parent = self.engine.pool.block_size, [], None
+        for i in range(len(prompt_ids) // bs):
+            parent = chain_hash(parent, prompt_ids[i * bs : (i + 1) * bs])
+            keys.append(parent)
+        self.controller.observe_kv(self.kv_stack.touch_blocks(keys))
+
+    def _observe_routing(self, rows: np.ndarray) -> None:
+        """rows [T, L, K]: the step's routed ids (-1: unknown, skipped)."""
+        t, layers, k = rows.shape
+        last = np.full((layers, self.num_experts + 1), -1, dtype=np.int64)  # column num_experts: the -1s
+        flat = np.where(rows >= 0, rows, self.num_experts) + (self.num_experts + 1) * np.arange(layers)[None, :, None]
+        np.maximum.at(last.reshape(-1), flat.reshape(-1), np.repeat(np.arange(t), layers * k))
+        distances = []
+        for stack, row in zip(self.expert_stacks, last[:, : self.num_experts].tolist()):
+            distances += stack.touch(order_by_last_token(row))
+        self.controller.observe_experts(distances, t)
+
+    # -- after each step ------------------------------------------------------------------------------
+    def after_step(self) -> ResizeEvent | None:
+        rows = self.engine.runner.replay.last_rows if self._observer is None else self._observer.rows()
+        if rows is not None and len(rows):
+            self._observe_routing(rows)
+        resize = self.controller.step()
+        if resize is None:
+            return None
+        start = time.perf_counter()
+        self.engine.apply_plan([resize.to_cap] * len(self.layers), resize.to_kv_blocks)
+        if self.engine.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.device)
+        event = ResizeEvent(resize, start - self.started, time.perf_counter() - start)
+        self.events.append(event)
+        log.info("resize at step %d (%.1f s): expert cap %d -> %d, KV blocks %d -> %d, stalled %.3f s: %s",
+                 resize.step, event.at_s, resize.from_cap, resize.to_cap, resize.from_kv_blocks, resize.to_kv_blocks,
+                 event.stall_s, resize.reason)
+        return event
+
+    def state(self) -> SplitState:
+        slot_value, block_value = self.controller.marginal_values()
+        c = self.controller
+        return SplitState(c.expert_cap, c.kv_blocks, c.config.problem.kv_floor, slot_value, block_value,
+                          len(self.events))
