@@ -163,6 +163,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench == "agent":
+        from wisp.bench.agent import bench_agent
+
+        bench_agent(args)
+        return 0
     if args.bench == "prefill":
         from wisp.bench.prefill import bench_prefill
 

@@ -1,5 +1,5 @@
-"""The arguments of `wisp bench decode` and `wisp bench prefill` (their implementations are in
-wisp/bench/decode.py and wisp/bench/prefill.py).
+"""The arguments of `wisp bench decode`, `wisp bench prefill` and `wisp bench agent` (their
+implementations are in wisp/bench/decode.py, wisp/bench/prefill.py and wisp/bench/agent.py).
 
 Invariant: imports neither torch nor the engine (see wisp/cli_args.py), so building the parser is cheap.
 """
@@ -15,6 +15,7 @@ def add_parser(sub) -> None:
     kinds = bench.add_subparsers(dest="bench", required=True)
     _add_decode_parser(kinds)
     _add_prefill_parser(kinds)
+    _add_agent_parser(kinds)
 
 
 def _add_decode_parser(kinds) -> None:
@@ -42,6 +43,31 @@ def _add_prefill_parser(kinds) -> None:
     add_backend_args(pre)
     pre.add_argument("--out", default=None, help="write the records as a JSON list here")
     pre.add_argument("--plot", default=None, help="draw TTFT against prompt length into this PNG")
+
+
+def _add_agent_parser(kinds) -> None:
+    agent = kinds.add_parser("agent", help="multi-turn agent sessions against one VRAM budget, per allocator arm")
+    agent.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
+    agent.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    agent.add_argument("--sessions", nargs="+", required=True, metavar="FILE",
+                       help="AgentInstruct .json/.jsonl or the agentinfer log; several run back to back")
+    agent.add_argument("--concurrency", type=int, default=4, help="sessions at once (W, also the engine's)")
+    agent.add_argument("--vram-budget", type=parse_size, required=True, help="the whole device budget, e.g. 8GiB")
+    agent.add_argument("--arms", default="mv-wsa,50-50,kv-blind,zero-copy,offload,controller",
+                       help="comma list of mv-wsa, 50-50, kv-blind, zero-copy, offload, controller")
+    agent.add_argument("--max-model-len", type=int, default=4096)
+    agent.add_argument("--max-reply-tokens", type=int, default=64, help="cap on each reply (the dataset's length)")
+    agent.add_argument("--max-sessions", type=int, default=None, help="only the first N sessions")
+    agent.add_argument("--routing-trace", default=None, metavar="FILE",
+                       help="real routing for every token (a one-layer trace is spread over all layers)")
+    agent.add_argument("--max-num-batched-tokens", type=int, default=MAX_NUM_BATCHED_TOKENS)
+    agent.add_argument("--resolve-every", type=int, default=32, help="controller: engine steps between re-solves")
+    agent.add_argument("--min-gain", type=float, default=0.05, help="controller: hysteresis (relative latency gain)")
+    agent.add_argument("--half-life", type=float, default=20000.0, help="controller: references per half-weight")
+    agent.add_argument("--min-observations", type=int, default=2000, help="controller: expert references first")
+    add_backend_args(agent)
+    agent.add_argument("--out", default=None, help="write the records as a JSON list here")
+    agent.add_argument("--plot", default=None, help="draw turn wall and TTFT per arm into this PNG")
 
 
 def _add_model_and_modes(p, default_modes: str, modes: str) -> None:
