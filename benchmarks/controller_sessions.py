@@ -1,86 +1,59 @@
-"""The online split controller against static splits and a per-workflow oracle on agent sessions (the
-paper's Table 5 setting, simulated on the CPU): OLMoE-1B-7B shape, 8 GiB, concurrency 4, context 4096.
+"""The paper's Table 5, simulated on the CPU: the online split controller against the per-workflow oracle,
+the best static split, the plan, 50-50 and KV-blind on agent sessions, each as `wisp sim --sessions` runs
+it (`wisp.plan.session_arms`); one record of every run.
 
-Each workload is AgentInstruct sessions (../shared/data/agent_sessions) run back to back: single workflows
-(os, db, webshop) and the drift os -> db -> webshop. Expert routing: OLMoE's real layer-0 GSM8K trace,
-replayed for all 16 layers at different offsets (an approximation: real layers differ). Costs: the
-H200's probed 55.2 GB/s and the Qwen3-shape recompute estimate used in docs/planning.md. Seconds are
-predicted miss seconds over the workload (`wisp.plan.controller_sim`: exact LRU misses per request).
-"mv-wsa" is the offline plan made on the os sessions, as a user would plan once.
+Setting: OLMoE-1B-7B shape, W = 4, L = 4096; OLMoE's real layer-0 GSM8K routing replayed for all 16
+layers at token offsets (`--replay-layers`: an approximation, real layers route differently); the H200's
+probed 55.2 GB/s and the Qwen3-shape recompute estimate of docs/planning.md. Runs:
+- agentinstruct: the os, db and webshop samples at 8 GiB, each alone and os -> db -> webshop;
+- large: the 538 db sessions and the agentinfer request log at 8 GiB and at 14 GiB: does the KV side bind?
+- recompute-x30: os, agentinfer, webshop at 8 GiB with a KV block's recompute 30x dearer, a
+  counterfactual cost under which it does.
 
-    python benchmarks/controller_sessions.py [--data ../shared/data] [--out benchmarks/results/logs/controller_sessions.json]
+    python benchmarks/controller_sessions.py [--data ../shared/data] [--out benchmarks/results/logs/sim_controller_sessions.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
-import numpy as np
-import torch
+from wisp.cli import main as wisp
 
-from wisp.config import ModelConfig
-from wisp.models.presets import preset
-from wisp.plan.arms import half_half_cap, kv_blind_cap
-from wisp.plan.controller import ControllerConfig
-from wisp.plan.controller_sim import simulate_controller, stream_seconds
-from wisp.plan.planner import PlanInputs, make_plan
-from wisp.plan.session_sim import session_requests
-from wisp.trace.format import RoutingTrace
-from wisp.trace.kv_trace import read_kv_trace
-from wisp.trace.readers import load_any
-
-WORKLOADS = {"os": ["os"], "db": ["db"], "webshop": ["webshop"], "os->db->webshop": ["os", "db", "webshop"]}
-
-
-def all_layers(layer0: RoutingTrace, layers: int) -> RoutingTrace:
-    """Layer 0's routing for every layer, layer l starting l * T / layers tokens later (an approximation)."""
-    ids = layer0.ids[:, 0, :]
-    t = len(ids)
-    stacked = np.stack([np.roll(ids, -(l * t // layers), axis=0) for l in range(layers)], axis=1)
-    return RoutingTrace(stacked, layers=list(range(layers)), num_experts=layer0.num_experts)
+ROUTING = "layer0_only_vllm_logs/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl"
+COMMON = ["--model", "olmoe-1b-7b", "--max-concurrency", "4", "--max-model-len", "4096", "--t-byte", "1.8126e-11",
+          "--replay-layers"]
+RECOMPUTE = 2.2631e-05  # seconds per token
+SAMPLES = [f"agentinstruct_{w}_sample5.json" for w in ("os", "db", "webshop")]
+LARGE = ["agentinstruct_db_full538_clean.jsonl", "agentinfer_trace_requests.jsonl"]
+RUNS = {  # name -> (session files, budget, recompute seconds per token)
+    "agentinstruct": (SAMPLES, "8GiB", RECOMPUTE),
+    "large": (LARGE, "8GiB", RECOMPUTE),
+    "large-14GiB": (LARGE[1:], "14GiB", RECOMPUTE),
+    "recompute-x30": ([SAMPLES[0], LARGE[1], SAMPLES[2]], "8GiB", 30 * RECOMPUTE),
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="../shared/data")
-    ap.add_argument("--out", default="benchmarks/results/logs/controller_sessions.json")
-    ap.add_argument("--max-tokens", type=int, default=256, help="tokens computed per request, at most")
+    ap.add_argument("--out", default="benchmarks/results/logs/sim_controller_sessions.json")
     args = ap.parse_args()
-    data = Path(args.data)
-    cfg = ModelConfig.from_hf(preset("olmoe-1b-7b"))
-    routing = all_layers(load_any(data / "layer0_only_vllm_logs" / "olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl"),
-                         cfg.num_layers)
-    kv = {w: read_kv_trace(data / "agent_sessions" / f"agentinstruct_{w}_sample5.json") for w in ("os", "db", "webshop")}
-    inputs = PlanInputs(vram_budget=8 << 30, max_concurrency=4, max_model_len=4096, seconds_per_byte=1.8126e-11,
-                        recompute_seconds_per_token=2.2631e-05)
-    plan = make_plan(cfg, inputs, routing, kv["os"], torch.device("cpu"))
-    problem, costs = plan.curves.problem, plan.report.cost_model
-    config = ControllerConfig(problem, resolve_every=4, min_gain=0.05, half_life=20000.0, min_observations=2000)
-    records = []
-    for name, flows in WORKLOADS.items():
-        requests = session_requests(routing, [(w, kv[w]) for w in flows], args.max_tokens)
-        arms = {r.arm: r for r in simulate_controller(config, requests, costs.expert_miss_seconds,
-                                                      start_cap=plan.report.expert_cap)}
-        mv_wsa = stream_seconds(problem, requests, plan.report.expert_cap, costs.expert_miss_seconds)
-        half, blind = half_half_cap(problem), kv_blind_cap(problem)
-        oracle = arms["oracle"].seconds
-        row = {"workload": name, "requests": len(requests), "tokens": sum(r.tokens for r in requests),
-               "mv_wsa_cap": plan.report.expert_cap,
-               "seconds": {"oracle": oracle, "mv-wsa": mv_wsa, "best-static": arms["best-static"].seconds,
-                           "50-50": stream_seconds(problem, requests, half, costs.expert_miss_seconds),
-                           "kv-blind": stream_seconds(problem, requests, blind, costs.expert_miss_seconds),
-                           "controller": arms["controller"].seconds},
-               "controller_resizes": arms["controller"].resizes}
-        row["vs_oracle"] = {k: round(v / oracle - 1, 4) for k, v in row["seconds"].items()}
-        records.append(row)
-        print(f"{name:17} " + "  ".join(f"{k} {v:.2f}s ({row['vs_oracle'][k]:+.1%})" for k, v in row["seconds"].items())
-              + f"  resizes {row['controller_resizes']}")
-    out = {"setting": "olmoe-1b-7b shape, 8 GiB, W=4, L=4096, t_byte 1.8126e-11 s/B, recompute 2.2631e-05 s/token",
-           "routing": "OLMoE layer-0 GSM8K trace for all 16 layers at offsets (approximation)",
-           "command": "python benchmarks/controller_sessions.py", "workloads": records}
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (files, budget, recompute) in RUNS.items():
+            argv = ["sim", "--trace", f"{args.data}/{ROUTING}", *COMMON, "--vram-budget", budget, "--recompute-cost",
+                    f"{recompute:.5g}", "--sessions", *(f"{args.data}/agent_sessions/{f}" for f in files)]
+            print(f"\n== {name}: wisp {' '.join(argv)}", flush=True)
+            wisp([*argv, "--json", f"{tmp}/{name}.json"])
+            result = json.loads(Path(f"{tmp}/{name}.json").read_text())
+            runs.append({"run": name, "command": "wisp " + " ".join(argv), "plan_arms": result["arms"],
+                         "sessions": result["sessions"]})
+    record = {"what": __doc__.split("\n\n")[0], "command": f"python benchmarks/controller_sessions.py --out {args.out}",
+              "runs": runs}
+    Path(args.out).write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ pytestmark = pytest.mark.slow  # `wisp plan|sim|generate` subprocess runs and wa
 PLAN_FIELDS = {"expert_cap", "per_layer_caps", "kv_blocks", "kv_bytes", "expert_bytes", "budget_bytes",
                "predicted_expert_misses_per_token", "predicted_latency_s", "admission_floor_blocks"}
 COSTS = ["--t-byte", "2e-11", "--recompute-cost", "1e-4"]
+SESSIONS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "agent_sessions"
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +73,10 @@ def test_plan_is_deterministic_and_complete_and_sim_matches_the_curve(recorded, 
     (["--trace", "/nonexistent.npz"], "does not exist"),
     (["--trace", "TRACE", "--policies", "lru,fifo"], "unknown policy 'fifo'"),
     (["--trace", "TRACE", "--caps", "4,x"], "--caps must be comma-separated integers"),
+    (["--trace", "TRACE", "--sessions", "/nonexistent.json"], "--sessions needs --model and --vram-budget"),
+    (["--trace", "TRACE", "--model", "demo", "--vram-budget", "48MiB", "--sessions", "/nonexistent.json"],
+     "--sessions file /nonexistent.json does not exist"),
+    (["--trace", "TRACE", "--replay-layers"], "--replay-layers applies only with --sessions"),
 ])
 def test_sim_bad_input_is_one_line(recorded, args, fragment):
     trace, cache, _ = recorded
@@ -86,6 +92,42 @@ def test_sim_prints_the_allocator_arms(recorded):
     for arm in ("mv-wsa", "50-50", "kv-blind", "offload"):
         assert arm in proc.stdout
     assert "per-layer caps" in proc.stdout and "fewer)" in proc.stdout
+
+
+@pytest.mark.skipif(not SESSIONS.is_dir(), reason="../shared/data is not here")
+def test_sim_compares_the_controller_on_session_workloads(recorded, tmp_path):
+    trace, cache, _ = recorded
+    files = [SESSIONS / f"agentinstruct_{w}_sample5.json" for w in ("os", "db")]
+    proc = run_wisp(["--trace", trace, "--model", "demo", "--vram-budget", "48MiB", "--max-model-len", "512",
+                     "--reserve", "1MiB", "--device", "cpu", *COSTS, "--sessions", *files,
+                     "--json", tmp_path / "s.json"], cache, command="sim")
+    assert proc.returncode == 0, proc.stderr
+    sessions = json.loads((tmp_path / "s.json").read_text())["sessions"]
+    workloads = sessions["workloads"]
+    assert [w["workload"] for w in workloads] == ["os", "db", "os->db"]
+    for w in workloads:
+        arms = {a["arm"]: a for a in w["arms"]}
+        assert list(arms) == ["oracle", "controller", "best-static", "mv-wsa", "50-50", "kv-blind"]
+        assert arms["oracle"]["ratio_to_oracle"] == 1.0
+        assert all(a["seconds"] >= arms["oracle"]["seconds"] for a in arms.values() if a["arm"] != "controller")
+        assert f"workload {w['workload']}:" in proc.stdout
+    assert workloads[2]["requests"] == workloads[0]["requests"] + workloads[1]["requests"]
+    assert "controller" in proc.stdout and "/ oracle" in proc.stdout
+
+
+def test_sim_sessions_replays_a_trace_of_fewer_layers_only_when_asked(recorded, tmp_path):
+    trace, cache, _ = recorded
+    t = RoutingTrace.load(trace)
+    RoutingTrace(t.ids[:, :1], layers=[0], num_experts=t.num_experts).save(tmp_path / "one-layer.npz")
+    rows = [{"session": f"s{i % 2}", "prompt_tokens": 40 * (i // 2 + 1), "output_tokens": 8} for i in range(6)]
+    (tmp_path / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    args = ["--trace", tmp_path / "one-layer.npz", "--model", "demo", "--vram-budget", "48MiB", "--max-model-len",
+            "512", "--reserve", "1MiB", "--device", "cpu", *COSTS, "--sessions", tmp_path / "chat.jsonl"]
+    runs = run_many({"plain": args, "replayed": (*args, "--replay-layers")}, cache, command="sim")
+    plain, replayed = runs["plain"], runs["replayed"]
+    assert plain.returncode == 2 and "pass --replay-layers" in plain.stderr and "Traceback" not in plain.stderr
+    assert replayed.returncode == 0, replayed.stderr
+    assert "an approximation" in replayed.stdout and "workload chat:" in replayed.stdout
 
 
 def test_serve_with_a_bad_plan_is_one_line(recorded, tmp_path):

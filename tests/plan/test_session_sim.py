@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from wisp.plan.controller_sim import misses
-from wisp.plan.miss_curves import COLD, expert_miss_curve
+from wisp.plan.miss_curves import COLD, expert_miss_curve, stack_distances
 from wisp.plan.session_sim import session_requests
 from wisp.trace.format import RoutingTrace
 from wisp.trace.kv_trace import KVTrace, read_kv_trace
@@ -44,6 +44,22 @@ def test_two_workflows_back_to_back():
     for cap in range(1, 7):
         want = sum(expert_miss_curve([tr.steps(l, per_token=True)[t % 7] for t in range(total)], 6)[cap] for l in (0, 1))
         assert sum(misses(r.expert_distances, cap) for r in reqs) == want
+
+
+def test_expert_distances_of_many_periods_equal_the_direct_computation():
+    """The stream is cut from only two periods of the routing trace (later periods repeat the second)."""
+    tr = routing(tokens=5, layers=2, seed=3)
+    reqs = session_requests(tr, [("a", kv([("s", 4 * i, 1 + i) for i in range(1, 9)]))], max_tokens=100)
+    total = sum(r.tokens for r in reqs)
+    assert total > 5 * tr.num_tokens
+    direct = [stack_distances([tr.steps(l, per_token=True)[t % 5] for t in range(total)]) for l in (0, 1)]
+    start = [0, 0]
+    for r in reqs:
+        want = []
+        for j, d in enumerate(direct):
+            want.append(d[start[j] : start[j] + 2 * r.tokens])  # k = 2 references per token
+            start[j] += 2 * r.tokens
+        assert np.array_equal(r.expert_distances, np.concatenate(want))
 
 
 def test_tokens_are_capped():

@@ -138,3 +138,20 @@ def test_concat_keeps_steps_distinct():
     assert RoutingTrace.concat([b, b]).step is None and RoutingTrace.concat([b, b]).steps(0) == [[2], [1]] * 2
     with pytest.raises(ValueError):
         RoutingTrace.concat([a, RoutingTrace(np.zeros((1, 2, 1)))])
+
+
+@SETTINGS
+@given(traces(), st.integers(1, 5))
+def test_replayed_over_more_layers_shifts_each_layer(tr, n):
+    """Model layer i routes as trace layer i % L, i * T // n tokens later (cyclically); every token its own step."""
+    layers = [10 + 2 * i for i in range(n)]
+    out = tr.replayed_over(layers)
+    T, L = tr.num_tokens, tr.num_layers
+    assert out.ids.shape == (T, n, tr.top_k) and out.layers.tolist() == layers and out.step is None
+    assert out.num_experts == tr.num_experts and "approximation" in out.metadata["note"]
+    for i in range(n):
+        shift = i * T // n if T else 0
+        assert np.array_equal(out.ids[:, i], np.roll(tr.ids[:, i % L], -shift, axis=0))
+        if tr.weights is not None:
+            np.testing.assert_array_equal(out.weights[:, i], np.roll(tr.weights[:, i % L], -shift, axis=0))
+    assert (out.weights is None) == (tr.weights is None)

@@ -39,4 +39,12 @@ def add_parsers(sub) -> None:
     sim.add_argument("--caps", default=None, help="comma list of capacities (default: top_k..N, up to 12 values)")
     sim.add_argument("--json", default=None, help="also write the results as JSON here")
     sim.add_argument("--plot", default=None, help="write a PNG of hit rate against capacity per policy")
+    sim.add_argument("--sessions", nargs="+", default=None, metavar="FILE",
+                     help="agent-session KV traces (needs --model, --vram-budget): the online controller against the "
+                          "oracle, best static, the plan, 50-50 and KV-blind splits, per file and all back to back")
+    sim.add_argument("--replay-layers", action="store_true",
+                     help="with --sessions: replay a trace of fewer layers for every MoE layer at token offsets "
+                          "(an approximation, labelled as such in the output)")
+    sim.add_argument("--max-request-tokens", type=int, default=256,
+                     help="with --sessions: tokens one request computes, at most (default 256)")
     add_budget_args(sim, required=False)

@@ -2,13 +2,15 @@
 
 Both need only a model's shape (a checkpoint directory's config.json, `demo`, or a preset name such as
 qwen3-30b-a3b), a routing trace, and optionally a KV trace; no weights are loaded. Their arguments are
-defined in wisp/plan_args.py (torch-free, so `wisp --help` stays fast).
+defined in wisp/plan/args.py (torch-free, so `wisp --help` stays fast). `wisp sim --sessions` adds the
+online controller against fixed splits on agent-session workloads (`wisp.plan.session_arms`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +18,8 @@ import torch
 from wisp.config import EngineConfig, ModelConfig, parse_dtype, resolve_device
 from wisp.errors import WispError
 from wisp.plan.policies import OUT_OF_DOMAIN, POLICIES
+from wisp.trace.format import RoutingTrace
+from wisp.trace.kv_trace import KVTrace
 
 
 def model_shape(name: str, dtype: str | None = None) -> ModelConfig:
@@ -90,14 +94,21 @@ def cmd_sim(args) -> int:
     from wisp.plan.simulate import policy_table, references
 
     trace, kv = load_traces(args)
+    cfg = model_shape(args.model, args.dtype) if args.model and args.vram_budget else None
+    sessions = _session_inputs(args, cfg, trace) if args.sessions or args.replay_layers else None
+    if sessions and kv is None:
+        kv = sessions.workflows[0][1]  # the plan is made on the first workflow, as a user would plan once
     policies = _policies(args.policies)
     caps = _sim_caps(args.caps, trace.top_k, trace.num_experts)
     refs = references(trace)
     table = policy_table(trace, caps, policies)
     _print_policy_table(trace, caps, policies, table, refs)
     result = {"caps": caps, "references": refs, "misses": table}
-    if args.model and args.vram_budget:
-        result.update(_sim_budget(args, trace, kv))
+    if cfg is not None and args.vram_budget:
+        plan = _make_plan(args, cfg, trace, kv)
+        result.update(_sim_budget(args, cfg, plan))
+        if sessions:
+            result["sessions"] = _sim_sessions(args, plan, sessions)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.plot:
@@ -137,12 +148,10 @@ def _print_policy_table(trace, caps: list[int], policies: list[str], table: dict
         print(f"{p:8}" + "".join(cells))
 
 
-def _sim_budget(args, trace, kv) -> dict:
+def _sim_budget(args, cfg: ModelConfig, plan) -> dict:
     """The allocator arms and the per-layer caps at --vram-budget, printed; their JSON entries."""
     from wisp.plan.arms import allocator_arms
 
-    cfg = model_shape(args.model, args.dtype)
-    plan = _make_plan(args, cfg, trace, kv)
     arms = allocator_arms(plan, cfg.num_experts)
     _print_arms(args.vram_budget, plan, arms)
     per_layer = _per_layer_gain(plan)
@@ -170,3 +179,73 @@ def _per_layer_gain(plan) -> dict:
     gain = 1 - uneven / uniform if uniform else 0.0
     return {"caps": list(plan.per_layer_caps), "misses_per_token": uneven, "uniform_misses_per_token": uniform,
             "gain": gain}
+
+
+@dataclass(frozen=True)
+class _Sessions:
+    routing: RoutingTrace  # what the session streams route by (replayed over the model's layers if asked)
+    routing_note: str
+    workflows: tuple[tuple[str, KVTrace], ...]  # (name from the file name, its KV trace), in the order given
+
+
+def _session_inputs(args, cfg: ModelConfig | None, trace: RoutingTrace) -> _Sessions:
+    """--sessions checked and read before anything is printed; WispError on bad input."""
+    from wisp.plan.session_arms import workflow_name
+    from wisp.trace.kv_trace import read_kv_trace
+
+    if not args.sessions:
+        raise WispError("--replay-layers applies only with --sessions")
+    if cfg is None or not args.vram_budget:
+        raise WispError("--sessions needs --model and --vram-budget (the budget the compared splits share)")
+    if args.max_request_tokens < 1:
+        raise WispError("--max-request-tokens must be >= 1")
+    names = [workflow_name(f) for f in args.sessions]
+    for f, name in zip(args.sessions, names):
+        if not Path(f).is_file():
+            raise WispError(f"--sessions file {f} does not exist")
+        if names.count(name) > 1:
+            raise WispError(f"two --sessions files have the workflow name {name!r} (from the file name); rename one")
+    moe = list(cfg.moe_layer_ids)
+    note = str(trace.metadata.get("note", args.trace))
+    if args.replay_layers:
+        trace = trace.replayed_over(moe)
+        note = str(trace.metadata["note"])
+    elif len(trace.layers) != len(moe):
+        raise WispError(f"the routing trace has {len(trace.layers)} MoE layer(s) but {args.model} has {len(moe)}: "
+                        f"pass --replay-layers to replay it for every layer (an approximation)")
+    return _Sessions(trace, note, tuple((n, read_kv_trace(f, args.block_size)) for n, f in zip(names, args.sessions)))
+
+
+def _sim_sessions(args, plan, sessions: _Sessions) -> dict:
+    """The session workloads under every arm (`wisp.plan.session_arms`), printed; their JSON entry."""
+    from wisp.plan.session_arms import SessionSetup, compare_workloads
+
+    setup = SessionSetup(plan.curves.problem, plan.report.cost_model.expert_miss_seconds, plan.report.expert_cap,
+                         args.max_request_tokens)
+    results = compare_workloads(setup, sessions.routing, sessions.workflows)
+    expert_side = "the routing trace's tokens in turn, one per computed token (not these sessions' own routing)"
+    print(f"\nsession workloads at {args.vram_budget / 2**30:.2f} GiB, floor {setup.problem.kv_floor} blocks, "
+          f"at most {setup.max_tokens} tokens computed per request")
+    print(f"routing: {sessions.routing_note}")
+    print(f"expert side: {expert_side}")
+    print("seconds: predicted miss seconds over the workload; cap: oracle one per workflow, controller its start "
+          "then each resize; mv-wsa: the plan above")
+    for w in results:
+        _print_workload(w)
+    return {"routing": sessions.routing_note, "expert_side": expert_side, "max_request_tokens": setup.max_tokens,
+            "expert_miss_seconds": setup.expert_miss_seconds, "kv_miss_seconds": setup.problem.kv_cost,
+            "workloads": [w.to_json() for w in results]}
+
+
+def _print_workload(w) -> None:
+    print(f"\nworkload {w.name}: {w.requests} requests, {w.tokens} tokens")
+    print(f"{'arm':12}{'cap':>14}{'kv blocks':>22}{'floor ok':>9}{'seconds':>11}{'/ oracle':>10}{'resizes':>9}")
+    for a in w.arms:
+        print(f"{a.arm:12}{_values(a.caps):>14}{_values(a.kv_blocks):>22}{str(a.meets_floor):>9}{a.seconds:>11.3f}"
+              f"{a.ratio_to_oracle:>10.3f}{len(a.resizes):>9}")
+
+
+def _values(values: tuple[int, ...]) -> str:
+    """'24', '24/40/24', or '24/40/../24' past four values."""
+    shown = [str(v) for v in values] if len(values) <= 4 else [str(values[0]), str(values[1]), "..", str(values[-1])]
+    return "/".join(shown)

@@ -7,7 +7,7 @@ its distance exceeds that side's size (or it is COLD), so a request's cost at an
 
     seconds = expert_miss_seconds * #{expert d > expert_cap} + kv_miss_seconds * #{kv d > kv_blocks}.
 
-Arms (`simulate_controller`):
+Arms (`simulate_controller`; one by one: `static_seconds`, `best_cap`, `oracle_splits`, `run_controller`):
 - "static:<cap>": every feasible fixed split; the best of them is "best-static";
 - "oracle": each workflow served at the split best for that workflow alone (it knows the future);
 - "controller": a `SplitController` that sees each request's distances after serving it and may resize
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wisp.plan.controller import ControllerConfig, SplitController
+from wisp.plan.controller import ControllerConfig, Resize, SplitController
 from wisp.plan.miss_curves import COLD
 from wisp.plan.split import SplitProblem
 
@@ -58,31 +58,45 @@ def stream_seconds(p: SplitProblem, requests: Sequence[SimRequest], cap: int, ex
     return sum(request_seconds(p, r, cap, p.kv_blocks(cap), expert_miss_seconds) for r in requests)
 
 
-def simulate_controller(config: ControllerConfig, requests: Sequence[SimRequest], expert_miss_seconds: float,
-                        start_cap: int | None = None) -> list[SimResult]:
-    """Every static split, the best of them, the per-workflow oracle and the controller (module docstring).
-    `config.problem.kv_cost` is one KV block miss's seconds; expert misses cost `expert_miss_seconds` each."""
-    p = config.problem
-    caps = list(p.feasible_caps())
-    static = {c: stream_seconds(p, requests, c, expert_miss_seconds) for c in caps}
-    best_cap = min(caps, key=lambda c: (static[c], -c))
-    results = [SimResult(f"static:{c}", s, 0) for c, s in static.items()]
-    results.append(SimResult("best-static", static[best_cap], 0))
-    results.append(SimResult("oracle", _oracle_seconds(p, requests, caps, expert_miss_seconds), 0))
-    results.append(_controller_result(config, requests, expert_miss_seconds, start_cap or best_cap))
-    return results
+def static_seconds(p: SplitProblem, requests: Sequence[SimRequest], expert_miss_seconds: float) -> dict[int, float]:
+    """Every feasible cap (admission floor kept) -> the stream's seconds at that fixed split."""
+    return {c: stream_seconds(p, requests, c, expert_miss_seconds) for c in p.feasible_caps()}
 
 
-def _oracle_seconds(p: SplitProblem, requests: Sequence[SimRequest], caps: list[int], expert_miss_seconds: float) -> float:
-    total = 0.0
+def best_cap(static: dict[int, float]) -> int:
+    """The cap of the fewest seconds; ties go to the larger cap (as `wisp.plan.split.split`)."""
+    return min(static, key=lambda c: (static[c], -c))
+
+
+@dataclass(frozen=True)
+class WorkflowSplit:
+    workflow: str
+    expert_cap: int  # the best fixed cap for this workflow's requests alone
+    seconds: float  # their seconds at it
+
+
+def oracle_splits(p: SplitProblem, requests: Sequence[SimRequest],
+                  expert_miss_seconds: float) -> tuple[WorkflowSplit, ...]:
+    """Per workflow, in order of first appearance, the best fixed split for its requests alone."""
+    out = []
     for workflow in dict.fromkeys(r.workflow for r in requests):
-        mine = [r for r in requests if r.workflow == workflow]
-        total += min(stream_seconds(p, mine, c, expert_miss_seconds) for c in caps)
-    return total
+        static = static_seconds(p, [r for r in requests if r.workflow == workflow], expert_miss_seconds)
+        cap = best_cap(static)
+        out.append(WorkflowSplit(workflow, cap, static[cap]))
+    return tuple(out)
 
 
-def _controller_result(config: ControllerConfig, requests: Sequence[SimRequest], expert_miss_seconds: float,
-                       start_cap: int) -> SimResult:
+@dataclass(frozen=True)
+class ControllerRun:
+    start_cap: int
+    seconds: float
+    resizes: tuple[Resize, ...]
+
+
+def run_controller(config: ControllerConfig, requests: Sequence[SimRequest], expert_miss_seconds: float,
+                   start_cap: int) -> ControllerRun:
+    """A `SplitController` started at `start_cap` (and the most blocks beside it), shown each request's
+    distances after serving it, free to resize between requests."""
     p = config.problem
     ctl = SplitController(config, start_cap, p.kv_blocks(start_cap))
     seconds = 0.0
@@ -91,4 +105,19 @@ def _controller_result(config: ControllerConfig, requests: Sequence[SimRequest],
         ctl.observe_experts(r.expert_distances.tolist(), r.tokens)
         ctl.observe_kv(r.kv_distances.tolist())
         ctl.step()
-    return SimResult("controller", seconds, len(ctl.resizes))
+    return ControllerRun(start_cap, seconds, tuple(ctl.resizes))
+
+
+def simulate_controller(config: ControllerConfig, requests: Sequence[SimRequest], expert_miss_seconds: float,
+                        start_cap: int | None = None) -> list[SimResult]:
+    """Every static split, the best of them, the per-workflow oracle and the controller (module docstring).
+    `config.problem.kv_cost` is one KV block miss's seconds; expert misses cost `expert_miss_seconds` each."""
+    p = config.problem
+    static = static_seconds(p, requests, expert_miss_seconds)
+    best = best_cap(static)
+    results = [SimResult(f"static:{c}", s, 0) for c, s in static.items()]
+    results.append(SimResult("best-static", static[best], 0))
+    results.append(SimResult("oracle", sum(w.seconds for w in oracle_splits(p, requests, expert_miss_seconds)), 0))
+    ctl = run_controller(config, requests, expert_miss_seconds, start_cap or best)
+    results.append(SimResult("controller", ctl.seconds, len(ctl.resizes)))
+    return results

@@ -49,15 +49,29 @@ def _expert_distances(routing: RoutingTrace, tokens: list[int]) -> list[np.ndarr
     total = sum(tokens)
     per_request: list[list[np.ndarray]] = [[] for _ in tokens]
     for layer in routing.layers.tolist():
-        by_token = routing.steps(layer, per_token=True)
-        stream = [by_token[t % len(by_token)] for t in range(total)]
-        d = stack_distances(stream)
-        refs = np.cumsum([0] + [len(s) for s in stream])
+        d, refs = _cyclic_distances(routing.steps(layer, per_token=True), total)
         start = 0
         for i, n in enumerate(tokens):
             per_request[i].append(d[refs[start] : refs[start + n]])
             start += n
     return [np.concatenate(parts) if parts else np.zeros(0, np.int64) for parts in per_request]
+
+
+def _cyclic_distances(by_token: list[list[int]], total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stack distances of `total` tokens taken cyclically from `by_token`, and each token's first
+    reference index (length total + 1). Computed over at most two periods: from the second period on,
+    every reference's distance repeats that of the same token one period earlier (what happened since
+    an expert's last use lies within the last period), so later periods are copies."""
+    period = len(by_token)
+    head = [by_token[t % period] for t in range(min(total, 2 * period))]
+    d = stack_distances(head)
+    sizes = np.array([len(s) for s in by_token] * -(-total // period), dtype=np.int64)[:total]
+    refs = np.concatenate([[0], np.cumsum(sizes)])
+    if total > 2 * period:
+        first, second = d[: refs[period]], d[refs[period] : refs[2 * period]]
+        repeats, rest = divmod(total - period, period)
+        d = np.concatenate([first, np.tile(second, repeats), second[: refs[rest] if rest else 0]])
+    return d, refs
 
 
 def _split(values: np.ndarray, sizes: list[int]) -> list[np.ndarray]:

@@ -21,6 +21,9 @@ On disk (`save` / `load`, chosen by suffix):
   distinct "layer" values. `save` writes "token" and the full K-wide rows, so a round trip is exact
   (a trace without `step` comes back with step = token index, which means the same).
 
+`replayed_over(layers)` spreads a trace of fewer layers over a model's layers at token offsets: an
+approximation for simulation only (`wisp sim --sessions --replay-layers`), labelled as such in its note.
+
 Invariants: ids >= -1 and, when num_experts is given, ids < num_experts; weights (if any) has ids' shape;
 step (if any) is non-decreasing with length T; layers are distinct. `steps(layer)` is a pure function
 of ids and step: each step's sorted distinct non-missing experts at that layer (possibly empty).
@@ -154,6 +157,22 @@ class RoutingTrace:
             meta["note"] = " + ".join(str(t.metadata.get("note", "?")) for t in traces)
         meta["num_experts"] = max(t.num_experts for t in traces)
         return cls(ids, weights, step, first.layers, metadata=meta)
+
+    def replayed_over(self, layers: Sequence[int]) -> RoutingTrace:
+        """An APPROXIMATION for a trace that logged fewer layers than a model has: model layer `layers[i]`
+        routes as trace layer i % L, starting i * T // len(layers) tokens later (cyclically), so layers
+        do not all reuse experts at the same moments. Real layers route differently; say so wherever
+        the result is reported. Steps are dropped (every token its own step); the note says what was done."""
+        n, t = len(layers), self.num_tokens
+
+        def spread(a: np.ndarray) -> np.ndarray:
+            return np.stack([np.roll(a[:, i % self.num_layers], -(i * t // n), axis=0) for i in range(n)], axis=1)
+
+        weights = None if self.weights is None else spread(self.weights)
+        note = (f"{self.metadata.get('note', 'trace')}; layers {self.layers.tolist()} replayed for {n} MoE layers, "
+                f"layer i starting i*T/{n} tokens later (an approximation: real layers route differently)")
+        ids = spread(self.ids)
+        return RoutingTrace(ids, weights, None, layers, self.num_experts, {**self.metadata, "note": note})
 
     # -- files ----------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
