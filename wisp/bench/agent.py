@@ -45,7 +45,7 @@ from wisp.plan.planner import PlanInputs, make_plan
 from wisp.trace.format import RoutingTrace
 from wisp.trace.kv_trace import KVTrace
 from wisp.trace.readers import load_any
-from wisp.trace.session_replay import SessionRoutingReplay, layer0_for_all_layers
+from wisp.trace.session_replay import SessionRoutingReplay
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def routing_for(path: str | None, cfg: ModelConfig) -> tuple[RoutingTrace | None
     trace = load_any(path)
     layers = len(cfg.moe_layer_ids)
     if len(trace.layers) == 1 and layers > 1:
-        return layer0_for_all_layers(trace, layers), f"approx-layer0:{Path(path).name}"
+        return trace.replayed_over(list(range(layers))), f"approx-layer0:{Path(path).name}"
     return trace, f"replay:{Path(path).name}"
 
 

@@ -13,9 +13,6 @@ device buffer of `max_tokens` rows whose address never changes, so the override 
 graphs; `last_rows` keeps the same rows on the host for whoever wants to know the step's routing without
 reading the device (the live split controller).
 
-`layer0_for_all_layers` makes an all-layer trace from a layer-0 trace: layer l reads layer 0's routing
-l * T / L tokens later. An approximation (real layers route differently), to be labelled as one.
-
 Replayed routing measures what a real model's expert reuse does to the pager with random weights; the
 tokens it produces mean nothing.
 """
@@ -36,14 +33,6 @@ def check_trace_fits(ids: np.ndarray, moe_layer_ids: list[int], num_experts: int
                         f"{len(moe_layer_ids)} MoE layers x top-{top_k}")
     if ids.max() >= num_experts:
         raise WispError(f"routing trace names expert {int(ids.max())}; the model has {num_experts}")
-
-
-def layer0_for_all_layers(layer0: RoutingTrace, layers: int) -> RoutingTrace:
-    """Layer 0's routing for every layer, layer l starting l * T / layers tokens later (an approximation)."""
-    ids = np.asarray(layer0.ids)[:, 0, :]
-    t = len(ids)
-    stacked = np.stack([np.roll(ids, -(l * t // layers), axis=0) for l in range(layers)], axis=1)
-    return RoutingTrace(stacked, layers=list(range(layers)), num_experts=layer0.num_experts)
 
 
 class SessionRoutingReplay:
