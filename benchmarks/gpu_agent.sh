@@ -19,10 +19,13 @@ table4)  # live resizes and the controller on the GPU (graphs, Triton), then the
   olmoe agent_olmoe_1b_7b_os --sessions $d/agentinstruct_os_sample5.json ;;
 drift)  # os -> db -> webshop back to back: the static arms against the online controller
   olmoe agent_olmoe_1b_7b_drift --sessions $d/agentinstruct_{os,db,webshop}_sample5.json \
-    --arms mv-wsa,50-50,kv-blind,controller ;;
+    --arms ${ARMS:-mv-wsa,50-50,kv-blind,controller} ;;
+drift_qwen3)  # both below in one call, each cut at under five minutes (records are written after every arm)
+  STAGE=drift ARMS=mv-wsa,50-50,controller timeout 290 bash "$0"
+  STAGE=qwen3 ARMS=mv-wsa,controller timeout 290 bash "$0" ;;
 qwen3)  # Qwen3-30B-A3B at 24 GiB, random router (no real 128-expert trace exists here): plan vs controller
   python3 -m wisp bench agent --model qwen3-30b-a3b --load-format dummy --vram-budget 24GiB --concurrency 4 \
-    --max-model-len 4096 --sessions $d/agentinstruct_os_sample5.json --arms mv-wsa,50-50,controller \
+    --max-model-len 4096 --sessions $d/agentinstruct_os_sample5.json --arms ${ARMS:-mv-wsa,50-50,controller} \
     --out "$out/agent_qwen3_30b_a3b_os.json" --plot "$out/agent_qwen3_30b_a3b_os.png" \
     2>"$out/agent_qwen3_30b_a3b_os.log" | tee "$out/agent_qwen3_30b_a3b_os.txt" ;;
 esac

@@ -23,6 +23,7 @@ made on this workload; after a warm-up the peak allocator statistic is reset and
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -161,6 +162,10 @@ def _warm_up(engine: LLMEngine, length: int) -> None:
 
 def run_arm(args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session], trace: RoutingTrace | None,
             plan) -> dict:
+    gc.collect()  # the previous arm's engine (reference cycles: model hooks, the live split) and its pinned memory
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
     engine = _engine(args, cfg, spec)
     replay = None
     if trace is not None:
@@ -181,7 +186,7 @@ def run_arm(args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session], trac
               **summarize(times, e2e), "preemptions": stats["preemptions"], "hit_rate": round(stats["hit_rate"], 4),
               "kv_blocks_peak": stats["kv_peak_blocks_used"], "bytes_h2d": stats["bytes_h2d"],
               "prefix_hit_tokens": stats["prefix_hit_tokens"], "prefill_tokens": stats["tokens_prefilled"],
-              "peak_gpu_bytes": _peak(engine.device)}
+              "peak_gpu_bytes": _peak(engine.device), "gpu_bytes_before_load": before}
     record["per_workflow"] = {w: summarize([t for t in times if t.workflow == w], 0.0)
                               for w in dict.fromkeys(s.workflow for s in sessions)}
     if engine.live_split is not None:
@@ -190,9 +195,7 @@ def run_arm(args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session], trac
                               "to_kv_blocks": e.resize.to_kv_blocks, "reason": e.resize.reason}
                              for e in engine.live_split.events]
         record["expert_cap_end"], record["kv_blocks_end"] = engine.live_split.controller.expert_cap, engine.pool.num_blocks
-    del engine
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    engine.set_live_split(None)
     return record
 
 
@@ -237,9 +240,9 @@ def bench_agent(args) -> list[dict]:
         r.update(common, within_budget=r["peak_gpu_bytes"] <= args.vram_budget if device.type == "cuda" else None)
         records.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)
+        if args.out:  # after every arm: a run cut short keeps what it measured
+            Path(args.out).write_text(json.dumps(records, indent=1))
     _print_table(records)
-    if args.out:
-        Path(args.out).write_text(json.dumps(records, indent=1))
     if args.plot:
         plot_arms(records, args.plot)
     return records

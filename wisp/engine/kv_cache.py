@@ -54,9 +54,9 @@ class KVCache:
         if moves:
             src = torch.tensor(list(moves), device=self.device)
             dst = torch.tensor(list(moves.values()), device=self.device)
-            for t in (self.k, self.v):
-                t[:, dst] = t[:, src]
-        kept = [t[:, :keep].cpu() for t in (self.k, self.v)]
+            self.k[:, dst] = self.k[:, src]
+            self.v[:, dst] = self.v[:, src]
+        kept = [self.k[:, :keep].cpu(), self.v[:, :keep].cpu()]  # no other reference to the old tensors survives
         self.resize(num_blocks)
         for t, saved in zip((self.k, self.v), kept):
             t[:, :keep].copy_(saved)

@@ -85,7 +85,9 @@ class LiveSplit:
         replay = engine.runner.replay
         self._observer = None if hasattr(replay, "last_rows") else _StepRouting(self.layers)
         self._handle = engine.runner.add_routing_observer(self._observer) if self._observer else None
-        engine.apply_plan([controller.expert_cap] * len(self.layers), controller.kv_blocks)
+        caps = {s.pager.capacity for s in stores.values()}
+        if caps != {controller.expert_cap} or engine.pool.num_blocks != controller.kv_blocks:
+            engine.apply_plan([controller.expert_cap] * len(self.layers), controller.kv_blocks)
 
     def close(self) -> None:
         if self._handle is not None:
