@@ -41,6 +41,22 @@ PREFILL_COLUMNS = [  # `wisp bench prefill` records: one per (run, prompt length
     ("bytes_h2d", "GB host->GPU", "GB"),
     ("h2d_gbps_probe", "probe GB/s", "{:.1f}"),
 ]
+AGENT_COLUMNS = [  # `wisp bench agent` records: one per allocator arm
+    ("arm", "arm", "{}"),
+    ("expert_cap", "cap", "{}"),
+    ("kv_blocks", "KV blocks", "{}"),
+    ("ttft_p50_s", "TTFT p50 s", "{:.3f}"),
+    ("ttft_p90_s", "TTFT p90 s", "{:.3f}"),
+    ("decode_tok_s", "decode tok/s", "{:.2f}"),
+    ("turn_wall_p50_s", "turn p50 s", "{:.2f}"),
+    ("turn_wall_p90_s", "turn p90 s", "{:.2f}"),
+    ("e2e_wall_s", "end to end s", "{:.1f}"),
+    ("hit_rate", "hit rate", "{:.3f}"),
+    ("preemptions", "preemptions", "{}"),
+    ("resizes", "resizes", "{}"),
+    ("bytes_h2d", "GB host->GPU", "GB"),
+    ("peak", "peak GPU GB", "GB"),
+]
 
 
 def _cell(record: dict, key: str, fmt: str) -> str:
@@ -53,6 +69,8 @@ def _cell(record: dict, key: str, fmt: str) -> str:
         return "-" if "graph_steps" not in record else ("yes" if record["graph_steps"] else "no")
     if key == "batch":
         return str(record.get("batch", 1))
+    if key == "resizes":
+        return "-" if "resizes" not in record else str(len(record["resizes"]))
     if key == "ttft_s" and "prefill_tokens" not in record and record.get("mode") != "accelerate":
         return "-"  # older records: the warm-up used the same prompt, so it came from the prefix cache
     value = record.get("peak_gpu_bytes", record.get("peak_gpu_bytes_decode")) if key == "peak" else record.get(key)
@@ -90,10 +108,14 @@ def render(rows: list[tuple[str, dict]]) -> str:
         layers = first.get("layers")
         out.append(f"## {name}")
         out.append("")
-        prefill = "prefill_steps" in first
-        columns = PREFILL_COLUMNS if prefill else DECODE_COLUMNS
+        prefill, agent = "prefill_steps" in first, "arm" in first
+        columns = AGENT_COLUMNS if agent else PREFILL_COLUMNS if prefill else DECODE_COLUMNS
         shape = (f"cold prompts, {first.get('max_num_batched_tokens', '-')} tokens per step" if prefill else
                  f"prompt {first.get('prompt_len', '-')} tokens, {first.get('decode_tokens', '-')} decode tokens")
+        if agent:
+            what = first.get("model", what)
+            shape = (f"{first['sessions']} agent sessions ({', '.join(first['workload'])}) at concurrency "
+                     f"{first['concurrency']}, budget {first['vram_budget'] / 2**30:.0f} GiB, routing {first['routing']}")
         out.append(f"Model: {what}{f' ({layers} layers)' if layers else ''}; GPU: {first.get('gpu', '-')}; {shape}.")
         if first.get("note"):
             out.append(f"Note: {first['note']}.")
