@@ -66,6 +66,21 @@ def _add_serve_parser(sub) -> None:
     sizing.add_argument("--plan", default=None, metavar="PLAN.json", help="size both pools from `wisp plan` output")
     sizing.add_argument("--vram-budget", type=parse_size, default=None,
                         help="plan both pools for this budget from a short built-in warm-up trace")
+    srv.add_argument("--split-controller", action="store_true",
+                     help="with --plan or --vram-budget: re-split the budget while serving as the workload drifts "
+                          "(decode then runs without CUDA graphs: the controller reads routing on the host)")
+
+
+def _start_split_controller(engine, plan) -> None:
+    import logging
+
+    from wisp.plan.controller import ControllerConfig, SplitController, problem_of_plan
+
+    logging.getLogger("wisp.controller").setLevel(logging.INFO)  # every resize is logged: when, from -> to, why
+    logging.basicConfig(format="wisp: %(message)s")
+    problem = problem_of_plan(plan.report, engine.model_config.top_k, engine.model_config.num_experts)
+    cap = plan.report.expert_cap
+    engine.set_live_split(SplitController(ControllerConfig(problem), cap, problem.kv_blocks(cap)))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -149,6 +164,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             plan = plan_from_file(args.plan, engine.config.kv_block_size) if args.plan else plan_from_warmup(engine, args.vram_budget)
             engine.apply_plan(list(plan.per_layer_caps), plan.kv_blocks)
             print(f"wisp: plan applied: expert caps {list(plan.per_layer_caps)}, {plan.kv_blocks} KV blocks", flush=True)
+            if args.split_controller:
+                _start_split_controller(engine, plan)
+        elif args.split_controller:
+            raise WispError("--split-controller needs --plan or --vram-budget: the budget it splits")
         recorder = _recorder(engine, args.model, args.record_routing) if args.record_routing else None
     except BaseException:
         sock.close()

@@ -230,10 +230,23 @@ class LLMEngine:
             "expert_device_bytes": sum(s.device_bytes for s in stores.values()),
             "expert_staging_bytes": _staging_bytes(stores.values()),  # wide steps' two buffers, shared by layers
             **self._kv_stats(),
+            "admission_floor_blocks": self.floor_blocks,
+            "split_controller": self._split_stats(),
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
             "per_layer": {str(li): s.counters.as_dict() for li, s in stores.items()},
         }
+
+    def _split_stats(self) -> dict | None:
+        """The live split controller's state and its recent resizes (None without one)."""
+        if self.live_split is None:
+            return None
+        state = self.live_split.state()
+        recent = [{"step": e.resize.step, "at_s": e.at_s, "stall_s": e.stall_s, "from_cap": e.resize.from_cap,
+                   "to_cap": e.resize.to_cap, "from_kv_blocks": e.resize.from_kv_blocks,
+                   "to_kv_blocks": e.resize.to_kv_blocks, "reason": e.resize.reason} for e in self.live_split.events[-8:]]
+        return {"expert_slot_value": state.expert_slot_value, "kv_block_value": state.kv_block_value,
+                "resizes": state.resizes, "recent_resizes": recent}
 
     def _expert_stats(self) -> dict:
         stores = self.model.experts

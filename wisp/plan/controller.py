@@ -58,6 +58,13 @@ class Resize:
     reason: str
 
 
+def problem_of_plan(report, top_k: int, num_experts: int) -> SplitProblem:
+    """The split problem a written plan was solved under (`PlanReport`: its budget arithmetic and costs)."""
+    costs = report.cost_model
+    return SplitProblem(report.pageable_bytes, report.slot_bytes, report.block_bytes, costs.expert_seconds_per_request,
+                        costs.kv_miss_seconds, top_k, num_experts, report.admission_floor_blocks)
+
+
 class _UnitsSeen:
     """Tokens (or requests) seen, forgotten per reference at the histogram's pace, so that the
     histogram's decayed `total` over it is the recent references per token (or request)."""

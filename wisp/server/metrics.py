@@ -30,6 +30,8 @@ GAUGES = {
     "kv_blocks_cached": ("wisp_kv_blocks_cached", "Free KV blocks still holding a reusable cached prefix."),
     "kv_blocks_free": ("wisp_kv_blocks_free", "KV blocks holding nothing."),
     "kv_peak_blocks_used": ("wisp_kv_blocks_used_peak", "Most KV blocks in use at once since start."),
+    "admission_floor_blocks": ("wisp_kv_admission_floor_blocks", "KV blocks the pool never goes below (W x L)."),
+    "expert_cap": ("wisp_expert_cap", "Expert slots per MoE layer (the largest, with uneven caps)."),
     "num_running": ("wisp_requests_running", "Requests in the running batch."),
     "num_waiting": ("wisp_requests_waiting", "Requests queued for admission (including preempted ones)."),
 }
@@ -51,6 +53,35 @@ class _EngineCollector:
         for key, (name, doc) in GAUGES.items():
             if key in stats:
                 yield GaugeMetricFamily(name, doc, value=float(stats[key]))
+        yield from _layer_hit_rates(stats.get("per_layer", {}))
+        if stats.get("split_controller"):
+            yield from _split_controller(stats["split_controller"])
+
+
+def _layer_hit_rates(per_layer: dict) -> Iterator[Metric]:
+    rates = GaugeMetricFamily("wisp_expert_layer_hit_rate", "Expert hits / (hits + misses) per MoE layer since start.",
+                              labels=["layer"])
+    for layer, c in per_layer.items():
+        routed = c.get("hits", 0) + c.get("misses", 0)
+        rates.add_metric([layer], c.get("hits", 0) / routed if routed else 0.0)
+    yield rates
+
+
+def _split_controller(state: dict) -> Iterator[Metric]:
+    """What the online split controller decides from, live, and every recent resize (when, from -> to, why)."""
+    value = GaugeMetricFamily("wisp_split_marginal_value_seconds_per_byte",
+                              "Seconds per request one more byte would save, by side (the controller's inputs).",
+                              labels=["side"])
+    value.add_metric(["expert_slots"], state["expert_slot_value"])
+    value.add_metric(["kv_blocks"], state["kv_block_value"])
+    yield value
+    yield CounterMetricFamily("wisp_split_resizes", "Resizes the online split controller applied.", value=state["resizes"])
+    recent = GaugeMetricFamily("wisp_split_resize_stall_seconds", "Seconds each recent resize held the engine.",
+                               labels=["step", "from_cap", "to_cap", "from_kv_blocks", "to_kv_blocks", "reason"])
+    for r in state["recent_resizes"]:
+        recent.add_metric([str(r[k]) for k in ("step", "from_cap", "to_cap", "from_kv_blocks", "to_kv_blocks", "reason")],
+                          r["stall_s"])
+    yield recent
 
 
 class ServerMetrics:
