@@ -29,8 +29,9 @@ from wisp.trace.format import RoutingTrace
 def check_trace_fits(ids: np.ndarray, moe_layer_ids: list[int], num_experts: int, top_k: int) -> None:
     """WispError unless a [T, L, K] trace matches the model's MoE layers, top_k and expert count."""
     if ids.ndim != 3 or ids.shape[1] != len(moe_layer_ids) or ids.shape[2] != top_k:
-        raise WispError(f"routing trace has shape {tuple(ids.shape)} (tokens x layers x top_k); the model has "
-                        f"{len(moe_layer_ids)} MoE layers x top-{top_k}")
+        layers, k = (ids.shape[1], ids.shape[2]) if ids.ndim == 3 else ("?", "?")
+        raise WispError(f"routing trace has {layers} layers x top-{k}; the model has {len(moe_layer_ids)} MoE layers "
+                        f"x top-{top_k}")
     if ids.max() >= num_experts:
         raise WispError(f"routing trace names expert {int(ids.max())}; the model has {num_experts}")
 
