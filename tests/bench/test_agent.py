@@ -60,3 +60,5 @@ def test_arms_are_sized_on_one_plan_and_keep_the_floor():
     assert all(s.kv_blocks >= problem.kv_floor for s in specs.values())
     with pytest.raises(WispError, match="choose from"):
         parse_arms("mv-wsa,lru")
+    start = {s.arm: s for s in arm_specs(plan, ["controller"], 16, controller_start="50-50")}["controller"]
+    assert start.expert_cap == 6 and start.kv_blocks == problem.kv_blocks(6)

@@ -134,6 +134,8 @@ def session_kv_trace(sessions: list[Session], concurrency: int, block_size: int)
 def routing_for(path: str | None, cfg: ModelConfig) -> tuple[RoutingTrace | None, str]:
     if path is None:
         return None, "random-router"
+    if path == "uniform":
+        return _uniform_trace(cfg, 8192), "uniform-iid"
     trace = load_any(path)
     layers = len(cfg.moe_layer_ids)
     if len(trace.layers) == 1 and layers > 1:
@@ -225,7 +227,7 @@ def bench_agent(args) -> list[dict]:
     gbps = probe_h2d_gbps(device)
     inputs = PlanInputs(vram_budget=args.vram_budget, max_concurrency=args.concurrency, max_model_len=args.max_model_len,
                         seconds_per_byte=None if device.type == "cuda" else 1e-10)
-    plan_trace = trace if trace is not None else _random_router_trace(cfg)
+    plan_trace = trace if trace is not None else _uniform_trace(cfg, 512)
     plan = make_plan(cfg, inputs, plan_trace, session_kv_trace(sessions, args.concurrency, 16), device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     common = {"model": args.model, "routing": routing, "workload": [Path(p).name for p in args.sessions],
@@ -235,7 +237,7 @@ def bench_agent(args) -> list[dict]:
               "h2d_gbps_probe": round(gbps, 2), "device": gpu, "commit": _git_commit(),
               "command": "wisp bench agent " + " ".join(sys.argv[3:])}
     records = []
-    for spec in arm_specs(plan, names, cfg.num_experts):
+    for spec in arm_specs(plan, names, cfg.num_experts, args.controller_start):
         r = run_arm(args, cfg, spec, sessions, trace, plan)
         r.update(common, within_budget=r["peak_gpu_bytes"] <= args.vram_budget if device.type == "cuda" else None)
         records.append(r)
@@ -248,11 +250,13 @@ def bench_agent(args) -> list[dict]:
     return records
 
 
-def _random_router_trace(cfg: ModelConfig) -> RoutingTrace:
-    """Without a trace the planner still needs expert curves: uniform random routing, labelled as such."""
+def _uniform_trace(cfg: ModelConfig, tokens: int) -> RoutingTrace:
+    """Each token's top_k experts drawn uniformly at random in every layer, independently (seed 0): no reuse
+    beyond chance, so a pessimistic bound on a trained model's locality. `--routing-trace uniform` replays it;
+    without a trace the planner still needs curves and reads them from it."""
     rng = np.random.default_rng(0)
-    ids = np.stack([np.stack([rng.choice(cfg.num_experts, cfg.top_k, replace=False) for _ in cfg.moe_layer_ids])
-                    for _ in range(512)])
+    scores = rng.random((tokens, len(cfg.moe_layer_ids), cfg.num_experts))
+    ids = np.argsort(scores, axis=2)[:, :, : cfg.top_k]
     return RoutingTrace(ids, layers=list(range(len(cfg.moe_layer_ids))), num_experts=cfg.num_experts)
 
 

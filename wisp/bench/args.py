@@ -59,7 +59,10 @@ def _add_agent_parser(kinds) -> None:
     agent.add_argument("--max-reply-tokens", type=int, default=64, help="cap on each reply (the dataset's length)")
     agent.add_argument("--max-sessions", type=int, default=None, help="only the first N sessions")
     agent.add_argument("--routing-trace", default=None, metavar="FILE",
-                       help="real routing for every token (a one-layer trace is spread over all layers)")
+                       help="real routing for every token (a one-layer trace is spread over all layers); 'uniform': "
+                            "i.i.d. uniform top-k, a no-locality bound")
+    agent.add_argument("--controller-start", choices=["plan", "50-50", "kv-blind"], default="plan",
+                       help="the split the controller arm starts from")
     agent.add_argument("--max-num-batched-tokens", type=int, default=MAX_NUM_BATCHED_TOKENS)
     agent.add_argument("--resolve-every", type=int, default=32, help="controller: engine steps between re-solves")
     agent.add_argument("--min-gain", type=float, default=0.05, help="controller: hysteresis (relative latency gain)")

@@ -28,8 +28,12 @@ from wisp.models.moe_decoder import MoEDecoder
 
 
 class DecodeGraphs:
-    def __init__(self, model: MoEDecoder, cache: KVCache, max_batch: int, max_blocks: int, scratch_block: int):
+    def __init__(self, model: MoEDecoder, cache: KVCache, max_batch: int, max_blocks: int, scratch_block: int,
+                 warm_up_stream: torch.cuda.Stream):
+        """`warm_up_stream`: the stream capture warm-ups run on; the caller keeps one for every re-capture (torch
+        keeps a cuBLAS workspace per stream used, so a new stream per capture would leak one each time)."""
         self.model, self.cache, self.max_batch = model, cache, max_batch
+        self._side = warm_up_stream
         dev = model.device
         self.tokens = torch.zeros((max_batch,), dtype=torch.int64, device=dev)
         self.positions = torch.zeros((max_batch,), dtype=torch.int64, device=dev)
@@ -50,7 +54,7 @@ class DecodeGraphs:
         return self.model.logits(hidden)
 
     def _capture(self, b: int, pool):
-        side = torch.cuda.Stream(device=self.model.device)
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: compiles kernels, creates cuBLAS handles, device state
             for _ in range(2):

@@ -68,6 +68,7 @@ class ModelRunner:
         self.observers: list[RoutingObserver] = []
         self.replay: RoutingReplayer | None = None
         self.graphs: DecodeGraphs | None = None
+        self._capture_stream: torch.cuda.Stream | None = None  # one for every (re-)capture: see DecodeGraphs
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -146,7 +147,10 @@ class ModelRunner:
         hook, self.model.routing_hook = self.model.routing_hook, None  # observers see traffic, not the warm-up
         try:
             width = -(-self.max_model_len // self.pool.block_size)
-            self.graphs = DecodeGraphs(self.model, self.kv, self.graph_max_batch(), width, scratch_block)
+            if self._capture_stream is None:
+                self._capture_stream = torch.cuda.Stream(device=self.device)
+            self.graphs = DecodeGraphs(self.model, self.kv, self.graph_max_batch(), width, scratch_block,
+                                       self._capture_stream)
         finally:
             self.model.routing_hook = hook
         sync_all_counters(stores)
