@@ -14,7 +14,8 @@ random router routes (far more repetitively than a trained model: labelled `rout
 
 Why in process, not through the server and the `openai` client: the GPU machine has no FastAPI, uvicorn or
 openai, and what is compared here is the engine's split, which the HTTP layer does not change. Times are
-the engine's own (request arrival -> first token -> last token, `Sequence` timestamps).
+the engine's own (request arrival -> first token -> last token, `Sequence` timestamps). A turn's TTFT is
+an agent's: the history it resends may come from the prefix cache (unlike `wisp bench prefill`'s cold TTFT).
 
 Budget: `--vram-budget` is the whole device budget. Arms are sized by `wisp.bench.agent_arms` from a plan
 made on this workload; after a warm-up the peak allocator statistic is reset and each record reports
@@ -109,13 +110,13 @@ def _percentile(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 4) if values else 0.0
 
 
-def summarize(times: list[TurnTimes], e2e: float) -> dict:
-    """The record's timing fields: TTFT and turn wall percentiles, per-stream decode speed (median)."""
+def summarize(times: list[TurnTimes]) -> dict:
+    """Timing fields of some turns: TTFT and turn wall percentiles, per-stream decode speed (median)."""
     ttft, wall = [t.ttft for t in times], [t.wall for t in times]
     rates = [r for r in (t.decode_tok_s for t in times) if r is not None]
     return {"ttft_p50_s": _percentile(ttft, 50), "ttft_p90_s": _percentile(ttft, 90),
             "decode_tok_s": _percentile(rates, 50), "turn_wall_p50_s": _percentile(wall, 50),
-            "turn_wall_p90_s": _percentile(wall, 90), "e2e_wall_s": round(e2e, 3), "turns": len(times)}
+            "turn_wall_p90_s": _percentile(wall, 90), "turns": len(times)}
 
 
 def session_kv_trace(sessions: list[Session], concurrency: int, block_size: int) -> KVTrace:
@@ -185,11 +186,11 @@ def run_arm(args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session], trac
     e2e = time.perf_counter() - start
     stats = engine.stats()
     record = {"arm": spec.arm, "mode": spec.mode, "expert_cap": spec.expert_cap, "kv_blocks": spec.kv_blocks,
-              **summarize(times, e2e), "preemptions": stats["preemptions"], "hit_rate": round(stats["hit_rate"], 4),
+              **summarize(times), "e2e_wall_s": round(e2e, 3), "preemptions": stats["preemptions"], "hit_rate": round(stats["hit_rate"], 4),
               "kv_blocks_peak": stats["kv_peak_blocks_used"], "bytes_h2d": stats["bytes_h2d"],
               "prefix_hit_tokens": stats["prefix_hit_tokens"], "prefill_tokens": stats["tokens_prefilled"],
               "peak_gpu_bytes": _peak(engine.device), "gpu_bytes_before_load": before}
-    record["per_workflow"] = {w: summarize([t for t in times if t.workflow == w], 0.0)
+    record["per_workflow"] = {w: summarize([t for t in times if t.workflow == w])
                               for w in dict.fromkeys(s.workflow for s in sessions)}
     if engine.live_split is not None:
         record["resizes"] = [{"at_s": round(e.at_s, 3), "stall_s": round(e.stall_s, 4), "from_cap": e.resize.from_cap,
