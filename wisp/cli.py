@@ -76,6 +76,9 @@ def _start_split_controller(engine, plan) -> None:
 
     from wisp.plan.controller import ControllerConfig, SplitController, problem_of_plan
 
+    if plan.report is None:
+        raise WispError("--split-controller needs the budget and costs a plan was solved under: a plan file written "
+                        "by `wisp plan` (this one has only caps and blocks), or --vram-budget")
     logging.getLogger("wisp.controller").setLevel(logging.INFO)  # every resize is logged: when, from -> to, why
     logging.basicConfig(format="wisp: %(message)s")
     problem = problem_of_plan(plan.report, engine.model_config.top_k, engine.model_config.num_experts)

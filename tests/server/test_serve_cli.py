@@ -64,3 +64,12 @@ def test_taken_port(capsys):
 def test_engine_refusals(capsys, flags, needle):
     model = [] if "--model" in flags else ["--model", "demo"]
     assert needle in fails(capsys, ["serve", *model, "--port", "0", "--device", "cpu", *flags])
+
+
+def test_split_controller_needs_a_budget_it_can_split(capsys, tmp_path):
+    assert "--plan or --vram-budget" in fails(capsys, ["serve", "--model", "demo", "--port", "0", "--device", "cpu",
+                                                       "--split-controller"])
+    bare = tmp_path / "plan.json"  # caps and blocks only: no budget or costs to re-solve with
+    bare.write_text('{"per_layer_caps": [8, 8, 8, 8], "kv_blocks": 64, "kv_block_size": 16}')
+    assert "written by `wisp plan`" in fails(capsys, ["serve", "--model", "demo", "--port", "0", "--device", "cpu",
+                                                     "--max-model-len", "256", "--plan", str(bare), "--split-controller"])
