@@ -36,6 +36,9 @@ recover)  # the controller started at the 50-50 split, live: OLMoE (as table4) a
     --controller-start 50-50 --out "$out/agent_qwen3_30b_a3b_os_uniform.json" \
     --plot "$out/agent_qwen3_30b_a3b_os_uniform.png" 2>"$out/agent_qwen3_30b_a3b_os_uniform.log" \
     | tee "$out/agent_qwen3_30b_a3b_os_uniform.txt" ;;
+log)  # the device-side routing log under CUDA graphs (the live split's feed without a replay)
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_routing_log.py tests/engine/test_live_split.py \
+    --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 | tee "$out/pytest_routing_log_cuda.txt" | tail -3 ;;
 qwen3)  # Qwen3-30B-A3B at 24 GiB, random router (no real 128-expert trace exists here): plan vs controller
   python3 -m wisp bench agent --model qwen3-30b-a3b --load-format dummy --vram-budget 24GiB --concurrency 4 \
     --max-model-len 4096 --sessions $d/agentinstruct_os_sample5.json --arms ${ARMS:-mv-wsa,50-50,controller} \

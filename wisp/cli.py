@@ -67,8 +67,7 @@ def _add_serve_parser(sub) -> None:
     sizing.add_argument("--vram-budget", type=parse_size, default=None,
                         help="plan both pools for this budget from a short built-in warm-up trace")
     srv.add_argument("--split-controller", action="store_true",
-                     help="with --plan or --vram-budget: re-split the budget while serving as the workload drifts "
-                          "(decode then runs without CUDA graphs: the controller reads routing on the host)")
+                     help="with --plan or --vram-budget: re-split the budget while serving as the workload drifts")
 
 
 def _start_split_controller(engine, plan) -> None:

@@ -7,7 +7,7 @@ from traces:
 - experts: each step's routing per MoE layer, in touch order (`wisp.core.recency`), as stack distances
   per layer. The routing comes from the engine's routing replay when it keeps the step's rows on the host
   (`SessionRoutingReplay.last_rows`: no device read; set the replay before the live split), else from a
-  routing observer (decode then runs eagerly, see `wisp.engine.model_runner`).
+  `RoutingLog` on the device, drained in one read just before each re-solve (decode keeps its CUDA graphs).
 After each step the controller may decide a resize; it is applied at once with `LLMEngine.apply_plan`
 (between steps, nothing drained: outputs unchanged, no preemption while the admission floor holds).
 Every applied resize is logged (when, from -> to, why) and kept as a `ResizeEvent` with the seconds it
@@ -29,6 +29,7 @@ import torch
 from wisp.core.experts import PagedExperts
 from wisp.core.recency import order_by_last_token
 from wisp.engine.block_pool import chain_hash
+from wisp.engine.routing_log import RoutingLog
 from wisp.plan.controller import Resize, SplitController
 from wisp.plan.lru_stack import LruStack
 
@@ -53,23 +54,6 @@ class SplitState:
     resizes: int
 
 
-class _StepRouting:
-    """A routing observer keeping the current step's routed ids per MoE layer on the host."""
-
-    def __init__(self, layers: list[int]):
-        self.index = {li: i for i, li in enumerate(layers)}
-        self.ids: list[np.ndarray | None] = [None] * len(layers)
-
-    def begin_step(self) -> None:
-        self.ids = [None] * len(self.ids)
-
-    def record(self, layer: int, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
-        self.ids[self.index[layer]] = topk_ids.cpu().numpy()
-
-    def rows(self) -> np.ndarray | None:
-        return None if any(x is None for x in self.ids) else np.stack(self.ids, axis=1)  # [T, L, K]
-
-
 class LiveSplit:
     def __init__(self, engine, controller: SplitController):
         stores = engine.model.experts
@@ -82,16 +66,18 @@ class LiveSplit:
         self.kv_stack = LruStack()
         self.events: list[ResizeEvent] = []
         self.started = time.perf_counter()
-        replay = engine.runner.replay
-        self._observer = None if hasattr(replay, "last_rows") else _StepRouting(self.layers)
-        self._handle = engine.runner.add_routing_observer(self._observer) if self._observer else None
+        self._replay = engine.runner.replay if hasattr(engine.runner.replay, "last_rows") else None
+        self._log = None
+        if self._replay is None:
+            self._log = RoutingLog(self.layers, engine.model_config.top_k, engine.device)
+            engine.runner.set_routing_log(self._log)
         caps = {s.pager.capacity for s in stores.values()}
         if caps != {controller.expert_cap} or engine.pool.num_blocks != controller.kv_blocks:
             engine.apply_plan([controller.expert_cap] * len(self.layers), controller.kv_blocks)
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
+        if self._log is not None:
+            self.engine.runner.set_routing_log(None)
 
     # -- what it is fed -----------------------------------------------------------------------------
     def observe_request(self, prompt_ids: list[int]) -> None:
@@ -114,9 +100,11 @@ class LiveSplit:
 
     # -- after each step ------------------------------------------------------------------------------
     def after_step(self) -> ResizeEvent | None:
-        rows = self.engine.runner.replay.last_rows if self._observer is None else self._observer.rows()
-        if rows is not None and len(rows):
-            self._observe_routing(rows)
+        if self._replay is not None and self._replay.last_rows is not None and len(self._replay.last_rows):
+            self._observe_routing(self._replay.last_rows)
+        elif self._log is not None and (self.controller.steps + 1) % self.controller.config.resolve_every == 0:
+            for rows in self._log.drain():  # the steps since the last re-solve, just before this one
+                self._observe_routing(rows)
         resize = self.controller.step()
         if resize is None:
             return None

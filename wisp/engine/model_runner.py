@@ -11,6 +11,8 @@ Extension points (benchmarks and tracing), in place of attributes patched onto t
   on the host, which a graph cannot), so the graphs need no re-capture.
 - a routing replay (`set_routing_replay`): recorded expert choices in place of the router's. A graph
   reads the replay's buffer only if captured with it, so setting or clearing one re-captures the graphs.
+- a routing log (`set_routing_log`, `wisp.engine.routing_log`): every step's routing written on the device,
+  graphs included (set or cleared with a re-capture; the capture's warm-up rows are forgotten).
 
 Invariants: a step samples exactly the sequences whose tokens this step reach their end (a prefill
 chunk short of its prompt's end only writes KV); a decode batch replays a graph only when graphs exist,
@@ -97,6 +99,11 @@ class ModelRunner:
         self.model.routing_override = replay
         self.capture_graphs()
 
+    def set_routing_log(self, log) -> None:
+        """Log every step's routing into `log` from now on (None: stop); re-captures the graphs."""
+        self.model.routing_log = log
+        self.capture_graphs()
+
     def _begin_step(self, batch: Batch) -> None:
         if self.replay is not None:
             self.replay.advance(batch)
@@ -154,6 +161,8 @@ class ModelRunner:
         finally:
             self.model.routing_hook = hook
         sync_all_counters(stores)
+        if self.model.routing_log is not None:
+            self.model.routing_log.reset()  # nor is it logged
         for store, counters in zip(stores, before):  # the warm-up's routing is not traffic
             store.counters.copy_from(counters)
             if isinstance(store, PagedExperts):

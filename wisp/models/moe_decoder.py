@@ -122,6 +122,7 @@ class MoEDecoder:
         self.experts = experts  # layer index -> store, MoE layers only
         self.routing_hook = None  # called as hook(layer, topk_ids, topk_weights) when set (trace recording)
         self.routing_override = None  # .ids(layer, topk_ids) -> replayed ids (benchmarks only)
+        self.routing_log = None  # .record(layer, topk_ids): device-side, graph-safe (wisp.engine.routing_log)
         self.device = embed.device
         self.dtype = embed.dtype
         self.rms_norm = rows.rms_norm  # "triton": one row-invariant kernel per norm / rotation (CUDA)
@@ -179,6 +180,8 @@ class MoEDecoder:
             topk_weights = topk_weights.to(weight_dtype)
         if self.routing_hook is not None:
             self.routing_hook(li, topk_ids, topk_weights)
+        if self.routing_log is not None:
+            self.routing_log.record(li, topk_ids)
         store = self.experts[li]
         out = store.forward_graph_safe(x, topk_ids, topk_weights) if graph_safe else store.forward(x, topk_ids, topk_weights)
         if lw.shared is not None:
