@@ -4,6 +4,8 @@ equal the controller's split."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -82,6 +84,7 @@ def test_live_resizes_keep_every_output(device, attention_backend, routing):
         assert all(torch.equal(a, b) for a, b in zip(got[rid][1], logits))
     assert engine.stats()["preemptions"] == 0
     assert engine.runner.graph_steps > 0 or not engine.runner.graphs_enabled()  # decode kept its CUDA graphs
+    assert engine.live_split.routing_rows_lost == 0  # drained before the ring could fill
     state = engine.live_split.state()
     assert state.resizes == len(events) and state.admission_floor_blocks == engine.floor_blocks
     engine.set_live_split(None)
@@ -95,3 +98,16 @@ def test_replay_routes_each_session_from_its_offset(device):
     replay.assign("a", 5)
     engine.step()
     assert np.array_equal(replay.last_rows, replay.rows[5 : 5 + 32])  # the first 32-token chunk
+
+
+def test_the_routing_log_is_drained_before_it_fills(device):
+    engine = _engine(device, "torch")
+    controller = _controller(engine)
+    controller.config = replace(controller.config, resolve_every=10_000)  # no re-solve: only a full ring drains it
+    engine.set_live_split(controller)
+    for j, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{j}", prompt, PARAMS)
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.live_split.routing_rows_lost == 0
+    assert controller._experts.total > 0  # what was drained reached the controller

@@ -19,6 +19,7 @@ def test_metrics_show_the_controller_and_each_layer(device):
     assert 'wisp_split_marginal_value_seconds_per_byte{side="expert_slots"}' in body
     assert 'wisp_split_marginal_value_seconds_per_byte{side="kv_blocks"}' in body
     assert all(f'wisp_expert_layer_hit_rate{{layer="{li}"}}' in body for li in engine.model.experts)
-    event = engine.live_split.events[0]
+    event = engine.live_split.events[-1]
     assert f"wisp_split_resizes_total {float(len(engine.live_split.events))}" in body
-    assert f'to_cap="{event.resize.to_cap}"' in body and "wisp_split_resize_stall_seconds{" in body
+    assert f'to_cap="{event.resize.to_cap}"' in body and "wisp_split_last_resize_stall_seconds{" in body
+    assert f"wisp_split_last_resize_at_seconds {event.at_s}" in body

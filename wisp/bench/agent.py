@@ -132,11 +132,13 @@ def session_kv_trace(sessions: list[Session], concurrency: int, block_size: int)
     return kv
 
 
-def routing_for(path: str | None, cfg: ModelConfig) -> tuple[RoutingTrace | None, str]:
+def routing_for(path: str | None, cfg: ModelConfig, tokens: int = 8192) -> tuple[RoutingTrace | None, str]:
+    """The routing to replay and its label; `tokens`: the uniform trace's length (sessions x max_model_len, so
+    sessions, spaced by it, never share rows)."""
     if path is None:
         return None, "random-router"
     if path == "uniform":
-        return _uniform_trace(cfg, 8192), "uniform-iid"
+        return _uniform_trace(cfg, tokens), "uniform-iid"
     trace = load_any(path)
     layers = len(cfg.moe_layer_ids)
     if len(trace.layers) == 1 and layers > 1:
@@ -224,7 +226,7 @@ def bench_agent(args) -> list[dict]:
     device = resolve_device(args.device)
     cfg = model_config_for(args.model, args.load_format)
     sessions = _sessions(args, cfg)
-    trace, routing = routing_for(args.routing_trace, cfg)
+    trace, routing = routing_for(args.routing_trace, cfg, max(8192, len(sessions) * args.max_model_len))
     gbps = probe_h2d_gbps(device)
     inputs = PlanInputs(vram_budget=args.vram_budget, max_concurrency=args.concurrency, max_model_len=args.max_model_len,
                         seconds_per_byte=None if device.type == "cuda" else 1e-10)
@@ -255,9 +257,9 @@ def _uniform_trace(cfg: ModelConfig, tokens: int) -> RoutingTrace:
     """Each token's top_k experts drawn uniformly at random in every layer, independently (seed 0): no reuse
     beyond chance, so a pessimistic bound on a trained model's locality. `--routing-trace uniform` replays it;
     without a trace the planner still needs curves and reads them from it."""
-    rng = np.random.default_rng(0)
-    scores = rng.random((tokens, len(cfg.moe_layer_ids), cfg.num_experts))
-    ids = np.argsort(scores, axis=2)[:, :, : cfg.top_k]
+    rng, layers = np.random.default_rng(0), len(cfg.moe_layer_ids)
+    ids = np.concatenate([np.argsort(rng.random((min(1024, tokens - t), layers, cfg.num_experts)), axis=2)[:, :, : cfg.top_k]
+                          for t in range(0, tokens, 1024)]).astype(np.int16)
     return RoutingTrace(ids, layers=list(range(len(cfg.moe_layer_ids))), num_experts=cfg.num_experts)
 
 

@@ -24,6 +24,7 @@ from wisp.engine.block_pool import BlockPool
 from wisp.engine.detokenizer import IncrementalDetokenizer
 from wisp.engine.kv_cache import KVCache
 from wisp.engine.live_split import LiveSplit
+from wisp.engine.resize_timings import ResizeClock, ResizeTimings
 from wisp.engine.model_runner import ModelRunner
 from wisp.engine.sampling import SamplingParams
 from wisp.engine.scheduler import Scheduler
@@ -157,7 +158,7 @@ class LLMEngine:
             if seq.finished:
                 self.requests.pop(seq.request_id, None)
         if self.live_split is not None:
-            self.live_split.after_step()
+            self.live_split.after_step(sum(batch.num_tokens))
         return [_output(seq) for seq in done]
 
     def set_live_split(self, controller) -> None:
@@ -187,30 +188,36 @@ class LLMEngine:
         self._resize_kv_tensors(num_blocks)
         self.runner.capture_graphs()
 
-    def apply_plan(self, expert_caps: list[int], kv_blocks: int) -> None:
+    def apply_plan(self, expert_caps: list[int], kv_blocks: int) -> ResizeTimings:
         """Resize both pools between steps, without draining: each paged layer's scratch to its cap (it
         refills on demand) and the KV pool to kv_blocks, keeping every used block and the most recently
         used cached ones (`BlockPool.resize_live`). The shrinking side goes first, so the two never hold
         their larger sizes at once; no request is preempted while kv_blocks holds the admission floor
         (every running request fits in it). Outputs stay bit-identical: KV blocks are copied bit for bit
-        and a token's MoE result does not depend on which slots hold its experts."""
+        and a token's MoE result does not depend on which slots hold its experts. Returns how long each part
+        took (the device synchronised between parts)."""
         self.check_floor(kv_blocks)
         cfg = EngineConfig(**{**self.config.__dict__, "per_layer_caps": tuple(expert_caps), "expert_cap": None})
         caps = dict(zip(self.model_config.moe_layer_ids, cfg.resolve_layer_caps(self.model_config)))
         paged = {li: s for li, s in self.model.experts.items() if isinstance(s, PagedExperts)}
         if len(paged) != len(caps):
             raise WispError("a plan's expert caps apply to --mode paged only")
+        clock = ResizeClock(self.device)
         self.runner.drop_graphs()  # they point at the old scratches and KV tensors
-        kv_shrinks = kv_blocks < self.pool.num_blocks
+        kv_shrinks, kv_s = kv_blocks < self.pool.num_blocks, 0.0
         if kv_shrinks:
             self._resize_kv_tensors(kv_blocks)
+            kv_s = clock.lap()
         for li, store in paged.items():
             store.resize(caps[li])
+        experts_s = clock.lap()
         if not kv_shrinks:
             self._resize_kv_tensors(kv_blocks)
+            kv_s = clock.lap()
         self.config = self.runner.config = cfg
         self.expert_cap = max(caps.values())
         self.runner.capture_graphs()
+        return ResizeTimings(kv_s, experts_s, clock.lap())
 
     def _resize_kv_tensors(self, num_blocks: int) -> None:
         moves = self.pool.resize_live(num_blocks)

@@ -49,17 +49,21 @@ class KVCache:
 
     def resize_keeping(self, num_blocks: int, moves: dict[int, int], keep: int) -> None:
         """Reallocate with `num_blocks` blocks while requests run: first copy each moved block to its new
-        id, then carry blocks 0..keep-1 over (`BlockPool.resize_live`'s result). The kept blocks wait in
-        host memory while the old tensors are freed, so the device never holds both sizes at once."""
+        id, then carry blocks 0..keep-1 over (`BlockPool.resize_live`'s result). Layer by layer, so a device
+        temporary never exceeds one layer's moved blocks, and the kept blocks wait in host memory while the
+        old tensors are freed: the device never holds both sizes at once."""
         if moves:
             src = torch.tensor(list(moves), device=self.device)
             dst = torch.tensor(list(moves.values()), device=self.device)
-            self.k[:, dst] = self.k[:, src]
-            self.v[:, dst] = self.v[:, src]
-        kept = [self.k[:, :keep].cpu(), self.v[:, :keep].cpu()]  # no other reference to the old tensors survives
+            for t in (self.k, self.v):
+                for layer in t:  # [num_blocks, ...], contiguous
+                    layer[dst] = layer[src]
+            del t, layer
+        kept = [[layer[:keep].cpu() for layer in t] for t in (self.k, self.v)]  # each slice contiguous: no device copy
         self.resize(num_blocks)
         for t, saved in zip((self.k, self.v), kept):
-            t[:, :keep].copy_(saved)
+            for layer, block in zip(t, saved):
+                layer[:keep].copy_(block)
 
 
 class BlockTableKV:

@@ -29,6 +29,7 @@ import torch
 from wisp.core.experts import PagedExperts
 from wisp.core.recency import order_by_last_token
 from wisp.engine.block_pool import chain_hash
+from wisp.engine.resize_timings import ResizeTimings
 from wisp.engine.routing_log import RoutingLog
 from wisp.plan.controller import Resize, SplitController
 from wisp.plan.lru_stack import LruStack
@@ -41,6 +42,7 @@ class ResizeEvent:
     resize: Resize
     at_s: float  # seconds since the live split was registered
     stall_s: float  # how long applying it held the engine (pools, copies, graph capture)
+    timings: ResizeTimings  # ... by part
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,9 @@ class LiveSplit:
         self._replay = engine.runner.replay if hasattr(engine.runner.replay, "last_rows") else None
         self._log = None
         if self._replay is None:
-            self._log = RoutingLog(self.layers, engine.model_config.top_k, engine.device)
+            self._largest_step = engine.config.max_num_batched_tokens + engine.config.max_concurrency
+            self._log = RoutingLog(self.layers, engine.model_config.top_k, engine.device, 4 * self._largest_step)
+            self._logged = 0  # rows since the last drain
             engine.runner.set_routing_log(self._log)
         caps = {s.pager.capacity for s in stores.values()}
         if caps != {controller.expert_cap} or engine.pool.num_blocks != controller.kv_blocks:
@@ -99,25 +103,34 @@ class LiveSplit:
         self.controller.observe_experts(distances, t)
 
     # -- after each step ------------------------------------------------------------------------------
-    def after_step(self) -> ResizeEvent | None:
+    def after_step(self, tokens: int) -> ResizeEvent | None:
+        """The engine computed a step of `tokens` tokens: feed it, let the controller decide, apply a resize."""
         if self._replay is not None and self._replay.last_rows is not None and len(self._replay.last_rows):
             self._observe_routing(self._replay.last_rows)
-        elif self._log is not None and (self.controller.steps + 1) % self.controller.config.resolve_every == 0:
-            for rows in self._log.drain():  # the steps since the last re-solve, just before this one
-                self._observe_routing(rows)
+        elif self._log is not None:
+            self._logged += tokens
+            resolving = (self.controller.steps + 1) % self.controller.config.resolve_every == 0
+            if resolving or self._logged + self._largest_step > self._log.capacity:  # before a re-solve or a full ring
+                for rows in self._log.drain():
+                    self._observe_routing(rows)
+                self._logged = 0
         resize = self.controller.step()
         if resize is None:
             return None
         start = time.perf_counter()
-        self.engine.apply_plan([resize.to_cap] * len(self.layers), resize.to_kv_blocks)
-        if self.engine.device.type == "cuda":
-            torch.cuda.synchronize(self.engine.device)
-        event = ResizeEvent(resize, start - self.started, time.perf_counter() - start)
+        timings = self.engine.apply_plan([resize.to_cap] * len(self.layers), resize.to_kv_blocks)
+        event = ResizeEvent(resize, start - self.started, time.perf_counter() - start, timings)
         self.events.append(event)
-        log.info("resize at step %d (%.1f s): expert cap %d -> %d, KV blocks %d -> %d, stalled %.3f s: %s",
-                 resize.step, event.at_s, resize.from_cap, resize.to_cap, resize.from_kv_blocks, resize.to_kv_blocks,
-                 event.stall_s, resize.reason)
+        log.info("resize at step %d (%.1f s): expert cap %d -> %d, KV blocks %d -> %d, stalled %.3f s (KV %.3f, "
+                 "experts %.3f, graphs %.3f): %s", resize.step, event.at_s, resize.from_cap, resize.to_cap,
+                 resize.from_kv_blocks, resize.to_kv_blocks, event.stall_s, timings.kv_s, timings.experts_s,
+                 timings.graphs_s, resize.reason)
         return event
+
+    @property
+    def routing_rows_lost(self) -> int:
+        """Logged routing rows overwritten before a drain (0 unless a step outgrew the log)."""
+        return self._log.lost if self._log is not None else 0
 
     def state(self) -> SplitState:
         slot_value, block_value = self.controller.marginal_values()

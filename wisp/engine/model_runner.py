@@ -70,6 +70,7 @@ class ModelRunner:
         self.observers: list[RoutingObserver] = []
         self.replay: RoutingReplayer | None = None
         self.graphs: DecodeGraphs | None = None
+        self._capture_pending = False  # a capture that found no block to write its warm-up into
         self._capture_stream: torch.cuda.Stream | None = None  # one for every (re-)capture: see DecodeGraphs
         self.reset_counters()
 
@@ -137,7 +138,11 @@ class ModelRunner:
     def capture_graphs(self) -> None:
         """(Re)capture the decode graphs, writing only one block taken from the pool meanwhile."""
         self.graphs = None
+        self._capture_pending = False
         if not self.graphs_enabled():
+            return
+        if self.pool.available() == 0:  # every block in use: decode eagerly until a step finds one free
+            self._capture_pending = True
             return
         peak = self.pool.counters.peak_blocks_used
         scratch = self.pool.allocate(1)
@@ -173,6 +178,8 @@ class ModelRunner:
     def run(self, batch: Batch) -> list[int | None]:
         """Compute the batch's tokens; per sequence the token it sampled, or None where its tokens stop
         short of its end (a prefill chunk: KV written, nothing sampled)."""
+        if self._capture_pending and self.pool.available():
+            self.capture_graphs()
         self._begin_step(batch)
         if self._replays_graph(batch):
             return self._sample(batch.seqs, self._run_graph(batch.seqs))

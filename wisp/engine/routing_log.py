@@ -20,11 +20,12 @@ import torch
 
 
 class RoutingLog:
-    def __init__(self, moe_layer_ids: list[int], top_k: int, device: torch.device, capacity: int = 8192):
+    def __init__(self, moe_layer_ids: list[int], top_k: int, device: torch.device, capacity: int):
+        """capacity: rows (tokens) kept; at least the largest step's tokens (the caller drains before it fills)."""
         self.index = {li: i for i, li in enumerate(moe_layer_ids)}
         self.last_layer = moe_layer_ids[-1]
         self.capacity = capacity
-        self.ids = torch.full((capacity, len(moe_layer_ids), top_k), -1, dtype=torch.int64, device=device)
+        self.ids = torch.full((capacity, len(moe_layer_ids), top_k), -1, dtype=torch.int16, device=device)  # ids < 2^15
         self.step_of = torch.zeros(capacity, dtype=torch.int64, device=device)
         self.rows = torch.zeros((), dtype=torch.int64, device=device)  # rows written
         self.steps = torch.zeros((), dtype=torch.int64, device=device)  # steps logged
@@ -36,7 +37,7 @@ class RoutingLog:
         """One MoE layer's routed ids [T, K] of the current step (no host sync)."""
         t = topk_ids.shape[0]
         where = (self.rows + self._arange[:t]) % self.capacity  # [T]
-        self.ids[:, self.index[layer]].index_copy_(0, where, topk_ids.to(torch.int64))
+        self.ids[:, self.index[layer]].index_copy_(0, where, topk_ids.to(torch.int16))
         if layer == self.last_layer:
             self.step_of.index_copy_(0, where, self.steps.expand(t).contiguous())
             self.rows.add_(t)
@@ -51,7 +52,7 @@ class RoutingLog:
         if written == start:
             return []
         where = torch.arange(start, written, device=self.ids.device) % self.capacity
-        ids, steps = self.ids[where].cpu().numpy(), self.step_of[where].cpu().numpy()
+        ids, steps = self.ids[where].cpu().numpy().astype(np.int64), self.step_of[where].cpu().numpy()
         if lost:  # the oldest step may have lost its first rows to the wrap: drop what is left of it
             keep = steps != steps[0]
             ids, steps = ids[keep], steps[keep]

@@ -76,12 +76,15 @@ def _split_controller(state: dict) -> Iterator[Metric]:
     value.add_metric(["kv_blocks"], state["kv_block_value"])
     yield value
     yield CounterMetricFamily("wisp_split_resizes", "Resizes the online split controller applied.", value=state["resizes"])
-    recent = GaugeMetricFamily("wisp_split_resize_stall_seconds", "Seconds each recent resize held the engine.",
-                               labels=["step", "from_cap", "to_cap", "from_kv_blocks", "to_kv_blocks", "reason"])
-    for r in state["recent_resizes"]:
-        recent.add_metric([str(r[k]) for k in ("step", "from_cap", "to_cap", "from_kv_blocks", "to_kv_blocks", "reason")],
-                          r["stall_s"])
-    yield recent
+    if state["recent_resizes"]:  # the last one (the log keeps them all): one series, whatever the history
+        r = state["recent_resizes"][-1]
+        keys = ("from_cap", "to_cap", "from_kv_blocks", "to_kv_blocks", "reason")
+        info = GaugeMetricFamily("wisp_split_last_resize_stall_seconds", "Seconds the last resize held the engine; "
+                                 "labels: from -> to and why.", labels=list(keys))
+        info.add_metric([str(r[k]) for k in keys], r["stall_s"])
+        yield info
+        yield GaugeMetricFamily("wisp_split_last_resize_at_seconds", "When the last resize happened, in seconds since "
+                                "the controller started.", value=r["at_s"])
 
 
 class ServerMetrics:
