@@ -62,6 +62,8 @@ def _add_serve_parser(sub) -> None:
     srv.add_argument("--max-concurrency", type=parse_positive_int, default=4, help="most requests running at once")
     srv.add_argument("--max-model-len", type=parse_positive_int, default=None, help="longest prompt + completion, tokens")
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    srv.add_argument("--max-request-bytes", type=parse_size, default="4MiB", metavar="SIZE",
+                     help="largest request body accepted, e.g. 4MiB (default), 16MiB; a larger one gets a 413")
     sizing = srv.add_mutually_exclusive_group()
     sizing.add_argument("--plan", default=None, metavar="PLAN.json", help="size both pools from `wisp plan` output")
     sizing.add_argument("--vram-budget", type=parse_size, default=None,
@@ -175,7 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock.close()
         raise
     async_engine = AsyncEngine(engine)
-    app = build_app(async_engine, args.model, api_key=args.api_key)
+    app = build_app(async_engine, args.model, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
     host = f"[{args.host}]" if ":" in args.host else args.host
     serve(app, async_engine, sock, f"wisp: serving {args.model} on http://{host}:{sock.getsockname()[1]}")
     if recorder is not None:

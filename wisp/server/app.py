@@ -5,8 +5,15 @@ POST /v1/chat/completions (both streamed as server-sent events with `"stream": t
 
 Invariants:
 - Every error a client can cause is an OpenAI error object ({"error": {message, type, param, code}}):
-  bad JSON / wrong types / unsupported options / too long -> 400, missing or wrong bearer key on /v1
-  -> 401, unknown model or route -> 404, engine shutting down -> 503.
+  bad JSON / wrong types / invalid Unicode / unsupported options / too long -> 400, missing or wrong
+  bearer key on /v1 -> 401, unknown model or route -> 404, a body over `max_request_bytes` -> 413,
+  engine shutting down -> 503. A 400 about one field names it in `param` (prompt, messages,
+  max_tokens, ...); only errors about the body as a whole (not JSON, not an object) leave it null.
+- Anything else is a bug: a generic 500 that echoes no exception text and closes the connection
+  (`guards.ErrorBoundary`; the traceback goes to the log).
+- Prompt text is rendered (chat template) and tokenized on a small thread pool, never on the event
+  loop, so a huge prompt cannot stall /health or other streams; its token count is checked against
+  max_model_len before the engine sees it (a list of token ids, before anything else).
 - All state (engine, metrics, chat template, key) lives in `app.state`, the route closures and the
   `_Generator` that `build_app` makes for them; nothing is module-global.
 - The lifespan starts the engine thread and, on shutdown, aborts what is left and joins it.
@@ -16,33 +23,32 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import logging
+import re
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wisp.engine.async_engine import AsyncEngine, EngineShutDown
 from wisp.errors import WispError
 from wisp.server.chat_template import ChatTemplate
+from wisp.server.guards import DEFAULT_MAX_REQUEST_BYTES, BodyLimit, ErrorBoundary, error_response
 from wisp.server.metrics import ServerMetrics
 from wisp.server.protocol import (
     APIError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionChoice,
-    CompletionRequest, ErrorInfo, ErrorResponse, ModelCard, ModelList, Usage, new_id, now,
+    CompletionRequest, ErrorInfo, ModelCard, ModelList, Usage, new_id, now, unencodable_at,
 )
 from wisp.server.streaming import ChatChunks, ClientGone, CompletionChunks, final_output, sse_events
 
-log = logging.getLogger("wisp.server")
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+TOKENIZER_THREADS = 2  # prompts rendered and tokenized at once; more wait their turn (off the event loop)
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
-
-
-def error_response(status: int, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status, headers=headers)
+_SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
 
 class BearerAuth:
@@ -90,7 +96,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(400, ErrorInfo(message=message, type="invalid_request_error", param=param))
 
     @app.exception_handler(WispError)
-    async def _wisp_error(request: Request, exc: WispError):
+    async def _wisp_error(request: Request, exc: WispError):  # the routes name the field of those they expect
         return error_response(400, ErrorInfo(message=str(exc), type="invalid_request_error"))
 
     @app.exception_handler(EngineShutDown)
@@ -104,32 +110,39 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(exc.status_code, ErrorInfo(message=str(exc.detail), type=kind), exc.headers)
+        message = str(exc.detail)
+        if exc.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's, e.g. bad UTF-8
+            message = "the request body could not be read as JSON text (is it valid UTF-8?)"
+        return error_response(exc.status_code, ErrorInfo(message=message, type=kind), exc.headers)
 
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception):
-        log.exception("unhandled error serving %s", request.url.path)
-        return error_response(500, ErrorInfo(message=f"internal error: {exc!r}", type="server_error"))
+    # no handler for Exception: guards.ErrorBoundary answers those (a generic 500), and closes the connection
 
 
-def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None = None) -> FastAPI:
-    """The app serving `engine` as `served_model_name` (with `api_key`, /v1 routes need it)."""
+def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None = None,
+              max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+    """The app serving `engine` as `served_model_name` (with `api_key`, /v1 routes need it; a request body
+    over `max_request_bytes` is a 413)."""
     metrics = ServerMetrics(engine.stats)
     engine.add_observer(metrics)
-    generator = _Generator(engine, served_model_name, ChatTemplate(engine.chat_template, engine.special_tokens))
-    app = FastAPI(title="wisp", lifespan=_lifespan(engine), docs_url=None, redoc_url=None)
+    tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="wisp-tokenize")
+    generator = _Generator(engine, served_model_name, ChatTemplate(engine.chat_template, engine.special_tokens),
+                           tokenizer_pool)
+    app = FastAPI(title="wisp", lifespan=_lifespan(engine, tokenizer_pool), docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.served_model_name = served_model_name
+    # the last added runs first: the boundary around everything, the key checked before a body is read
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
+    app.add_middleware(ErrorBoundary)
     _install_error_handlers(app)
     _add_info_routes(app, engine, metrics, served_model_name)
     _add_generation_routes(app, generator)
     return app
 
 
-def _lifespan(engine: AsyncEngine):
+def _lifespan(engine: AsyncEngine, tokenizer_pool: ThreadPoolExecutor):
     """Start the engine thread with the app; on shutdown abort what is left and join it."""
 
     @asynccontextmanager
@@ -139,6 +152,7 @@ def _lifespan(engine: AsyncEngine):
             yield
         finally:
             await asyncio.to_thread(engine.shutdown)
+            tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     return lifespan
 
@@ -169,14 +183,18 @@ def _add_generation_routes(app: FastAPI, generator: "_Generator") -> None:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         generator.check_model(req.model)
-        prompt_ids = generator.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+        if isinstance(req.prompt, str):
+            prompt_ids = await generator.encode(lambda: req.prompt, "prompt")
+        else:
+            prompt_ids = generator.check_prompt_ids(list(req.prompt))
         return await generator.generate(req, request, prompt_ids, DEFAULT_COMPLETION_TOKENS, "prompt", "cmpl",
                                         CompletionChunks, _completion)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         generator.check_model(req.model)
-        prompt_ids = generator.encode(generator.chat_template.render([m.template_dict() for m in req.messages]))
+        messages = [m.template_dict() for m in req.messages]
+        prompt_ids = await generator.encode(lambda: generator.render_chat(messages), "messages")
         return await generator.generate(req, request, prompt_ids, None, "messages", "chatcmpl", ChatChunks,
                                         _chat_completion)
 
@@ -189,6 +207,11 @@ def _completion(request_id: str, out, usage: Usage, model: str) -> Completion:
 def _chat_completion(request_id: str, out, usage: Usage, model: str) -> ChatCompletion:
     choice = ChatChoice(message=AssistantMessage(content=out.text), finish_reason=out.finish_reason)
     return ChatCompletion(id=request_id, created=now(), model=model, usage=usage, choices=[choice])
+
+
+def length_param(req) -> str:
+    """The field a request set its completion length with (chat requests have two names for it)."""
+    return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
 
 
 def max_tokens_for(req, prompt_len: int, limit: int, default: int | None, prompt_param: str) -> int:
@@ -205,39 +228,89 @@ def max_tokens_for(req, prompt_len: int, limit: int, default: int | None, prompt
             f"This model's maximum context length is {limit} tokens. However, you requested "
             f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the completion). "
             "Please reduce the length of the prompt or max_tokens.",
-            param="max_tokens" if requested is not None else prompt_param,
+            param=length_param(req) if requested is not None else prompt_param,
             code="context_length_exceeded",
         )
     return max_tokens
 
 
-class _Generator:
-    """What the two generation routes share: the model-name check, prompt encoding, and submitting one
-    request to the engine (streamed as server-sent events, or waited for and returned whole)."""
+def too_long(prompt_len: int, limit: int, param: str) -> APIError:
+    """The prompt alone fills the context (checked before any other work on the request)."""
+    return APIError(400, f"This model's maximum context length is {limit} tokens. However, the prompt alone has "
+                         f"{prompt_len} tokens ({prompt_len} in the prompt, at least 1 needed for the completion). "
+                         "Please reduce the length of the prompt.", param=param, code="context_length_exceeded")
 
-    def __init__(self, engine: AsyncEngine, served_model_name: str, chat_template: ChatTemplate):
+
+def param_of(message: str, fields: tuple[str, ...], default: str | None) -> str | None:
+    """The request field an engine-side error message is about: the first of `fields` it names."""
+    named = [(m.start(), f) for f in fields if (m := re.search(rf"\b{f}\b", message))]
+    return min(named)[1] if named else default
+
+
+class _Generator:
+    """What the two generation routes share: the model-name check, prompt encoding (off the event loop),
+    and submitting one request to the engine (streamed as server-sent events, or waited for and returned
+    whole)."""
+
+    def __init__(self, engine: AsyncEngine, served_model_name: str, chat_template: ChatTemplate,
+                 tokenizer_pool: ThreadPoolExecutor):
         self.engine = engine
         self.served_model_name = served_model_name
         self.chat_template = chat_template
+        self.tokenizer_pool = tokenizer_pool
 
     def check_model(self, name: str) -> None:
         if name != self.served_model_name:
             raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.served_model_name}`.",
                            param="model", code="model_not_found")
 
-    def encode(self, text: str) -> list[int]:
-        if self.engine.tokenizer is None:
-            raise WispError("this model has no tokenizer.json: send the prompt as a list of token ids")
-        return self.engine.tokenizer.encode(text)
+    def check_prompt_ids(self, prompt_ids: list[int]) -> list[int]:
+        if len(prompt_ids) >= self.engine.max_model_len:
+            raise too_long(len(prompt_ids), self.engine.max_model_len, "prompt")
+        return prompt_ids
+
+    def render_chat(self, messages: list[dict]) -> str:
+        try:
+            return self.chat_template.render(messages)
+        except WispError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+
+    async def encode(self, text_of, field: str) -> list[int]:
+        """Token ids of the text `text_of()` makes (the prompt, or the rendered chat), both run on the
+        tokenizer pool; a 400 naming `field` if it cannot be encoded or leaves no room for a completion."""
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise APIError(400, "this model has no tokenizer.json: send the prompt as a list of token ids", param=field)
+
+        def work() -> list[int]:
+            text = text_of()
+            if unencodable_at(text) is not None:  # a template can quote what validation let through (e.g. a key)
+                raise APIError(400, f"{field}: the text holds a lone UTF-16 surrogate, which is not valid Unicode",
+                               param=field)
+            return tokenizer.encode(text)
+
+        prompt_ids = await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, work)
+        if len(prompt_ids) >= self.engine.max_model_len:
+            raise too_long(len(prompt_ids), self.engine.max_model_len, field)
+        return prompt_ids
 
     async def generate(self, req, request: Request, prompt_ids: list[int], default_max: int | None, field: str,
                        prefix: str, chunks, whole):
         """Submit one request; stream it as SSE through `chunks`, or wait and build `whole(id, output, usage,
-        model)`."""
+        model)`. The engine's own refusals (WispError) become 400s naming the field they are about."""
         limit = self.engine.max_model_len
-        params = req.sampling_params(max_tokens_for(req, len(prompt_ids), limit, default_max, field))
+        max_tokens = max_tokens_for(req, len(prompt_ids), limit, default_max, field)
+        try:
+            params = req.sampling_params(max_tokens)
+        except WispError as exc:
+            param = param_of(str(exc), _SAMPLING_FIELDS, None)
+            raise APIError(400, str(exc), param=length_param(req) if param == "max_tokens" else param) from None
         request_id = new_id(prefix)
-        stream = await self.engine.submit(request_id, prompt_ids, params)
+        try:
+            stream = await self.engine.submit(request_id, prompt_ids, params)
+        except WispError as exc:  # the engine's prompt checks (vocabulary, length); max_tokens if it says so
+            param = param_of(str(exc), ("max_tokens",), field)
+            raise APIError(400, str(exc), param=length_param(req) if param == "max_tokens" else param) from None
         if req.stream:
             events = sse_events(stream, chunks(request_id, now(), self.served_model_name), req.stop_strings,
                                 req.include_usage, len(prompt_ids))

@@ -4,17 +4,67 @@ Requests are validated strictly (a string where a number belongs is a 400, never
 OpenAI defines that wisp cannot honour (n > 1, logprobs, penalties, tools, ...) are rejected with a
 message naming them rather than silently ignored; fields nobody defines are ignored. Field names
 follow the OpenAI API exactly.
+
+Invariants:
+- Every string a request carries that wisp reads (`Text`: model, prompt, stop, user, message roles,
+  contents and extra message keys) is valid Unicode: JSON can spell a lone UTF-16 surrogate
+  (`"\\ud800"`), which no encoder or tokenizer accepts, so it is a validation error naming its field.
+- An `ErrorInfo` message is always encodable as UTF-8 (unencodable characters are backslash-escaped),
+  so rendering an error can never fail on the text it quotes.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from wisp.engine.sampling import SamplingParams
+
+
+# -- text ---------------------------------------------------------------------------------------------
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def unencodable_at(text: str) -> int | None:
+    """The index of the first character of `text` that UTF-8 cannot encode (a lone surrogate), or None."""
+    match = _SURROGATE.search(text)
+    return None if match is None else match.start()
+
+
+def _first_unencodable(value: Any, path: str = "") -> tuple[str, str, int] | None:
+    """(path, text, index) of the first string under `value` (str, list, dict or model, walked in order)
+    holding a lone surrogate; path is relative (`.0.text`, `.name`, or "" for `value` itself)."""
+    if isinstance(value, str):
+        at = unencodable_at(value)
+        return None if at is None else (path, value, at)
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _first_unencodable(str(key), f"{path}.<key>") or _first_unencodable(item, f"{path}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
+def _encodable(value: Any) -> Any:
+    found = _first_unencodable(value)
+    if found is not None:
+        path, text, at = found
+        where = f"{path.lstrip('.')}: " if path else ""
+        raise ValueError(f"{where}the text holds a lone UTF-16 surrogate (U+{ord(text[at]):04X} at character {at}), "
+                         "which is not valid Unicode: send valid UTF-8 (an escaped surrogate must be half of a pair)")
+    return value
+
+
+Encodable = AfterValidator(_encodable)
+"""Checks, after the type, that every string in a value is valid Unicode (no lone surrogate)."""
+Text = Annotated[str, Encodable]
+"""A request string wisp reads: valid Unicode, else a 400 naming its field."""
 
 
 # -- errors -------------------------------------------------------------------------------------------
@@ -23,6 +73,11 @@ class ErrorInfo(BaseModel):
     type: str
     param: str | None = None
     code: str | None = None
+
+    @field_validator("message")
+    @classmethod
+    def _utf8(cls, v: str) -> str:
+        return v.encode("utf-8", "backslashreplace").decode("utf-8") if unencodable_at(v) is not None else v
 
 
 class ErrorResponse(BaseModel):
@@ -50,7 +105,7 @@ class _SamplingRequest(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    model: str
+    model: Text
     max_tokens: int | None = None
     temperature: float | None = None  # OpenAI's default is 1
     top_p: float | None = None
@@ -58,10 +113,10 @@ class _SamplingRequest(BaseModel):
     n: int | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, Encodable] = None
     seed: int | None = None
     ignore_eos: bool | None = None  # extension
-    user: str | None = None
+    user: Text | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -131,7 +186,7 @@ class _SamplingRequest(BaseModel):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: Annotated[str | list[int] | list[str] | list[list[int]], Encodable]
     echo: bool | None = False
     logprobs: int | None = None
     best_of: int | None = None
@@ -159,15 +214,20 @@ class CompletionRequest(_SamplingRequest):
 class TextPart(BaseModel):
     model_config = ConfigDict(strict=True)
     type: Literal["text"]
-    text: str
+    text: str  # checked by ChatMessage.content
 
 
 class ChatMessage(BaseModel):
     """One message; extra keys (name, tool_call_id, ...) are kept and passed to the chat template."""
 
     model_config = ConfigDict(strict=True, extra="allow")
-    role: str
-    content: str | list[TextPart] | None = None
+    role: Text
+    content: Annotated[str | list[TextPart] | None, Encodable] = None
+
+    @model_validator(mode="after")
+    def _extra_encodable(self) -> "ChatMessage":
+        _encodable(self.model_extra or {})
+        return self
 
     def template_dict(self) -> dict[str, Any]:
         out = self.model_dump(exclude_none=True)
@@ -179,7 +239,7 @@ class ChatMessage(BaseModel):
 
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
-    type: str
+    type: Text
 
 
 class ChatCompletionRequest(_SamplingRequest):
