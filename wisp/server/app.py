@@ -6,7 +6,9 @@ POST /v1/chat/completions (both streamed as server-sent events with `"stream": t
 Invariants:
 - Every error a client can cause is an OpenAI error object ({"error": {message, type, param, code}}):
   bad JSON / wrong types / unsupported options / too long -> 400, missing or wrong bearer key on /v1
-  -> 401, unknown model or route -> 404, engine shutting down -> 503.
+  -> 401, unknown model or route -> 404, engine shutting down -> 503; a request that failed on its own
+  in the engine (its sampling or stop check: `RequestFailed`) -> 500 for that request only, code
+  "request_failed", with no internal exception text.
 - All state (engine, metrics, chat template, key) lives in `app.state`, the route closures and the
   `_Generator` that `build_app` makes for them; nothing is module-global.
 - The lifespan starts the engine thread and, on shutdown, aborts what is left and joins it.
@@ -25,13 +27,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from wisp.engine.async_engine import AsyncEngine, EngineShutDown
-from wisp.errors import WispError
+from wisp.engine.async_engine import AsyncEngine, EngineShutDown, RequestFailed
+from wisp.errors import InvalidParameter, WispError
 from wisp.server.chat_template import ChatTemplate
 from wisp.server.metrics import ServerMetrics
 from wisp.server.protocol import (
     APIError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionChoice,
-    CompletionRequest, ErrorInfo, ErrorResponse, ModelCard, ModelList, Usage, new_id, now,
+    CompletionRequest, ErrorInfo, ErrorResponse, ModelCard, ModelList, REQUEST_FAILED, Usage, new_id, now,
 )
 from wisp.server.streaming import ChatChunks, ClientGone, CompletionChunks, final_output, sse_events
 
@@ -91,7 +93,12 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(WispError)
     async def _wisp_error(request: Request, exc: WispError):
-        return error_response(400, ErrorInfo(message=str(exc), type="invalid_request_error"))
+        param = exc.param if isinstance(exc, InvalidParameter) else None
+        return error_response(400, ErrorInfo(message=str(exc), type="invalid_request_error", param=param))
+
+    @app.exception_handler(RequestFailed)
+    async def _request_failed(request: Request, exc: RequestFailed):
+        return error_response(500, ErrorInfo(message=str(exc), type="server_error", code=REQUEST_FAILED))
 
     @app.exception_handler(EngineShutDown)
     async def _shut_down(request: Request, exc: EngineShutDown):

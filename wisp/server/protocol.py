@@ -25,6 +25,9 @@ class ErrorInfo(BaseModel):
     code: str | None = None
 
 
+REQUEST_FAILED = "request_failed"  # error code: this request failed on its own in the engine (others ran on)
+
+
 class ErrorResponse(BaseModel):
     error: ErrorInfo
 
@@ -116,7 +119,7 @@ class _SamplingRequest(BaseModel):
         return self.max_tokens
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
-        """SamplingParams for this request (raises WispError on out-of-range values)."""
+        """SamplingParams for this request (raises InvalidParameter, naming the field, on out-of-range values)."""
         kw: dict[str, Any] = dict(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
