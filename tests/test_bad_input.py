@@ -163,7 +163,10 @@ def test_cli_fail_is_one_line_for_multiline_messages(monkeypatch, capsys):
 @pytest.mark.parametrize(
     "kwargs, match",
     [({"max_tokens": 0}, "max_tokens must be >= 1"), ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
-     ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"), ({"top_k": -1}, "top_k must be >= 0")],
+     ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"), ({"top_k": -1}, "top_k must be >= 0"),
+     ({"temperature": 1e-50}, "temperature 1e-50 rounds to 0.0 in float32"),
+     ({"temperature": 1e39}, "temperature 1e\\+39 rounds to inf in float32"),
+     ({"top_p": 1e-50}, "top_p 1e-50 rounds to 0 in float32")],
 )
 def test_api_bad_sampling_params(kwargs, match):
     with pytest.raises(WispError, match=match):
@@ -271,12 +274,26 @@ def test_tiny_temperature_samples_the_argmax_instead_of_overflowing():
 def test_a_failed_generate_leaves_nothing_in_the_engine(llm, monkeypatch):
     engine = llm.engine
 
-    def boom(self, logits):
-        raise RuntimeError("sampler failed")
+    def boom(*args, **kwargs):
+        raise RuntimeError("forward failed")
 
-    monkeypatch.setattr("wisp.engine.sampling.Sampler.__call__", boom)
+    monkeypatch.setattr(engine.runner.model, "forward", boom)  # the whole step fails: generate raises
     with pytest.raises(RuntimeError):
         llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=3))
     monkeypatch.undo()
     assert not engine.requests and not engine.has_unfinished() and engine.pool.num_used == 0
     assert len(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3))[0].token_ids) == 3
+
+
+def test_a_failing_sampler_fails_its_requests_alone(llm, monkeypatch):
+    engine = llm.engine
+
+    def boom(self, logits):
+        raise RuntimeError("sampler failed")
+
+    monkeypatch.setattr("wisp.engine.sampling.Sampler.__call__", boom)  # one request's part of the step fails
+    outs = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=3))
+    assert [(o.finish_reason, o.token_ids) for o in outs] == [("error", [])] * 2
+    assert all("failed in its sampling" in o.error for o in outs)
+    monkeypatch.undo()
+    assert not engine.requests and not engine.has_unfinished() and engine.pool.num_used == 0

@@ -2,8 +2,10 @@
 
 It has a byte tokenizer (ids 0-255 are bytes, 256 is EOS), a scripted "model" whose next token depends
 only on the request's own prompt and tokens so far, a FIFO waiting queue under a running limit, a block
-pool whose blocks are used, cached (freed but reusable) or free, stop strings, and an assertion that
-every engine call comes from one thread (the AsyncEngine's).
+pool whose blocks are used, cached (freed but reusable) or free, stop strings, a poisoned request (a
+prompt containing "<fail>" fails on its own at its second token, as `LLMEngine` finishes a request whose
+sampling raised: finish_reason "error"), and an assertion that every engine call comes from one thread
+(the AsyncEngine's).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class StepOutput:
     finished: bool
     finish_reason: str | None
     prompt_tokens: int
+    error: str | None = None
 
 
 class ByteTokenizer:
@@ -156,6 +159,11 @@ class FakeEngine:
     def _advance(self, req: _Req) -> StepOutput:
         p = req.params
         n = len(req.tokens)
+        if b"<fail>" in bytes(t for t in req.prompt if t < 256) and n == 1:
+            del self.running[req.request_id]
+            self._release(req)
+            return StepOutput(req.request_id, [], list(req.tokens), self.tokenizer.decode(req.tokens), True, "error",
+                              len(req.prompt), f"request {req.request_id} failed in its sampling")
         if b"<eos>" in bytes(t for t in req.prompt if t < 256) and n == 2 and not p.ignore_eos:
             token = EOS
         else:

@@ -323,3 +323,36 @@ def test_engine_step_failure_is_503_then_recovers(served):
     ok = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 3})
     assert ok.status_code == 200, ok.text
     assert client.get("/health").status_code == 200
+
+
+# -- one request's failure stays its own ---------------------------------------------------------------
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("field", ["temperature", "top_p"])
+@pytest.mark.parametrize("value", [1e-50, 7e-46])  # both round to 0 in float32
+def test_sampling_values_float32_cannot_hold_are_400_naming_the_param(client, route, field, value):
+    body = {"model": MODEL, "prompt": "Hello", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+            field: value}
+    err = assert_error(client.post(route, json=body), 400, field, "float32")
+    assert err["param"] == field and err["type"] == "invalid_request_error"
+
+
+def test_a_request_failing_alone_is_500_for_it_only(served):
+    client, fake, engine = served
+    fake.step_delay = 0.002
+    normal = {"model": MODEL, "max_tokens": 8}
+    with ThreadPoolExecutor(4) as pool:
+        poisoned = pool.submit(client.post, "/v1/completions", json={**normal, "prompt": "x<fail>"})
+        streamed = pool.submit(client.post, "/v1/completions", json={**normal, "prompt": "y<fail>", "stream": True})
+        others = [pool.submit(client.post, "/v1/completions", json={**normal, "prompt": p}) for p in ("a", "bb")]
+    err = assert_error(poisoned.result(), 500, "failed in its sampling")
+    assert err["type"] == "server_error" and err["code"] == "request_failed"
+    events = sse_payloads(streamed.result().text)  # the error event, then [DONE]
+    assert events[-1]["error"]["code"] == "request_failed" and "error" not in events[0]
+    for prompt, resp in zip(("a", "bb"), others):
+        body = resp.result().json()
+        assert body["choices"][0]["text"] == scripted_text(list(prompt.encode()), 8), body
+        assert body["choices"][0]["finish_reason"] == "length"
+    assert fake.used == 0 and not fake.running
+    assert client.get("/health").status_code == 200
+    m = metric_values(client.get("/metrics").text)
+    assert m["wisp_requests_finished_total{finish_reason=error}"] == 2

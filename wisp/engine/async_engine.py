@@ -10,6 +10,9 @@ Invariants:
   its stream) aborts its request, so its KV blocks are freed.
 - The stats snapshot is taken after every loop turn, so once the thread is idle it is exact.
 - The thread sleeps on a condition while there is neither a command nor unfinished work.
+- A request that the engine finished with "error" (its own sampling or stop check failed, see
+  `wisp.engine.request_failure`) ends its stream with `RequestFailed`; no other request sees it. Only a
+  failed step (the shared forward) ends every live request's stream, with `EngineShutDown`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
 
 import torch
 
+from wisp.engine.request_failure import FINISH_REASON
 from wisp.errors import WispError
 
 if TYPE_CHECKING:
@@ -35,6 +39,10 @@ log = logging.getLogger("wisp.engine")
 
 class EngineShutDown(RuntimeError):
     """The engine stopped (shutdown, or a fatal error) before this request finished."""
+
+
+class RequestFailed(RuntimeError):
+    """This request alone failed in the engine (its sampling or stop check); the message is for the client."""
 
 
 class RequestObserver(Protocol):
@@ -97,7 +105,8 @@ def _settle(future: asyncio.Future, error: BaseException | None) -> None:
 
 
 class RequestStream:
-    """The outputs of one admitted request, in order; the last one has `finished` set.
+    """The outputs of one admitted request, in order; the last one has `finished` set (unless iterating
+    raises: `RequestFailed` when the request failed on its own, `EngineShutDown` when the engine stopped).
 
     Iterate it with `async for`. `close()` (also on `async with` exit, on cancellation while waiting,
     and when the stream is garbage collected) aborts the request unless it already finished.
@@ -325,6 +334,9 @@ class AsyncEngine:
             del self._live[out.request_id]
             for obs in self._observers:
                 obs.observe_finished(out.finish_reason or "stop", out.prompt_tokens, len(out.token_ids))
+            if out.finish_reason == FINISH_REASON:
+                live.put(RequestFailed(out.error or f"request {out.request_id} failed"))
+                return
         live.put(out)
 
     def _observe(self, live: _Live, out: "StepOutput", now: float) -> None:

@@ -6,6 +6,10 @@ by id, the model, the KV cache tensors, the block pool, the scheduler and the ru
 the engine refuses to start unless the pool holds the admission floor, max_concurrency (W) x
 ceil(max_model_len (L) / block_size) blocks, and says in one line how many bytes it has and needs.
 
+A request whose own part of a step fails (its sampling, or its stop check and detokenization) is finished
+alone with finish_reason "error" and its blocks released; the step goes on for the others
+(`wisp.engine.request_failure`). Only a failure of the shared forward raises from `step`.
+
 Not thread-safe: one thread calls add_request / abort_request / step (the server runs it in its own).
 """
 
@@ -43,8 +47,9 @@ class StepOutput:
     token_ids: list[int]  # all generated so far
     text: str  # all text so far, cut at a matched stop string
     finished: bool
-    finish_reason: str | None
+    finish_reason: str | None  # "stop", "length", "abort", or "error" (its own step failed: `error` says how)
     prompt_tokens: int
+    error: str | None = None  # for finish_reason "error": a message for the client (`RequestFailure.message`)
 
 
 class LLMEngine:
@@ -147,8 +152,9 @@ class LLMEngine:
 
     # -- the loop -----------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        """One scheduled step; returns an output for each sequence that sampled a token (a prefill chunk
-        that does not reach its prompt's end samples nothing)."""
+        """One scheduled step; returns an output for each sequence that sampled a token or failed (a
+        prefill chunk that does not reach its prompt's end samples nothing). Raises only if the batch's
+        forward fails; a failure of one request's sampling or stop check finishes that request alone."""
         batch = self.scheduler.schedule()
         if batch is None:
             return []
@@ -298,8 +304,10 @@ class LLMEngine:
 
 
 def _output(seq: Sequence) -> StepOutput:
-    return StepOutput(seq.request_id, [seq.output_ids[-1]], list(seq.output_ids), seq.text, seq.finished,
-                      seq.finish_reason, len(seq.prompt_ids))
+    failure = seq.failure
+    new_ids = [] if failure is not None else [seq.output_ids[-1]]  # a failed step gained no token
+    return StepOutput(seq.request_id, new_ids, list(seq.output_ids), seq.text, seq.finished, seq.finish_reason,
+                      len(seq.prompt_ids), None if failure is None else failure.message)
 
 
 def _weights(config: EngineConfig, cfg: ModelConfig, path: Path | None, device: torch.device):

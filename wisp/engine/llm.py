@@ -27,11 +27,12 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)  # generated only
     text: str = ""
-    finish_reason: str | None = None  # "stop" or "length"
+    finish_reason: str | None = None  # "stop", "length", or "error" (its own step failed; see `error`)
     logits: list[torch.Tensor] | None = None  # per generated token, float32 [V], when asked for
     arrival_time: float = 0.0  # time.perf_counter() when the engine accepted it
     first_token_time: float | None = None
     finish_time: float | None = None
+    error: str | None = None  # why it finished with "error" (`wisp.engine.request_failure`); the others ran on
 
 
 class LLM:
@@ -91,7 +92,8 @@ class LLM:
             raise
         return [
             RequestOutput(
-                s.prompt_ids, s.output_ids, s.text, s.finish_reason, s.logits, s.arrival_time, s.first_token_time, s.finish_time
+                s.prompt_ids, s.output_ids, s.text, s.finish_reason, s.logits, s.arrival_time, s.first_token_time, s.finish_time,
+                None if s.failure is None else s.failure.message,
             )
             for s in seqs
         ]

@@ -14,6 +14,9 @@ Extension points (benchmarks and tracing), in place of attributes patched onto t
 - a routing log (`set_routing_log`, `wisp.engine.routing_log`): every step's routing written on the device,
   graphs included (set or cleared with a re-capture; the capture's warm-up rows are forgotten).
 
+Sampling is per request: a sequence whose sampler raises gets a `RequestFailure` in place of its token
+(`wisp.engine.request_failure`), and the others sample as usual; a failing forward raises from `run`.
+
 Invariants: a step samples exactly the sequences whose tokens this step reach their end (a prefill
 chunk short of its prompt's end only writes KV); a decode batch replays a graph only when graphs exist,
 it fits `graph_max_batch`, and no observer is registered; capture writes only a block it holds from the
@@ -33,6 +36,7 @@ from wisp.core.experts import PagedExperts, sync_all_counters
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.cuda_graphs import DecodeGraphs
 from wisp.engine.kv_cache import BlockTableKV, KVCache
+from wisp.engine.request_failure import SAMPLING, RequestFailure
 from wisp.engine.scheduler import Batch, decodes
 from wisp.engine.sequence import Sequence
 from wisp.models.moe_decoder import Chunk, MoEDecoder
@@ -175,9 +179,10 @@ class ModelRunner:
 
     # -- a step ---------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, batch: Batch) -> list[int | None]:
-        """Compute the batch's tokens; per sequence the token it sampled, or None where its tokens stop
-        short of its end (a prefill chunk: KV written, nothing sampled)."""
+    def run(self, batch: Batch) -> list[int | RequestFailure | None]:
+        """Compute the batch's tokens; per sequence the token it sampled, a RequestFailure where its
+        sampling raised, or None where its tokens stop short of its end (a prefill chunk: KV written,
+        nothing sampled)."""
         if self._capture_pending and self.pool.available():
             self.capture_graphs()
         self._begin_step(batch)
@@ -221,10 +226,15 @@ class ModelRunner:
             self.tokens_prefilled += n
 
     @staticmethod
-    def _sample(seqs: list[Sequence], logits) -> list[int]:
-        tokens = []
+    def _sample(seqs: list[Sequence], logits) -> list[int | RequestFailure]:
+        """Each sequence's next token from its logits row, or its RequestFailure if its sampler raised."""
+        tokens: list[int | RequestFailure] = []
         for seq, row in zip(seqs, logits):
-            tokens.append(seq.sampler(row))
+            try:
+                tokens.append(seq.sampler(row))
+            except Exception as exc:
+                tokens.append(RequestFailure.caught(seq.request_id, SAMPLING, exc))
+                continue
             if seq.logits is not None:
                 seq.logits.append(row.cpu())
         return tokens

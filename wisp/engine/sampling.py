@@ -2,6 +2,15 @@
 
 Each request samples with its own torch.Generator (seeded from `seed`, or from a random seed drawn at
 submission), so its tokens never depend on the other requests in a batch. temperature 0 is greedy.
+
+The sampler computes in float32, so `SamplingParams` rejects (never clamps) a temperature or top_p that
+float32 cannot hold: above 0 but rounding to 0 there (below about 7e-46, half of FLOAT32_MIN_POSITIVE =
+2**-149; a temperature of 1e-50 divided the logits by 0 and made NaN, a top_p of 1e-50 kept no token),
+or a temperature rounding to inf (above 3.4e38). Rejected rather than clamped, because a substituted
+value would silently answer a different request than the one sent; temperature 0 (greedy) or top_k 1
+is what a vanishing value means, and any value float32 holds, subnormals included, samples correctly.
+Every invalid value raises `InvalidParameter` naming its field, so the HTTP API answers 400 with
+`param` set. Should a sampler raise anyway, only its request fails (`wisp.engine.request_failure`).
 """
 
 from __future__ import annotations
@@ -11,7 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
-from wisp.errors import WispError
+from wisp.errors import InvalidParameter
+
+FLOAT32_MIN_POSITIVE = 2.0**-149  # the smallest positive (subnormal) float32
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def in_float32(value: float) -> float:
+    """`value` rounded to float32, as the sampler computes with it (0 below ~7e-46, inf above ~3.4e38)."""
+    return float(torch.tensor(value, dtype=torch.float32))
 
 
 @dataclass(frozen=True)
@@ -27,15 +44,24 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
-            raise WispError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise InvalidParameter("max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise WispError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise InvalidParameter("temperature", f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.temperature > 0 and in_float32(self.temperature) in (0.0, math.inf):
+            raise InvalidParameter(
+                "temperature", f"temperature {self.temperature} rounds to {in_float32(self.temperature)} in float32, "
+                f"which the sampler computes in: use 0 (greedy) or a value in [{FLOAT32_MIN_POSITIVE:.4g}, "
+                f"{FLOAT32_MAX:.4g}]")
         if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise WispError(f"seed must be in [0, 2**63), got {self.seed}")
+            raise InvalidParameter("seed", f"seed must be in [0, 2**63), got {self.seed}")
         if not 0 < self.top_p <= 1:
-            raise WispError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidParameter("top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        if in_float32(self.top_p) == 0:
+            raise InvalidParameter(
+                "top_p", f"top_p {self.top_p} rounds to 0 in float32, which the sampler computes in: use a value in "
+                f"[{FLOAT32_MIN_POSITIVE:.4g}, 1] (or top_k 1 to keep only the most likely token)")
         if self.top_k < 0:
-            raise WispError(f"top_k must be >= 0, got {self.top_k}")
+            raise InvalidParameter("top_k", f"top_k must be >= 0, got {self.top_k}")
 
 
 class Sampler:

@@ -12,7 +12,9 @@ Nothing is ever dropped.
 
 After the step, `postprocess` advances each sequence by the tokens it computed, hands its newly full
 blocks to the pool (hashed, for the prefix cache), appends the token it sampled, and finishes it when
-a stop condition holds (`wisp.engine.stopping`).
+a stop condition holds (`wisp.engine.stopping`). A sequence whose sampling failed (the runner hands
+a `RequestFailure` in place of its token) or whose stop check raises is finished alone with
+finish_reason "error" (`wisp.engine.request_failure`); the others are processed as usual.
 
 Invariants: a running sequence holds ceil(len(seq) / block_size) blocks after `schedule` (a prompt's
 blocks are all taken at admission); a waiting one holds none; a step's tokens of one sequence are its
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Collection
 
 from wisp.engine.block_pool import BlockPool
+from wisp.engine.request_failure import FINISH_REASON, STOP_CHECK, RequestFailure
 from wisp.engine.sequence import Sequence, Status
 from wisp.engine.stopping import stop_reason
 
@@ -145,9 +148,17 @@ class Scheduler:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
 
-    def postprocess(self, batch: Batch, sampled: list[int | None], eos_token_ids: Collection[int]) -> list[Sequence]:
-        """After a step computed `batch`: per sequence the token it sampled, or None (a prefill chunk short
-        of its prompt's end). Returns the sequences that sampled, in batch order (some now finished)."""
+    def fail(self, seq: Sequence, failure: RequestFailure) -> None:
+        """Finish seq alone with finish_reason "error" (its blocks released as at any finish)."""
+        seq.failure = failure
+        seq.finish_time = time.perf_counter()
+        self.finish(seq, FINISH_REASON)
+
+    def postprocess(self, batch: Batch, sampled: list[int | RequestFailure | None],
+                    eos_token_ids: Collection[int]) -> list[Sequence]:
+        """After a step computed `batch`: per sequence the token it sampled, its RequestFailure (sampling
+        raised), or None (a prefill chunk short of its prompt's end). Returns the sequences that sampled or
+        failed, in batch order (some now finished, the failed ones with "error")."""
         steps = list(zip(batch.seqs, batch.num_tokens, sampled))
         for seq, n, token in steps:  # chunks first: their blocks are registered before any finished one's release
             if token is None:
@@ -155,8 +166,11 @@ class Scheduler:
         done = []
         for seq, n, token in steps:
             if token is not None:
-                self._advance(seq, n)
-                self._append(seq, token, eos_token_ids)
+                self._advance(seq, n)  # its KV was written either way
+                if isinstance(token, RequestFailure):
+                    self.fail(seq, token)
+                else:
+                    self._append(seq, token, eos_token_ids)
                 done.append(seq)
         return done
 
@@ -169,11 +183,16 @@ class Scheduler:
             seq.block_keys.append(self.pool.register(seq.block_table[i], parent, ids[i * bs : (i + 1) * bs]))
 
     def _append(self, seq: Sequence, token: int, eos_token_ids: Collection[int]) -> None:
+        seq.output_ids.append(token)
+        try:
+            reason = stop_reason(seq, token, eos_token_ids)
+        except Exception as exc:
+            seq.output_ids.pop()  # a failed request gains no token in the step that failed it
+            self.fail(seq, RequestFailure.caught(seq.request_id, STOP_CHECK, exc))
+            return
         now = time.perf_counter()
         if seq.first_token_time is None:
             seq.first_token_time = now
-        seq.output_ids.append(token)
-        reason = stop_reason(seq, token, eos_token_ids)
         if reason is not None:
             seq.finish_time = now
             self.finish(seq, reason)

@@ -9,6 +9,7 @@ from enum import Enum
 import torch
 
 from wisp.engine.detokenizer import IncrementalDetokenizer
+from wisp.engine.request_failure import RequestFailure
 from wisp.engine.sampling import Sampler, SamplingParams
 
 
@@ -31,6 +32,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose KV is in the cache
     status: Status = Status.WAITING
     finish_reason: str | None = None
+    failure: RequestFailure | None = None  # set when its own step failed (finish_reason "error")
     text: str = ""  # the output's text (cut before a stop string), kept by `detokenizer` if there is one
     detokenizer: IncrementalDetokenizer | None = None
     logits: list[torch.Tensor] | None = None

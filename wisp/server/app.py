@@ -14,6 +14,8 @@ Invariants:
 - Prompt text is rendered (chat template) and tokenized on a small thread pool, never on the event
   loop, so a huge prompt cannot stall /health or other streams; its token count is checked against
   max_model_len before the engine sees it (a list of token ids, before anything else).
+  A request that failed on its own in the engine (its sampling or stop check: `RequestFailed`) -> 500
+  for that request only, code "request_failed", with no internal exception text.
 - All state (engine, metrics, chat template, key) lives in `app.state`, the route closures and the
   `_Generator` that `build_app` makes for them; nothing is module-global.
 - The lifespan starts the engine thread and, on shutdown, aborts what is left and joins it.
@@ -33,14 +35,14 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from wisp.engine.async_engine import AsyncEngine, EngineShutDown
-from wisp.errors import WispError
+from wisp.engine.async_engine import AsyncEngine, EngineShutDown, RequestFailed
+from wisp.errors import InvalidParameter, WispError
 from wisp.server.chat_template import ChatTemplate
 from wisp.server.guards import DEFAULT_MAX_REQUEST_BYTES, BodyLimit, ErrorBoundary, error_response
 from wisp.server.metrics import ServerMetrics
 from wisp.server.protocol import (
     APIError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionChoice,
-    CompletionRequest, ErrorInfo, ModelCard, ModelList, Usage, new_id, now, unencodable_at,
+    CompletionRequest, ErrorInfo, ModelCard, ModelList, REQUEST_FAILED, Usage, new_id, now, unencodable_at,
 )
 from wisp.server.streaming import ChatChunks, ClientGone, CompletionChunks, final_output, sse_events
 
@@ -97,7 +99,12 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(WispError)
     async def _wisp_error(request: Request, exc: WispError):  # the routes name the field of those they expect
-        return error_response(400, ErrorInfo(message=str(exc), type="invalid_request_error"))
+        param = exc.param if isinstance(exc, InvalidParameter) else None
+        return error_response(400, ErrorInfo(message=str(exc), type="invalid_request_error", param=param))
+
+    @app.exception_handler(RequestFailed)
+    async def _request_failed(request: Request, exc: RequestFailed):
+        return error_response(500, ErrorInfo(message=str(exc), type="server_error", code=REQUEST_FAILED))
 
     @app.exception_handler(EngineShutDown)
     async def _shut_down(request: Request, exc: EngineShutDown):

@@ -80,6 +80,9 @@ class ErrorInfo(BaseModel):
         return v.encode("utf-8", "backslashreplace").decode("utf-8") if unencodable_at(v) is not None else v
 
 
+REQUEST_FAILED = "request_failed"  # error code: this request failed on its own in the engine (others ran on)
+
+
 class ErrorResponse(BaseModel):
     error: ErrorInfo
 
@@ -171,7 +174,7 @@ class _SamplingRequest(BaseModel):
         return self.max_tokens
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
-        """SamplingParams for this request (raises WispError on out-of-range values)."""
+        """SamplingParams for this request (raises InvalidParameter, naming the field, on out-of-range values)."""
         kw: dict[str, Any] = dict(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,

@@ -6,7 +6,8 @@ Invariants:
   character), so no chunk ever has to be retracted.
 - However a response ends (finished, client gone, task cancelled, engine shut down), the request's
   stream is closed, which aborts it in the engine if it had not finished.
-- An SSE stream always ends with `data: [DONE]` unless the client went away.
+- An SSE stream always ends with `data: [DONE]` unless the client went away; a request that failed
+  (alone: `RequestFailed`, or with the engine: `EngineShutDown`) sends an error event before it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import TYPE_CHECKING, AsyncIterator, Protocol
 from pydantic import BaseModel
 from starlette.requests import Request
 
-from wisp.engine.async_engine import EngineShutDown, RequestStream
+from wisp.engine.async_engine import EngineShutDown, RequestFailed, RequestStream
 from wisp.server.protocol import (
-    ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion, CompletionChoice, ErrorInfo, ErrorResponse, Usage,
+    REQUEST_FAILED, ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion, CompletionChoice, ErrorInfo,
+    ErrorResponse, Usage,
 )
 
 if TYPE_CHECKING:
@@ -105,6 +107,8 @@ async def sse_events(stream: RequestStream, fmt: ChunkFormat, stop: tuple[str, .
             yield sse(fmt.usage(Usage.of(prompt_tokens, completion_tokens)))
     except EngineShutDown as exc:
         yield sse(ErrorResponse(error=ErrorInfo(message=str(exc), type="server_error", code="engine_unavailable")))
+    except RequestFailed as exc:
+        yield sse(ErrorResponse(error=ErrorInfo(message=str(exc), type="server_error", code=REQUEST_FAILED)))
     finally:
         stream.close()
     yield sse("[DONE]")
