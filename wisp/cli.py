@@ -98,8 +98,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
               max_num_batched_tokens=args.max_num_batched_tokens)
     recorder = _recorder(llm.engine, args.model, args.record_routing) if args.record_routing else None
     out = llm.generate([args.prompt if args.prompt is not None else args.prompt_ids], params)[0]
-    if recorder is not None:
-        _save_trace(recorder, args.record_routing)
     stats = llm.stats()
     if args.json:
         print(json.dumps({"token_ids": out.token_ids, "text": out.text, "finish_reason": out.finish_reason, "stats": stats}))
@@ -110,6 +108,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"hit_rate={stats['hit_rate']:.2f} h2d={stats['bytes_h2d'] / 2**20:.1f} MiB",
             file=sys.stderr,
         )
+    if recorder is not None:
+        _save_trace(recorder, args.record_routing)
     return 0
 
 
@@ -139,12 +139,35 @@ def _recorder(engine, model_name: str, path: str):
 
 
 def _save_trace(recorder, path: str) -> None:
+    """Write the recorded trace. A write that fails (a full disk, ENOSPC; the folder gone) loses the trace
+    alone: one warning line, no partial file (`RoutingTrace.save`), and the command's output and exit
+    status stand: generation and serving are not failed for a side output."""
     try:
         recorder.trace().save(path)
     except ValueError:
         print("wisp: no routing was recorded (no request ran); nothing written", file=sys.stderr)
     except OSError as exc:
-        fail(f"could not write the routing trace {path}: {exc}")
+        reason = exc.strerror or str(exc)
+        print(f"wisp: warning: the routing trace was not written to {path} ({reason}); it is lost, and no partial "
+              "file was left", file=sys.stderr)
+
+
+def _apply_startup_plan(engine, plan) -> None:
+    """Size the pools from a plan; a device out-of-memory doing so is one clear error (the plan's budget is
+    more than this device has free), not a traceback."""
+    import torch
+
+    caps, blocks = list(plan.per_layer_caps), plan.kv_blocks
+    try:
+        engine.apply_plan(caps, blocks)
+        return
+    except torch.OutOfMemoryError as exc:
+        cause = " ".join(str(exc).split())[:200]
+    slot = len(engine.model_config.moe_layer_ids) * engine.model_config.expert_bytes
+    raise WispError(f"out of device memory applying the plan ({cause}): expert caps {caps} "
+                    f"({sum(caps) * engine.model_config.expert_bytes} bytes; {slot} per cap step) and "
+                    f"{blocks} KV blocks ({blocks * engine.block_bytes} bytes) do not fit beside the weights; "
+                    "plan for a smaller --vram-budget")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -166,7 +189,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from wisp.engine.warmup import plan_from_file, plan_from_warmup
 
             plan = plan_from_file(args.plan, engine.config.kv_block_size) if args.plan else plan_from_warmup(engine, args.vram_budget)
-            engine.apply_plan(list(plan.per_layer_caps), plan.kv_blocks)
+            _apply_startup_plan(engine, plan)
             print(f"wisp: plan applied: expert caps {list(plan.per_layer_caps)}, {plan.kv_blocks} KV blocks", flush=True)
             if args.split_controller:
                 _start_split_controller(engine, plan)

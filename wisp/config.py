@@ -102,6 +102,7 @@ class ModelConfig:
         """A Hugging Face config.json (and generation_config.json) as one normalised config."""
         archs = raw.get("architectures") or []
         family = family_for_architecture(archs[0] if archs else None)
+        _refuse_quantized(raw)
         layout = _layout_fields(raw)
         experts = _expert_fields(raw, family, layout["num_layers"])
         rope = _rope_fields(raw)
@@ -113,6 +114,18 @@ class ModelConfig:
                    attention_bias=family.attention_bias(raw), qk_norm=family.qk_norm, clip_qkv=raw.get("clip_qkv"),
                    sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                    eos_token_ids=eos, dtype=dtype)
+
+
+def _refuse_quantized(raw: dict[str, Any]) -> None:
+    """A quantized checkpoint (FP8, GPTQ, AWQ, bitsandbytes, compressed-tensors...) is refused: its weights
+    need scales wisp does not apply, so loading it anyway would compute garbage."""
+    for key in ("quantization_config", "compression_config"):
+        quant = raw.get(key)
+        if quant:
+            method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
+            raise WispError(f"the checkpoint is quantized ({key} with quant_method {method!r}), which wisp does not "
+                            "support: it loads float32, float16 and bfloat16 weights only; use the unquantized "
+                            "checkpoint")
 
 
 def _layout_fields(raw: dict[str, Any]) -> dict[str, Any]:

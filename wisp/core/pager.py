@@ -78,7 +78,8 @@ class ExpertPager:
         self.last_used: list[int] = [-1] * capacity
         self._touch_count = 0
         self.expert_map = torch.full((self.num_experts,), -1, dtype=torch.int32, device=self.device)
-        pin = self.device.type == "cuda"
+        # pinned like the masters: after a failed pin (the loader's pageable fallback) it stays pageable too
+        pin = self.device.type == "cuda" and all(t.is_pinned() for t in host.values())
         self._map_staging = torch.full((self.num_experts,), -1, dtype=torch.int32, pin_memory=pin)
         self.counters = ExpertCounters()
         self.device_lru = None  # DeviceLRU, made on first use_device()

@@ -4,7 +4,9 @@ The scheduler picks each step's tokens and, after it, advances and finishes the 
 `ModelRunner` computes the step (eagerly or as a CUDA graph) and samples. The engine owns the requests
 by id, the model, the KV cache tensors, the block pool, the scheduler and the runner, sized and validated at start:
 the engine refuses to start unless the pool holds the admission floor, max_concurrency (W) x
-ceil(max_model_len (L) / block_size) blocks, and says in one line how many bytes it has and needs.
+ceil(max_model_len (L) / block_size) blocks, and says in one line how many bytes it has and needs. A device
+out-of-memory while it starts is one WispError too, with the bytes needed and a budget that fits
+(`wisp.engine.load_oom`).
 
 A request whose own part of a step fails (its sampling, or its stop check and detokenization) is finished
 alone with finish_reason "error" and its blocks released; the step goes on for the others
@@ -27,6 +29,7 @@ from wisp.core.experts import PagedExperts, sync_all_counters
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.detokenizer import IncrementalDetokenizer
 from wisp.engine.kv_cache import KVCache
+from wisp.engine.load_oom import DeviceBytes, oom_message, usable_bytes
 from wisp.engine.live_split import LiveSplit
 from wisp.engine.resize_timings import ResizeClock, ResizeTimings
 from wisp.engine.model_runner import ModelRunner
@@ -35,7 +38,7 @@ from wisp.engine.scheduler import Scheduler
 from wisp.engine.sequence import Sequence
 from wisp.engine.tokenizer import TextTokenizer
 from wisp.errors import WispError
-from wisp.models.loader import CheckpointReader, load_model
+from wisp.models.loader import CheckpointReader, HostMemory, load_model
 from wisp.models.random_checkpoint import RandomWeights
 from wisp.models.source import model_source
 
@@ -69,11 +72,31 @@ class LLMEngine:
         num_blocks = self._pool_blocks()  # refuse a too-small pool before loading anything
         self.tokenizer = TextTokenizer.from_dir(self.path) if self.path else None
         self.chat_template, self.special_tokens = _tokenizer_config(self.path) if self.path else (None, {})
-        self.model = load_model(_weights(config, cfg, self.path, self.device), cfg, config, self.device)
-        self._build_pools(num_blocks)
         self.requests: dict[str, Sequence] = {}
         self.live_split = None  # the online split controller, when one is registered
-        self.runner.capture_graphs()
+        self._load(num_blocks)
+
+    def _load(self, num_blocks: int) -> None:
+        """Load the weights, build the pools and capture the graphs; a device out-of-memory on the way is
+        one WispError with the bytes this configuration needs and a budget that would fit
+        (`wisp.engine.load_oom`). Pinning that failed leaves the engine on pageable memory (pin_memory off)."""
+        config, cfg, stage = self.config, self.model_config, "loading the weights"
+        host = HostMemory.for_engine(cfg, config, self.device)
+        try:
+            self.model = load_model(_weights(config, cfg, self.path, self.device), cfg, config, self.device, host)
+            if host.fell_back:
+                self.config = replace(self.config, pin_memory=False)
+            stage = "allocating the KV pool"
+            self._build_pools(num_blocks)
+            stage = "capturing CUDA graphs"
+            self.runner.capture_graphs()
+            return
+        except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is the same class
+            cause = " ".join(str(exc).split())[:200]
+        # outside the handler, so the traceback no longer holds the partly loaded tensors
+        self.model = self.kv = self.runner = None
+        need = DeviceBytes.of(cfg, config, num_blocks, self.floor_blocks, self.block_bytes)
+        raise WispError(oom_message(cfg, config, need, usable_bytes(self.device), stage, cause))
 
     def _build_pools(self, num_blocks: int) -> None:
         """The KV tensors, the block pool over them, the scheduler of that pool and the runner."""

@@ -5,11 +5,18 @@ safetensors files (memory-mapped) into per-layer host masters [N, 2I, D] / [N, D
 device is CUDA; in resident mode they are copied expert by expert straight into the device bank. So in
 paged and offload modes peak device memory during load stays near non-expert bytes + scratch: no
 layer's full bank ever exists on the device.
+
+Faults (RELIABILITY.md, "Faults"): a checkpoint that is missing a shard, truncated, or holds a tensor in a
+dtype wisp cannot compute in (float8, integer-packed quantized weights) is one WispError naming the file
+or tensor, never garbage weights. Pinning that fails (`HostMemory`) falls back to pageable memory with one
+warning in paged and offload modes; zero-copy cannot run on pageable memory and stops with a WispError
+naming the bytes it needed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -36,6 +43,12 @@ from wisp.errors import WispError
 from wisp.models.families import get_family
 from wisp.models.weight_names import WeightNames
 from wisp.models.moe_decoder import AttentionWeights, LayerWeights, MLPWeights, MoEDecoder
+
+log = logging.getLogger("wisp.models")
+
+# dtypes a checkpoint tensor may have: wisp converts these to the compute dtype exactly or by rounding.
+# float8 and integer tensors are quantized weights whose scales wisp would ignore: refused, not cast.
+LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 class CheckpointReader:
@@ -80,17 +93,96 @@ class CheckpointReader:
         if key not in self.where:
             raise WispError(f"checkpoint in {self.path} has no tensor {key}")
         try:
-            return self._handles[self.where[key]].get_tensor(key)
+            tensor = self._handles[self.where[key]].get_tensor(key)
         except SafetensorError as exc:
             raise WispError(f"could not read {key} from {self.where[key]} ({exc})") from None
+        if tensor.dtype not in LOADABLE_DTYPES:
+            raise WispError(f"tensor {key} in {self.where[key]} is {str(tensor.dtype).removeprefix('torch.')}: a "
+                            "quantized checkpoint, which wisp does not support (it loads float32, float16 and "
+                            "bfloat16 weights only)")
+        return tensor
 
     def close(self) -> None:
         self._stack.close()
 
 
-def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: torch.device) -> MoEDecoder:
-    """Build the decoder from `reader` (a CheckpointReader, or RandomWeights for --load-format dummy)."""
+class HostMemory:
+    """Allocates the expert host masters: pinned when `pin`, else pageable.
+
+    If pinning fails (torch raises RuntimeError: cudaHostAlloc out of memory, a locked-memory limit, no
+    pinned allocator), then:
+    - `required` (zero-copy mode: the kernel reads host memory in place, which only pinned memory allows):
+      a WispError naming the bytes needed;
+    - otherwise one warning, and this and every later allocation is pageable (`fell_back`; the engine then
+      runs as pin_memory=False: copies are synchronous, CUDA graphs are off). Layers already pinned stay so.
+    """
+
+    def __init__(self, pin: bool, required: bool = False, total_bytes: int = 0):
+        self.pin = pin
+        self.required = required
+        self.total_bytes = total_bytes  # every layer's masters, for the messages
+        self.fell_back = False
+
+    @classmethod
+    def for_engine(cls, cfg: ModelConfig, engine: EngineConfig, device: torch.device) -> "HostMemory":
+        pin = _wants_pinned(engine, device)
+        total = len(cfg.moe_layer_ids) * cfg.num_experts * cfg.expert_bytes
+        return cls(pin, required=engine.mode == "zero-copy", total_bytes=total)
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
+        nbytes = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+        if self.pin:
+            try:
+                return _allocate(shape, dtype, pin=True)
+            except RuntimeError as exc:
+                self._pinning_failed(nbytes, what, exc)
+        try:
+            return _allocate(shape, dtype, pin=False)
+        except RuntimeError as exc:
+            raise WispError(f"could not allocate {nbytes} bytes of host memory for {what} "
+                            f"({self.total_bytes} bytes for all experts): {_first_line(exc)}") from None
+
+    def _pinning_failed(self, nbytes: int, what: str, exc: RuntimeError) -> None:
+        cause = _first_line(exc)
+        if self.required:
+            raise WispError(f"could not pin {nbytes} bytes of host memory for {what} ({cause}); --mode zero-copy "
+                            f"needs all {self.total_bytes} bytes of expert weights pinned: free host memory, raise "
+                            "the locked-memory limit (ulimit -l), or use --mode paged") from None
+        log.warning("could not pin %d bytes of host memory for %s (%s); using pageable memory for it and the "
+                    "experts after it (all experts: %d bytes): expert copies are synchronous and CUDA graphs are "
+                    "off, so steps are slower", nbytes, what, cause, self.total_bytes)
+        self.pin = False
+        self.fell_back = True
+
+
+def _wants_pinned(engine: EngineConfig, device: torch.device) -> bool:
+    """Whether the expert masters are pinned: on CUDA, when they stay on the host and pin_memory is set."""
+    return device.type == "cuda" and engine.mode != "resident" and engine.pin_memory
+
+
+def _allocate(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, pin_memory=pin)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else exc.__class__.__name__
+
+
+def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: torch.device,
+               host: HostMemory | None = None) -> MoEDecoder:
+    """Build the decoder from `reader` (a CheckpointReader, or RandomWeights for --load-format dummy).
+    `host` allocates the expert host masters (default: `HostMemory.for_engine`); after the load its
+    `fell_back` says whether pinning failed and pageable memory was used."""
     dtype = model_cfg.dtype
+    host = host or HostMemory.for_engine(model_cfg, engine, device)
     try:
         names = get_family(model_cfg.family).weights
 
@@ -103,7 +195,7 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
         embed = dev("model.embed_tokens.weight")
         lm_head = embed if model_cfg.tie_word_embeddings or "lm_head.weight" not in reader else dev("lm_head.weight")
         layers = [_load_layer(i, model_cfg, names, dev, opt) for i in range(model_cfg.num_layers)]
-        experts = _load_experts(reader, model_cfg, engine, names, device)
+        experts = _load_experts(reader, model_cfg, engine, names, device, host)
         return MoEDecoder(model_cfg, embed, dev("model.norm.weight"), lm_head, layers, experts,
                           backend=engine.resolve_backend("moe", device))
     finally:
@@ -138,19 +230,18 @@ def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeig
 
 
 def _load_experts(
-    reader: CheckpointReader, cfg: ModelConfig, engine: EngineConfig, n: WeightNames, device: torch.device
+    reader: CheckpointReader, cfg: ModelConfig, engine: EngineConfig, n: WeightNames, device: torch.device,
+    host: HostMemory,
 ) -> dict[int, ExpertStore]:
     """Fill each MoE layer's expert tensors, expert by expert, and wrap them in the mode's store."""
     caps = dict(zip(cfg.moe_layer_ids, engine.resolve_layer_caps(cfg)))
-    on_device = engine.mode == "resident"
-    pin = device.type == "cuda" and not on_device and engine.pin_memory
-    target = device if on_device else torch.device("cpu")
+    target = device if engine.mode == "resident" else None  # None: host masters, from `host`
     stores: dict[int, ExpertStore] = {}
     shared = _SharedBuffers()
     bar = tqdm(total=len(cfg.moe_layer_ids) * cfg.num_experts, desc="Loading experts", unit="expert", file=sys.stderr,
                disable=None)
     for li in cfg.moe_layer_ids:
-        bank = _read_layer_bank(reader, cfg, n, li, target, pin, bar)
+        bank = _read_layer_bank(reader, cfg, n, li, target, host, bar)
         stores[li] = _make_store(engine.mode, bank, caps[li], device, shared)
     bar.close()
     kernels = moe_kernels(engine.resolve_backend("moe", device))
@@ -159,15 +250,23 @@ def _load_experts(
     return stores
 
 
-def _read_layer_bank(reader, cfg: ModelConfig, n: WeightNames, li: int, target: torch.device, pin: bool,
-                     bar) -> dict[str, torch.Tensor]:
-    """Layer li's experts as {GATE_UP: [N, 2I, D], DOWN: [N, D, I]} on `target`, read expert by expert."""
+def _read_layer_bank(reader, cfg: ModelConfig, n: WeightNames, li: int, target: torch.device | None,
+                     host: HostMemory, bar) -> dict[str, torch.Tensor]:
+    """Layer li's experts as {GATE_UP: [N, 2I, D], DOWN: [N, D, I]} on `target` (None: host memory from
+    `host`), read expert by expert."""
     ne, inter, d, dtype = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.dtype
-    try:
-        gate_up = torch.empty((ne, 2 * inter, d), dtype=dtype, device=target, pin_memory=pin)
-        down = torch.empty((ne, d, inter), dtype=dtype, device=target, pin_memory=pin)
-    except RuntimeError as exc:
-        raise WispError(f"could not allocate {'pinned ' if pin else ''}expert memory for layer {li}: {exc}") from None
+    shapes = {GATE_UP: (ne, 2 * inter, d), DOWN: (ne, d, inter)}
+    if target is None:
+        gate_up, down = (host.empty(shapes[k], dtype, f"layer {li}'s experts ({k})") for k in (GATE_UP, DOWN))
+    else:  # resident: straight into the device bank (a device out-of-memory is the engine's to explain)
+        try:
+            gate_up, down = (torch.empty(shapes[k], dtype=dtype, device=target) for k in (GATE_UP, DOWN))
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError as exc:  # e.g. the CPU allocator, for a CPU run
+            nbytes = sum(_numel(shape) for shape in shapes.values()) * torch.empty((), dtype=dtype).element_size()
+            raise WispError(f"could not allocate {nbytes} bytes on {target} for layer {li}'s experts: "
+                            f"{_first_line(exc)}") from None
     fused = n.fused_experts(li, "gate_up") in reader
     stacked = (reader.get(n.fused_experts(li, "gate_up")), reader.get(n.fused_experts(li, "down"))) if fused else None
     for e in range(ne):

@@ -9,7 +9,7 @@ A trace is T tokens in processing order, L MoE layers, top-K routing:
 - `layers`   int32   [L]        the model's index of each MoE layer (distinct);
 - `metadata` a JSON object: "model", "note", and "num_experts" when known.
 
-On disk (`save` / `load`, chosen by suffix):
+On disk (`save` / `load`, chosen by suffix; `save` writes a whole file or none, never a partial one):
 - `.npz`: arrays `ids`, `layers`, optional `weights`, `step`, and `metadata` (a JSON string, 0-d unicode
   array, so loading never needs pickle);
 - `.jsonl`: an optional first line {"meta": {...}} (the metadata, plus "layers", "top_k" and
@@ -32,6 +32,7 @@ of ids and step: each step's sorted distinct non-missing experts at that layer (
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -176,10 +177,22 @@ class RoutingTrace:
 
     # -- files ----------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
+        """Write the trace to `path` whole or not at all: it is written to a temporary file beside `path`
+        and renamed over it, so a write that fails (a full disk: OSError ENOSPC) raises and leaves neither
+        a partial file nor the temporary one, and a file already at `path` untouched."""
         path = Path(path)
-        if path.suffix == ".jsonl":
-            self._save_jsonl(path)
-            return
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        try:
+            if path.suffix == ".jsonl":
+                self._save_jsonl(tmp)
+            else:
+                self._save_npz(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _save_npz(self, path: Path) -> None:
         arrays = {"ids": self.ids, "layers": self.layers, "metadata": np.array(json.dumps(self.metadata))}
         if self.weights is not None:
             arrays["weights"] = self.weights
