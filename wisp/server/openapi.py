@@ -3,10 +3,12 @@ really sends.
 
 Invariants:
 - Every route lists each status it can answer with, and only those: 200 with its model (/v1/completions and
-  /v1/chat/completions also as `text/event-stream` when `"stream": true`); errors as `ErrorResponse`
-  (400 bad request, 401 missing or wrong key (only with an API key), 404 unknown model, 413 body too large,
-  500 internal error or a request that failed alone in the engine, 503 engine stopped); /metrics as
-  Prometheus text in the exact content type it sends.
+  /v1/chat/completions also as `text/event-stream` when `"stream": true`, its schema that of one event,
+  as Open API before 3.2 reads it); errors as `ErrorResponse` (400 bad request, 401 missing or wrong key
+  (only with an API key), 404 unknown model, 413 body too large, 500 internal error or a request that
+  failed alone in the engine, 503 engine stopped); /metrics as Prometheus text in the exact content type
+  it sends. (Outside any operation: 404 for an unknown path, 405 for a wrong method, and 413 for a GET
+  sent with a body over the limit.)
 - No 422: validation errors are 400s (app.py's handler), so FastAPI's 422 and its HTTPValidationError /
   ValidationError schemas are removed from the document.
 - With an API key, the /v1 routes declare bearer security (and their 401).
