@@ -40,6 +40,7 @@ from wisp.errors import InvalidParameter, WispError
 from wisp.server.chat_template import ChatTemplate
 from wisp.server.guards import DEFAULT_MAX_REQUEST_BYTES, BodyLimit, ErrorBoundary, error_response
 from wisp.server.metrics import ServerMetrics
+from wisp.server.openapi import HealthStatus, errors, install as install_openapi, prometheus_text, streamed
 from wisp.server.protocol import (
     APIError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionChoice,
     CompletionRequest, ErrorInfo, ModelCard, ModelList, REQUEST_FAILED, Usage, new_id, now, unencodable_at,
@@ -50,6 +51,7 @@ from wisp.server.streaming import ChatChunks, ClientGone, CompletionChunks, fina
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 TOKENIZER_THREADS = 2  # prompts rendered and tokenized at once; more wait their turn (off the event loop)
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+_GENERATION_ERRORS = errors(400, 404, 413, 500, 503)  # and 401 with an API key (openapi.install adds it)
 _SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
 
@@ -146,6 +148,7 @@ def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None =
     _install_error_handlers(app)
     _add_info_routes(app, engine, metrics, served_model_name)
     _add_generation_routes(app, generator)
+    install_openapi(app, api_key=bool(api_key))
     return app
 
 
@@ -168,18 +171,18 @@ def _add_info_routes(app: FastAPI, engine: AsyncEngine, metrics: ServerMetrics, 
     """GET /health, /metrics and /v1/models."""
     created = now()
 
-    @app.get("/health")
+    @app.get("/health", responses={200: {"model": HealthStatus}, **errors(500, 503)})
     async def health():
         if not engine.healthy:
             return error_response(503, ErrorInfo(message="the engine is not running", type="server_error"))
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={**prometheus_text(), **errors(500)})
     async def prometheus():
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=errors(500))
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=served_model_name, created=created, max_model_len=engine.max_model_len)])
 
@@ -187,7 +190,7 @@ def _add_info_routes(app: FastAPI, engine: AsyncEngine, metrics: ServerMetrics, 
 def _add_generation_routes(app: FastAPI, generator: "_Generator") -> None:
     """POST /v1/completions and /v1/chat/completions."""
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses={**streamed(Completion, "completion"), **_GENERATION_ERRORS})
     async def completions(req: CompletionRequest, request: Request):
         generator.check_model(req.model)
         if isinstance(req.prompt, str):
@@ -197,7 +200,8 @@ def _add_generation_routes(app: FastAPI, generator: "_Generator") -> None:
         return await generator.generate(req, request, prompt_ids, DEFAULT_COMPLETION_TOKENS, "prompt", "cmpl",
                                         CompletionChunks, _completion)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses={**streamed(ChatCompletion, "chat completion"),
+                                                  **_GENERATION_ERRORS})
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         generator.check_model(req.model)
         messages = [m.template_dict() for m in req.messages]

@@ -20,7 +20,9 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import (
+    AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_serializer, model_validator,
+)
 
 from wisp.engine.sampling import SamplingParams
 
@@ -98,6 +100,30 @@ class APIError(Exception):
 
 
 # -- requests -----------------------------------------------------------------------------------------
+# What the OpenAPI document says a field accepts: the values the validators below and SamplingParams let
+# through, not just the Python type (the validation itself is unchanged; 400s keep their own messages).
+def _accepts(schema: dict[str, Any], nullable: bool = True) -> WithJsonSchema:
+    return WithJsonSchema({"anyOf": [schema, {"type": "null"}]} if nullable else schema)
+
+
+_FLOAT32_TINY = 1e-45  # the least value float32 does not round to 0 (SamplingParams rejects those that do)
+_SEED_MAX = 2**63 - 2**10  # the largest double below 2**63 (the document's numbers are doubles)
+_POSITIVE_INT = _accepts({"type": "integer", "minimum": 1})
+_TEXT = {"type": "string", "minLength": 1}
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_PROMPT = _accepts({"anyOf": [_TEXT, _TOKEN_IDS, {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": 1},
+                              {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 1}]}, nullable=False)
+_STOP = _accepts({"anyOf": [_TEXT, {"type": "array", "items": _TEXT}]})
+_UNSUPPORTED = {  # options OpenAI defines that wisp only takes at their neutral value
+    "n": _accepts({"type": "integer", "enum": [1]}),
+    "zero": _accepts({"type": "number", "enum": [0]}),
+    "false": _accepts({"type": "boolean", "enum": [False]}),
+    "empty object": _accepts({"type": "object", "maxProperties": 0}),
+    "empty string": _accepts({"type": "string", "maxLength": 0}),
+    "empty array": _accepts({"type": "array", "maxItems": 0}),
+}
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True)
     include_usage: bool | None = False
@@ -109,20 +135,20 @@ class _SamplingRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     model: Text
-    max_tokens: int | None = None
-    temperature: float | None = None  # OpenAI's default is 1
-    top_p: float | None = None
-    top_k: int | None = None  # extension (vLLM's name)
-    n: int | None = 1
+    max_tokens: Annotated[int | None, _POSITIVE_INT] = None  # default: 16 (completions), the rest of the context (chat)
+    temperature: Annotated[float | None, _accepts({"anyOf": [{"type": "number", "enum": [0]}, {"type": "number", "minimum": _FLOAT32_TINY, "maximum": 3.4e38}]})] = None  # OpenAI's default is 1
+    top_p: Annotated[float | None, _accepts({"type": "number", "minimum": _FLOAT32_TINY, "maximum": 1})] = None
+    top_k: Annotated[int | None, _accepts({"type": "integer", "minimum": 0})] = None  # extension (vLLM's name)
+    n: Annotated[int | None, _UNSUPPORTED["n"]] = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    stop: Annotated[str | list[str] | None, Encodable] = None
-    seed: int | None = None
+    stop: Annotated[str | list[str] | None, Encodable, _STOP] = None
+    seed: Annotated[int | None, _accepts({"type": "integer", "minimum": 0, "maximum": _SEED_MAX})] = None
     ignore_eos: bool | None = None  # extension
     user: Text | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Annotated[float | None, _UNSUPPORTED["zero"]] = None
+    frequency_penalty: Annotated[float | None, _UNSUPPORTED["zero"]] = None
+    logit_bias: Annotated[dict[str, float] | None, _UNSUPPORTED["empty object"]] = None
 
     @field_validator("n")
     @classmethod
@@ -189,11 +215,11 @@ class _SamplingRequest(BaseModel):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: Annotated[str | list[int] | list[str] | list[list[int]], Encodable]
-    echo: bool | None = False
-    logprobs: int | None = None
-    best_of: int | None = None
-    suffix: str | None = None
+    prompt: Annotated[str | list[int] | list[str] | list[list[int]], Encodable, _PROMPT]
+    echo: Annotated[bool | None, _UNSUPPORTED["false"]] = False
+    logprobs: Annotated[int | None, _UNSUPPORTED["zero"]] = None
+    best_of: Annotated[int | None, _UNSUPPORTED["n"]] = None
+    suffix: Annotated[str | None, _UNSUPPORTED["empty string"]] = None
 
     @field_validator("prompt")
     @classmethod
@@ -242,15 +268,15 @@ class ChatMessage(BaseModel):
 
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
-    type: Text
+    type: Annotated[Text, WithJsonSchema({"type": "string", "enum": ["text"]})]
 
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool | None = False
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    max_completion_tokens: Annotated[int | None, _POSITIVE_INT] = None
+    logprobs: Annotated[bool | None, _UNSUPPORTED["false"]] = False
+    top_logprobs: Annotated[int | None, _UNSUPPORTED["zero"]] = None
+    tools: Annotated[list[dict[str, Any]] | None, _UNSUPPORTED["empty array"]] = None
     response_format: ResponseFormat | None = None
 
     @field_validator("response_format")
