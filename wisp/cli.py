@@ -70,6 +70,12 @@ def _add_serve_parser(sub) -> None:
                         help="plan both pools for this budget from a short built-in warm-up trace")
     srv.add_argument("--split-controller", action="store_true",
                      help="with --plan or --vram-budget: re-split the budget while serving as the workload drifts")
+    srv.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors",
+                     help="dummy: random weights of the model's (or a preset's) shape, made on the device (no "
+                          "tokenizer: prompts as token ids)")
+    srv.add_argument("--enable-resize-endpoint", action="store_true",
+                     help="(debug) mount POST /admin/resize {expert_cap, kv_blocks}: resize both pools live; "
+                          "for soak tests (benchmarks/soak.py), never for production")
 
 
 def _start_split_controller(engine, plan) -> None:
@@ -183,7 +189,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             model=args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, kv_blocks=args.kv_blocks,
             kv_bytes=args.kv_bytes, max_concurrency=args.max_concurrency, max_model_len=args.max_model_len,
             moe_backend=args.moe_backend, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_batched_tokens=args.max_num_batched_tokens, load_format=args.load_format,
         ))
         if args.plan or args.vram_budget:
             from wisp.engine.warmup import plan_from_file, plan_from_warmup
@@ -201,6 +207,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise
     async_engine = AsyncEngine(engine)
     app = build_app(async_engine, args.model, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
+    if args.enable_resize_endpoint:
+        from wisp.server.admin import add_resize_route
+
+        add_resize_route(app, async_engine, args.api_key)
     host = f"[{args.host}]" if ":" in args.host else args.host
     serve(app, async_engine, sock, f"wisp: serving {args.model} on http://{host}:{sock.getsockname()[1]}")
     if recorder is not None:

@@ -26,10 +26,11 @@ def run(coro_fn, **fake_kw):
 
 
 async def settled(engine: AsyncEngine, timeout: float = 5.0) -> dict:
-    """The stats once nothing is running or waiting and no block is used (polls the snapshot)."""
+    """The stats once nothing is running or waiting and no block is used (polls fresh snapshots: the last
+    one can be from before the latest work, since the engine thread snapshots on demand, not per step)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        s = engine.stats()
+        s = await engine.refresh_stats()
         if s["num_running"] == s["num_waiting"] == s["kv_blocks_used"] == 0:
             return s
         await asyncio.sleep(0.01)

@@ -54,10 +54,15 @@ class Client:
 
 
 async def until(predicate, timeout: float = 10.0) -> None:
+    """Poll `predicate()` (a bool, or an awaitable of one) until it holds."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while not await _value(predicate()):
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.005)
+
+
+async def _value(x):
+    return await x if asyncio.iscoroutine(x) else x
 
 
 def run_app(body_fn):
@@ -72,8 +77,8 @@ def run_app(body_fn):
     return fake
 
 
-def idle(engine: AsyncEngine) -> bool:
-    s = engine.stats()
+async def idle(engine: AsyncEngine) -> bool:
+    s = await engine.refresh_stats()  # a fresh snapshot: the engine thread takes none per step
     return s["num_running"] == s["num_waiting"] == s["kv_blocks_used"] == 0
 
 

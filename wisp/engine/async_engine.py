@@ -3,12 +3,17 @@
 Owns the engine thread, the command queue into it and each request's output queue out of it.
 
 Invariants:
-- Every call into the wrapped engine (add_request, abort_request, step, has_unfinished, stats) is made
-  on the engine thread; other threads only post commands (FIFO) and read the last stats snapshot.
+- Every call into the wrapped engine (add_request, abort_request, step, has_unfinished, stats, and what
+  `call` runs, such as `apply_plan`) is made on the engine thread, between steps; other threads only post
+  commands (FIFO) and read the last stats snapshot.
 - A request is live from its admission until its final output is dispatched, its consumer aborts it,
   or the engine shuts down. A consumer that stops early (close, cancellation, garbage collection of
   its stream) aborts its request, so its KV blocks are freed.
-- The stats snapshot is taken after every loop turn, so once the thread is idle it is exact.
+- Stats are refreshed on demand, never per step: `engine.stats()` reads every layer's device counters
+  back (a host sync), so the thread takes a snapshot only when asked (`refresh_stats`, which /metrics
+  awaits at every scrape: it waits for the step in progress, then the next turn snapshots, within a
+  timeout, else the last snapshot is served and `stats_age()` says how old it is) and once whenever it
+  goes idle after work, so once the thread is idle `stats()` is exact without a scrape.
 - The thread sleeps on a condition while there is neither a command nor unfinished work.
 - A request that the engine finished with "error" (its own sampling or stop check failed, see
   `wisp.engine.request_failure`) ends its stream with `RequestFailed`; no other request sees it. Only a
@@ -18,12 +23,13 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Protocol
 
 import torch
 
@@ -35,6 +41,8 @@ if TYPE_CHECKING:
     from wisp.engine.sampling import SamplingParams
 
 log = logging.getLogger("wisp.engine")
+
+STATS_TIMEOUT_S = 2.0  # how long a scrape waits for a fresh snapshot before serving the last one
 
 
 class EngineShutDown(RuntimeError):
@@ -87,6 +95,14 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Call:
+    """Run `fn(engine)` on the engine thread between steps; its result (or exception) goes to `done`."""
+
+    fn: Callable[[Any], Any]
+    done: concurrent.futures.Future = field(repr=False)
+
+
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:
     """Resolve an admission future on its own loop (it may have been cancelled meanwhile)."""
 
@@ -102,6 +118,15 @@ def _settle(future: asyncio.Future, error: BaseException | None) -> None:
         future.get_loop().call_soon_threadsafe(settle)
     except RuntimeError:
         pass
+
+
+def _refuse(command: "_Add | _Call", error: BaseException | None = None) -> None:
+    """Answer a command the engine will not run (it is stopping) with `error`."""
+    error = error or EngineShutDown("the engine is shutting down")
+    if isinstance(command, _Add):
+        _settle(command.admitted, error)
+    elif command.done.set_running_or_notify_cancel():
+        command.done.set_exception(error)
 
 
 class RequestStream:
@@ -156,11 +181,13 @@ class AsyncEngine:
         self.engine = engine  # touch only its immutable facts (tokenizer, chat template, limits) off-thread
         self._observers: list[RequestObserver] = []  # add_observer
         self._cond = threading.Condition()
-        self._commands: deque[_Add | _Abort] = deque()
+        self._commands: deque[_Add | _Abort | _Call] = deque()
         self._stopping = False
         self._failure: BaseException | None = None
         self._live: dict[str, _Live] = {}  # engine thread only
         self._stats: dict = engine.stats()  # replaced (never mutated) by the engine thread
+        self._stats_at = time.monotonic()  # when _stats was taken
+        self._dirty = False  # engine thread: work was done since the last snapshot
         self._thread: threading.Thread | None = None
 
     # -- facts fixed at load time (safe from any thread) ---------------------------------------------
@@ -207,8 +234,31 @@ class AsyncEngine:
             thread.join(timeout)
 
     def stats(self) -> dict:
-        """The engine's stats as of the end of the engine thread's last loop turn."""
+        """The last stats snapshot: exact once the engine thread is idle, else as of the last `refresh_stats`
+        (or the last time the thread went idle)."""
         return self._stats
+
+    def stats_age(self) -> float:
+        """Seconds since the snapshot `stats()` returns was taken."""
+        return time.monotonic() - self._stats_at
+
+    async def refresh_stats(self, timeout: float = STATS_TIMEOUT_S) -> dict:
+        """A fresh snapshot, taken by the engine thread after the step in progress; after `timeout` seconds
+        (a long step), or if the thread is not running, the last snapshot instead (see `stats_age`)."""
+        if not self.healthy:
+            return self._stats
+        try:
+            return await self.call(self._snapshot, timeout)
+        except (asyncio.TimeoutError, EngineShutDown):
+            return self._stats
+
+    async def call(self, fn: Callable[[Any], Any], timeout: float | None = None) -> Any:
+        """Run `fn(engine)` on the engine thread between two steps (after the commands posted before it) and
+        return its result or raise its exception; EngineShutDown if the engine stops first. After `timeout`
+        seconds asyncio.TimeoutError is raised, but `fn` still runs when its turn comes."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._post(_Call(fn, done))
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(done)), timeout)
 
     # -- requests ------------------------------------------------------------------------------------
     async def submit(self, request_id: str, prompt_ids: list[int], params: "SamplingParams") -> RequestStream:
@@ -238,11 +288,11 @@ class AsyncEngine:
         """Thread-safe; aborting a finished or unknown request does nothing."""
         self._post(_Abort(request_id))
 
-    def _post(self, command: _Add | _Abort) -> None:
+    def _post(self, command: _Add | _Abort | _Call) -> None:
         with self._cond:
             if self._stopping or self._failure is not None:
-                if isinstance(command, _Add):
-                    _settle(command.admitted, EngineShutDown("the engine is shutting down"))
+                if isinstance(command, (_Add, _Call)):
+                    _refuse(command)
                 return
             self._commands.append(command)
             self._cond.notify()
@@ -269,18 +319,41 @@ class AsyncEngine:
                 self._commands.clear()
                 stopping = self._stopping
             for command in commands:
-                if stopping and isinstance(command, _Add):
-                    _settle(command.admitted, EngineShutDown("the engine is shutting down"))
+                if stopping and isinstance(command, (_Add, _Call)):
+                    _refuse(command)
                 elif isinstance(command, _Add):
                     self._admit(command)
+                    self._dirty = True
+                elif isinstance(command, _Call):
+                    self._call(command)
                 else:
                     self._abort(command.request_id, "abort")
+                    self._dirty = True
             if stopping:
                 return
-            if self.engine.has_unfinished() and not self._step():
-                with self._cond:  # work exists but nothing could be scheduled: don't spin on it
-                    self._cond.wait(0.001)
-            self._stats = self.engine.stats()
+            if self.engine.has_unfinished():
+                self._dirty = True
+                if not self._step():
+                    with self._cond:  # work exists but nothing could be scheduled: don't spin on it
+                        self._cond.wait(0.001)
+            if self._dirty and not self.engine.has_unfinished():  # going idle: one snapshot, so stats() is
+                self._snapshot(self.engine)  # exact while nothing runs (never one per step)
+
+    def _snapshot(self, engine: "LLMEngine") -> dict:
+        """Engine thread: read the engine's stats (one host read of the device counters) into the snapshot."""
+        self._stats, self._stats_at, self._dirty = engine.stats(), time.monotonic(), False
+        return self._stats
+
+    def _call(self, cmd: _Call) -> None:
+        if not cmd.done.set_running_or_notify_cancel():
+            return
+        self._dirty = True  # it may change what stats say (a resize); a snapshot call clears it again
+        try:
+            result = cmd.fn(self.engine)
+        except Exception as exc:
+            cmd.done.set_exception(exc)
+        else:
+            cmd.done.set_result(result)
 
     def _admit(self, cmd: _Add) -> None:
         if cmd.request_id in self._live:
@@ -361,8 +434,8 @@ class AsyncEngine:
             pending = list(self._commands)
             self._commands.clear()
         for cmd in pending:
-            if isinstance(cmd, _Add):
-                _settle(cmd.admitted, error)
+            if isinstance(cmd, (_Add, _Call)):
+                _refuse(cmd, error)
         for request_id, live in list(self._live.items()):
             try:
                 self._abort(request_id, "abort")
@@ -371,6 +444,6 @@ class AsyncEngine:
                 self._live.pop(request_id, None)
             live.put(error)
         try:
-            self._stats = self.engine.stats()
+            self._snapshot(self.engine)
         except Exception:
             pass

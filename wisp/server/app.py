@@ -131,7 +131,7 @@ def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None =
               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     """The app serving `engine` as `served_model_name` (with `api_key`, /v1 routes need it; a request body
     over `max_request_bytes` is a 413)."""
-    metrics = ServerMetrics(engine.stats)
+    metrics = ServerMetrics(engine.stats, engine.stats_age)
     engine.add_observer(metrics)
     tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="wisp-tokenize")
     generator = _Generator(engine, served_model_name, ChatTemplate(engine.chat_template, engine.special_tokens),
@@ -179,6 +179,7 @@ def _add_info_routes(app: FastAPI, engine: AsyncEngine, metrics: ServerMetrics, 
 
     @app.get("/metrics", response_class=Response, responses={**prometheus_text(), **errors(500)})
     async def prometheus():
+        await engine.refresh_stats()  # a snapshot taken now, between steps (see wisp/server/metrics.py)
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 

@@ -1,8 +1,12 @@
 """Prometheus metrics of one server, in their own `CollectorRegistry` (never the process-global one).
 
-Engine counters and gauges are read from the engine's stats snapshot at scrape time by a custom
-collector, so they are never stale copies; latency histograms and request counters are fed by the
-engine thread through the `RequestObserver` methods (prometheus_client metrics are thread-safe).
+Engine counters and gauges come from the engine's stats snapshot, **refreshed when scraped**: the /metrics
+route first awaits `AsyncEngine.refresh_stats()`, which asks the engine thread for a new snapshot between two
+steps and waits for it (up to `STATS_TIMEOUT_S`, 2 s, behind a long step; then the previous snapshot is
+served). The engine thread never reads its device counters per step: only for a scrape, and once each time it
+goes idle (so an idle server's stats are exact). `wisp_stats_age_seconds` says how old the served snapshot
+is (about 0 unless a scrape timed out). Latency histograms and request counters are fed by the engine thread
+through the `RequestObserver` methods (prometheus_client metrics are thread-safe).
 """
 
 from __future__ import annotations
@@ -42,11 +46,16 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 class _EngineCollector:
     """Turns one stats dict into metric families at every scrape; keys the engine lacks are skipped."""
 
-    def __init__(self, stats: Callable[[], dict]):
+    def __init__(self, stats: Callable[[], dict], age: Callable[[], float] | None = None):
         self._stats = stats
+        self._age = age
 
     def collect(self) -> Iterator[Metric]:
         stats = self._stats()
+        if self._age is not None:
+            yield GaugeMetricFamily("wisp_stats_age_seconds", "Age of the engine stats snapshot this scrape shows "
+                                    "(refreshed per scrape; large only if the engine thread was busy past the timeout).",
+                                    value=self._age())
         for key, (name, doc) in COUNTERS.items():
             if key in stats:
                 yield CounterMetricFamily(name, doc, value=float(stats[key]))
@@ -90,9 +99,9 @@ def _split_controller(state: dict) -> Iterator[Metric]:
 class ServerMetrics:
     """Implements `wisp.engine.async_engine.RequestObserver`; `render()` is one scrape."""
 
-    def __init__(self, stats: Callable[[], dict]):
+    def __init__(self, stats: Callable[[], dict], stats_age: Callable[[], float] | None = None):
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(stats))
+        self.registry.register(_EngineCollector(stats, stats_age))
         self.ttft = Histogram(
             "wisp_time_to_first_token_seconds", "Time from admission to a request's first token.",
             buckets=TTFT_BUCKETS, registry=self.registry,
