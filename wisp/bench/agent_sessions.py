@@ -31,7 +31,6 @@ tokenizer.json, or `train_session_tokenizer`'s byte-level BPE trained on the ses
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from wisp.errors import WispError
+from wisp.trace.kv_trace import read_json_records
 
 MAX_TRAINED_VOCAB = 32_000  # the trained BPE's ceiling (merges of pairs seen twice run out near 13k on all files)
 ROLES = {"human": "user", "gpt": "assistant", "system": "system"}  # AgentInstruct "from" -> role
@@ -188,16 +188,7 @@ def _files(paths: Iterable[str | Path] | str | Path) -> list[tuple[Path, list[di
 
 
 def _records(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise WispError(f"agent-session file {path} does not exist")
-    text = path.read_text()
-    try:
-        if path.suffix == ".json":
-            records = json.loads(text)
-        else:
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as exc:
-        raise WispError(f"agent-session file {path} is not valid JSON/JSONL: {exc}") from None
+    records = read_json_records(path, "agent-session file")
     if not isinstance(records, list) or not records:
         raise WispError(f"agent-session file {path} holds no sessions (expected a non-empty list of records)")
     first = records[0]

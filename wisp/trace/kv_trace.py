@@ -49,20 +49,25 @@ def _turns_from_messages(messages: list[dict], chars_per_token: float) -> list[t
     return turns
 
 
-def read_kv_trace(path: str | Path, block_size: int = 16, chars_per_token: float = 4.0) -> KVTrace:
-    """Any supported KV source, by content."""
-    path = Path(path)
+def read_json_records(path: Path, what: str):
+    """A .json file's value, or any other file's JSON lines as a list; WispError (naming `what`) when the
+    file is absent or not valid JSON."""
     if not path.is_file():
-        raise WispError(f"KV trace {path} does not exist")
-    trace = KVTrace(block_size)
+        raise WispError(f"{what} {path} does not exist")
     text = path.read_text()
     try:
         if path.suffix == ".json":
-            records = json.loads(text)
-        else:
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+            return json.loads(text)
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
     except json.JSONDecodeError as exc:
-        raise WispError(f"KV trace {path} is not valid JSON/JSONL: {exc}") from None
+        raise WispError(f"{what} {path} is not valid JSON/JSONL: {exc}") from None
+
+
+def read_kv_trace(path: str | Path, block_size: int = 16, chars_per_token: float = 4.0) -> KVTrace:
+    """Any supported KV source, by content."""
+    path = Path(path)
+    trace = KVTrace(block_size)
+    records = read_json_records(path, "KV trace")
     if not records:
         raise WispError(f"KV trace {path} is empty")
     try:
