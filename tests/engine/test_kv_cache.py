@@ -63,11 +63,12 @@ def reference(q, k, v, start, window=None):
 def make_cache(hkv, hd, bs, num_blocks, dtype, seed, fill="randn"):
     cache = KVCache(LAYERS, hkv, hd, bs, num_blocks, dtype, "cpu")
     if fill == "randn":  # garbage in every block: only what the sequence wrote may matter
-        cache.k.copy_(randn(cache.k.shape, seed + 1, dtype))
-        cache.v.copy_(randn(cache.v.shape, seed + 2, dtype))
+        for layer in range(LAYERS):
+            cache.k[layer].copy_(randn(cache.k[layer].shape, seed + 1 + 2 * layer, dtype))
+            cache.v[layer].copy_(randn(cache.v[layer].shape, seed + 2 + 2 * layer, dtype))
     else:
-        cache.k.fill_(fill)
-        cache.v.fill_(fill)
+        for t in (*cache.k, *cache.v):
+            t.fill_(fill)
     return cache
 
 
@@ -96,8 +97,8 @@ def run_paged(bs, start, end, hkv, hd, spare, seed, window=None, fill="randn", t
     kv = BlockTableKV(cache, table)
     kv.write(LAYER, k, v, 0)
     if tail_fill is not None and end % bs:  # the masked slots past the end of the last block
-        cache.k[LAYER, table[-1], :, end % bs :] = tail_fill
-        cache.v[LAYER, table[-1], :, end % bs :] = tail_fill
+        cache.k[LAYER][table[-1], :, end % bs :] = tail_fill
+        cache.v[LAYER][table[-1], :, end % bs :] = tail_fill
     return kv.attend(LAYER, q, start, window), reference(q, k, v, start, window)
 
 
@@ -128,10 +129,10 @@ def test_write_places_position_p_at_table_p_div_bs_offset_p_mod_bs():
     BlockTableKV(cache, table).write(LAYER, k[:7], v[:7], 0)
     BlockTableKV(cache, table).write(LAYER, k[7:], v[7:], 7)
     for p in range(10):
-        assert torch.equal(cache.k[LAYER, table[p // bs], :, p % bs], k[p])
-        assert torch.equal(cache.v[LAYER, table[p // bs], :, p % bs], v[p])
+        assert torch.equal(cache.k[LAYER][table[p // bs], :, p % bs], k[p])
+        assert torch.equal(cache.v[LAYER][table[p // bs], :, p % bs], v[p])
     assert not cache.k[0].any() and not cache.v[0].any()  # the other layer is untouched
-    assert not cache.k[LAYER, 1].any() and not cache.k[LAYER, 4, :, 2:].any()
+    assert not cache.k[LAYER][1].any() and not cache.k[LAYER][4, :, 2:].any()
 
 
 # -- (b) exactness across contexts -----------------------------------------------------------------
@@ -262,7 +263,7 @@ def test_block_bytes_formula(dtype, size):
     L, hkv, bs, hd = 3, 2, 16, 32
     assert KVCache.block_bytes(L, hkv, hd, bs, dtype) == 2 * L * hkv * bs * hd * size
     cache = KVCache(L, hkv, hd, bs, 5, dtype, "cpu")
-    per_block = (cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()) // 5
+    per_block = sum(t.numel() * t.element_size() for t in (*cache.k, *cache.v)) // 5
     assert per_block == KVCache.block_bytes(L, hkv, hd, bs, dtype)
     assert KVCache.block_bytes(1, 1, 1, 1, dtype) == 2 * size
 
@@ -270,28 +271,30 @@ def test_block_bytes_formula(dtype, size):
 def test_resize_frees_then_reallocates_with_the_new_block_count(monkeypatch):
     L, hkv, hd, bs = 2, 2, 16, 4
     cache = KVCache(L, hkv, hd, bs, 3, torch.float32, "cpu")
-    assert cache.k.shape == cache.v.shape == (L, 3, hkv, bs, hd) and cache.num_blocks == 3
-    cache.k.fill_(1.0)
-    cache.v.fill_(2.0)
-    old_k, old_v = weakref.ref(cache.k), weakref.ref(cache.v)
+    assert len(cache.k) == len(cache.v) == L and cache.num_blocks == 3
+    assert all(t.shape == (3, hkv, bs, hd) for t in (*cache.k, *cache.v))
+    for t in (*cache.k, *cache.v):
+        t.fill_(1.0)
+    del t
+    olds = [weakref.ref(t) for t in (*cache.k, *cache.v)]
     alive_at_alloc = []
     real_zeros = torch.zeros
 
     def spy_zeros(*args, **kwargs):
-        alive_at_alloc.append((old_k() is not None, old_v() is not None))
+        alive_at_alloc.append(any(ref() is not None for ref in olds))
         return real_zeros(*args, **kwargs)
 
     monkeypatch.setattr(torch, "zeros", spy_zeros)
     cache.resize(7)
     monkeypatch.setattr(torch, "zeros", real_zeros)
-    assert alive_at_alloc and all(a == (False, False) for a in alive_at_alloc), "old tensors alive at allocation"
-    assert old_k() is None and old_v() is None
-    assert cache.k.shape == cache.v.shape == (L, 7, hkv, bs, hd) and cache.num_blocks == 7
-    assert cache.k.dtype == cache.v.dtype == torch.float32 and cache.k.device.type == "cpu"
-    assert not cache.k.any() and not cache.v.any()
-    assert cache.k.data_ptr() != cache.v.data_ptr()
+    assert alive_at_alloc and not any(alive_at_alloc), "old tensors alive at allocation"
+    assert all(ref() is None for ref in olds)
+    new = (*cache.k, *cache.v)
+    assert all(t.shape == (7, hkv, bs, hd) and t.dtype == torch.float32 and t.device.type == "cpu" for t in new)
+    assert cache.num_blocks == 7 and not any(t.any() for t in new)
+    assert len({t.data_ptr() for t in new}) == 2 * L
     cache.resize(2)
-    assert cache.k.shape == (L, 2, hkv, bs, hd) and cache.num_blocks == 2
+    assert cache.k[0].shape == (2, hkv, bs, hd) and cache.num_blocks == 2
     # the cache still works after a resize
     kv = BlockTableKV(cache, [1, 0])
     q, k, v = randn((6, H, hd), 0), randn((6, hkv, hd), 1), randn((6, hkv, hd), 2)
@@ -312,3 +315,37 @@ def test_triton_kv_write_puts_the_bytes_where_index_put_does():
     write_kv(k, v, cache[0], cache[1], blocks, offs)
     want[0][blocks, :, offs], want[1][blocks, :, offs] = k, v
     assert torch.equal(cache, want)
+
+
+@pytest.mark.parametrize("old_blocks,new_blocks", [(8, 5), (5, 9), (6, 6)])
+def test_resize_keeping_carries_kept_and_moved_blocks_one_tensor_at_a_time(monkeypatch, old_blocks, new_blocks):
+    """Blocks 0..keep-1 keep their bytes, each moved block lands at its new id, the rest is zero; and each
+    new tensor is allocated while at most one old tensor of the same kind is still alive beside it."""
+    L, hkv, hd, bs = 3, 2, 16, 4
+    cache = KVCache(L, hkv, hd, bs, old_blocks, torch.float32, "cpu")
+    for i, t in enumerate((*cache.k, *cache.v)):
+        t.copy_(randn(t.shape, 100 + i))
+    del t
+    before = [t.clone() for t in (*cache.k, *cache.v)]
+    keep = 4
+    moves = {old_blocks - 1: 1, old_blocks - 2: 3} if old_blocks > keep + 1 else {}
+    old_refs = [weakref.ref(t) for t in (*cache.k, *cache.v)]
+    alive_at_alloc = []
+    real_zeros = torch.zeros
+
+    def spy_zeros(*args, **kwargs):
+        alive_at_alloc.append(sum(ref() is not None for ref in old_refs))
+        return real_zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", spy_zeros)
+    cache.resize_keeping(new_blocks, moves, keep)
+    monkeypatch.setattr(torch, "zeros", real_zeros)
+    assert alive_at_alloc == [2 * L - i for i in range(2 * L)], "old tensors must be freed one by one"
+    assert cache.num_blocks == new_blocks
+    for old, new in zip(before, (*cache.k, *cache.v)):
+        assert new.shape == (new_blocks, hkv, bs, hd)
+        expect = torch.zeros_like(new)
+        expect[:keep] = old[:keep]
+        for src, dst in moves.items():
+            expect[dst] = old[src]
+        assert torch.equal(new, expect)

@@ -1,7 +1,8 @@
 """The KV cache tensors over the block pool, and attention over a sequence's block table.
 
-`KVCache.k/v`: [num_layers, num_blocks, num_kv_heads, block_size, head_dim] on the device. Position p of
-a sequence lives in block `table[p // block_size]` at offset `p % block_size`.
+`KVCache.k/v`: one [num_blocks, num_kv_heads, block_size, head_dim] tensor per layer on the device (one
+per layer, so a live resize reallocates a layer at a time). Position p of a sequence lives in block
+`table[p // block_size]` at offset `p % block_size`.
 
 `paged_attention` is the torch path, written for exactness, not speed: queries run in 16-row tiles
 aligned on absolute positions and keys in whole blocks, combined with an online softmax in block order.
@@ -39,31 +40,36 @@ class KVCache:
         """Bytes of one block across layers, K and V (the paper's b)."""
         return 2 * num_layers * num_kv_heads * block_size * head_dim * torch.empty((), dtype=dtype).element_size()
 
+    def layer_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (num_blocks, *self.shape_tail)
+
     def resize(self, num_blocks: int) -> None:
-        self.k = self.v = None  # free the old tensors before allocating the new ones
-        shape = (self.num_layers, num_blocks, *self.shape_tail)
-        self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        """Reallocate empty (zeroed) tensors of `num_blocks` blocks, the old ones freed first."""
+        self.k = self.v = None
+        self.k = [torch.zeros(self.layer_shape(num_blocks), dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.v = [torch.zeros(self.layer_shape(num_blocks), dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
         self.num_blocks = num_blocks
 
-
     def resize_keeping(self, num_blocks: int, moves: dict[int, int], keep: int) -> None:
-        """Reallocate with `num_blocks` blocks while requests run: first copy each moved block to its new
-        id, then carry blocks 0..keep-1 over (`BlockPool.resize_live`'s result). Layer by layer, so a device
-        temporary never exceeds one layer's moved blocks, and the kept blocks wait in host memory while the
-        old tensors are freed: the device never holds both sizes at once."""
+        """Reallocate with `num_blocks` blocks while requests run, keeping blocks 0..keep-1 and placing each
+        moved block (old id -> new id, below `keep`) at its new id: `BlockPool.resize_live`'s result.
+        One [num_blocks, Hkv, bs, hd] tensor at a time, device to device: the new tensor is filled from the
+        old one, then the old one is freed. So on top of the larger of the two pools the device holds one
+        layer's K or V at a time (1/(2L) of a pool), which the activation reserve covers (no step runs during
+        a resize), and nothing passes through host memory."""
+        assert keep <= num_blocks and all(dst < keep for dst in moves.values()), (keep, num_blocks)
         if moves:
             src = torch.tensor(list(moves), device=self.device)
             dst = torch.tensor(list(moves.values()), device=self.device)
-            for t in (self.k, self.v):
-                for layer in t:  # [num_blocks, ...], contiguous
-                    layer[dst] = layer[src]
-            del t, layer
-        kept = [[layer[:keep].cpu() for layer in t] for t in (self.k, self.v)]  # each slice contiguous: no device copy
-        self.resize(num_blocks)
-        for t, saved in zip((self.k, self.v), kept):
-            for layer, block in zip(t, saved):
-                layer[:keep].copy_(block)
+        for tensors in (self.k, self.v):
+            for layer, old in enumerate(tensors):
+                new = torch.zeros(self.layer_shape(num_blocks), dtype=self.dtype, device=self.device)
+                new[:keep].copy_(old[:keep])
+                if moves:
+                    new[dst] = old[src]
+                tensors[layer] = new
+                del old
+        self.num_blocks = num_blocks
 
 
 class BlockTableKV:
