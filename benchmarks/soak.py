@@ -1,8 +1,7 @@
 """Soak `wisp serve` with mixed traffic, disconnects, bad requests and live resizes (issue 13, item 4).
 
     python benchmarks/soak.py --minutes 10 --out benchmarks/results/logs/soak_cpu_demo.json      # CPU demo
-    python benchmarks/soak.py --minutes 10 --model qwen3-30b-a3b --load-format dummy --device cuda \\
-        --out benchmarks/results/logs/soak_gpu_qwen3.json                                          # a GPU preset
+    MODE=background bash benchmarks/gpu_soak.sh; MODE=wait bash benchmarks/gpu_soak.sh               # the GPU soak
 
 Starts `python -m wisp serve` on 127.0.0.1, port 0 (loopback only; the port is read from its ready line),
 with `--enable-resize-endpoint`, then for a bounded time and request count runs `--concurrency` (8) client
