@@ -18,7 +18,8 @@ import torch
 
 from wisp.errors import WispError
 from wisp.models.families import Family, family_for_architecture
-from wisp.options import ATTENTION_BACKENDS, DTYPE_NAMES, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS
+from wisp.core.hybrid_split import HybridCosts
+from wisp.options import ATTENTION_BACKENDS, DTYPE_NAMES, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS, SCRATCH_MODES
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -198,6 +199,7 @@ class EngineConfig:
     load_format: str = "safetensors"  # or "dummy": random weights of the model's shape, made on the device
     enforce_eager: bool = False  # never replay CUDA graphs (they need both Triton backends)
     cuda_graph_max_batch: int = 8  # decode graphs for batch sizes 1..min(this, max_concurrency)
+    hybrid_costs: HybridCosts | None = None  # hybrid mode's copy / CPU costs; None: probed at load
 
     def __post_init__(self) -> None:
         if self.kv_blocks is not None and self.kv_bytes is not None:
@@ -264,7 +266,7 @@ class EngineConfig:
         """The per-layer scratch capacity C, checked against top_k <= C <= num_experts."""
         n, k = model.num_experts, model.top_k
         if self.expert_cap is None:
-            return n if self.mode != "paged" else max(k, n // 2)
+            return n if self.mode not in SCRATCH_MODES else max(k, n // 2)
         return check_cap(int(self.expert_cap), model)
 
 

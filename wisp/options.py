@@ -2,7 +2,8 @@
 budget's default, in one torch-free place: the engine's config and the command line both read them here,
 so `wisp --help` can list them without loading torch."""
 
-MODES = ("paged", "resident", "offload", "zero-copy")
+MODES = ("paged", "resident", "offload", "zero-copy", "hybrid")
+SCRATCH_MODES = ("paged", "hybrid")  # modes with a C-slot expert scratch per layer (hybrid: paged + CPU misses)
 MOE_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch on the CPU
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")

@@ -28,6 +28,7 @@ from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
 from wisp.engine.sequence import Sequence
 from wisp.errors import WispError
+from wisp.options import SCRATCH_MODES
 from wisp.plan.probes import probe_seconds_per_byte
 from wisp.plan.sizes import cap_for_budget
 from wisp.trace.format import RoutingTrace
@@ -213,7 +214,7 @@ def _runs(args) -> list[tuple[str, int | None, int]]:
         caps = [cap_for_budget(cfg, args.vram_budget, args.prompt_len + args.decode_tokens + 8)]
     batches = [int(b) for b in str(args.batch).split(",")]
     return [(m, c, b) for b in batches for m in sorted(modes, key=lambda m: m != "resident")
-            for c in (caps if m == "paged" else [None])]
+            for c in (caps if m in SCRATCH_MODES else [None])]
 
 
 def _run_one(args, mode: str, cap: int | None, batch: int, opts: dict, trace: RoutingTrace | None) -> dict:

@@ -27,6 +27,7 @@ from wisp.config import MODES, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
 from wisp.errors import WispError
+from wisp.options import SCRATCH_MODES
 
 
 class RoutedUnion:
@@ -124,7 +125,7 @@ def bench_prefill(args) -> list[dict]:
     if bad:
         raise WispError(f"unknown mode {bad[0]!r}; choose from: {', '.join(MODES)}")
     lens = sorted({int(p) for p in args.prompt_len.split(",")})
-    runs = [(m, c) for m in sorted(modes, key=lambda m: m != "resident") for c in (caps if m == "paged" else [None])]
+    runs = [(m, c) for m in sorted(modes, key=lambda m: m != "resident") for c in (caps if m in SCRATCH_MODES else [None])]
     device = resolve_device(args.device)
     gbps = probe_h2d_gbps(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -164,7 +165,7 @@ def plot_ttft(records: list[dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     runs: dict[str, list[dict]] = {}
     for r in records:
-        runs.setdefault(r["mode"] + (f" C={r['expert_cap']}" if r["mode"] == "paged" else ""), []).append(r)
+        runs.setdefault(r["mode"] + (f" C={r['expert_cap']}" if r["mode"] in SCRATCH_MODES else ""), []).append(r)
     for label, rs in runs.items():
         ax.plot([r["prompt_len"] for r in rs], [r["ttft_s"] for r in rs], marker="o", label=label)
     ax.set_xscale("log", base=2)

@@ -3,7 +3,8 @@
 hits: routed experts already resident at the step; misses: routed experts that were not;
 loads: experts copied host -> device (a miss in paged mode, every expert of the layer in offload
 mode); evictions: resident experts displaced; bytes_h2d: expert bytes copied host -> device;
-steps: MoE layer executions (one per token group).
+steps: MoE layer executions (one per token group); cpu_computed: misses computed on the CPU instead of
+copied (hybrid mode; also counted in misses, never in loads or bytes_h2d).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class ExpertCounters:
     loads: int = 0
     bytes_h2d: int = 0
     steps: int = 0
+    cpu_computed: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

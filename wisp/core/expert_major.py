@@ -64,6 +64,15 @@ def run_wide_step(
     counts: list[int],  # [N] pairs routed to each expert
 ) -> torch.Tensor:
     t, k = topk_ids.shape
+    per_k = expert_major_pairs(pager, staging, kernels, hidden, topk_ids, experts, counts)
+    return kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
+
+
+def expert_major_pairs(pager: ExpertPager, staging: StagingBuffers, kernels: MoEKernels, hidden: torch.Tensor,
+                       topk_ids: torch.Tensor, experts: list[int], counts: list[int]) -> torch.Tensor:
+    """Steps 1-4 above without the sum: the [T*K, D] float32 pair outputs of the pairs routed to `experts`
+    (rows of pairs routed elsewhere stay zero: a hybrid step fills them from the CPU)."""
+    t, k = topk_ids.shape
     decision = pager.decide(experts)
     scratch = pager.scratch
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
@@ -96,7 +105,7 @@ def run_wide_step(
         if slot is None and side is not None:
             staging.free_after[index] = main.record_event()
     pager.publish_map()
-    return kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
+    return per_k
 
 
 def _copy_expert(pager: ExpertPager, expert: int, dest: dict[str, torch.Tensor]) -> None:

@@ -148,6 +148,10 @@ class PagedExperts(ExpertStore):
         pager = self.pager
         counts, last_token = routed_counts_and_last_token(topk_ids, pager.num_experts)
         distinct = order_by_last_token(last_token)  # the step's touch order (wisp.core.recency)
+        return self._paged_step(hidden, topk_ids, topk_weights, distinct, counts)
+
+    def _paged_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
+        pager = self.pager
         if len(distinct) <= pager.capacity:
             expert_map = pager.prepare(distinct)
             return self.moe_fn(hidden, pager.scratch[GATE_UP], pager.scratch[DOWN], topk_ids, topk_weights, expert_map)

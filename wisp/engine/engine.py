@@ -296,6 +296,7 @@ class LLMEngine:
             "expert_misses": total.misses,
             "expert_evictions": total.evictions,
             "expert_loads": total.loads,
+            "expert_cpu_computed": total.cpu_computed,
             "bytes_h2d": total.bytes_h2d,
             "moe_steps": total.steps,
             "hit_rate": total.hits / routed if routed else 0.0,

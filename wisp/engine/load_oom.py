@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from wisp.config import EngineConfig, ModelConfig
+from wisp.options import SCRATCH_MODES
 from wisp.plan.sizes import DEFAULT_RESERVE_BYTES, non_expert_params
 
 RESERVE = DEFAULT_RESERVE_BYTES
@@ -46,7 +47,7 @@ class DeviceBytes:
         slot = 0
         if config.mode == "resident":
             experts = layers * cfg.num_experts * e
-        elif config.mode == "paged":
+        elif config.mode in SCRATCH_MODES:
             experts, slot = sum(config.resolve_layer_caps(cfg)) * e + 2 * e, layers * e
         elif config.mode == "offload":
             experts = cfg.num_experts * e
@@ -69,7 +70,7 @@ def usable_bytes(device: torch.device) -> int | None:
 def oom_message(cfg: ModelConfig, config: EngineConfig, need: DeviceBytes, usable: int | None, stage: str,
                 cause: str) -> str:
     """One line: what ran out, the bytes by part, and which budget would fit."""
-    mode = config.mode + (f", cap {max(config.resolve_layer_caps(cfg))}" if config.mode == "paged" else "")
+    mode = config.mode + (f", cap {max(config.resolve_layer_caps(cfg))}" if config.mode in SCRATCH_MODES else "")
     parts = (f"about {need.total} bytes: non-expert weights {need.weights} + experts on the device {need.experts} "
              f"({mode}) + KV pool {need.kv} (its floor for --max-concurrency {config.max_concurrency}: "
              f"{need.kv_floor}), plus activations and CUDA graphs")
@@ -84,7 +85,7 @@ def _what_fits(cfg: ModelConfig, config: EngineConfig, need: DeviceBytes, usable
     the KV pool as configured, then with the KV pool at its floor; a smaller KV pool; fewer requests at once."""
     budget = usable - RESERVE
     keep = f" would fit (keeping {RESERVE} bytes for activations)"
-    scratch = config.mode in ("resident", "paged")
+    scratch = config.mode in ("resident", *SCRATCH_MODES)
     staging, slot = 2 * cfg.expert_bytes, len(cfg.moe_layer_ids) * cfg.expert_bytes
     if scratch:
         paged = " --mode paged" if config.mode == "resident" else ""

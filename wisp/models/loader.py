@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,9 @@ from wisp.core.experts import (
     ZeroCopyExperts,
 )
 from wisp.core.expert_major import StagingBuffers
+from wisp.core.hybrid_experts import HybridExperts
+from wisp.core.hybrid_probe import probe_hybrid_costs
+from wisp.core.hybrid_split import HybridCosts
 from wisp.core.kernels import moe_kernels
 from wisp.errors import WispError
 from wisp.models.families import get_family
@@ -242,7 +246,7 @@ def _load_experts(
                disable=None)
     for li in cfg.moe_layer_ids:
         bank = _read_layer_bank(reader, cfg, n, li, target, host, bar)
-        stores[li] = _make_store(engine.mode, bank, caps[li], device, shared)
+        stores[li] = _make_store(engine, bank, caps[li], device, shared)
     bar.close()
     kernels = moe_kernels(engine.resolve_backend("moe", device))
     for store in stores.values():
@@ -286,16 +290,25 @@ class _SharedBuffers:
     """Device buffers one model's stores share, made by the first layer that needs them."""
 
     layer: LayerBuffer | None = None  # offload: one layer-sized buffer
-    staging: StagingBuffers | None = None  # paged: two expert-sized buffers for wide steps
+    staging: StagingBuffers | None = None  # paged, hybrid: two expert-sized buffers for wide steps
+    cpu_worker: ThreadPoolExecutor | None = None  # hybrid: the thread that computes misses on the CPU
+    hybrid_costs: HybridCosts | None = None  # hybrid: the costs every layer splits its misses by
 
 
-def _make_store(mode: str, bank: dict[str, torch.Tensor], cap: int, device: torch.device,
+def _make_store(engine: EngineConfig, bank: dict[str, torch.Tensor], cap: int, device: torch.device,
                 shared: _SharedBuffers) -> ExpertStore:
+    mode = engine.mode
     if mode == "resident":
         return ResidentExperts(bank)
     if mode == "paged":
         shared.staging = shared.staging or StagingBuffers(bank, device)
         return PagedExperts(bank, cap, device, shared.staging)
+    if mode == "hybrid":
+        shared.staging = shared.staging or StagingBuffers(bank, device)
+        shared.cpu_worker = shared.cpu_worker or ThreadPoolExecutor(1, thread_name_prefix="wisp-hybrid-cpu")
+        if shared.hybrid_costs is None:  # every layer has the same shapes: probe once
+            shared.hybrid_costs = engine.hybrid_costs or probe_hybrid_costs(bank, device, shared.cpu_worker)
+        return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.cpu_worker, shared.staging)
     if mode == "zero-copy":
         return ZeroCopyExperts(bank, device)
     owner = shared.layer is None

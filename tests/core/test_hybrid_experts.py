@@ -1,0 +1,78 @@
+"""Hybrid mode's store: misses split between copies and the CPU; on the CPU it is torch.equal to resident
+(the same kernel computes every pair), its counters add up, and with a free link it IS paged mode."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from tests.core.test_experts import make
+from wisp.core.experts import PagedExperts, ResidentExperts
+from wisp.core.hybrid_experts import HybridExperts
+from wisp.core.hybrid_split import HybridCosts
+
+CPU_CHEAP = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))  # the CPU serves light experts
+LINK_FREE = HybridCosts(copy_s=0.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # every miss copied: paged mode
+
+STEPS = [40, 1, 1, 3, 1, 23, 1, 2, 1]  # prefill-like and decode-like batches
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with ThreadPoolExecutor(1) as pool:
+        yield pool
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, k, cap", [(8, 2, 2), (16, 4, 6), (16, 4, 16)])
+def test_hybrid_is_torch_equal_to_resident_on_the_cpu_and_its_counters_add_up(worker, dtype, n, k, cap):
+    host, _, _, _ = make(n, 1, k, 0, dtype)
+    resident = ResidentExperts({name: t.clone() for name, t in host.items()})
+    hybrid = HybridExperts(host, cap, torch.device("cpu"), CPU_CHEAP, worker)
+    served_on_cpu = 0
+    for step, t in enumerate(STEPS):
+        _, hidden, ids, weights = make(n, t, k, 200 + step, dtype)
+        assert torch.equal(hybrid.forward(hidden, ids, weights), resident.forward(hidden, ids, weights)), step
+        hybrid.pager.check_integrity()
+        split = hybrid.last_split
+        assert set(split.to_cpu).isdisjoint(hybrid.pager.resident_experts())  # CPU-served experts are not cached
+        served_on_cpu += len(split.to_cpu)
+    c = hybrid.counters
+    assert served_on_cpu > 0 and c.cpu_computed == served_on_cpu
+    assert c.misses == c.loads + c.cpu_computed and c.bytes_h2d == c.loads * hybrid.pager.expert_bytes
+    assert c.steps == len(STEPS)
+
+
+def test_with_a_free_link_hybrid_makes_paged_decisions_exactly(worker):
+    n, k, cap = 16, 4, 6
+    host, _, _, _ = make(n, 1, k, 3, torch.float32)
+    hybrid = HybridExperts(host, cap, torch.device("cpu"), LINK_FREE, worker)
+    paged = PagedExperts(host, cap, "cpu")
+    for step, t in enumerate(STEPS):
+        _, hidden, ids, weights = make(n, t, k, 300 + step, torch.float32)
+        assert torch.equal(hybrid.forward(hidden, ids, weights), paged.forward(hidden, ids, weights))
+        assert hybrid.pager.slot_of == paged.pager.slot_of and hybrid.last_split.to_cpu == ()
+    assert hybrid.counters.as_dict() == paged.counters.as_dict()
+
+
+def test_a_wide_step_keeps_what_paged_keeps_and_streams_the_rest_of_its_copies(worker):
+    n, k, cap = 16, 4, 4
+    host, hidden, ids, weights = make(n, 12, k, 5, torch.float32)
+    costs = HybridCosts(copy_s=1.0, cpu_rows=(1, 2), cpu_s_at_rows=(0.5, 100.0))  # only 1-row experts suit the CPU
+    hybrid = HybridExperts(host, cap, torch.device("cpu"), costs, worker)
+    out = hybrid.forward(hidden, ids, weights)
+    distinct = torch.unique(ids).tolist()
+    rows = {e: int((ids == e).sum()) for e in distinct}
+    split = hybrid.last_split
+    assert len(distinct) - len(split.to_cpu) > cap  # still a wide step on the GPU side
+    assert split.to_cpu and all(rows[e] == 1 for e in split.to_cpu)
+    assert hybrid.counters.loads == len(split.to_copy) and len(hybrid.pager.resident_experts()) == cap
+    assert torch.equal(out, ResidentExperts(host).forward(hidden, ids, weights))
+
+
+def test_hybrid_refuses_graph_capture(worker):
+    host, hidden, ids, weights = make(8, 1, 2, 0, torch.float32)
+    with pytest.raises(RuntimeError, match="without CUDA graphs"):
+        HybridExperts(host, 4, torch.device("cpu"), CPU_CHEAP, worker).forward_graph_safe(hidden, ids, weights)

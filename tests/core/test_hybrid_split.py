@@ -1,0 +1,64 @@
+"""`split_misses` against a brute force over every subset, and `HybridCosts`' interpolation."""
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wisp.core.hybrid_split import HybridCosts, split_misses, split_time
+
+
+def brute_force(misses, costs):
+    best = float("inf")
+    for n_copy in range(0, len(misses) + 1):
+        for copied in itertools.combinations(range(len(misses)), n_copy):
+            cpu_rows = [rows for i, (_, rows) in enumerate(misses) if i not in copied]
+            best = min(best, split_time(n_copy, cpu_rows, costs))
+    return best
+
+
+costs_strategy = st.builds(
+    lambda copy_s, base, slope, overhead: HybridCosts(copy_s, (1, 4, 16), (base, base + slope, base + 5 * slope), overhead),
+    st.floats(0.0, 10.0), st.floats(0.0, 10.0), st.floats(0.0, 5.0), st.floats(0.0, 5.0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(misses=st.lists(st.integers(1, 40), min_size=0, max_size=7), costs=costs_strategy)
+def test_split_is_optimal(misses, costs):
+    misses = [(expert, rows) for expert, rows in enumerate(misses)]
+    split = split_misses(misses, costs)
+    assert sorted(split.to_copy + split.to_cpu) == [e for e, _ in misses]
+    rows_of = dict(misses)
+    assert split.predicted_s == pytest.approx(split_time(len(split.to_copy), [rows_of[e] for e in split.to_cpu], costs))
+    assert split.predicted_s == pytest.approx(brute_force(misses, costs), rel=1e-12, abs=1e-12)
+
+
+def test_a_free_link_copies_everything_and_a_dear_one_sends_light_experts_to_the_cpu():
+    costs = HybridCosts(copy_s=1.0, cpu_rows=(1, 8), cpu_s_at_rows=(1.0, 8.0))
+    misses = [(3, 1), (5, 8), (9, 1), (11, 2)]
+    assert split_misses(misses, HybridCosts(0.0, (1,), (1.0,))).to_cpu == ()
+    split = split_misses(misses, costs)  # copying all 4: 4 s; 2 light ones on the CPU: max(2, 2) = 2 s
+    assert split.to_cpu == (3, 9) and split.to_copy == (5, 11) and split.predicted_s == 2.0
+    slow_link = split_misses(misses, HybridCosts(100.0, (1, 8), (1.0, 8.0)))  # the CPU takes everything
+    assert slow_link.to_copy == () and slow_link.predicted_s == 1.0 + 8.0 + 1.0 + 2.0
+
+
+def test_cpu_cost_interpolates_and_extrapolates():
+    costs = HybridCosts(1.0, (1, 4, 16), (2.0, 5.0, 11.0))
+    assert costs.cpu_s(0) == 0.0
+    assert costs.cpu_s(1) == 2.0 and costs.cpu_s(4) == 5.0 and costs.cpu_s(16) == 11.0
+    assert costs.cpu_s(2) == pytest.approx(3.0) and costs.cpu_s(10) == pytest.approx(8.0)
+    assert costs.cpu_s(28) == pytest.approx(17.0)  # the last segment's slope, 0.5 s a row
+    assert HybridCosts(1.0, (2,), (4.0,)).cpu_s(6) == pytest.approx(12.0)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(copy_s=1.0, cpu_rows=(), cpu_s_at_rows=()),
+    dict(copy_s=1.0, cpu_rows=(4, 1), cpu_s_at_rows=(1.0, 2.0)),
+    dict(copy_s=1.0, cpu_rows=(1, 4), cpu_s_at_rows=(2.0, 1.0)),
+    dict(copy_s=-1.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,)),
+])
+def test_bad_costs_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        HybridCosts(**kwargs)

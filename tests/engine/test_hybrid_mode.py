@@ -1,0 +1,41 @@
+"""Hybrid mode end to end: misses served on the CPU change nothing on a CPU run (the same kernel computes
+every pair: torch.equal to resident), and stay close to resident on a GPU (the CPU's rounding of its pairs)."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.engine.test_mode_identity import LONG_PROMPT, SHORT_PROMPT, run
+from wisp import LLM, SamplingParams
+from wisp.core.hybrid_split import HybridCosts
+
+CPU_CHEAP = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))  # light experts go to the CPU
+
+
+def test_hybrid_equals_resident_on_the_cpu_and_is_close_on_a_gpu(hf_checkpoints, device, moe_backend, attention_backend):
+    path = hf_checkpoints["mixtral"]
+    for prompt in (LONG_PROMPT, SHORT_PROMPT):
+        _, ref_prefill, ref = run(path, "resident", None, "float32", prompt, device, moe_backend, attention_backend)
+        llm = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="hybrid",
+                  expert_cap=2, dtype="float32", hybrid_costs=CPU_CHEAP)
+        prefill = llm.prompt_logits(prompt)
+        out = llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True), return_logits=True)[0]
+        stats = llm.stats()
+        assert stats["mode"] == "hybrid" and stats["expert_cpu_computed"] > 0
+        assert stats["expert_misses"] == stats["expert_loads"] + stats["expert_cpu_computed"]
+        if torch.device(device).type == "cpu":
+            assert torch.equal(prefill, ref_prefill)
+            assert out.token_ids == ref.token_ids
+            assert all(torch.equal(a, b) for a, b in zip(out.logits, ref.logits))
+        else:
+            torch.testing.assert_close(prefill, ref_prefill, rtol=1e-3, atol=1e-3)
+            assert sum(a == b for a, b in zip(out.token_ids, ref.token_ids)) >= 14
+
+
+def test_generate_cli_runs_hybrid(hf_checkpoints, device, capsys):
+    from wisp.cli import main
+
+    code = main(["generate", "--model", str(hf_checkpoints["mixtral"]), "--device", device, "--mode", "hybrid",
+                 "--expert-cap", "2", "--prompt-ids", "5,17,99", "--max-tokens", "4", "--json"])
+    assert code in (0, None)
+    assert '"token_ids"' in capsys.readouterr().out

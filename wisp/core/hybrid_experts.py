@@ -1,0 +1,83 @@
+"""`HybridExperts`: paged mode with a second server for misses, the CPU.
+
+Each step, after the routing is read (the one host read paged mode also makes), the layer's missing experts
+are divided by `wisp.core.hybrid_split.split_misses` between copies into slots (cached, LRU, exactly as
+`PagedExperts` does) and the CPU, which computes its experts' (token, k) pairs straight from the pinned host
+masters with the torch reference kernel (`wisp.core.moe.expert_mlp`) on a worker thread and caches nothing.
+The GPU runs the hits and the copied experts expert-major (`wisp.core.expert_major.expert_major_pairs`:
+hits first, then each copy's pairs once it lands) while the CPU works; the CPU's rows are then written into
+the same [T*K, D] pair outputs and everything is summed over k in routing order, as every mode does.
+
+Invariants:
+- a step whose split sends nothing to the CPU is a paged step: the same decision, bytes and output;
+- every pair is computed exactly once, by the GPU or by the CPU, and the sum over k runs in routing order;
+  so where the CPU's arithmetic equals the device's (a CPU-only run: the same kernel on the same device)
+  the output is torch.equal to paged mode's, and on a GPU it differs only by the CPU's rounding of those
+  pairs: close to resident, not bit-identical (the report gives the max logit difference);
+- CPU-served experts count as misses (`counters.misses`, and `counters.cpu_computed`), never as loads or
+  bytes: they do not cross the link, and the slots are not touched for them;
+- no CUDA graph: the split needs the routing on the host every step (`forward_graph_safe` refuses).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
+from wisp.core.experts import PagedExperts, routed_counts_and_last_token
+from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
+from wisp.core.moe import expert_mlp
+from wisp.core.recency import order_by_last_token
+
+
+class HybridExperts(PagedExperts):
+    mode = "hybrid"
+
+    def __init__(self, host: dict[str, torch.Tensor], capacity: int, device: torch.device, costs: HybridCosts,
+                 cpu_worker: ThreadPoolExecutor, staging: StagingBuffers | None = None):
+        super().__init__(host, capacity, device, staging)
+        self.costs = costs
+        self.cpu_worker = cpu_worker  # one thread, shared by a model's layers (they run one after another)
+        self.last_split: MissSplit | None = None
+
+    def forward(self, hidden, topk_ids, topk_weights):
+        pager = self.pager
+        counts, last_token = routed_counts_and_last_token(topk_ids, pager.num_experts)
+        order = order_by_last_token(last_token)  # the step's touch order (wisp.core.recency)
+        pager.use_host()
+        misses = [(e, counts[e]) for e in order if pager.slot_of[e] < 0]
+        split = self.last_split = split_misses(misses, self.costs)
+        if not split.to_cpu:  # a paged step
+            return self._paged_step(hidden, topk_ids, topk_weights, order, counts)
+        t, k = topk_ids.shape
+        on_cpu = set(split.to_cpu)
+        cpu_rows = self.cpu_worker.submit(cpu_pair_rows, hidden.cpu(), topk_ids.cpu(), pager.host, split.to_cpu, k)
+        if self.staging is None:
+            self.staging = StagingBuffers(pager.host, pager.device)
+        gpu_order = [e for e in order if e not in on_cpu]
+        per_k = expert_major_pairs(pager, self.staging, self.kernels, hidden, topk_ids, gpu_order, counts)
+        pairs, rows = cpu_rows.result()
+        per_k[pairs.to(per_k.device)] = rows.to(per_k.device)
+        c = pager.counters
+        c.misses += len(on_cpu)
+        c.cpu_computed += len(on_cpu)
+        return self.kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
+
+    def forward_graph_safe(self, hidden, topk_ids, topk_weights):
+        raise RuntimeError("hybrid mode reads the routing on the host each step: it runs without CUDA graphs")
+
+
+@torch.inference_mode()
+def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, torch.Tensor], experts, top_k: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the CPU: the flat (token, k) pair indices routed to `experts` and their float32 outputs
+    ([M], [M, D]), each expert's pairs in token order, computed from the host masters."""
+    flat = topk_ids.reshape(-1)
+    pairs, rows = [], []
+    for expert in experts:
+        routed = (flat == expert).nonzero().squeeze(1)  # [m] ascending: token order
+        pairs.append(routed)
+        rows.append(expert_mlp(hidden[routed // top_k], host[GATE_UP][expert], host[DOWN][expert]).float())
+    return torch.cat(pairs), torch.cat(rows)

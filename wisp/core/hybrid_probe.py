@@ -1,0 +1,74 @@
+"""Calibrating a hybrid layer's costs on the machine it runs on (`HybridCosts`).
+
+- copy_s: one expert copied from its pinned host master into a device tensor (the median of `repeats`);
+- cpu_s_at_rows: one expert's pairs computed on the CPU from the host master (`wisp.core.moe.expert_mlp`,
+  the kernel hybrid mode uses) for each row count, the median of `repeats`, then a running maximum so the
+  curve never falls with rows (a timing dip would break `split_misses`' exactness argument);
+- cpu_overhead_s: one step's fixed cost of using the CPU at all: the hidden rows to the host, a hand-off to
+  the worker thread and back, one row to the device.
+
+Timed with the device synchronised around each measurement; the experts probed are the first few of one
+layer (every layer of a model has the same shapes). The result is what `split_misses` reads each step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from wisp.core.expert_major import DOWN, GATE_UP
+from wisp.core.hybrid_split import HybridCosts
+from wisp.core.moe import expert_mlp
+
+PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_s(fn, device: torch.device, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str, worker: ThreadPoolExecutor,
+                       rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3) -> HybridCosts:
+    device = torch.device(device)
+    num_experts = host[GATE_UP].shape[0]
+    dest = {name: torch.empty(t.shape[1:], dtype=t.dtype, device=device) for name, t in host.items()}
+    turn = iter(range(10**9))
+
+    def copy_one():
+        e = next(turn) % num_experts  # a different expert each time, so no cache helps the host side
+        for name, master in host.items():
+            dest[name].copy_(master[e], non_blocking=True)
+
+    copy_s = _median_s(copy_one, device, repeats)
+    d = host[GATE_UP].shape[2]
+    cpu_s = []
+    for n in rows:
+        x = torch.randn((n, d), generator=torch.Generator().manual_seed(n)).to(host[GATE_UP].dtype)
+
+        def cpu_one(x=x):
+            e = next(turn) % num_experts
+            expert_mlp(x, host[GATE_UP][e], host[DOWN][e])
+
+        cpu_s.append(_median_s(cpu_one, torch.device("cpu"), repeats))
+    for i in range(1, len(cpu_s)):
+        cpu_s[i] = max(cpu_s[i], cpu_s[i - 1])
+    hidden = torch.zeros((1, d), dtype=host[GATE_UP].dtype, device=device)
+    overhead_s = _median_s(lambda: worker.submit(hidden.cpu).result().to(device), device, repeats)
+    return HybridCosts(copy_s, tuple(rows), tuple(cpu_s), overhead_s)
