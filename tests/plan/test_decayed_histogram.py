@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings, strategies as st
 
 from tests.plan.test_miss_curves import SETTINGS, step_sequences
 from wisp.plan.decayed_histogram import DecayedHistogram
@@ -51,3 +51,25 @@ def test_decayed_histogram_half_life_and_decay():
                 lambda: g.decay(0), lambda: g.miss_curve(3)):
         with pytest.raises(ValueError):
             bad()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.just(COLD), st.integers(1, 12)), max_size=300),
+       st.sampled_from([None, 0.01, 0.3, 1.0, 50.0]), st.integers(1, 5))
+def test_add_many_is_add_in_order_to_the_last_bit(distances, half_life, chunks):
+    """Vectorised add_many against one `add` per reference, through renormalisations (tiny half-lives)."""
+    one, many = DecayedHistogram(8, half_life), DecayedHistogram(8, half_life)
+    for d in distances:
+        one.add(d)
+    for part in np.array_split(np.asarray(distances, dtype=np.int64), chunks):
+        many.add_many(part)
+    assert np.array_equal(one._w, many._w) and one._scale == many._scale
+    assert one.total == many.total and np.array_equal(one.miss_curve(), many.miss_curve())
+
+
+def test_add_many_rejects_what_add_rejects():
+    h = DecayedHistogram(4, half_life=8)
+    for bad in ([1, 0], [3, -2]):
+        with pytest.raises(ValueError):
+            h.add_many(bad)
+    assert h.total == 0.0  # nothing of a rejected batch was recorded

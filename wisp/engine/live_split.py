@@ -5,9 +5,11 @@ from traces:
 - KV: each request's prompt blocks on arrival (the prefix cache's chain keys of its full blocks), as stack
   distances over all requests so far (`LruStack.touch_blocks`);
 - experts: each step's routing per MoE layer, in touch order (`wisp.core.recency`), as stack distances
-  per layer. The routing comes from the engine's routing replay when it keeps the step's rows on the host
-  (`SessionRoutingReplay.last_rows`: no device read; set the replay before the live split), else from a
-  `RoutingLog` on the device, drained in one read just before each re-solve (decode keeps its CUDA graphs).
+  per layer (`ExpertStacks`: every layer at once in a few dozen numpy operations, no per-layer or
+  per-reference Python loop). The routing comes from the engine's routing replay when it keeps the step's
+  rows on the host (`SessionRoutingReplay.last_rows`: no device read; set the replay before the live
+  split), else from a `RoutingLog` on the device, drained in one read just before each re-solve or a full
+  ring (decode keeps its CUDA graphs).
 After each step the controller may decide a resize; it is applied at once with `LLMEngine.apply_plan`
 (between steps, nothing drained: outputs unchanged, no preemption while the admission floor holds).
 Every applied resize is logged (when, from -> to, why) and kept as a `ResizeEvent` with the seconds it
@@ -24,14 +26,13 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from wisp.core.experts import PagedExperts
-from wisp.core.recency import order_by_last_token
 from wisp.engine.block_pool import chain_hash
 from wisp.engine.resize_timings import ResizeTimings
 from wisp.engine.routing_log import RoutingLog
 from wisp.plan.controller import Resize, SplitController
+from wisp.plan.expert_stacks import ExpertStacks
 from wisp.plan.lru_stack import LruStack
 
 log = logging.getLogger("wisp.controller")
@@ -63,8 +64,7 @@ class LiveSplit:
             raise ValueError("the live split controller needs --mode paged")
         self.engine, self.controller = engine, controller
         self.layers = list(stores)
-        self.num_experts = engine.model_config.num_experts
-        self.expert_stacks = [LruStack() for _ in self.layers]
+        self.expert_stacks = ExpertStacks(len(self.layers), engine.model_config.num_experts)
         self.kv_stack = LruStack()
         self.events: list[ResizeEvent] = []
         self.started = time.perf_counter()
@@ -93,14 +93,7 @@ class LiveSplit:
 
     def _observe_routing(self, rows: np.ndarray) -> None:
         """rows [T, L, K]: the step's routed ids (-1: unknown, skipped)."""
-        t, layers, k = rows.shape
-        last = np.full((layers, self.num_experts + 1), -1, dtype=np.int64)  # column num_experts: the -1s
-        flat = np.where(rows >= 0, rows, self.num_experts) + (self.num_experts + 1) * np.arange(layers)[None, :, None]
-        np.maximum.at(last.reshape(-1), flat.reshape(-1), np.repeat(np.arange(t), layers * k))
-        distances = []
-        for stack, row in zip(self.expert_stacks, last[:, : self.num_experts].tolist()):
-            distances += stack.touch(order_by_last_token(row))
-        self.controller.observe_experts(distances, t)
+        self.controller.observe_experts(self.expert_stacks.touch(rows), rows.shape[0])
 
     # -- after each step ------------------------------------------------------------------------------
     def after_step(self, tokens: int) -> ResizeEvent | None:

@@ -65,6 +65,10 @@ def problem_of_plan(report, top_k: int, num_experts: int) -> SplitProblem:
                         costs.kv_miss_seconds, top_k, num_experts, report.admission_floor_blocks)
 
 
+def _as_array(distances: Iterable[int]) -> np.ndarray:
+    return distances if isinstance(distances, np.ndarray) else np.fromiter(distances, dtype=np.int64)
+
+
 class _UnitsSeen:
     """Tokens (or requests) seen, forgotten per reference at the histogram's pace, so that the
     histogram's decayed `total` over it is the recent references per token (or request)."""
@@ -99,13 +103,13 @@ class SplitController:
     # -- what it is fed -------------------------------------------------------------------------------
     def observe_experts(self, distances: Iterable[int], tokens: int) -> None:
         """Stack distances of the expert references of `tokens` tokens (all MoE layers)."""
-        d = list(distances)
+        d = _as_array(distances)
         self._experts.add_many(d)
         self._tokens.add(len(d), tokens)
 
     def observe_kv(self, distances: Iterable[int]) -> None:
         """Stack distances of one request's full KV blocks (`wisp.plan.miss_curves.kv_stack_distances`)."""
-        d = list(distances)
+        d = _as_array(distances)
         self._kv.add_many(d)
         self._requests.add(len(d), 1)
 

@@ -54,8 +54,29 @@ class DecayedHistogram:
         self._w[idx] += self._scale
 
     def add_many(self, distances: Sequence[int] | np.ndarray) -> None:
-        for d in np.asarray(distances, dtype=np.int64).tolist():
-            self.add(d)
+        """`add` each distance in order, vectorised: the same weights to the last bit (the scales are the
+        same running products, each added to its bucket in order)."""
+        d = np.asarray(distances, dtype=np.int64).reshape(-1)
+        if len(d) and (d.min() < COLD or not d.all()):
+            raise ValueError(f"a stack distance is >= 1 or COLD, got {int(d[(d < COLD) | (d == 0)][0])}")
+        buckets = np.minimum(d.view(np.uint64), self.max_distance + 1)  # COLD, read unsigned, is the largest
+        # at most `window` scales at a time: enough to cross _RESCALE from 1, too few to overflow
+        window = len(buckets) if self._growth == 1.0 else int(math.log(self._RESCALE) / math.log(self._growth)) + 2
+        while len(buckets):
+            scales = np.full(min(len(buckets), window) + 1, self._growth)
+            scales[0] = self._scale
+            np.cumprod(scales, out=scales)  # the running products `add` makes, one multiply at a time
+            scales = scales[1:]
+            n = len(scales) if scales[-1] <= self._RESCALE else int(np.searchsorted(scales, self._RESCALE, "right"))
+            np.add.at(self._w, buckets[:n], scales[:n])
+            if n == len(scales):
+                self._scale = float(scales[-1])
+            else:  # the add that crosses renormalises first, as in `add`
+                self._w /= scales[n]
+                self._scale = 1.0
+                self._w[buckets[n]] += self._scale
+                n += 1
+            buckets = buckets[n:]
 
     def decay(self, factor: float) -> None:
         if not 0.0 < factor <= 1.0:
