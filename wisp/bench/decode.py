@@ -94,6 +94,8 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
 def _replay(llm: LLM, trace: RoutingTrace) -> RoutingReplay:
     """Replay `trace` in place of the router (inactive until the timed decode; the graphs read it)."""
     cfg = llm.config
+    if trace.num_layers == 1 < len(cfg.moe_layer_ids):  # a one-layer trace, spread as `wisp bench agent` does
+        trace = trace.replayed_over(cfg.moe_layer_ids)
     replay = RoutingReplay(trace, cfg.moe_layer_ids, cfg.num_experts, cfg.top_k, llm.engine.device)
     llm.engine.runner.set_routing_replay(replay)
     return replay
@@ -226,7 +228,8 @@ def _run_one(args, mode: str, cap: int | None, batch: int, opts: dict, trace: Ro
     else:
         r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature, trace, batch)
     if trace is not None and mode != "accelerate":
-        r["routing"] = f"replay:{Path(args.routing_trace).name}"
+        r["routing"] = f"replay:{Path(args.routing_trace).name}" + (
+            " (one layer spread over every MoE layer: an approximation)" if trace.num_layers == 1 else "")
     if args.vram_budget:
         r["vram_budget"] = args.vram_budget
     return r
