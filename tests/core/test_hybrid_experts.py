@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 import torch
 
@@ -19,18 +17,12 @@ LINK_FREE = HybridCosts(copy_s=0.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # ever
 STEPS = [40, 1, 1, 3, 1, 23, 1, 2, 1]  # prefill-like and decode-like batches
 
 
-@pytest.fixture(scope="module")
-def worker():
-    with ThreadPoolExecutor(1) as pool:
-        yield pool
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n, k, cap", [(8, 2, 2), (16, 4, 6), (16, 4, 16)])
-def test_hybrid_is_torch_equal_to_resident_on_the_cpu_and_its_counters_add_up(worker, dtype, n, k, cap):
+def test_hybrid_is_torch_equal_to_resident_on_the_cpu_and_its_counters_add_up(dtype, n, k, cap):
     host, _, _, _ = make(n, 1, k, 0, dtype)
     resident = ResidentExperts({name: t.clone() for name, t in host.items()})
-    hybrid = HybridExperts(host, cap, torch.device("cpu"), CPU_CHEAP, worker)
+    hybrid = HybridExperts(host, cap, torch.device("cpu"), CPU_CHEAP)
     served_on_cpu = 0
     for step, t in enumerate(STEPS):
         _, hidden, ids, weights = make(n, t, k, 200 + step, dtype)
@@ -45,10 +37,10 @@ def test_hybrid_is_torch_equal_to_resident_on_the_cpu_and_its_counters_add_up(wo
     assert c.steps == len(STEPS)
 
 
-def test_with_a_free_link_hybrid_makes_paged_decisions_exactly(worker):
+def test_with_a_free_link_hybrid_makes_paged_decisions_exactly():
     n, k, cap = 16, 4, 6
     host, _, _, _ = make(n, 1, k, 3, torch.float32)
-    hybrid = HybridExperts(host, cap, torch.device("cpu"), LINK_FREE, worker)
+    hybrid = HybridExperts(host, cap, torch.device("cpu"), LINK_FREE)
     paged = PagedExperts(host, cap, "cpu")
     for step, t in enumerate(STEPS):
         _, hidden, ids, weights = make(n, t, k, 300 + step, torch.float32)
@@ -57,11 +49,11 @@ def test_with_a_free_link_hybrid_makes_paged_decisions_exactly(worker):
     assert hybrid.counters.as_dict() == paged.counters.as_dict()
 
 
-def test_a_wide_step_keeps_what_paged_keeps_and_streams_the_rest_of_its_copies(worker):
+def test_a_wide_step_keeps_what_paged_keeps_and_streams_the_rest_of_its_copies():
     n, k, cap = 16, 4, 4
     host, hidden, ids, weights = make(n, 12, k, 5, torch.float32)
     costs = HybridCosts(copy_s=1.0, cpu_rows=(1, 2), cpu_s_at_rows=(0.5, 100.0))  # only 1-row experts suit the CPU
-    hybrid = HybridExperts(host, cap, torch.device("cpu"), costs, worker)
+    hybrid = HybridExperts(host, cap, torch.device("cpu"), costs)
     out = hybrid.forward(hidden, ids, weights)
     distinct = torch.unique(ids).tolist()
     rows = {e: int((ids == e).sum()) for e in distinct}
@@ -72,7 +64,7 @@ def test_a_wide_step_keeps_what_paged_keeps_and_streams_the_rest_of_its_copies(w
     assert torch.equal(out, ResidentExperts(host).forward(hidden, ids, weights))
 
 
-def test_hybrid_refuses_graph_capture(worker):
+def test_hybrid_refuses_graph_capture():
     host, hidden, ids, weights = make(8, 1, 2, 0, torch.float32)
     with pytest.raises(RuntimeError, match="without CUDA graphs"):
-        HybridExperts(host, 4, torch.device("cpu"), CPU_CHEAP, worker).forward_graph_safe(hidden, ids, weights)
+        HybridExperts(host, 4, torch.device("cpu"), CPU_CHEAP).forward_graph_safe(hidden, ids, weights)

@@ -4,8 +4,8 @@
 - cpu_s_at_rows: one expert's pairs computed on the CPU from the host master (`wisp.core.moe.expert_mlp`,
   the kernel hybrid mode uses) for each row count, the median of `repeats`, then a running maximum so the
   curve never falls with rows (a timing dip would break `split_misses`' exactness argument);
-- cpu_overhead_s: one step's fixed cost of using the CPU at all: the hidden rows to the host, a hand-off to
-  the worker thread and back, one row to the device.
+- cpu_overhead_s: one step's fixed cost of using the CPU at all: the hidden rows to the host and one row
+  back to the device.
 
 Timed with the device synchronised around each measurement; the experts probed are the first few of one
 layer (every layer of a model has the same shapes). The result is what `split_misses` reads each step.
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
 
 from wisp.core.expert_major import DOWN, GATE_UP
@@ -44,8 +42,7 @@ def _median_s(fn, device: torch.device, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str, worker: ThreadPoolExecutor,
-                       rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3) -> HybridCosts:
+def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3) -> HybridCosts:
     device = torch.device(device)
     num_experts = host[GATE_UP].shape[0]
     dest = {name: torch.empty(t.shape[1:], dtype=t.dtype, device=device) for name, t in host.items()}
@@ -70,5 +67,5 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
     for i in range(1, len(cpu_s)):
         cpu_s[i] = max(cpu_s[i], cpu_s[i - 1])
     hidden = torch.zeros((1, d), dtype=host[GATE_UP].dtype, device=device)
-    overhead_s = _median_s(lambda: worker.submit(hidden.cpu).result().to(device), device, repeats)
+    overhead_s = _median_s(lambda: hidden.cpu().to(device), device, repeats)
     return HybridCosts(copy_s, tuple(rows), tuple(cpu_s), overhead_s)

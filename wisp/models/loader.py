@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,7 +290,6 @@ class _SharedBuffers:
 
     layer: LayerBuffer | None = None  # offload: one layer-sized buffer
     staging: StagingBuffers | None = None  # paged, hybrid: two expert-sized buffers for wide steps
-    cpu_worker: ThreadPoolExecutor | None = None  # hybrid: the thread that computes misses on the CPU
     hybrid_costs: HybridCosts | None = None  # hybrid: the costs every layer splits its misses by
 
 
@@ -305,10 +303,9 @@ def _make_store(engine: EngineConfig, bank: dict[str, torch.Tensor], cap: int, d
         return PagedExperts(bank, cap, device, shared.staging)
     if mode == "hybrid":
         shared.staging = shared.staging or StagingBuffers(bank, device)
-        shared.cpu_worker = shared.cpu_worker or ThreadPoolExecutor(1, thread_name_prefix="wisp-hybrid-cpu")
         if shared.hybrid_costs is None:  # every layer has the same shapes: probe once
-            shared.hybrid_costs = engine.hybrid_costs or probe_hybrid_costs(bank, device, shared.cpu_worker)
-        return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.cpu_worker, shared.staging)
+            shared.hybrid_costs = engine.hybrid_costs or probe_hybrid_costs(bank, device)
+        return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.staging)
     if mode == "zero-copy":
         return ZeroCopyExperts(bank, device)
     owner = shared.layer is None
