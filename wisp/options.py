@@ -7,5 +7,5 @@ SCRATCH_MODES = ("paged", "hybrid")  # modes with a C-slot expert scratch per la
 MOE_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch on the CPU
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-CACHE_POLICIES = ("lru", "opt", "lfu", "static")  # the replacement policies `wisp sim` replays
+CACHE_POLICIES = ("lru", "opt", "lfu", "lrfu", "arc", "static")  # the replacement policies `wisp sim` replays
 MAX_NUM_BATCHED_TOKENS = 2048  # tokens per engine step (decodes, then prefill chunks)

@@ -159,3 +159,21 @@ def test_bad_kv_traces_and_caps_are_one_line(recorded, tmp_path):
         assert proc.returncode == 2 and "KV trace" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     neg = run_wisp(["--trace", trace, "--caps=-1,4"], cache, command="sim")
     assert neg.returncode == 2 and "--caps must be >= 0" in neg.stderr
+
+
+def test_sim_per_token_ignores_the_step_column(tmp_path):
+    # two steps of two tokens each: as steps the first is {0, 1, 2, 3} (C = 2 is below it), per token
+    # every step has two experts and every policy runs at C = 2 (the new ones too)
+    ids = [[[0, 1]], [[2, 3]], [[0, 1]], [[0, 1]]]
+    trace = tmp_path / "t.npz"
+    RoutingTrace(ids, step=[0, 0, 1, 1], num_experts=4).save(trace)
+    runs = run_many({
+        "steps": ("--trace", trace, "--caps", "2,4", "--policies", "lru,lrfu,arc", "--json", tmp_path / "a.json"),
+        "tokens": ("--trace", trace, "--caps", "2,4", "--policies", "lru,lrfu,arc", "--per-token",
+                   "--json", tmp_path / "b.json"),
+    }, tmp_path / "cache", command="sim")
+    assert all(r.returncode == 0 for r in runs.values()), runs["tokens"].stderr
+    steps, tokens = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    assert steps["misses"]["lru"] == [-1, 4] and steps["references"] == 6
+    assert tokens["references"] == 8
+    assert tokens["misses"]["lru"] == tokens["misses"]["lrfu"] == tokens["misses"]["arc"] == [6, 4]

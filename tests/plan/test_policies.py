@@ -1,6 +1,8 @@
 """Policy simulation: LRU equals the exact one-pass curve, OPT is optimal (exhaustive search) and never
-worse than LRU/LFU, static pinning is what it says; then the same checks on the shared real traces
-(Mixtral all 32 layers, FLAME, OLMoE / Qwen layer 0), skipped when ../shared/data is absent."""
+worse than LRU/LFU/LRFU/ARC, LRFU follows its definition, has LFU and LRU as extremes and keeps the
+inclusion property (a stack algorithm), ARC does not, static pinning is what it says; then the same
+checks on the shared real traces (Mixtral all 32 layers, FLAME, OLMoE / Qwen layer 0), skipped when
+../shared/data is absent."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wisp.core.pager import ExpertPager
-from wisp.plan.miss_curves import expert_miss_curve
+from wisp.plan.miss_curves import expert_miss_curve, expert_sets
 from wisp.plan.policies import (
     OUT_OF_DOMAIN,
     POLICIES,
+    lrfu_misses,
     miss_table,
     pinned_set,
     simulate,
@@ -64,9 +67,84 @@ def test_lru_equals_curve_and_opt_is_best(case):
         lru, opt, lfu = (simulate(steps, c, p) for p in ("lru", "opt", "lfu"))
         assert lru == m[c]
         assert distinct <= opt <= min(lru, lfu)
-    for p in ("lru", "opt", "static"):
+    for p in ("lru", "opt", "lfu", "lrfu", "static"):  # stack algorithms (and static); ARC is not
         counts = [simulate(steps, c, p) for c in range(max(widest(steps), 1), n + 1)]
         assert all(a >= b for a, b in pairwise(counts)), p
+
+
+@SETTINGS
+@given(step_sequences(max_experts=8, max_steps=40, max_set=3))
+def test_opt_bounds_the_frequency_aware_policies(case):
+    n, steps = case
+    distinct = len({e for s in steps for e in s})
+    for c in range(max(widest(steps), 1), n + 1):
+        opt = simulate(steps, c, "opt")
+        assert distinct <= opt
+        for p in ("lrfu", "arc"):
+            assert opt <= simulate(steps, c, p), (p, c)
+
+
+@SETTINGS
+@given(step_sequences())
+def test_lrfu_extremes_are_lfu_and_lru(case):
+    n, steps = case
+    for c in range(max(widest(steps), 1), n + 1):
+        assert lrfu_misses(steps, c, 0.0) == simulate(steps, c, "lfu")  # no decay: CRF is the count
+        assert lrfu_misses(steps, c, 64.0) == simulate(steps, c, "lru")  # the past is below a double's precision
+
+
+def lrfu_by_definition(steps, capacity, decay_per_step):
+    """LRFU straight from the definition (CRF = sum of 2^(-lambda * age) over every past reference,
+    ties by least recent touch), with the resident set after every step."""
+    refs: dict[int, list[int]] = {}
+    last: dict[int, int] = {}
+    resident: set[int] = set()
+    misses, history, clock = 0, [], 0
+    for t, need in enumerate(expert_sets(steps, None)):
+        missing = [e for e in need if e not in resident]
+        misses += len(missing)
+        evict = len(resident) + len(missing) - capacity
+        if evict > 0:
+            def crf(e):
+                return sum(2.0 ** (-decay_per_step * (t - r)) for r in refs[e])
+
+            others = sorted((e for e in resident if e not in need), key=lambda e: (crf(e), last[e]))
+            resident.difference_update(others[:evict])
+        resident.update(need)
+        for e in need:
+            refs.setdefault(e, []).append(t)
+            last[e], clock = clock, clock + 1
+        history.append(frozenset(resident))
+    return misses, history
+
+
+@SETTINGS
+@given(step_sequences(max_experts=8, max_steps=30, max_set=3))
+def test_lrfu_matches_its_definition_and_is_a_stack_algorithm(case):
+    n, steps = case
+    for decay in (0.1, 1.0):
+        runs = [lrfu_by_definition(steps, c, decay) for c in range(max(widest(steps), 1), n + 1)]
+        for c, (misses, _) in zip(range(max(widest(steps), 1), n + 1), runs):
+            assert lrfu_misses(steps, c, decay) == misses
+        for (_, smaller), (_, larger) in pairwise(runs):  # inclusion: C slots hold a subset of C + 1's
+            assert all(a <= b for a, b in zip(smaller, larger))
+
+
+def test_arc_is_not_a_stack_algorithm():
+    # one expert per step (plain ARC): a third slot costs a miss here, so ARC's curve is simulated per C
+    steps = [[3], [1], [2], [1], [4], [3], [0], [1]]
+    assert [simulate(steps, c, "arc") for c in (1, 2, 3, 4)] == [8, 6, 7, 5]
+
+
+def test_lrfu_weighs_frequency_against_recency():
+    # C = 2: 0 is used three times, then 1 once, then 2 arrives. LRU drops 0 (least recent); LFU and LRFU
+    # with slow decay drop 1; with fast decay (lambda = 1) the older references of 0 count for less than 1.
+    steps = [[0], [0], [0], [1], [2], [0]]
+    assert simulate(steps, 2, "lru") == 4
+    assert simulate(steps, 2, "lfu") == simulate(steps, 2, "lrfu") == lrfu_misses(steps, 2, 0.1) == 3
+    assert lrfu_misses(steps, 2, 1.0) == 4
+    with pytest.raises(ValueError):
+        lrfu_misses(steps, 2, -1.0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -92,7 +170,7 @@ def test_miss_table_and_errors():
     steps = [[0, 1, 2], [2, 3], [0], [4]]
     table = miss_table(steps, [1, 3, 5, 9])
     assert set(table) == set(POLICIES)
-    assert table["lru"][0] == table["opt"][0] == table["lfu"][0] == OUT_OF_DOMAIN and table["static"][0] >= 0
+    assert all(table[p][0] == OUT_OF_DOMAIN for p in POLICIES if p != "static") and table["static"][0] >= 0
     for p in POLICIES:
         for i, c in enumerate([3, 5, 9]):
             assert table[p][i + 1] == simulate(steps, c, p)
@@ -112,14 +190,17 @@ def real(rel: str):
     return load_any(path)
 
 
-def check_layer(steps, n, caps=None, opt=True):
+def check_layer(steps, n, caps=None, opt=True, others=False):
     m = expert_miss_curve(steps, n)
     lo = max(widest(steps), 1)
     for c in caps or range(lo, n + 1):
         lru = simulate(steps, c, "lru")
         assert lru == m[c], c
         if opt:
-            assert simulate(steps, c, "opt") <= lru
+            best = simulate(steps, c, "opt")
+            assert best <= lru
+            if others:  # the other demand policies too (Mixtral only: it keeps the slow tests short)
+                assert all(best <= simulate(steps, c, p) for p in ("lfu", "lrfu", "arc")), c
     return m
 
 
@@ -128,7 +209,7 @@ def test_mixtral_every_layer_every_capacity(name):
     tr = real(f"routing_mixtral8x7b/{name}_decode_TxLxK.npz")
     for layer in tr.layers.tolist():
         steps = tr.steps(layer)
-        m = check_layer(steps, tr.num_experts)
+        m = check_layer(steps, tr.num_experts, others=True)
         if layer in (0, 31):  # the real pager too, on two layers
             for c in range(2, 9):
                 pager = ExpertPager({"w": torch.zeros(8, 1)}, c, "cpu")

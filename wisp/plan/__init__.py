@@ -7,7 +7,8 @@ One concept per module:
   cap); `per_layer`: per-layer curves from a routing trace and uneven per-layer caps;
 - `sizes`: a model's byte sizes; `probes`: the measured costs; `cost_model`: seconds per miss;
 - `planner`: `make_plan`, inputs -> `plan.Plan` (typed, with its JSON form); `plan_file`, `plots`;
-- `policies`, `simulate`, `arms`: the trace simulator (replacement policies, allocator arms);
+- `policies` (ARC in `adaptive_replacement`), `simulate`, `arms`: the trace simulator (replacement
+  policies, allocator arms);
 - `controller`: the online split controller, fed stack distances online by `lru_stack` (KV blocks) and
   `expert_stacks` (every MoE layer's experts, a step at a time); `controller_sim`, `session_sim`,
   `session_arms`: it replayed over request streams (agent sessions) against fixed splits and a

@@ -37,6 +37,9 @@ def add_parsers(sub) -> None:
     sim.add_argument("--trace", required=True)
     sim.add_argument("--policies", default="lru,opt,lfu,static", help=f"comma list of: {', '.join(CACHE_POLICIES)}")
     sim.add_argument("--caps", default=None, help="comma list of capacities (default: top_k..N, up to 12 values)")
+    sim.add_argument("--per-token", action="store_true",
+                     help="every token its own step (the batch-1 decode view the planner prices), ignoring the "
+                          "trace's step column (e.g. the Qwen1.5 log's batched passes of up to 57 experts)")
     sim.add_argument("--json", default=None, help="also write the results as JSON here")
     sim.add_argument("--plot", default=None, help="write a PNG of hit rate against capacity per policy")
     sim.add_argument("--sessions", nargs="+", default=None, metavar="FILE",

@@ -94,6 +94,8 @@ def cmd_sim(args) -> int:
     from wisp.plan.simulate import policy_table, references
 
     trace, kv = load_traces(args)
+    if args.per_token:
+        trace = one_step_per_token(trace)
     cfg = model_shape(args.model, args.dtype) if args.model and args.vram_budget else None
     sessions = _session_inputs(args, cfg, trace) if args.sessions or args.replay_layers else None
     if sessions and kv is None:
@@ -114,6 +116,11 @@ def cmd_sim(args) -> int:
     if args.plot:
         plot_policies(caps, table, refs, args.plot)
     return 0
+
+
+def one_step_per_token(trace: RoutingTrace) -> RoutingTrace:
+    """The same routing with the step column dropped, so every token is its own step."""
+    return RoutingTrace(trace.ids, trace.weights, None, trace.layers, trace.num_experts, trace.metadata)
 
 
 def _policies(text: str) -> list[str]:

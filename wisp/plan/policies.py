@@ -17,29 +17,53 @@ Policies (misses counted per distinct expert per step, as `ExpertCounters.misses
             an exhaustive search on small traces);
 - "lfu":    evict the non-needed resident with the fewest references so far (counted over the whole
             past, resident or not), ties broken by least recent use;
+- "lrfu":   LRFU (Lee et al., 2001): an expert's combined recency and frequency CRF is the sum over its
+            past references of (1/2)^(lambda * age), age in steps; evict the non-needed resident with
+            the smallest CRF, ties by least recent use. lambda = LRFU_DECAY_PER_STEP = 0.03 (a reference's
+            weight halves every 33 steps), the best of a sweep on the Mixtral HumanEval trace only
+            (docs/replacement_policies.md; the other real traces are held out).
+            lambda = 0 is LFU exactly; a lambda so large that older references vanish below a double's
+            precision (>= 53) is LRU exactly (both tested). History is kept for evicted experts too;
+            like LFU it needs a step counter and a float per expert ever seen;
+- "arc":    ARC adapted to set steps (recency/frequency lists, ghost lists adapting the target, victims
+            only among non-needed residents): `wisp.plan.adaptive_replacement`;
 - "static": the C experts most referenced over the whole trace (ties: lowest id) are pinned and never
             change; every reference to another expert is a miss (served without caching). Not a demand
             policy: it is defined for every C >= 0, may hold fewer experts than a step needs, and can
             beat OPT (a pinned expert is never displaced by a one-off miss).
 
+Exact or simulated: every count here is an exact replay at its capacity; what differs is whether a
+policy is a stack algorithm (a cache of C slots always holds a subset of the C + 1 one, so one pass gives
+the whole curve). LRU is, and `miss_table` takes its row from the one-pass stack-distance curve.
+OPT, LFU and LRFU are too (priority algorithms in Mattson et al.'s sense: a C-independent priority,
+and two experts a step does not touch keep their relative order; for LRFU every CRF decays at the
+same rate), but no one-pass curve is coded for them: they are simulated one capacity at a time
+(tested: LRFU's inclusion property on random set traces, and OPT's, LFU's and LRFU's counts never
+rising with C). ARC is not a stack algorithm (its target p depends on C; a larger cache can miss more,
+tested): it can only be simulated per capacity.
+
 Demand policies need capacity >= the largest step set (as the pager does) and raise ValueError otherwise.
 Invariants: misses >= cold misses (distinct experts referenced) for every demand policy;
-OPT <= LRU and OPT <= LFU at every capacity; every count is non-increasing in C for LRU, OPT and static.
+OPT <= every other demand policy (LRU, LFU, LRFU, ARC) at every capacity; every count is non-increasing
+in C for LRU, OPT, LFU, LRFU and static (not for ARC).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
 from wisp.options import CACHE_POLICIES as POLICIES
+from wisp.plan.adaptive_replacement import arc_misses
 from wisp.plan.miss_curves import expert_miss_curve, expert_sets
 
 OUT_OF_DOMAIN = -1  # miss_table's entry where a demand policy cannot run (C < largest step set)
+LRFU_DECAY_PER_STEP = 0.03  # LRFU's lambda: a reference's weight halves every 1 / 0.03 = 33 steps
 
 
 def _sets(steps: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -113,6 +137,32 @@ def _lfu(sets: list[list[int]], capacity: int) -> int:
     return _demand(sets, capacity, lambda e: (freq[e], last[e]), touch)
 
 
+def lrfu_misses(steps: Sequence[Sequence[int]], capacity: int, decay_per_step: float = LRFU_DECAY_PER_STEP) -> int:
+    """LRFU's misses with lambda = `decay_per_step` (`simulate(..., "lrfu")` uses LRFU_DECAY_PER_STEP)."""
+    if decay_per_step < 0:
+        raise ValueError("decay_per_step must be >= 0")
+    sets = _sets(steps)
+    _check_capacity(sets, capacity)
+    return _lrfu(sets, capacity, decay_per_step)
+
+
+def _lrfu(sets: list[list[int]], capacity: int, decay_per_step: float = LRFU_DECAY_PER_STEP) -> int:
+    """The eviction key is log2 of the CRF at the current step up to a constant shared by all experts:
+    log2(CRF at its last step) + lambda * last step, so it needs no update between references and never
+    underflows; ties (equal keys) go to the least recently used."""
+    crf: dict[int, float] = {}  # CRF at the expert's last referenced step
+    last_step: dict[int, int] = {}
+    last: dict[int, int] = {}  # touch clock, for ties (as LRU)
+    clock = itertools.count()
+
+    def touch(need: list[int], t: int) -> None:
+        for e in need:
+            kept = 0.0 if e not in crf else crf[e] * 2.0 ** (-decay_per_step * (t - last_step[e]))
+            crf[e], last_step[e], last[e] = 1.0 + kept, t, next(clock)
+
+    return _demand(sets, capacity, lambda e: (math.log2(crf[e]) + decay_per_step * last_step[e], last[e]), touch)
+
+
 def pinned_set(steps: Sequence[Sequence[int]], capacity: int) -> list[int]:
     """The static policy's pinned experts: the `capacity` most referenced ones (ties: lowest id)."""
     freq = Counter(e for s in _sets(steps) for e in s)
@@ -124,7 +174,7 @@ def _static(sets: list[list[int]], capacity: int) -> int:
     return sum(1 for s in sets for e in s if e not in pinned)
 
 
-_SIMULATORS = {"lru": _lru, "opt": _opt, "lfu": _lfu, "static": _static}
+_SIMULATORS = {"lru": _lru, "opt": _opt, "lfu": _lfu, "lrfu": _lrfu, "arc": arc_misses, "static": _static}
 
 
 def simulate(steps: Sequence[Sequence[int]], capacity: int, policy: str) -> int:
