@@ -117,6 +117,7 @@ _STOP = _accepts({"anyOf": [_TEXT, {"type": "array", "items": _TEXT}]})
 _UNSUPPORTED = {  # options OpenAI defines that wisp only takes at their neutral value
     "n": _accepts({"type": "integer", "enum": [1]}),
     "zero": _accepts({"type": "number", "enum": [0]}),
+    "absent": WithJsonSchema({"type": "null"}),
     "false": _accepts({"type": "boolean", "enum": [False]}),
     "empty object": _accepts({"type": "object", "maxProperties": 0}),
     "empty string": _accepts({"type": "string", "maxLength": 0}),
@@ -161,8 +162,8 @@ class _SamplingRequest(BaseModel):
     @field_validator("echo", "logprobs", "suffix", "top_logprobs", "tools", check_fields=False)
     @classmethod
     def _unsupported(cls, v, info):
-        if v:
-            raise ValueError(f"{info.field_name} is not supported")
+        if v or (info.field_name == "logprobs" and isinstance(v, int) and not isinstance(v, bool)):
+            raise ValueError(f"{info.field_name} is not supported")  # completions' logprobs: 0 is a request too
         return v
 
     @field_validator("presence_penalty", "frequency_penalty")
@@ -217,7 +218,7 @@ class _SamplingRequest(BaseModel):
 class CompletionRequest(_SamplingRequest):
     prompt: Annotated[str | list[int] | list[str] | list[list[int]], Encodable, _PROMPT]
     echo: Annotated[bool | None, _UNSUPPORTED["false"]] = False
-    logprobs: Annotated[int | None, _UNSUPPORTED["zero"]] = None
+    logprobs: Annotated[int | None, _UNSUPPORTED["absent"]] = None  # 0 would ask for the sampled token's logprob
     best_of: Annotated[int | None, _UNSUPPORTED["n"]] = None
     suffix: Annotated[str | None, _UNSUPPORTED["empty string"]] = None
 
