@@ -268,6 +268,20 @@ def test_block_bytes_formula(dtype, size):
     assert KVCache.block_bytes(1, 1, 1, 1, dtype) == 2 * size
 
 
+def old_tensors_alive_at_each_allocation(monkeypatch, refs, action) -> list[int]:
+    """Run `action`; for each torch.zeros call it makes, how many of the weakly referenced tensors were alive."""
+    alive, real_zeros = [], torch.zeros
+
+    def spy_zeros(*args, **kwargs):
+        alive.append(sum(ref() is not None for ref in refs))
+        return real_zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", spy_zeros)
+    action()
+    monkeypatch.setattr(torch, "zeros", real_zeros)
+    return alive
+
+
 def test_resize_frees_then_reallocates_with_the_new_block_count(monkeypatch):
     L, hkv, hd, bs = 2, 2, 16, 4
     cache = KVCache(L, hkv, hd, bs, 3, torch.float32, "cpu")
@@ -277,16 +291,7 @@ def test_resize_frees_then_reallocates_with_the_new_block_count(monkeypatch):
         t.fill_(1.0)
     del t
     olds = [weakref.ref(t) for t in (*cache.k, *cache.v)]
-    alive_at_alloc = []
-    real_zeros = torch.zeros
-
-    def spy_zeros(*args, **kwargs):
-        alive_at_alloc.append(any(ref() is not None for ref in olds))
-        return real_zeros(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "zeros", spy_zeros)
-    cache.resize(7)
-    monkeypatch.setattr(torch, "zeros", real_zeros)
+    alive_at_alloc = old_tensors_alive_at_each_allocation(monkeypatch, olds, lambda: cache.resize(7))
     assert alive_at_alloc and not any(alive_at_alloc), "old tensors alive at allocation"
     assert all(ref() is None for ref in olds)
     new = (*cache.k, *cache.v)
@@ -330,16 +335,8 @@ def test_resize_keeping_carries_kept_and_moved_blocks_one_tensor_at_a_time(monke
     keep = 4
     moves = {old_blocks - 1: 1, old_blocks - 2: 3} if old_blocks > keep + 1 else {}
     old_refs = [weakref.ref(t) for t in (*cache.k, *cache.v)]
-    alive_at_alloc = []
-    real_zeros = torch.zeros
-
-    def spy_zeros(*args, **kwargs):
-        alive_at_alloc.append(sum(ref() is not None for ref in old_refs))
-        return real_zeros(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "zeros", spy_zeros)
-    cache.resize_keeping(new_blocks, moves, keep)
-    monkeypatch.setattr(torch, "zeros", real_zeros)
+    alive_at_alloc = old_tensors_alive_at_each_allocation(monkeypatch, old_refs,
+                                                           lambda: cache.resize_keeping(new_blocks, moves, keep))
     assert alive_at_alloc == [2 * L - i for i in range(2 * L)], "old tensors must be freed one by one"
     assert cache.num_blocks == new_blocks
     for old, new in zip(before, (*cache.k, *cache.v)):
