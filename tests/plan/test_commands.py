@@ -177,3 +177,30 @@ def test_sim_per_token_ignores_the_step_column(tmp_path):
     assert steps["misses"]["lru"] == [-1, 4] and steps["references"] == 6
     assert tokens["references"] == 8
     assert tokens["misses"]["lru"] == tokens["misses"]["lrfu"] == tokens["misses"]["arc"] == [6, 4]
+
+
+def test_plan_hybrid_costs_compares_the_modes_and_bad_files_are_one_line(recorded, tmp_path):
+    trace, cache, _ = recorded
+    (tmp_path / "costs.json").write_text(json.dumps({"copy_s": 1e-3, "cpu_rows": [1], "cpu_s_at_rows": [2e-4]}))
+    (tmp_path / "bad.json").write_text(json.dumps({"copy_s": 1e-3, "cpu_rows": [1]}))
+    args = ["--model", "demo", "--vram-budget", "48MiB", "--max-model-len", "512", "--trace", trace,
+            "--reserve", "1MiB", "--device", "cpu", *COSTS]
+    runs = run_many({
+        "paged": args,
+        "hybrid": (*args, "--hybrid-costs", tmp_path / "costs.json"),
+        "bad": (*args, "--hybrid-costs", tmp_path / "bad.json"),
+        "missing": (*args, "--hybrid-costs", tmp_path / "missing.json"),
+    }, cache, command="plan")
+    paged, hybrid = runs["paged"], runs["hybrid"]
+    assert paged.returncode == 0 and hybrid.returncode == 0, hybrid.stderr
+    assert "hybrid" not in paged.stderr and paged.stderr.count("\n") == 1
+    plan = json.loads(hybrid.stdout)
+    assert {k: v for k, v in plan.items() if k != "hybrid"} == json.loads(paged.stdout)
+    advice = plan["hybrid"]
+    assert advice["paged_cap"] == plan["expert_cap"] and advice["mode"] in ("paged", "hybrid")
+    assert all(c["hybrid_step_s"] <= c["paged_step_s"] for c in advice["caps"])
+    assert "paged ms" in hybrid.stderr and "<- paged plan" in hybrid.stderr and "wisp: recommend" in hybrid.stderr
+    for name, fragment in (("bad", "has no cpu_s_at_rows"), ("missing", "could not read --hybrid-costs")):
+        proc = runs[name]
+        assert proc.returncode == 2 and fragment in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from wisp.config import ModelConfig
+from wisp.core.hybrid_split import HybridCosts
 from wisp.errors import WispError
 from wisp.models.presets import preset
 from wisp.plan.plan import FILE_ORDER, Plan
@@ -74,3 +75,36 @@ def test_plans_are_frozen():
     with pytest.raises(AttributeError):
         plan.kv_blocks = 1
     assert replace(plan, kv_blocks=1).kv_blocks == 1 and plan.kv_blocks == 64
+
+
+def test_hybrid_costs_add_an_advice_and_change_nothing_else():
+    cfg = ModelConfig.from_hf(preset("qwen3-30b-a3b"))
+    trace = RoutingTrace.load(DOCS / "traces" / "qwen3_shape_random_8layer_trace.npz")
+    inputs = PlanInputs(20 << 30, 4, 4096, seconds_per_byte=1.8e-11, recompute_seconds_per_token=2.3e-5)
+    costs = HybridCosts(copy_s=3.4e-3, cpu_rows=(1, 8), cpu_s_at_rows=(2e-3, 4e-3), cpu_overhead_s=1e-4)
+    paged = make_plan(cfg, inputs, trace, None, torch.device("cpu"))
+    plan = make_plan(cfg, replace(inputs, hybrid_costs=costs), trace, None, torch.device("cpu"))
+    assert paged.hybrid is None and "hybrid" not in paged.to_json()
+    obj = plan.to_json()
+    assert list(obj) == [*FILE_ORDER, "hybrid"] and {k: v for k, v in obj.items() if k != "hybrid"} == paged.to_json()
+    advice = plan.hybrid
+    assert advice.costs == costs and advice.paged_cap == plan.report.expert_cap
+    assert [c.expert_cap for c in advice.caps] == list(plan.curves.problem.feasible_caps())
+    assert all(c.hybrid_step_s <= c.paged_step_s for c in advice.caps)
+    back = Plan.from_json(json.loads(json.dumps(obj)))
+    assert back == plan and back.hybrid == advice
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda h: [1], "hybrid must be a JSON object"),
+    (lambda h: {**h, "mode": "cpu"}, "hybrid: mode must be one of paged, hybrid"),
+    (lambda h: {**h, "caps": [{**h["caps"][0], "kv_blocks": "8"}]}, r"hybrid.caps\[0\].kv_blocks must be an integer"),
+    (lambda h: {**h, "costs": {**h["costs"], "cpu_s_at_rows": []}}, "hybrid.costs: cpu_rows and cpu_s_at_rows"),
+])
+def test_a_bad_hybrid_advice_names_the_key(change, fragment):
+    costs = {"copy_s": 1.0, "cpu_rows": [1], "cpu_s_at_rows": [0.5], "cpu_overhead_s": 0.0}
+    hybrid = {"costs": costs, "caps": [{"expert_cap": 2, "kv_blocks": 8, "paged_step_s": 1.0, "hybrid_step_s": 0.5}],
+              "paged_cap": 2, "mode": "hybrid", "expert_cap": 2, "kv_blocks": 8}
+    assert Plan.from_json({**POOLS, "hybrid": hybrid}).hybrid.mode == "hybrid"
+    with pytest.raises(WispError, match=fragment):
+        Plan.from_json({**POOLS, "hybrid": change(hybrid)}, "plan p.json")

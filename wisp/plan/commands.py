@@ -50,14 +50,17 @@ def load_traces(args) -> tuple:
 
 
 def _plan_inputs(args):
+    from wisp.plan.plan_file import read_hybrid_costs
     from wisp.plan.planner import PlanInputs
 
     for name in ("max_concurrency", "max_model_len", "block_size"):
         if getattr(args, name) < 1:
             raise WispError(f"--{name.replace('_', '-')} must be >= 1")
+    costs_file = getattr(args, "hybrid_costs", None)  # `wisp plan` only
     return PlanInputs(args.vram_budget, args.max_concurrency, args.max_model_len, args.block_size,
                       seconds_per_byte=args.t_byte, recompute_seconds_per_token=args.recompute_cost,
-                      reserve_bytes=args.reserve, tokens_per_request=args.tokens_per_request)
+                      reserve_bytes=args.reserve, tokens_per_request=args.tokens_per_request,
+                      hybrid_costs=read_hybrid_costs(costs_file) if costs_file else None)
 
 
 def _make_plan(args, cfg: ModelConfig, trace, kv):
@@ -86,6 +89,10 @@ def cmd_plan(args) -> int:
         f"kv_blocks={plan.kv_blocks} ({report.kv_bytes / 2**30:.2f} GiB), floor={report.admission_floor_blocks}",
         file=sys.stderr,
     )
+    if plan.hybrid is not None:
+        from wisp.plan.hybrid_cost import advice_lines
+
+        print("\n".join(advice_lines(plan.hybrid, report.slot_bytes)), file=sys.stderr)
     return 0
 
 

@@ -11,19 +11,24 @@ is the one place a plan is validated, with errors naming the file and the key: p
 of integers) and kv_blocks (an integer) are required and kv_block_size defaults to 16, since a
 hand-written file may carry only what the engine applies; the report is read when the object has every
 one of its keys (otherwise it is None, as the engine never reads it), and then each must have its type.
+A plan made with `--hybrid-costs` carries one more key, last: "hybrid", the `HybridAdvice` (read and checked
+when present; the engine does not apply it). `read_fields` checks other small JSON objects the same way
+(the `--hybrid-costs` file).
 
-Invariants: Plan.from_json(p.to_json()) == p (curves are not compared); the planner's to_json() is
-key for key and value for value what earlier versions wrote.
+Invariants: Plan.from_json(p.to_json()) == p (curves are not compared); without a hybrid advice the
+planner's to_json() is key for key and value for value what earlier versions wrote.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 
 import numpy as np
 
+from wisp.core.hybrid_split import HybridCosts
 from wisp.errors import WispError
 from wisp.plan.cost_model import CostModel
+from wisp.plan.hybrid_cost import HybridAdvice, HybridCapCost
 from wisp.plan.split import SplitProblem
 
 
@@ -94,15 +99,17 @@ class Plan:
     kv_block_size: int = 16
     report: PlanReport | None = None
     curves: PlanCurves | None = field(default=None, compare=False, repr=False)
+    hybrid: HybridAdvice | None = None  # with `wisp plan --hybrid-costs`: paged against hybrid by cap
 
     def to_json(self) -> dict:
-        """The JSON object of a plan file (curves left out)."""
+        """The JSON object of a plan file (curves left out; the hybrid advice last, when there is one)."""
         pools = {"per_layer_caps": list(self.per_layer_caps), "kv_blocks": self.kv_blocks,
                  "kv_block_size": self.kv_block_size}
+        hybrid = {} if self.hybrid is None else {"hybrid": _to_json(self.hybrid)}
         if self.report is None:
-            return pools
+            return {**pools, **hybrid}
         merged = {**_to_json(self.report), **pools}
-        return {key: merged[key] for key in FILE_ORDER}
+        return {**{key: merged[key] for key in FILE_ORDER}, **hybrid}
 
     @classmethod
     def from_json(cls, obj: object, source: str = "plan") -> "Plan":
@@ -111,7 +118,19 @@ class Plan:
             raise WispError(f"{source} is not a JSON object")
         caps, blocks, block_size = _pools(obj, source)
         report = _read(PlanReport, obj, source, "") if all(k in obj for k in _keys(PlanReport)) else None
-        return cls(tuple(caps), blocks, block_size, report)
+        hybrid = _nested(HybridAdvice, obj["hybrid"], source, "hybrid") if "hybrid" in obj else None
+        return cls(tuple(caps), blocks, block_size, report, hybrid=hybrid)
+
+
+def read_fields(cls, obj: object, source: str):
+    """A dataclass (e.g. `HybridCosts`) from a decoded JSON object with exactly its fields' keys (those with
+    a default may be left out), every value type-checked; WispError naming `source` otherwise."""
+    if not isinstance(obj, dict):
+        raise WispError(f"{source} is not a JSON object")
+    unknown = [k for k in obj if k not in _keys(cls)]
+    if unknown:
+        raise WispError(f"{source}: unknown key {unknown[0]!r}; the keys are {', '.join(_keys(cls))}")
+    return _read(cls, obj, source, "")
 
 
 # the file's key order: the report's fields with the pool sizes where `wisp plan` has always put them
@@ -124,12 +143,14 @@ FILE_ORDER = ("model", "expert_cap", "per_layer_caps", "kv_blocks", "kv_bytes", 
 # field -> file key where they differ (the cost model's historical keys)
 _RENAMED = {CostModel: {"seconds_per_byte": "t_byte_s", "recompute_seconds_per_token": "recompute_cost_s_per_token",
                         "expert_miss_seconds": "c_exp_s", "kv_miss_seconds": "c_kv_s"}}
-_NESTED = {"SplitOption": SplitOption, "CostModel": CostModel, "TraceSummary": TraceSummary}
+_NESTED = {"SplitOption": SplitOption, "CostModel": CostModel, "TraceSummary": TraceSummary,
+           "HybridCosts": HybridCosts, "HybridCapCost": HybridCapCost}
 _SCALARS = {  # annotation -> (what it must be, check)
     "int": ("an integer", lambda v: type(v) is int),
     "float": ("a number", lambda v: type(v) in (int, float)),
     "str": ("a string", lambda v: type(v) is str),
 }
+_TUPLE = "tuple[{}, ...]"  # a tuple field: a JSON list of its element type
 
 
 def _keys(cls) -> list[str]:
@@ -137,8 +158,13 @@ def _keys(cls) -> list[str]:
 
 
 def _to_json(obj) -> dict:
-    return {key: _to_json(v) if is_dataclass(v) else v
-            for key, v in zip(_keys(type(obj)), (getattr(obj, f.name) for f in fields(obj)))}
+    return {key: _json_value(v) for key, v in zip(_keys(type(obj)), (getattr(obj, f.name) for f in fields(obj)))}
+
+
+def _json_value(v):
+    if is_dataclass(v):
+        return _to_json(v)
+    return [_json_value(x) for x in v] if isinstance(v, tuple) else v
 
 
 def _pools(obj: dict, source: str) -> tuple[list[int], int, int]:
@@ -157,17 +183,33 @@ def _pools(obj: dict, source: str) -> tuple[list[int], int, int]:
 
 def _read(cls, obj: dict, source: str, prefix: str):
     """A (nested) dataclass from a JSON object whose keys are present; every value type-checked."""
-    values = []
+    values = {}
     for f, key in zip(fields(cls), _keys(cls)):
-        where = prefix + key
-        if key not in obj:
-            raise WispError(f"{source}: {prefix.rstrip('.')} has no {key}")
-        value = obj[key]
-        if f.type in _NESTED:
-            if not isinstance(value, dict):
-                raise WispError(f"{source}: {where} must be a JSON object")
-            value = _read(_NESTED[f.type], value, source, where + ".")
-        elif not _SCALARS[f.type][1](value):
-            raise WispError(f"{source}: {where} must be {_SCALARS[f.type][0]}, got {value!r}")
-        values.append(value)
-    return cls(*values)
+        if key in obj:
+            values[f.name] = _value(f.type, obj[key], source, prefix + key)
+        elif f.default is MISSING:
+            raise WispError(f"{source}: {prefix.rstrip('.')} has no {key}" if prefix else f"{source} has no {key}")
+    try:
+        return cls(**values)
+    except ValueError as exc:  # the dataclass's own checks (HybridCosts, HybridAdvice)
+        raise WispError(f"{source}: {prefix.rstrip('.') + ': ' if prefix else ''}{exc}") from None
+
+
+def _nested(cls, value, source: str, where: str):
+    if not isinstance(value, dict):
+        raise WispError(f"{source}: {where} must be a JSON object")
+    return _read(cls, value, source, where + ".")
+
+
+def _value(annotation: str, value, source: str, where: str):
+    """One field's value, checked against its annotation (a scalar, a nested dataclass, or a tuple of either)."""
+    if annotation in _NESTED:
+        return _nested(_NESTED[annotation], value, source, where)
+    element = next((a for a in (*_SCALARS, *_NESTED) if annotation == _TUPLE.format(a)), None)
+    if element is not None:
+        if not isinstance(value, list):
+            raise WispError(f"{source}: {where} must be a JSON list")
+        return tuple(_value(element, v, source, f"{where}[{i}]") for i, v in enumerate(value))
+    if not _SCALARS[annotation][1](value):
+        raise WispError(f"{source}: {where} must be {_SCALARS[annotation][0]}, got {value!r}")
+    return value

@@ -9,6 +9,11 @@ measured reuse, so everything above the admission floor goes to experts. The uni
 optimum (`wisp.plan.split`); per-layer caps spend the same slots unevenly, and are used only when they
 predict no more misses than the uniform cap.
 
+With `hybrid_costs` (`wisp plan --hybrid-costs`) the plan also carries a `HybridAdvice`
+(`wisp.plan.hybrid_cost`): every feasible cap's expected decode miss time per token, paged against hybrid,
+and whether hybrid at a smaller cap (more KV) or at the same cap wins. The caps and KV blocks the plan
+applies stay the paged optimum's.
+
 The plan is a pure function of its inputs: give seconds_per_byte and recompute_seconds_per_token
 (--t-byte, --recompute-cost) and it is deterministic; left out, they are probed on `device`.
 """
@@ -21,8 +26,10 @@ import numpy as np
 import torch
 
 from wisp.config import ModelConfig
+from wisp.core.hybrid_split import HybridCosts
 from wisp.errors import WispError
 from wisp.plan.cost_model import CostModel
+from wisp.plan.hybrid_cost import HybridAdvice, hybrid_advice, per_layer_distributions
 from wisp.plan.miss_curves import kv_miss_curve
 from wisp.plan.per_layer import layer_curves, per_layer_caps
 from wisp.plan.plan import Plan, PlanCurves, PlanReport, SplitOption, TraceSummary
@@ -45,6 +52,7 @@ class PlanInputs:
     recompute_seconds_per_token: float | None = None  # None: estimate
     reserve_bytes: int = DEFAULT_RESERVE_BYTES
     tokens_per_request: int | None = None
+    hybrid_costs: HybridCosts | None = None  # given: the plan carries a HybridAdvice
 
     @property
     def admission_floor_blocks(self) -> int:
@@ -63,7 +71,18 @@ def make_plan(cfg: ModelConfig, inputs: PlanInputs, trace: RoutingTrace, kv: KVT
     best = best_split(curves, inputs, sizes)
     caps, per_layer_misses = layer_caps(per_layer, best, cfg)
     report = plan_report(cfg, inputs, sizes, curves, best, per_layer_misses, costs, trace_summary(trace, kv))
-    return Plan(tuple(caps), best.kv_blocks, inputs.block_size, report, curves)
+    hybrid = None
+    if inputs.hybrid_costs is not None:
+        hybrid = compare_hybrid(cfg, trace, inputs.hybrid_costs, curves.problem, best.expert_cap)
+    return Plan(tuple(caps), best.kv_blocks, inputs.block_size, report, curves, hybrid)
+
+
+def compare_hybrid(cfg: ModelConfig, trace: RoutingTrace, costs: HybridCosts, problem: SplitProblem,
+                   paged_cap: int) -> HybridAdvice:
+    """Paged against hybrid at every feasible cap, on the trace's per-token steps in every MoE layer."""
+    steps = [trace.steps(layer, per_token=True) for layer in trace.layers]
+    return hybrid_advice(per_layer_distributions(steps, cfg.num_experts, len(cfg.moe_layer_ids)), costs, problem,
+                         paged_cap)
 
 
 def cost_model(cfg: ModelConfig, inputs: PlanInputs, sizes: ModelSizes, kv: KVTrace | None,
