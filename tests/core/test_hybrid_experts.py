@@ -8,7 +8,9 @@ import torch
 
 from tests.core.test_experts import make
 from wisp.core.experts import PagedExperts, ResidentExperts
-from wisp.core.hybrid_experts import HybridExperts
+from wisp.core.expert_major import DOWN, GATE_UP
+from wisp.core.hybrid_experts import HybridExperts, plain_expert_mlp
+from wisp.core.moe import expert_mlp
 from wisp.core.hybrid_split import HybridCosts
 
 CPU_CHEAP = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))  # the CPU serves light experts
@@ -68,3 +70,19 @@ def test_hybrid_refuses_graph_capture():
     host, hidden, ids, weights = make(8, 1, 2, 0, torch.float32)
     with pytest.raises(RuntimeError, match="without CUDA graphs"):
         HybridExperts(host, 4, torch.device("cpu"), CPU_CHEAP).forward_graph_safe(hidden, ids, weights)
+
+
+def test_the_plain_cpu_kernel_is_close_to_the_reference_and_hybrid_with_it_close_to_resident():
+    n, k, cap = 16, 4, 4
+    host, _, _, _ = make(n, 1, k, 7, torch.float32)
+    resident = ResidentExperts(host)
+    hybrid = HybridExperts(host, cap, torch.device("cpu"), CPU_CHEAP, cpu_kernel="plain")
+    assert hybrid.cpu_kernel == "plain" and HybridExperts(host, cap, "cpu", CPU_CHEAP).cpu_kernel == "reference"
+    for step, t in enumerate(STEPS):
+        _, hidden, ids, weights = make(n, t, k, 400 + step, torch.float32)
+        torch.testing.assert_close(hybrid.forward(hidden, ids, weights), resident.forward(hidden, ids, weights),
+                                   rtol=1e-5, atol=1e-5)
+    assert hybrid.counters.cpu_computed > 0
+    x = make(n, 5, k, 9, torch.float32)[1]
+    torch.testing.assert_close(plain_expert_mlp(x, host[GATE_UP][3], host[DOWN][3]),
+                               expert_mlp(x, host[GATE_UP][3], host[DOWN][3]), rtol=1e-5, atol=1e-5)

@@ -3,7 +3,7 @@
 Each step, after the routing is read (the one host read paged mode also makes), the layer's missing experts
 are divided by `wisp.core.hybrid_split.split_misses` between copies into slots (cached, LRU, exactly as
 `PagedExperts` does) and the CPU, which computes its experts' (token, k) pairs straight from the pinned host
-masters with the torch reference kernel (`wisp.core.moe.expert_mlp`) and caches nothing. The GPU's work is
+masters (`CPU_EXPERT_KERNELS`, below) and caches nothing. The GPU's work is
 enqueued first, all of it asynchronous: the hits and the copied experts, expert-major
 (`wisp.core.expert_major.expert_major_pairs`: hits first, then each copy's pairs once it lands on a side
 stream). Then this thread computes the CPU's pairs while the GPU runs, writes them into the same [T*K, D]
@@ -11,12 +11,17 @@ pair outputs, and everything is summed over k in routing order, as every mode do
 second thread calling torch's CPU kernels brings a second OpenMP team onto the same cores; on the H200's
 host that made one OLMoE expert 2.5 ms instead of 0.8.)
 
+The CPU kernel: "plain" (the default with a GPU) is torch's GEMM on exactly the routed rows; "reference" is
+`wisp.core.moe.expert_mlp`, the device's own row-invariant kernel, whose fixed 16-row tiles cost 13x more at
+one row on a 2-core AVX2 host (11.9 against 0.9 ms for an OLMoE expert in bf16) but give the device's bits on
+the CPU (the default for a CPU-only run, where nothing could be gained anyway).
+
 Invariants:
 - a step whose split sends nothing to the CPU is a paged step: the same decision, bytes and output;
 - every pair is computed exactly once, by the GPU or by the CPU, and the sum over k runs in routing order;
-  so where the CPU's arithmetic equals the device's (a CPU-only run: the same kernel on the same device)
-  the output is torch.equal to paged mode's, and on a GPU it differs only by the CPU's rounding of those
-  pairs: close to resident, not bit-identical (the report gives the max logit difference);
+  so with the "reference" kernel on a CPU-only run the output is torch.equal to paged mode's, and otherwise
+  it differs only by the CPU's rounding of those pairs: close to resident, not bit-identical, and not batch
+  invariant (which experts go to the CPU depends on the whole step's routing);
 - CPU-served experts count as misses (`counters.misses`, and `counters.cpu_computed`), never as loads or
   bytes: they do not cross the link, and the slots are not touched for them;
 - no CUDA graph: the split needs the routing on the host every step (`forward_graph_safe` refuses).
@@ -25,6 +30,7 @@ Invariants:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
 from wisp.core.experts import PagedExperts, routed_counts_and_last_token
@@ -37,9 +43,11 @@ class HybridExperts(PagedExperts):
     mode = "hybrid"
 
     def __init__(self, host: dict[str, torch.Tensor], capacity: int, device: torch.device, costs: HybridCosts,
-                 staging: StagingBuffers | None = None):
+                 staging: StagingBuffers | None = None, cpu_kernel: str | None = None):
         super().__init__(host, capacity, device, staging)
         self.costs = costs
+        self.cpu_kernel = cpu_kernel or default_cpu_kernel(torch.device(device))
+        self.cpu_expert = CPU_EXPERT_KERNELS[self.cpu_kernel]
         self.last_split: MissSplit | None = None
 
     def forward(self, hidden, topk_ids, topk_weights):
@@ -58,7 +66,7 @@ class HybridExperts(PagedExperts):
             self.staging = StagingBuffers(pager.host, pager.device)
         gpu_order = [e for e in order if e not in on_cpu]
         per_k = expert_major_pairs(pager, self.staging, self.kernels, hidden, topk_ids, gpu_order, counts)  # enqueued
-        pairs, rows = cpu_pair_rows(hidden_host, ids_host, pager.host, split.to_cpu, k)  # meanwhile, on the CPU
+        pairs, rows = cpu_pair_rows(hidden_host, ids_host, pager.host, split.to_cpu, k, self.cpu_expert)  # meanwhile
         per_k[pairs.to(per_k.device)] = rows.to(per_k.device)
         c = pager.counters
         c.misses += len(on_cpu)
@@ -70,8 +78,21 @@ class HybridExperts(PagedExperts):
 
 
 @torch.inference_mode()
-def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, torch.Tensor], experts, top_k: int
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """One expert on exactly the rows x [M, D] with torch's own GEMM (not row-invariant): [M, D]."""
+    gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)  # [M, I] each
+    return F.linear(F.silu(gate) * up, w_down)
+
+
+CPU_EXPERT_KERNELS = {"plain": plain_expert_mlp, "reference": expert_mlp}
+
+
+def default_cpu_kernel(device: torch.device) -> str:
+    return "reference" if device.type == "cpu" else "plain"
+
+
+def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, torch.Tensor], experts, top_k: int,
+                  expert_fn=expert_mlp) -> tuple[torch.Tensor, torch.Tensor]:
     """On the CPU: the flat (token, k) pair indices routed to `experts` and their float32 outputs
     ([M], [M, D]), each expert's pairs in token order, computed from the host masters."""
     flat = topk_ids.reshape(-1)
@@ -79,5 +100,5 @@ def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, 
     for expert in experts:
         routed = (flat == expert).nonzero().squeeze(1)  # [m] ascending: token order
         pairs.append(routed)
-        rows.append(expert_mlp(hidden[routed // top_k], host[GATE_UP][expert], host[DOWN][expert]).float())
+        rows.append(expert_fn(hidden[routed // top_k], host[GATE_UP][expert], host[DOWN][expert]).float())
     return torch.cat(pairs), torch.cat(rows)

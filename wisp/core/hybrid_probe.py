@@ -1,8 +1,8 @@
 """Calibrating a hybrid layer's costs on the machine it runs on (`HybridCosts`).
 
 - copy_s: one expert copied from its pinned host master into a device tensor (the median of `repeats`);
-- cpu_s_at_rows: one expert's pairs computed on the CPU from the host master (`wisp.core.moe.expert_mlp`,
-  the kernel hybrid mode uses) for each row count, the median of `repeats`, then a running maximum so the
+- cpu_s_at_rows: one expert's pairs computed on the CPU from the host master with the CPU kernel the layer
+  will use (`wisp.core.hybrid_experts.CPU_EXPERT_KERNELS`) for each row count, the median of `repeats`, then a running maximum so the
   curve never falls with rows (a timing dip would break `split_misses`' exactness argument);
 - cpu_overhead_s: one step's fixed cost of using the CPU at all: the hidden rows to the host and one row
   back to the device.
@@ -19,7 +19,7 @@ import torch
 
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.hybrid_split import HybridCosts
-from wisp.core.moe import expert_mlp
+from wisp.core.hybrid_experts import CPU_EXPERT_KERNELS, default_cpu_kernel
 
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -42,8 +42,9 @@ def _median_s(fn, device: torch.device, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3) -> HybridCosts:
+def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str, cpu_kernel: str | None = None, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3) -> HybridCosts:
     device = torch.device(device)
+    expert_fn = CPU_EXPERT_KERNELS[cpu_kernel or default_cpu_kernel(device)]
     num_experts = host[GATE_UP].shape[0]
     dest = {name: torch.empty(t.shape[1:], dtype=t.dtype, device=device) for name, t in host.items()}
     turn = iter(range(10**9))
@@ -61,7 +62,7 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
 
         def cpu_one(x=x):
             e = next(turn) % num_experts
-            expert_mlp(x, host[GATE_UP][e], host[DOWN][e])
+            expert_fn(x, host[GATE_UP][e], host[DOWN][e])
 
         cpu_s.append(_median_s(cpu_one, torch.device("cpu"), repeats))
     for i in range(1, len(cpu_s)):
