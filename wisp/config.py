@@ -193,7 +193,7 @@ class EngineConfig:
     max_model_len: int | None = None  # L: prompt + output tokens; default min(max_position_embeddings, 4096)
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS  # tokens per step: decodes, then prefill chunks (chunked prefill)
-    per_layer_caps: tuple[int, ...] | None = None  # one cap per MoE layer (a plan's uneven caps), paged mode
+    per_layer_caps: tuple[int, ...] | None = None  # one cap per MoE layer (a plan's uneven caps), paged and hybrid modes
     moe_backend: str = "auto"  # "torch" (the reference, CPU and CUDA), "triton" (CUDA), auto: triton on CUDA
     attention_backend: str = "auto"  # "torch" (reference) or "triton" (CUDA; same fixed order, one kernel)
     load_format: str = "safetensors"  # or "dummy": random weights of the model's shape, made on the device

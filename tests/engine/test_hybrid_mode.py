@@ -22,6 +22,7 @@ def test_hybrid_equals_resident_on_the_cpu_and_is_close_on_a_gpu(hf_checkpoints,
         out = llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True), return_logits=True)[0]
         stats = llm.stats()
         assert stats["mode"] == "hybrid" and stats["expert_cpu_computed"] > 0
+        assert stats["hybrid_costs"]["copy_s"] == CPU_CHEAP.copy_s  # what `wisp plan --hybrid-costs` can read
         assert stats["expert_misses"] == stats["expert_loads"] + stats["expert_cpu_computed"]
         if torch.device(device).type == "cpu":
             assert torch.equal(prefill, ref_prefill)
@@ -39,3 +40,21 @@ def test_generate_cli_runs_hybrid(hf_checkpoints, device, capsys):
                  "--expert-cap", "2", "--prompt-ids", "5,17,99", "--max-tokens", "4", "--json"])
     assert code in (0, None)
     assert '"token_ids"' in capsys.readouterr().out
+
+
+def test_a_hybrid_engine_resizes_and_keeps_its_costs_and_kernel(hf_checkpoints, device, moe_backend, attention_backend):
+    path = hf_checkpoints["mixtral"]
+    _, _, ref = run(path, "resident", None, "float32", LONG_PROMPT, device, moe_backend, attention_backend)
+    llm = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="hybrid",
+              expert_cap=2, dtype="float32", hybrid_costs=CPU_CHEAP)
+    stores = list(llm.engine.model.experts.values())
+    kernels = {s.cpu_kernel for s in stores}
+    outs = []
+    for caps in (4, 3, 2):
+        llm.engine.apply_plan([caps] * len(stores), llm.engine.pool.num_blocks)
+        outs.append(llm.generate([LONG_PROMPT], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids)
+        assert all(s.pager.capacity == caps and s.costs == CPU_CHEAP for s in stores)
+        assert {s.cpu_kernel for s in stores} == kernels
+    assert llm.stats()["expert_cpu_computed"] > 0
+    if torch.device(device).type == "cpu":
+        assert outs == [ref.token_ids] * 3

@@ -346,3 +346,31 @@ def test_resize_keeping_carries_kept_and_moved_blocks_one_tensor_at_a_time(monke
         for src, dst in moves.items():
             expect[dst] = old[src]
         assert torch.equal(new, expect)
+
+
+def test_resize_keeping_falls_back_to_host_for_a_tensor_the_device_cannot_hold_twice(monkeypatch):
+    """A device out of memory for the transient: that tensor goes through host memory, with the same bytes."""
+    L, hkv, hd, bs = 2, 2, 16, 4
+    cache = KVCache(L, hkv, hd, bs, 8, torch.float32, "cpu")
+    for i, t in enumerate((*cache.k, *cache.v)):
+        t.copy_(randn(t.shape, 200 + i))
+    del t
+    before = [t.clone() for t in (*cache.k, *cache.v)]
+    moves, keep = {7: 1}, 3
+    real_zeros, calls = torch.zeros, []
+
+    def full_device(*args, **kwargs):  # the first allocation of each tensor fails, the retry succeeds
+        calls.append(1)
+        if len(calls) % 2:
+            raise torch.OutOfMemoryError("no room for the transient")
+        return real_zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", full_device)
+    cache.resize_keeping(5, moves, keep)
+    monkeypatch.setattr(torch, "zeros", real_zeros)
+    assert len(calls) == 4 * L  # every tensor took the host path
+    for old, new in zip(before, (*cache.k, *cache.v)):
+        expect = torch.zeros((5, hkv, bs, hd))
+        expect[:keep] = old[:keep]
+        expect[1] = old[7]
+        assert torch.equal(new, expect)

@@ -76,9 +76,11 @@ def split_misses(misses: Sequence[tuple[int, int]], costs: HybridCosts) -> MissS
     """The split of `misses` [(expert, rows routed to it)] with the least predicted time. The CPU gets the
     experts with the fewest rows (ties: the higher id)."""
     by_cpu_cost = sorted(misses, key=lambda m: (m[1], -m[0]))  # cheapest on the CPU first
-    best_n, best_s = 0, float("inf")
-    for n_cpu in range(len(misses) + 1):
-        s = split_time(len(misses) - n_cpu, [rows for _, rows in by_cpu_cost[:n_cpu]], costs)
+    best_n, best_s = 0, len(misses) * costs.copy_s
+    cpu = costs.cpu_overhead_s  # the CPU's time for the first n_cpu experts, a running sum
+    for n_cpu, (_, rows) in enumerate(by_cpu_cost, start=1):
+        cpu += costs.cpu_s(rows)
+        s = max((len(misses) - n_cpu) * costs.copy_s, cpu)
         if s < best_s:
             best_n, best_s = n_cpu, s
     to_cpu = tuple(sorted(e for e, _ in by_cpu_cost[:best_n]))

@@ -18,7 +18,7 @@ Not thread-safe: one thread calls add_request / abort_request / step (the server
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,6 +26,7 @@ import torch
 from wisp.config import EngineConfig, ModelConfig, parse_dtype
 from wisp.core.counters import sum_counters
 from wisp.core.experts import PagedExperts, sync_all_counters
+from wisp.core.hybrid_experts import HybridExperts
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.detokenizer import IncrementalDetokenizer
 from wisp.engine.kv_cache import KVCache
@@ -223,14 +224,15 @@ class LLMEngine:
         used cached ones (`BlockPool.resize_live`). The shrinking side goes first, so the two never hold
         their larger sizes at once; no request is preempted while kv_blocks holds the admission floor
         (every running request fits in it). Outputs stay bit-identical: KV blocks are copied bit for bit
-        and a token's MoE result does not depend on which slots hold its experts. Returns how long each part
+        and a token's MoE result does not depend on which slots hold its experts (hybrid mode on a GPU
+        excepted: what is resident decides what the CPU computes, which rounds differently). Returns how long each part
         took (the device synchronised between parts)."""
         self.check_floor(kv_blocks)
         cfg = EngineConfig(**{**self.config.__dict__, "per_layer_caps": tuple(expert_caps), "expert_cap": None})
         caps = dict(zip(self.model_config.moe_layer_ids, cfg.resolve_layer_caps(self.model_config)))
         paged = {li: s for li, s in self.model.experts.items() if isinstance(s, PagedExperts)}
         if len(paged) != len(caps):
-            raise WispError("a plan's expert caps apply to --mode paged only")
+            raise WispError("a plan's expert caps apply to --mode paged or hybrid only")
         clock = ResizeClock(self.device)
         self.runner.drop_graphs()  # they point at the old scratches and KV tensors
         kv_shrinks, kv_s = kv_blocks < self.pool.num_blocks, 0.0
@@ -300,7 +302,13 @@ class LLMEngine:
             "bytes_h2d": total.bytes_h2d,
             "moe_steps": total.steps,
             "hit_rate": total.hits / routed if routed else 0.0,
+            **({"hybrid_costs": asdict(costs)} if (costs := self._hybrid_costs()) is not None else {}),
         }
+
+    def _hybrid_costs(self):
+        """The costs hybrid layers split their misses by (probed at load; None in other modes): what
+        `wisp plan --hybrid-costs` reads."""
+        return next((s.costs for s in self.model.experts.values() if isinstance(s, HybridExperts)), None)
 
     def _kv_stats(self) -> dict:
         pool, kvc = self.pool, self.pool.counters

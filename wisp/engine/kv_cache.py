@@ -55,21 +55,35 @@ class KVCache:
         moved block (old id -> new id, below `keep`) at its new id: `BlockPool.resize_live`'s result.
         One [num_blocks, Hkv, bs, hd] tensor at a time, device to device: the new tensor is filled from the
         old one, then the old one is freed. So on top of the larger of the two pools the device holds one
-        layer's K or V at a time (1/(2L) of a pool), which the activation reserve covers (no step runs during
-        a resize), and nothing passes through host memory."""
+        layer's K or V (1/(2L) of a pool) at a time, and nothing passes through host memory. If that one
+        tensor does not fit (the device is full), that tensor alone waits in host memory while its old
+        self is freed, as a resize did before: slower, never out of memory for want of the transient."""
         assert keep <= num_blocks and all(dst < keep for dst in moves.values()), (keep, num_blocks)
-        if moves:
-            src = torch.tensor(list(moves), device=self.device)
-            dst = torch.tensor(list(moves.values()), device=self.device)
+        src = torch.tensor(list(moves), dtype=torch.long)
+        dst = torch.tensor(list(moves.values()), dtype=torch.long)
         for tensors in (self.k, self.v):
-            for layer, old in enumerate(tensors):
-                new = torch.zeros(self.layer_shape(num_blocks), dtype=self.dtype, device=self.device)
-                new[:keep].copy_(old[:keep])
-                if moves:
-                    new[dst] = old[src]
-                tensors[layer] = new
-                del old
+            for layer in range(len(tensors)):
+                tensors[layer] = self._carried(tensors, layer, num_blocks, keep, src, dst)
         self.num_blocks = num_blocks
+
+    def _carried(self, tensors: list, layer: int, num_blocks: int, keep: int, src: torch.Tensor, dst: torch.Tensor
+                 ) -> torch.Tensor:
+        """tensors[layer] reallocated to num_blocks, its kept and moved blocks carried over (see resize_keeping)."""
+        old = tensors[layer]
+        try:
+            new = torch.zeros(self.layer_shape(num_blocks), dtype=self.dtype, device=self.device)
+            new[:keep].copy_(old[:keep])
+            if len(src):
+                new[dst.to(self.device)] = old[src.to(self.device)]
+            return new
+        except torch.OutOfMemoryError:
+            kept, moved = old[:keep].cpu(), old[src.to(self.device)].cpu()
+            tensors[layer] = old = None  # free the old tensor before allocating the new one
+            new = torch.zeros(self.layer_shape(num_blocks), dtype=self.dtype, device=self.device)
+            new[:keep].copy_(kept)
+            if len(src):
+                new[dst.to(self.device)] = moved.to(self.device)
+            return new
 
 
 class BlockTableKV:

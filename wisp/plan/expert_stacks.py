@@ -30,17 +30,17 @@ class ExpertStacks:
         self._layer = np.arange(num_layers, dtype=np.int64)[:, None]
         self._layer_end = (np.arange(num_layers, dtype=np.int64) + 1) * num_experts  # flat end of each layer
         self._ids = np.arange(num_experts)
-        self._token_of: dict[int, np.ndarray] = {}  # T -> each flat [T, L, K] entry's token
+        self._token_of = np.zeros(0, dtype=np.int64)  # each flat [T, L, K] entry's token, for the largest T so far
 
     def touch(self, rows: np.ndarray) -> np.ndarray:
         """rows [T, L, K]: one step's routed ids in token order (-1: unknown, skipped). Returns the
         distances (int64) of each layer's distinct experts in touch order, layer after layer."""
         t, layers, k = rows.shape
         e = self.num_experts
-        if t not in self._token_of:
-            self._token_of[t] = np.repeat(np.arange(t), layers * k)
+        if self._token_of.size < t * layers * k:  # grown only: one array, sliced for smaller steps
+            self._token_of = np.repeat(np.arange(t), layers * k)
         last = np.full(layers * (e + 1), -1, dtype=np.int64)  # each (layer, expert)'s last token in the step
-        np.maximum.at(last, (rows + self._flat_offset).reshape(-1), self._token_of[t])
+        np.maximum.at(last, (rows + self._flat_offset).reshape(-1), self._token_of[: t * layers * k])
         # touch order: by (last token, id); an expert not routed (last -1) gets a negative key, sorted first
         keys = np.sort(last.reshape(layers, e + 1)[:, 1:] * e + self._ids, axis=1)
         layer, column = np.nonzero(keys >= 0)  # each layer's touch order, layer after layer
