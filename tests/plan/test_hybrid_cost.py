@@ -1,20 +1,30 @@
-"""The planner's two-server price (`wisp.plan.hybrid_cost`): the per-step miss distribution against a brute
-force LRU, hybrid never above paged (equal when the CPU is never worth it), and the advice it gives."""
+"""The planner's two-server price (`wisp.plan.hybrid_cost`): paged's per-step miss distribution against a
+brute force LRU, hybrid's simulation against the real `HybridExperts` store step by step, hybrid equal to paged
+when the CPU is never worth it (and not bounded by paged in general), and the advice it gives."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.core.test_experts import make
+from wisp.core.experts import PagedExperts
+from wisp.core.hybrid_experts import HybridExperts
 from wisp.core.hybrid_split import HybridCosts
 from wisp.plan.hybrid_cost import (
     HybridAdvice,
     HybridCapCost,
+    SlotLRU,
     advice_lines,
+    choose_mode,
     decode_step_seconds,
+    expected_step_seconds,
     hybrid_advice,
+    hybrid_miss_distribution,
+    hybrid_splits,
     miss_count_distribution,
     paged_and_hybrid_seconds,
 )
@@ -65,26 +75,97 @@ def test_the_distribution_is_the_brute_force_lru_per_step_and_sums_to_the_curve(
         assert counts.tolist() == dist[cap].tolist(), cap
 
 
+@st.composite
+def decode_traces(draw, max_experts=10, max_steps=25):
+    """One layer's batch-1 decode steps: each a token's top-k distinct ids, in routing order."""
+    n = draw(st.integers(1, max_experts))
+    k = draw(st.integers(1, min(n, 4)))
+    steps = draw(st.lists(st.lists(st.integers(0, n - 1), min_size=k, max_size=k, unique=True), max_size=max_steps))
+    return n, k, steps
+
+
+def replay_store(store, k: int, steps):
+    """Run every step through a real store on the CPU; per step its split (hybrid) and resident experts."""
+    host_d = store.pager.host[next(iter(store.pager.host))].shape[-1]
+    g = torch.Generator().manual_seed(len(steps))
+    out = []
+    for ids in steps:
+        hidden = torch.randn(1, host_d, generator=g)
+        weights = torch.softmax(torch.randn(1, k, generator=g), -1)
+        store.forward(hidden, torch.tensor([ids]), weights)
+        out.append((getattr(store, "last_split", None), store.pager.resident_experts()))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(decode_traces(), hybrid_costs(), st.data())
+def test_the_simulation_is_the_hybrid_store_step_by_step(trace, costs, data):
+    n, k, steps = trace
+    cap = data.draw(st.integers(1, n), label="cap")  # below k too: wide steps on the GPU side
+    host, _, _, _ = make(n, 1, k, 0, torch.float32)
+    store = HybridExperts(host, cap, torch.device("cpu"), costs)
+    real = replay_store(store, k, steps)
+    lru = SlotLRU(cap)
+    loads = cpu = 0
+    for t, split in enumerate(hybrid_splits(steps, cap, costs, lru)):
+        real_split, resident = real[t]
+        assert split == real_split, t  # the same copies, CPU experts and predicted_s
+        assert lru.resident() == resident, t  # and the same experts left in the slots
+        loads, cpu = loads + len(split.to_copy), cpu + len(split.to_cpu)
+    c = store.counters
+    assert (c.loads, c.cpu_computed, c.misses, c.steps) == (loads, cpu, loads + cpu, len(steps))
+    dist = hybrid_miss_distribution(steps, cap, costs)
+    assert dist.sum() == len(steps) and int(dist @ np.arange(len(dist))) == loads + cpu
+    predicted = sum(s.predicted_s for s, _ in real)
+    assert float(dist @ [decode_step_seconds(m, costs) for m in range(len(dist))]) == pytest.approx(predicted, abs=1e-15)
+
+
 @SETTINGS
-@given(step_sequences(), hybrid_costs())
-def test_hybrid_never_exceeds_paged_and_paged_is_misses_times_copy(case, costs):
-    n, steps = case
-    dist = miss_count_distribution(steps, n)
-    paged, hybrid = paged_and_hybrid_seconds(dist, costs)
-    assert (hybrid <= paged).all() and (hybrid >= 0).all()
+@given(decode_traces(), hybrid_costs())
+def test_when_the_cpu_is_never_worth_it_hybrid_is_exactly_paged_lru(trace, costs):
+    n, k, steps = trace
+    steps = [sorted(s) for s in steps]  # one token's touch order
+    # the CPU's fixed cost alone is above copying a whole step: no split beats copying everything
+    slow = HybridCosts(costs.copy_s, costs.cpu_rows, costs.cpu_s_at_rows, k * costs.copy_s + costs.cpu_overhead_s)
+    lru = miss_count_distribution(steps, n)
+    caps = list(range(n + 1))
+    assert np.array_equal(np.stack([hybrid_miss_distribution(steps, c, slow, lru.shape[1] - 1) for c in caps]), lru)
+    paged, hybrid = paged_and_hybrid_seconds(steps, n, slow, caps)
+    assert hybrid.tolist() == paged.tolist()
     expected = expert_miss_curve(steps, n) * costs.copy_s / max(len(steps), 1)
     assert paged == pytest.approx(expected, rel=1e-12, abs=1e-300)
 
 
-@SETTINGS
-@given(step_sequences(), hybrid_costs())
-def test_when_the_cpu_is_never_worth_it_hybrid_is_exactly_paged(case, costs):
-    n, steps = case
-    widest = max((len(set(s)) for s in steps), default=0)
-    # the CPU's fixed cost alone is above copying a whole step: no split beats copying everything
-    slow = HybridCosts(costs.copy_s, costs.cpu_rows, costs.cpu_s_at_rows, widest * costs.copy_s + costs.cpu_overhead_s)
-    paged, hybrid = paged_and_hybrid_seconds(miss_count_distribution(steps, n), slow)
-    assert hybrid.tolist() == paged.tolist()
+@settings(max_examples=20, deadline=None)
+@given(decode_traces(max_steps=15))
+def test_with_the_cpu_never_chosen_the_store_is_paged_mode(trace):
+    """The other side of the equality: the real hybrid store, too, is paged mode when the CPU never wins."""
+    n, k, steps = trace
+    host, _, _, _ = make(n, 1, k, 0, torch.float32)
+    never = HybridCosts(copy_s=1.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,), cpu_overhead_s=k + 1.0)
+    for cap in {1, min(k, n), n}:
+        hybrid = HybridExperts(host, cap, torch.device("cpu"), never)
+        paged = PagedExperts(host, cap, "cpu")
+        assert [r for _, r in replay_store(hybrid, k, steps)] == [r for _, r in replay_store(paged, k, steps)]
+        assert hybrid.counters.as_dict() == paged.counters.as_dict()
+
+
+def test_hybrid_can_exceed_paged_at_the_same_cap():
+    """Not a bound: the CPU's expert is not cached, so it misses again every step where paged copies once."""
+    costs = HybridCosts(copy_s=6.4e-3, cpu_rows=(1,), cpu_s_at_rows=(5.5e-3,))
+    steps = [[0]] * 4
+    paged, hybrid = paged_and_hybrid_seconds(steps, 2, costs, [1])
+    assert paged[0] == pytest.approx(6.4e-3 / 4) and hybrid[0] == pytest.approx(5.5e-3)
+    assert [s.to_cpu for s in hybrid_splits(steps, 1, costs)] == [(0,)] * 4
+
+
+def test_a_wide_decode_step_keeps_its_last_touched_experts():
+    costs = HybridCosts(copy_s=1.0, cpu_rows=(1,), cpu_s_at_rows=(10.0,))  # never the CPU
+    lru = SlotLRU(2)
+    splits = list(hybrid_splits([[0, 1, 2], [5, 3]], 2, costs, lru))
+    assert [s.to_copy for s in splits] == [(0, 1, 2), (3, 5)] and lru.resident() == [3, 5]
+    lru = SlotLRU(2)
+    assert [lru.decide(s) for s in ([0, 1, 2], [2, 0], [1])] == [3, 1, 1] and lru.resident() == [0, 1]  # 2 touched before 0
 
 
 def test_decode_steps_split_their_misses_between_the_servers():
@@ -100,7 +181,12 @@ DIST = np.array([[0, 0, 10], [0, 2, 8], [2, 4, 4], [5, 4, 1], [10, 0, 0]])
 
 
 def advise(cpu_s: float, paged_cap: int, overhead_s: float = 0.0) -> HybridAdvice:
-    return hybrid_advice([DIST, DIST], HybridCosts(1.0, (1,), (cpu_s,), overhead_s), PROBLEM, paged_cap)
+    """Two layers with DIST as both modes' distribution (the pricing alone, not a replay)."""
+    costs = HybridCosts(1.0, (1,), (cpu_s,), overhead_s)
+    paged = 2 * expected_step_seconds(DIST, [m * costs.copy_s for m in range(3)])
+    hybrid = 2 * expected_step_seconds(DIST, [decode_step_seconds(m, costs) for m in range(3)])
+    caps = [HybridCapCost(c, PROBLEM.kv_blocks(c), paged[c], hybrid[c]) for c in PROBLEM.feasible_caps()]
+    return choose_mode(caps, costs, paged_cap)
 
 
 def test_a_cheap_cpu_buys_the_paged_time_at_a_smaller_cap():
@@ -123,6 +209,22 @@ def test_hybrid_at_the_same_cap_when_only_faster_there_and_paged_when_never():
     assert (never.mode, never.expert_cap) == ("paged", 3)
     assert all(c.hybrid_step_s == c.paged_step_s for c in never.caps)
     assert "recommend paged at C=3" in advice_lines(never, slot_bytes=10)[-1]
+
+
+def test_the_advice_prices_a_trace_by_simulation():
+    """hybrid_advice end to end on one trace layer reused for three model layers."""
+    costs = HybridCosts(copy_s=6.4e-3, cpu_rows=(1,), cpu_s_at_rows=(5.5e-3,))
+    steps = [[0, 1], [0, 2], [1, 3], [0, 1], [2, 3], [0, 3]]
+    advice = hybrid_advice([steps], 4, 3, costs, PROBLEM, paged_cap=3)
+    paged, hybrid = paged_and_hybrid_seconds(steps, 4, costs, [2, 3, 4])
+    assert [c.expert_cap for c in advice.caps] == [2, 3, 4]
+    assert [c.paged_step_s for c in advice.caps] == pytest.approx(3 * paged)
+    assert [c.hybrid_step_s for c in advice.caps] == pytest.approx(3 * hybrid)
+    # C = 4 holds every expert: paged pays the 4 cold copies; hybrid sends each step's highest missing id to
+    # the CPU (uncached), so 3 misses again: steps of 2, 1, 2, 0, 2, 1 misses, 3 x 6.4 + 2 x 5.5 ms, above paged
+    assert [len(s.to_copy) + len(s.to_cpu) for s in hybrid_splits(steps, 4, costs)] == [2, 1, 2, 0, 2, 1]
+    assert advice.at(4).paged_step_s == pytest.approx(3 * 4 * 6.4e-3 / 6)
+    assert advice.at(4).hybrid_step_s == pytest.approx(3 * (3 * 6.4e-3 + 2 * 5.5e-3) / 6)
 
 
 def test_an_advice_checks_its_mode_and_caps():

@@ -7,7 +7,7 @@ One concept per module:
   cap); `per_layer`: per-layer curves from a routing trace and uneven per-layer caps;
 - `sizes`: a model's byte sizes; `probes`: the measured costs; `cost_model`: seconds per miss;
   `hybrid_cost`: a cap's expected decode miss time when misses have two servers (`--mode hybrid`), from
-  the per-step miss distribution, and the paged-or-hybrid advice (`wisp plan --hybrid-costs`);
+  the per-step miss distribution (paged: exact LRU; hybrid: a replay of its policy), and the paged-or-hybrid advice (`wisp plan --hybrid-costs`);
 - `planner`: `make_plan`, inputs -> `plan.Plan` (typed, with its JSON form); `plan_file`, `plots`;
 - `policies` (ARC in `adaptive_replacement`), `simulate`, `arms`: the trace simulator (replacement
   policies, allocator arms);

@@ -34,8 +34,8 @@ def add_parsers(sub) -> None:
     plan.add_argument("--plot", default=None, help="write a PNG with both miss curves and T(f)")
     plan.add_argument("--hybrid-costs", default=None, metavar="FILE.json",
                       help="a JSON object of hybrid mode's costs (copy_s, cpu_rows, cpu_s_at_rows, optional "
-                           "cpu_overhead_s; seconds): also compare paged and --mode hybrid decode time per cap, "
-                           "and say whether hybrid at a smaller cap wins (docs/hybrid.md)")
+                           "cpu_overhead_s; seconds): also compare paged (exact LRU) and --mode hybrid (simulated) "
+                           "decode time per cap, and say whether hybrid at a smaller cap wins (docs/hybrid.md)")
 
     sim = sub.add_parser("sim", help="replay a routing trace under cache policies and allocator arms")
     sim.add_argument("--trace", required=True)

@@ -4,6 +4,9 @@ Both need only a model's shape (a checkpoint directory's config.json, `demo`, or
 qwen3-30b-a3b), a routing trace, and optionally a KV trace; no weights are loaded. Their arguments are
 defined in wisp/plan/args.py (torch-free, so `wisp --help` stays fast). `wisp sim --sessions` adds the
 online controller against fixed splits on agent-session workloads (`wisp.plan.session_arms`).
+`wisp plan --hybrid-costs` also prices every feasible cap both ways (`wisp.plan.hybrid_cost`): paged from the
+exact LRU curve, hybrid from a simulation of its policy over the trace (hybrid does not cache the CPU's
+experts, so it is not a stack algorithm and has no one-pass curve).
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ def _make_plan(args, cfg: ModelConfig, trace, kv):
 
 
 def cmd_plan(args) -> int:
+    """`wisp plan`: the plan (stdout or --out) and its summary line (stderr); with --hybrid-costs, the paged
+    (exact LRU) against hybrid (simulated replay) miss time per cap and the advice, on stderr."""
     from wisp.plan.plan_file import plan_text, write_plan
     from wisp.plan.plots import plot_plan
 

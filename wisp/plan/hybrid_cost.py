@@ -12,28 +12,38 @@ with step_s(m) the time of `split_misses` over m missing experts of one routed r
 step (each token its own step, as `wisp.plan.per_layer` views the trace). Paged's price is the same sum
 with step_s(m) = m x copy_s, which equals (expected misses) x copy_s.
 
-The distribution is exact for LRU at every cap in one pass: a step has at least j misses at C exactly when
-its j-th largest stack distance (a first reference: infinite) exceeds C, so the number of such steps is the
-miss curve (`wisp.plan.miss_curves.miss_curve_from_distances`) of each step's j-th largest distance. The
-per-cap counts of steps with exactly m misses are differences of those curves (`miss_count_distribution`).
+Paged's distribution is exact for LRU at every cap in one pass, LRU being a stack algorithm: a step has at
+least j misses at C exactly when its j-th largest stack distance (a first reference: infinite) exceeds C, so
+the number of such steps is the miss curve (`wisp.plan.miss_curves.miss_curve_from_distances`) of each
+step's j-th largest distance; the per-cap counts of steps with exactly m misses are differences of those
+curves (`miss_count_distribution`).
 
-Approximation: the distribution is paged mode's LRU, every miss entering the cache. In hybrid mode the
-CPU's experts are not cached (they evict nothing and are not kept), so the real hybrid miss sequence can
-differ; the price is of paged's misses served by two servers.
+Hybrid's distribution is SIMULATED, one cap at a time (`hybrid_splits`): hybrid is not a stack algorithm.
+The CPU's experts are not cached (they are not touched, evict nothing and are not kept), so which experts a
+step misses depends on earlier splits, and no one-pass curve holds for every cap.
+The replay is `HybridExperts`' own policy on the host: each step's misses split by `split_misses`, the
+copied ones through `ExpertPager.decide`'s LRU (`SlotLRU`, which keeps only ids; in a wide step the last C
+touched stay and the rest are streamed), the CPU's left out. It is tested step by step against the store
+itself (the same splits, `predicted_s`, loads and CPU counts).
 
 Invariants: step_s(m) <= m x copy_s for every m (the split may always copy everything, and ties go to
-copying), so the hybrid price never exceeds paged's at any cap, and equals it exactly when the CPU is never
-worth using; summed over m, m x (steps with m misses at C) is the miss curve at C.
+copying); when the CPU is never worth using the replay is paged's LRU and both prices are bitwise equal;
+summed over m, m x (steps with m misses at C) is the miss curve at C for paged. Hybrid is NOT bounded by
+paged at the same cap: an expert served on the CPU misses again next time, where paged would have paid one
+copy and then hit (e.g. one expert routed every step, copy 6.4 ms, CPU 5.5 ms: hybrid pays 5.5 ms a step,
+paged 6.4 ms once; tested).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from wisp.core.hybrid_split import HybridCosts, split_misses
+from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
+from wisp.core.recency import distinct_in_order, touch_order
 from wisp.plan.miss_curves import COLD, expert_sets, miss_curve_from_distances, stack_distances
 from wisp.plan.split import TIE, SplitProblem
 
@@ -68,17 +78,95 @@ def decode_step_seconds(misses: int, costs: HybridCosts) -> float:
 
 
 def expected_step_seconds(distribution: np.ndarray, seconds_with: Sequence[float]) -> np.ndarray:
-    """Per cap: the mean over steps of seconds_with[m] for a step with m misses (float64 [caps])."""
-    steps = max(int(distribution[0].sum()), 1)
+    """Per row (a cap): the mean over steps of seconds_with[m] for a step with m misses (float64)."""
+    steps = max(int(distribution[0].sum()), 1) if len(distribution) else 1
     return distribution @ np.asarray(seconds_with, dtype=np.float64) / steps
 
 
-def paged_and_hybrid_seconds(distribution: np.ndarray, costs: HybridCosts) -> tuple[np.ndarray, np.ndarray]:
-    """Expected miss seconds per layer-step at every cap: every miss copied, and split by `split_misses`."""
-    widest = distribution.shape[1] - 1
-    paged = expected_step_seconds(distribution, [m * costs.copy_s for m in range(widest + 1)])
-    hybrid = expected_step_seconds(distribution, [decode_step_seconds(m, costs) for m in range(widest + 1)])
-    return paged, hybrid
+class SlotLRU:
+    """`ExpertPager.decide`'s state machine with ids only: which experts hold a slot, and each one's latest
+    touch number. The pager's victims are its slots by (last_used, slot): empty slots first (never used,
+    -1), then occupied ones by their expert's latest touch, which are distinct; so keeping the resident
+    experts and their touch numbers, without slots, decides the same loads and evictions."""
+
+    def __init__(self, capacity: int):
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0")
+        self.capacity = capacity
+        self.touched: dict[int, int] = {}  # resident expert -> its latest touch number
+        self.clock = 0
+
+    def __contains__(self, expert: int) -> bool:
+        return expert in self.touched
+
+    def resident(self) -> list[int]:
+        return sorted(self.touched)
+
+    def decide(self, order: Sequence[int]) -> int:
+        """One step in touch order (`ExpertPager.decide`): its last C distinct experts end resident (misses
+        among them loaded into empty slots, then over the least recently touched residents it does not
+        keep), its other misses are streamed; returns the misses (loaded or streamed: each is one copy)."""
+        order = distinct_in_order(order)
+        kept = set(order[-self.capacity:]) if self.capacity else set()
+        misses = [e for e in order if e not in self.touched]
+        loads = [e for e in misses if e in kept]
+        evict = len(self.touched) + len(loads) - self.capacity
+        if evict > 0:
+            keep = {e for e in order if e in kept and e in self.touched}
+            victims = heapq.nsmallest(evict, (e for e in self.touched if e not in keep), key=self.touched.__getitem__)
+            for e in victims:
+                del self.touched[e]
+        for e in loads:
+            self.touched[e] = -1
+        for e in order:
+            if e in self.touched:
+                self.touched[e] = self.clock
+            self.clock += 1
+        return len(misses)
+
+
+def hybrid_splits(steps: Iterable[Sequence[int]], capacity: int, costs: HybridCosts,
+                  lru: SlotLRU | None = None) -> Iterator[MissSplit]:
+    """Replay `HybridExperts` on one layer's batch-1 decode steps (each step one token's routed ids, one
+    row each; a repeated id counts once, as `RoutingTrace.steps` gives them) with `capacity` slots; yield
+    each step's `split_misses` split. As the store does: the step's touch order is its ids ascending
+    (`wisp.core.recency`), its non-resident experts are split, the CPU's are left out of the pager's step
+    (not touched, not cached, evicting nothing) and the rest go through `ExpertPager.decide`. `lru`: the
+    state to replay on (a fresh one by default; a caller passing its own can read it after each step)."""
+    lru = SlotLRU(capacity) if lru is None else lru
+    for step in steps:
+        order = touch_order([step])
+        split = split_misses([(e, 1) for e in order if e not in lru], costs)
+        on_cpu = set(split.to_cpu)
+        lru.decide([e for e in order if e not in on_cpu])
+        yield split
+
+
+def hybrid_miss_distribution(steps: Sequence[Sequence[int]], capacity: int, costs: HybridCosts,
+                             widest: int | None = None) -> np.ndarray:
+    """int64 [widest + 1]: the number of steps with 0, 1, ... misses (copied or computed on the CPU) in the
+    replay of `hybrid_splits` (widest: the most distinct experts in one step, by default)."""
+    if widest is None:
+        widest = max((len(set(s)) for s in steps), default=0)
+    counts = np.zeros(widest + 1, dtype=np.int64)
+    for split in hybrid_splits(steps, capacity, costs):
+        counts[len(split.to_copy) + len(split.to_cpu)] += 1
+    return counts
+
+
+def paged_and_hybrid_seconds(steps: Sequence[Sequence[int]], num_experts: int, costs: HybridCosts,
+                             caps: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean miss seconds per layer-step at each of `caps` (float64 [len(caps)] each): paged, every miss of
+    the exact LRU copied; hybrid, the simulated replay (`hybrid_splits`). Both price a step by its miss count
+    (one row per expert: the split's time depends on nothing else), in the same arithmetic, so when the CPU
+    is never chosen the two are bitwise equal. `steps`: one token's ids each, ascending (its touch order, as
+    `RoutingTrace.steps(layer, per_token=True)` gives them; paged reads the order as listed)."""
+    lru = miss_count_distribution(steps, num_experts)
+    widest = lru.shape[1] - 1
+    hybrid = np.stack([hybrid_miss_distribution(steps, c, costs, widest) for c in caps]) if len(caps) else \
+        np.zeros((0, widest + 1), dtype=np.int64)
+    paged = expected_step_seconds(lru[list(caps)], [m * costs.copy_s for m in range(widest + 1)])
+    return paged, expected_step_seconds(hybrid, [decode_step_seconds(m, costs) for m in range(widest + 1)])
 
 
 @dataclass(frozen=True)
@@ -114,31 +202,40 @@ class HybridAdvice:
         return next(c for c in self.caps if c.expert_cap == cap)
 
 
-def per_layer_distributions(layer_steps: Sequence[Sequence[Sequence[int]]], num_experts: int,
-                            moe_layers: int) -> list[np.ndarray]:
-    """Per model MoE layer, its steps' miss-count distribution (trace layers reused cyclically, as
-    `wisp.plan.per_layer.layer_curves` does)."""
-    dists = [miss_count_distribution(steps, num_experts) for steps in layer_steps]
-    return [dists[i % len(dists)] for i in range(moe_layers)]
-
-
-def hybrid_advice(distributions: Sequence[np.ndarray], costs: HybridCosts, problem: SplitProblem,
-                  paged_cap: int) -> HybridAdvice:
-    """Paged against hybrid at every feasible cap, per decode token (the layers' expected layer-step
-    seconds summed), and the recommendation: hybrid at the smallest cap whose hybrid time is within the
-    paged plan's (it frees slots for KV), or hybrid at the paged cap when strictly faster, else paged."""
-    paged = hybrid = 0.0
-    for d in distributions:
-        p, h = paged_and_hybrid_seconds(d, costs)
+def per_layer_seconds(layer_steps: Sequence[Sequence[Sequence[int]]], num_experts: int, moe_layers: int,
+                      costs: HybridCosts, caps: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Paged and hybrid miss seconds per decode token at each of `caps`: each model MoE layer's mean
+    layer-step seconds, summed (trace layers reused cyclically, as `wisp.plan.per_layer.layer_curves` does)."""
+    per_trace_layer = [paged_and_hybrid_seconds(steps, num_experts, costs, caps) for steps in layer_steps]
+    paged, hybrid = np.zeros(len(caps)), np.zeros(len(caps))
+    for i in range(moe_layers):
+        p, h = per_trace_layer[i % len(per_trace_layer)]
         paged, hybrid = paged + p, hybrid + h
-    caps = tuple(HybridCapCost(c, problem.kv_blocks(c), float(paged[c]), float(hybrid[c]))
-                 for c in problem.feasible_caps())
-    target = paged[paged_cap]
+    return paged, hybrid
+
+
+def hybrid_advice(layer_steps: Sequence[Sequence[Sequence[int]]], num_experts: int, moe_layers: int,
+                  costs: HybridCosts, problem: SplitProblem, paged_cap: int) -> HybridAdvice:
+    """Paged against hybrid at every feasible cap, per decode token (`per_layer_seconds`), and the
+    recommendation (`choose_mode`)."""
+    feasible = list(problem.feasible_caps())
+    paged_s, hybrid_s = per_layer_seconds(layer_steps, num_experts, moe_layers, costs, feasible)
+    caps = tuple(HybridCapCost(c, problem.kv_blocks(c), float(p), float(h))
+                 for c, p, h in zip(feasible, paged_s, hybrid_s))
+    return choose_mode(caps, costs, paged_cap)
+
+
+def choose_mode(caps: Sequence[HybridCapCost], costs: HybridCosts, paged_cap: int) -> HybridAdvice:
+    """The recommendation over priced caps (ascending): hybrid at the smallest cap up to the paged plan's
+    whose hybrid time is within the paged plan's (it frees slots for KV), or hybrid at the paged cap when
+    strictly faster there, else paged."""
+    target = next(c.paged_step_s for c in caps if c.expert_cap == paged_cap)
     within = [c for c in caps if c.expert_cap <= paged_cap and c.hybrid_step_s <= target + TIE * max(1.0, target)]
     best = within[0] if within else None
     faster = best is not None and (best.expert_cap < paged_cap or best.hybrid_step_s < target - TIE * max(1.0, target))
     chosen = best if faster else next(c for c in caps if c.expert_cap == paged_cap)
-    return HybridAdvice(costs, caps, paged_cap, "hybrid" if faster else "paged", chosen.expert_cap, chosen.kv_blocks)
+    return HybridAdvice(costs, tuple(caps), paged_cap, "hybrid" if faster else "paged", chosen.expert_cap,
+                        chosen.kv_blocks)
 
 
 def advice_lines(advice: HybridAdvice, slot_bytes: int) -> list[str]:

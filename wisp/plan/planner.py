@@ -10,7 +10,8 @@ optimum (`wisp.plan.split`); per-layer caps spend the same slots unevenly, and a
 predict no more misses than the uniform cap.
 
 With `hybrid_costs` (`wisp plan --hybrid-costs`) the plan also carries a `HybridAdvice`
-(`wisp.plan.hybrid_cost`): every feasible cap's expected decode miss time per token, paged against hybrid,
+(`wisp.plan.hybrid_cost`): every feasible cap's expected decode miss time per token, paged (the exact LRU
+curve) against hybrid (simulated: hybrid does not cache the CPU's experts, so it is not a stack algorithm),
 and whether hybrid at a smaller cap (more KV) or at the same cap wins. The caps and KV blocks the plan
 applies stay the paged optimum's.
 
@@ -29,7 +30,7 @@ from wisp.config import ModelConfig
 from wisp.core.hybrid_split import HybridCosts
 from wisp.errors import WispError
 from wisp.plan.cost_model import CostModel
-from wisp.plan.hybrid_cost import HybridAdvice, hybrid_advice, per_layer_distributions
+from wisp.plan.hybrid_cost import HybridAdvice, hybrid_advice
 from wisp.plan.miss_curves import kv_miss_curve
 from wisp.plan.per_layer import layer_curves, per_layer_caps
 from wisp.plan.plan import Plan, PlanCurves, PlanReport, SplitOption, TraceSummary
@@ -79,10 +80,10 @@ def make_plan(cfg: ModelConfig, inputs: PlanInputs, trace: RoutingTrace, kv: KVT
 
 def compare_hybrid(cfg: ModelConfig, trace: RoutingTrace, costs: HybridCosts, problem: SplitProblem,
                    paged_cap: int) -> HybridAdvice:
-    """Paged against hybrid at every feasible cap, on the trace's per-token steps in every MoE layer."""
+    """Paged (exact LRU) against hybrid (simulated) at every feasible cap, on the trace's per-token steps in
+    every MoE layer."""
     steps = [trace.steps(layer, per_token=True) for layer in trace.layers]
-    return hybrid_advice(per_layer_distributions(steps, cfg.num_experts, len(cfg.moe_layer_ids)), costs, problem,
-                         paged_cap)
+    return hybrid_advice(steps, cfg.num_experts, len(cfg.moe_layer_ids), costs, problem, paged_cap)
 
 
 def cost_model(cfg: ModelConfig, inputs: PlanInputs, sizes: ModelSizes, kv: KVTrace | None,
