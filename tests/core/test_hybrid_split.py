@@ -11,7 +11,7 @@ from wisp.core.hybrid_split import HybridCosts, split_misses, split_time
 
 def brute_force(misses, costs):
     best = float("inf")
-    for n_copy in range(0, len(misses) + 1):
+    for n_copy in range(min(1, len(misses)), len(misses) + 1):  # at least one copy
         for copied in itertools.combinations(range(len(misses)), n_copy):
             cpu_rows = [rows for i, (_, rows) in enumerate(misses) if i not in copied]
             best = min(best, split_time(n_copy, cpu_rows, costs))
@@ -40,8 +40,10 @@ def test_a_free_link_copies_everything_and_a_dear_one_sends_light_experts_to_the
     assert split_misses(misses, HybridCosts(0.0, (1,), (1.0,))).to_cpu == ()
     split = split_misses(misses, costs)  # copying all 4: 4 s; 2 light ones on the CPU: max(2, 2) = 2 s
     assert split.to_cpu == (3, 9) and split.to_copy == (5, 11) and split.predicted_s == 2.0
-    slow_link = split_misses(misses, HybridCosts(100.0, (1, 8), (1.0, 8.0)))  # the CPU takes everything
-    assert slow_link.to_copy == () and slow_link.predicted_s == 1.0 + 8.0 + 1.0 + 2.0
+    slow_link = split_misses(misses, HybridCosts(100.0, (1, 8), (1.0, 8.0)))  # the CPU takes all but one copy
+    assert slow_link.to_copy == (5,) and slow_link.predicted_s == 100.0
+    lone = split_misses([(4, 1)], HybridCosts(10.0, (1,), (1.0,)))  # a lone miss is copied (cached), however dear
+    assert lone.to_copy == (4,) and lone.to_cpu == ()
 
 
 def test_cpu_cost_interpolates_and_extrapolates():

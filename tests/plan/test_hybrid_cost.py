@@ -150,13 +150,13 @@ def test_with_the_cpu_never_chosen_the_store_is_paged_mode(trace):
         assert hybrid.counters.as_dict() == paged.counters.as_dict()
 
 
-def test_hybrid_can_exceed_paged_at_the_same_cap():
-    """Not a bound: the CPU's expert is not cached, so it misses again every step where paged copies once."""
+def test_a_lone_miss_is_copied_so_it_is_not_missed_again():
+    """The CPU caches nothing: serving a lone miss there (5.5 < 6.4 ms) would miss it again every step."""
     costs = HybridCosts(copy_s=6.4e-3, cpu_rows=(1,), cpu_s_at_rows=(5.5e-3,))
     steps = [[0]] * 4
     paged, hybrid = paged_and_hybrid_seconds(steps, 2, costs, [1])
-    assert paged[0] == pytest.approx(6.4e-3 / 4) and hybrid[0] == pytest.approx(5.5e-3)
-    assert [s.to_cpu for s in hybrid_splits(steps, 1, costs)] == [(0,)] * 4
+    assert paged[0] == pytest.approx(6.4e-3 / 4) and hybrid[0] == pytest.approx(6.4e-3 / 4)
+    assert [s.to_copy for s in hybrid_splits(steps, 1, costs)] == [(0,), (), (), ()]
 
 
 def test_a_wide_decode_step_keeps_its_last_touched_experts():
@@ -170,21 +170,21 @@ def test_a_wide_decode_step_keeps_its_last_touched_experts():
 
 def test_decode_steps_split_their_misses_between_the_servers():
     costs = HybridCosts(copy_s=6.4e-3, cpu_rows=(1,), cpu_s_at_rows=(5.5e-3,))
-    # 1 miss: the CPU (5.5 < 6.4); 2: one each way (6.4); 3: one copy, two on the CPU (11 < 12.8 < 19.2)
-    assert [decode_step_seconds(m, costs) for m in range(4)] == pytest.approx([0.0, 5.5e-3, 6.4e-3, 11e-3])
+    # 1 miss: copied (at least one copy); 2: one each way (6.4); 3: one copy, two on the CPU (11 < 12.8 < 19.2)
+    assert [decode_step_seconds(m, costs) for m in range(4)] == pytest.approx([0.0, 6.4e-3, 6.4e-3, 11e-3])
 
 
 PROBLEM = SplitProblem(budget_bytes=100, slot_bytes=10, block_bytes=1, expert_cost=1.0, kv_cost=1.0, min_cap=2,
                        max_cap=4, kv_floor=0)
-# ten steps of one layer, by cap 0..4: how many have 0, 1 or 2 misses
-DIST = np.array([[0, 0, 10], [0, 2, 8], [2, 4, 4], [5, 4, 1], [10, 0, 0]])
+# ten steps of one layer, by cap 0..4: how many have 0, 1, 2 or 3 misses
+DIST = np.array([[0, 0, 0, 10], [0, 0, 2, 8], [3, 2, 1, 4], [4, 4, 2, 0], [10, 0, 0, 0]])
 
 
 def advise(cpu_s: float, paged_cap: int, overhead_s: float = 0.0) -> HybridAdvice:
     """Two layers with DIST as both modes' distribution (the pricing alone, not a replay)."""
     costs = HybridCosts(1.0, (1,), (cpu_s,), overhead_s)
-    paged = 2 * expected_step_seconds(DIST, [m * costs.copy_s for m in range(3)])
-    hybrid = 2 * expected_step_seconds(DIST, [decode_step_seconds(m, costs) for m in range(3)])
+    paged = 2 * expected_step_seconds(DIST, [m * costs.copy_s for m in range(4)])
+    hybrid = 2 * expected_step_seconds(DIST, [decode_step_seconds(m, costs) for m in range(4)])
     caps = [HybridCapCost(c, PROBLEM.kv_blocks(c), paged[c], hybrid[c]) for c in PROBLEM.feasible_caps()]
     return choose_mode(caps, costs, paged_cap)
 
@@ -192,8 +192,8 @@ def advise(cpu_s: float, paged_cap: int, overhead_s: float = 0.0) -> HybridAdvic
 def test_a_cheap_cpu_buys_the_paged_time_at_a_smaller_cap():
     advice = advise(cpu_s=0.1, paged_cap=3)
     assert [c.expert_cap for c in advice.caps] == [2, 3, 4] and advice.at(2).kv_blocks == 80
-    assert advice.at(3).paged_step_s == pytest.approx(2 * 0.6)  # two layers, (4 x 1 + 1 x 2) copies / 10 steps
-    assert advice.at(2).hybrid_step_s == pytest.approx(2 * 0.12)  # (4 x 0.1 + 4 x 0.2) / 10
+    assert advice.at(3).paged_step_s == pytest.approx(2 * 0.8)  # two layers, (4 x 1 + 2 x 2) copies / 10 steps
+    assert advice.at(2).hybrid_step_s == pytest.approx(2 * 0.7)  # 1, 2 or 3 misses: one copy each, (2 + 1 + 4) / 10
     assert (advice.mode, advice.expert_cap, advice.kv_blocks) == ("hybrid", 2, 80)
     lines = advice_lines(advice, slot_bytes=10)
     assert "recommend --mode hybrid at C=2" in lines[-1] and "10 more KV blocks" in lines[-1]
@@ -201,11 +201,11 @@ def test_a_cheap_cpu_buys_the_paged_time_at_a_smaller_cap():
 
 
 def test_hybrid_at_the_same_cap_when_only_faster_there_and_paged_when_never():
-    same = advise(cpu_s=0.9, paged_cap=3)  # C = 2: 0.76 > 0.6; C = 3: 0.46 < 0.6
+    same = advise(cpu_s=0.9, paged_cap=3)  # C = 2: 1.02 > 0.8; C = 3: 0.6 < 0.8 (per layer)
     assert (same.mode, same.expert_cap) == ("hybrid", 3)
     full = advise(cpu_s=0.9, paged_cap=4)  # no misses at C = 4: nothing to win
     assert (full.mode, full.expert_cap) == ("paged", 4)
-    never = advise(cpu_s=0.9, paged_cap=3, overhead_s=2.0)
+    never = advise(cpu_s=0.9, paged_cap=3, overhead_s=3.0)
     assert (never.mode, never.expert_cap) == ("paged", 3)
     assert all(c.hybrid_step_s == c.paged_step_s for c in never.caps)
     assert "recommend paged at C=3" in advice_lines(never, slot_bytes=10)[-1]
@@ -220,11 +220,12 @@ def test_the_advice_prices_a_trace_by_simulation():
     assert [c.expert_cap for c in advice.caps] == [2, 3, 4]
     assert [c.paged_step_s for c in advice.caps] == pytest.approx(3 * paged)
     assert [c.hybrid_step_s for c in advice.caps] == pytest.approx(3 * hybrid)
-    # C = 4 holds every expert: paged pays the 4 cold copies; hybrid sends each step's highest missing id to
-    # the CPU (uncached), so 3 misses again: steps of 2, 1, 2, 0, 2, 1 misses, 3 x 6.4 + 2 x 5.5 ms, above paged
-    assert [len(s.to_copy) + len(s.to_cpu) for s in hybrid_splits(steps, 4, costs)] == [2, 1, 2, 0, 2, 1]
+    # C = 4 holds every expert: paged pays the 4 cold copies; hybrid sends a two-miss step's higher id to the
+    # CPU (uncached) and copies the other, so 3 and 2 miss again later, alone, and are copied then: steps of
+    # 2, 1, 2, 0, 1, 0 misses, each 6.4 ms, the same 4 copies' time as paged
+    assert [len(s.to_copy) + len(s.to_cpu) for s in hybrid_splits(steps, 4, costs)] == [2, 1, 2, 0, 1, 0]
     assert advice.at(4).paged_step_s == pytest.approx(3 * 4 * 6.4e-3 / 6)
-    assert advice.at(4).hybrid_step_s == pytest.approx(3 * (3 * 6.4e-3 + 2 * 5.5e-3) / 6)
+    assert advice.at(4).hybrid_step_s == pytest.approx(3 * 4 * 6.4e-3 / 6)
 
 
 def test_an_advice_checks_its_mode_and_caps():

@@ -12,7 +12,14 @@ GPU's own compute of the hits and the copied experts overlaps the copies and is 
 `split_misses` minimises that time exactly. Every copy costs the same, so for a given number of CPU experts
 the best choice is the ones with the fewest routed rows (the CPU's cost grows with rows); the function tries
 every count and keeps the cheapest. Ties go to fewer CPU experts, so with a free link the result is exactly
-paged mode's. (Copies need no free slot: in a wide step the pager streams the misses it does not keep
+paged mode's.
+
+One rule on top, because the CPU caches nothing: a step with misses copies at least one of them (its
+heaviest). Minimising each step alone would serve a lone miss from the CPU whenever the CPU beats one copy,
+and serve it so again at every later step, since it never enters a slot: on the real Mixtral trace at C = 8
+(every expert fits) that made hybrid 12x slower than paged (`wisp.plan.hybrid_cost`'s replay). The CPU is
+for shortening the link's queue, not for replacing it. `split_misses` is exact under that rule (tested
+against a brute force over every subset with at least one copy). (Copies need no free slot: in a wide step the pager streams the misses it does not keep
 through a staging buffer, as paged mode does.)
 
 `HybridCosts` holds the calibrated costs (`wisp.core.hybrid_probe` measures them); `cpu_s` interpolates the
@@ -73,12 +80,12 @@ def split_time(copies: int, cpu_rows: Sequence[int], costs: HybridCosts) -> floa
 
 
 def split_misses(misses: Sequence[tuple[int, int]], costs: HybridCosts) -> MissSplit:
-    """The split of `misses` [(expert, rows routed to it)] with the least predicted time. The CPU gets the
-    experts with the fewest rows (ties: the higher id)."""
+    """The split of `misses` [(expert, rows routed to it)] with the least predicted time among those that copy
+    at least one miss. The CPU gets the experts with the fewest rows (ties: the higher id)."""
     by_cpu_cost = sorted(misses, key=lambda m: (m[1], -m[0]))  # cheapest on the CPU first
     best_n, best_s = 0, len(misses) * costs.copy_s
     cpu = costs.cpu_overhead_s  # the CPU's time for the first n_cpu experts, a running sum
-    for n_cpu, (_, rows) in enumerate(by_cpu_cost, start=1):
+    for n_cpu, (_, rows) in enumerate(by_cpu_cost[:-1], start=1):  # at least one copy: the heaviest
         cpu += costs.cpu_s(rows)
         s = max((len(misses) - n_cpu) * costs.copy_s, cpu)
         if s < best_s:
