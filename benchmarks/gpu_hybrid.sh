@@ -1,13 +1,29 @@
 #!/usr/bin/env bash
-# Hybrid mode on the GPU machine: its tests under CUDA (close to resident, counters), then batch-1 decode, paged
-# against hybrid, on the OLMoE-1B-7B preset (dummy weights) with OLMoE's real layer-0 routing replayed for every
-# layer (an approximation). Results in $OUT (or ./gpu-out); the trace travels in .gpu_data/ (carry it).
+# Hybrid mode on the GPU machine (docs/hybrid.md). STAGE picks one call's worth of work; results in $OUT (or
+# ./gpu-out). The routing traces travel in .gpu_data/ (ignored by git; pass it with the device tool's carry).
+#   tests:   hybrid's tests under CUDA (the store's side stream and copies, close to resident), then batch-1
+#            decode on the OLMoE-1B-7B preset (dummy weights) with OLMoE's real layer-0 routing replayed for
+#            every layer (an approximation), paged against hybrid at C = 8 and 16 (the first run, 685d7ad).
+#   mixtral: the target: Mixtral-8x7B preset with the real all-layer GSM8K decode trace, batch 1,
+#            paged / hybrid / zero-copy at C = 2, 4, 6 (hybrid >= 1.4x paged at C = 2 and 4, not slower at 6).
+#   qwen3:   Qwen3-30B-A3B preset (random router: say so), paged against hybrid at C = 8 and 16.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/core/test_hybrid_experts.py tests/engine/test_hybrid_mode.py ${MORE_TESTS:-} \
-  --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 | tee "$out/pytest_hybrid_cuda.txt" | tail -3
-timeout ${DECODE_TIMEOUT:-200} python3 -m wisp bench decode --model olmoe-1b-7b --load-format dummy --mode paged,hybrid \
-  --expert-cap ${CAPS:-8,16} --decode-tokens ${TOKENS:-64} --routing-trace .gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl \
-  --out "$out/decode_hybrid_olmoe.json" 2>"$out/decode_hybrid_olmoe.log" | tee "$out/decode_hybrid_olmoe.txt"
+bench() { name=$1; shift; timeout "${DECODE_TIMEOUT:-400}" python3 -m wisp bench decode --load-format dummy --prompt-len 128 \
+  "$@" --out "$out/$name.json" 2>"$out/$name.log" | tee "$out/$name.txt"; }
+case "${STAGE:-tests}" in
+tests)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/core/test_hybrid_experts.py tests/engine/test_hybrid_mode.py \
+    ${MORE_TESTS:-} --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 \
+    | tee "$out/pytest_hybrid_cuda.txt" | tail -3
+  bench decode_hybrid_olmoe --model olmoe-1b-7b --mode paged,hybrid --expert-cap ${CAPS:-8,16} \
+    --decode-tokens ${TOKENS:-64} --routing-trace .gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl ;;
+mixtral)
+  bench decode_hybrid_mixtral_8x7b_trace --model mixtral-8x7b --mode paged,hybrid,zero-copy --expert-cap 2,4,6 \
+    --decode-tokens ${TOKENS:-64} --routing-trace .gpu_data/gsm8k_2_decode_TxLxK.npz ;;
+qwen3)
+  bench decode_hybrid_qwen3_30b_a3b --model qwen3-30b-a3b --mode paged,hybrid --expert-cap 8,16 \
+    --decode-tokens ${TOKENS:-64} ;;
+esac
