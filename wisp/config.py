@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
+from wisp.core.hybrid_split import HybridCosts
 from wisp.errors import WispError
 from wisp.models.families import Family, family_for_architecture
-from wisp.core.hybrid_split import HybridCosts
-from wisp.options import ATTENTION_BACKENDS, DTYPE_NAMES, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS, SCRATCH_MODES
+from wisp.options import (ATTENTION_BACKENDS, DTYPE_NAMES, HYBRID_CPU_KERNELS, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS,
+                          SCRATCH_MODES)
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -200,6 +201,7 @@ class EngineConfig:
     enforce_eager: bool = False  # never replay CUDA graphs (they need both Triton backends)
     cuda_graph_max_batch: int = 8  # decode graphs for batch sizes 1..min(this, max_concurrency)
     hybrid_costs: HybridCosts | None = None  # hybrid mode's copy / CPU costs; None: probed at load
+    hybrid_cpu_kernel: str | None = None  # hybrid's CPU kernel, "plain" or "reference"; None: plain with a GPU
 
     def __post_init__(self) -> None:
         if self.kv_blocks is not None and self.kv_bytes is not None:
@@ -217,6 +219,8 @@ class EngineConfig:
             raise WispError(f"unknown load format {self.load_format!r}; choose one of: safetensors, dummy")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise WispError(f"unknown attention backend {self.attention_backend!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
+        if self.hybrid_cpu_kernel not in (None, *HYBRID_CPU_KERNELS):
+            raise WispError(f"unknown hybrid CPU kernel {self.hybrid_cpu_kernel!r}; choose one of: {', '.join(HYBRID_CPU_KERNELS)}")
         if self.cuda_graph_max_batch < 0:
             raise WispError(f"cuda-graph-max-batch must be >= 0, got {self.cuda_graph_max_batch}")
         if self.moe_backend not in MOE_BACKENDS:

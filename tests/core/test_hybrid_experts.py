@@ -93,3 +93,10 @@ def test_the_plain_cpu_kernel_is_close_to_the_reference_and_hybrid_with_it_close
     x = make(n, 5, k, 9, torch.float32)[1]
     torch.testing.assert_close(plain_expert_mlp(x, host[GATE_UP][3], host[DOWN][3]),
                                expert_mlp(x, host[GATE_UP][3], host[DOWN][3]), rtol=1e-5, atol=1e-5)
+
+
+def test_the_cpu_kernel_names_are_the_options_names():
+    from wisp.core.hybrid_experts import CPU_EXPERT_KERNELS
+    from wisp.options import HYBRID_CPU_KERNELS
+
+    assert tuple(CPU_EXPERT_KERNELS) == HYBRID_CPU_KERNELS

@@ -84,7 +84,7 @@ def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Ten
     return F.linear(F.silu(gate) * up, w_down)
 
 
-CPU_EXPERT_KERNELS = {"plain": plain_expert_mlp, "reference": expert_mlp}
+CPU_EXPERT_KERNELS = {"plain": plain_expert_mlp, "reference": expert_mlp}  # wisp.options.HYBRID_CPU_KERNELS
 
 
 def default_cpu_kernel(device: torch.device) -> str:

@@ -304,8 +304,8 @@ def _make_store(engine: EngineConfig, bank: dict[str, torch.Tensor], cap: int, d
     if mode == "hybrid":
         shared.staging = shared.staging or StagingBuffers(bank, device)
         if shared.hybrid_costs is None:  # every layer has the same shapes: probe once
-            shared.hybrid_costs = engine.hybrid_costs or probe_hybrid_costs(bank, device)
-        return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.staging)
+            shared.hybrid_costs = engine.hybrid_costs or probe_hybrid_costs(bank, device, engine.hybrid_cpu_kernel)
+        return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.staging, engine.hybrid_cpu_kernel)
     if mode == "zero-copy":
         return ZeroCopyExperts(bank, device)
     owner = shared.layer is None

@@ -1,0 +1,99 @@
+"""How close hybrid mode's outputs are to resident: the max abs logit difference and greedy-token agreement.
+
+    python benchmarks/hybrid_accuracy.py --model demo --out benchmarks/results/logs/hybrid_accuracy_cpu_demo.json
+    python benchmarks/hybrid_accuracy.py --model mixtral-8x7b --load-format dummy --device cuda --expert-cap 2 ...
+
+For each prompt (`--prompts` random token-id prompts of `--prompt-len`, seeded) the model runs twice: resident
+(every expert on the device) and `--mode hybrid` at `--expert-cap`, each a greedy prefill + `--decode-tokens`
+decode with the logits of every step kept. Hybrid runs with the plain CPU kernel (torch's GEMM on exactly the
+routed rows, as on a GPU) and, unless `--probe` is given, with costs that make the CPU take every step's light
+misses (so the comparison exercises the CPU path hard; `--probe` uses the machine's own calibrated costs).
+Reported per prompt and over all: the max abs logit difference over the prefill's last position and every
+decode step while the two greedy sequences agree (after the first disagreement the contexts differ and logits
+are no longer comparable), the first step where the greedy tokens differ (or none), and the share of decode
+tokens equal position by position. Prints a table and writes JSON (`--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from wisp import LLM, SamplingParams  # noqa: E402
+from wisp.core.hybrid_split import HybridCosts  # noqa: E402
+
+CPU_TAKES_LIGHT_MISSES = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))
+
+
+def run(model: str, mode: str, prompt: list[int], args, **extra) -> tuple[torch.Tensor, list[int], list[torch.Tensor], dict]:
+    llm = LLM(model, mode=mode, device=args.device, load_format=args.load_format, dtype=args.dtype,
+              max_model_len=args.prompt_len + args.decode_tokens + 8, **extra)
+    prefill = llm.prompt_logits(prompt)[-1].float().cpu()
+    out = llm.generate([prompt], SamplingParams(max_tokens=args.decode_tokens, ignore_eos=True), return_logits=True)[0]
+    return prefill, out.token_ids, [x.float().cpu() for x in out.logits], llm.stats()
+
+
+def compare(args) -> dict:
+    g = torch.Generator().manual_seed(args.seed)
+    hybrid_opts = dict(expert_cap=args.expert_cap, hybrid_cpu_kernel="plain")
+    if not args.probe:
+        hybrid_opts["hybrid_costs"] = CPU_TAKES_LIGHT_MISSES
+    records = []
+    for i in range(args.prompts):
+        prompt = torch.randint(3, args.vocab_limit, (args.prompt_len,), generator=g).tolist()
+        ref_prefill, ref_ids, ref_logits, _ = run(args.model, "resident", prompt, args)
+        hyb_prefill, hyb_ids, hyb_logits, stats = run(args.model, "hybrid", prompt, args, **hybrid_opts)
+        diverge = next((j for j, (a, b) in enumerate(zip(ref_ids, hyb_ids)) if a != b), None)
+        compared = len(ref_ids) if diverge is None else diverge + 1  # the step that diverges still saw equal contexts
+        diffs = [float((ref_prefill - hyb_prefill).abs().max())]
+        diffs += [float((a - b).abs().max()) for a, b in zip(ref_logits[:compared], hyb_logits[:compared])]
+        records.append({
+            "prompt": i, "max_abs_logit_diff": max(diffs), "logit_scale": float(ref_prefill.abs().max()),
+            "first_divergence": diverge, "greedy_agreement": sum(a == b for a, b in zip(ref_ids, hyb_ids)) / len(ref_ids),
+            "experts_on_cpu": stats["expert_cpu_computed"], "expert_misses": stats["expert_misses"],
+        })
+        print(f"prompt {i}: max |logit diff| {records[-1]['max_abs_logit_diff']:.3g} (logits up to "
+              f"{records[-1]['logit_scale']:.3g}), first divergence {diverge}, agreement "
+              f"{records[-1]['greedy_agreement']:.3f}, {stats['expert_cpu_computed']} of {stats['expert_misses']} "
+              f"misses on the CPU")
+    summary = {
+        "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in records),
+        "greedy_agreement": sum(r["greedy_agreement"] for r in records) / len(records),
+        "prompts_fully_equal": sum(r["first_divergence"] is None for r in records),
+    }
+    print(f"all: max |logit diff| {summary['max_abs_logit_diff']:.3g}, greedy agreement "
+          f"{summary['greedy_agreement']:.3f}, {summary['prompts_fully_equal']}/{len(records)} prompts identical")
+    return {"config": vars(args), "summary": summary, "prompts": records,
+            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+            "command": "python benchmarks/hybrid_accuracy.py " + " ".join(sys.argv[1:])}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="demo")
+    p.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--expert-cap", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--vocab-limit", type=int, default=250, help="prompt token ids are drawn below this")
+    p.add_argument("--probe", action="store_true", help="use the machine's probed costs, not a CPU-heavy split")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    result = compare(args)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
