@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.core.test_experts import make
+from tests.plan.test_miss_curves import step_sequences
 from wisp.core.experts import PagedExperts
 from wisp.core.hybrid_experts import HybridExperts
 from wisp.core.hybrid_split import HybridCosts
@@ -32,13 +33,6 @@ from wisp.plan.miss_curves import expert_miss_curve
 from wisp.plan.split import SplitProblem
 
 SETTINGS = settings(max_examples=80, deadline=None)
-
-
-@st.composite
-def step_sequences(draw, max_experts=10, max_steps=30, max_set=4):
-    n = draw(st.integers(1, max_experts))
-    steps = draw(st.lists(st.lists(st.integers(0, n - 1), max_size=max_set), max_size=max_steps))
-    return n, steps
 
 
 @st.composite
