@@ -129,6 +129,7 @@ class FakeEngine:
             self._check_thread()
         return {
             "expert_hits": 10 * self.steps, "expert_misses": self.steps, "expert_evictions": 0, "expert_loads": self.steps,
+            "expert_cpu_computed": 0,
             "bytes_h2d": 1000 * self.steps, "hit_rate": 10 / 11 if self.steps else 0.0,
             "kv_blocks_total": self.total, "kv_blocks_used": self.used, "kv_blocks_cached": self.cached,
             "kv_blocks_free": self.total - self.used - self.cached, "kv_peak_blocks_used": self.peak,

@@ -301,7 +301,7 @@ def test_metrics_parse(served):
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
     m = metric_values(resp.text)
     for name in ("wisp_expert_hits_total", "wisp_expert_misses_total", "wisp_expert_evictions_total",
-                 "wisp_expert_loads_total", "wisp_expert_bytes_h2d_total", "wisp_prefix_cache_hit_tokens_total",
+                 "wisp_expert_loads_total", "wisp_expert_cpu_computed_total", "wisp_expert_bytes_h2d_total", "wisp_prefix_cache_hit_tokens_total",
                  "wisp_prefix_cache_miss_tokens_total", "wisp_preemptions_total", "wisp_kv_blocks_used_peak",
                  "wisp_expert_hit_rate"):
         assert name in m, name

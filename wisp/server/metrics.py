@@ -22,6 +22,7 @@ COUNTERS = {
     "expert_misses": ("wisp_expert_misses", "Routed experts that were not resident on the device."),
     "expert_evictions": ("wisp_expert_evictions", "Resident experts displaced to make room."),
     "expert_loads": ("wisp_expert_loads", "Experts copied host -> device."),
+    "expert_cpu_computed": ("wisp_expert_cpu_computed", "Missing experts computed on the CPU, not copied (hybrid mode)."),
     "bytes_h2d": ("wisp_expert_bytes_h2d", "Expert bytes copied host -> device."),
     "prefix_hit_tokens": ("wisp_prefix_cache_hit_tokens", "Prompt tokens served from the KV prefix cache."),
     "prefix_miss_tokens": ("wisp_prefix_cache_miss_tokens", "Prompt tokens that had to be prefilled."),
