@@ -7,6 +7,8 @@
 #   mixtral: the target: Mixtral-8x7B preset with the real all-layer GSM8K decode trace, batch 1,
 #            paged / hybrid / zero-copy at C = 2, 4, 6 (hybrid >= 1.4x paged at C = 2 and 4, not slower at 6).
 #   qwen3:   Qwen3-30B-A3B preset (random router: say so), paged against hybrid at C = 8 and 16.
+#   prefetch: Mixtral-8x7B with the real GSM8K trace, batch 1, paged eager with and without --prefetch at
+#            C = 2, 4, 6 (docs/prefetch.md; the paper saw -38% at cap 8).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -23,6 +25,12 @@ tests)
 mixtral)
   bench decode_hybrid_mixtral_8x7b_trace --model mixtral-8x7b --mode paged,hybrid,zero-copy --expert-cap 2,4,6 \
     --decode-tokens ${TOKENS:-64} --routing-trace .gpu_data/gsm8k_2_decode_TxLxK.npz ;;
+prefetch)
+  t=.gpu_data/gsm8k_2_decode_TxLxK.npz
+  bench decode_paged_eager_mixtral_8x7b_trace --model mixtral-8x7b --mode paged --expert-cap 2,4,6 --enforce-eager \
+    --decode-tokens ${TOKENS:-64} --routing-trace $t
+  bench decode_prefetch_mixtral_8x7b_trace --model mixtral-8x7b --mode paged --expert-cap 2,4,6 --prefetch \
+    --decode-tokens ${TOKENS:-64} --routing-trace $t ;;
 qwen3)
   bench decode_hybrid_qwen3_30b_a3b --model qwen3-30b-a3b --mode paged,hybrid --expert-cap 8,16 \
     --decode-tokens ${TOKENS:-64} ;;

@@ -35,6 +35,19 @@ def test_bench_decode_writes_one_record_per_run(tmp_path):
     assert records[1]["roofline_step_s"] == records[0]["step_s"]  # no GPU probe here: the resident step alone
 
 
+def test_bench_decode_hybrid_and_prefetch_records_say_what_they_did(tmp_path):
+    out = tmp_path / "h.json"
+    proc = run_wisp(["decode", "--model", "demo", "--load-format", "dummy", "--mode", "resident,paged,hybrid", "--prefetch",
+                     "--expert-cap", "4", "--prompt-len", "16", "--decode-tokens", "4", "--device", "cpu", "--out", out],
+                    tmp_path / "cache", command="bench")
+    assert proc.returncode == 0, proc.stderr
+    records = {r["mode"]: r for r in json.loads(out.read_text())}
+    assert "prefetch" not in records["resident"]  # no slots to prefetch into: the flag applies to paged and hybrid
+    assert records["paged"]["prefetch"] and records["paged"]["experts_prefetched"] > 0
+    assert records["hybrid"]["prefetch"] and set(records["hybrid"]["hybrid_costs"]) >= {"copy_s", "cpu_rows"}
+    assert records["hybrid"]["experts_on_cpu"] >= 0
+
+
 @pytest.mark.slow
 def test_a_preset_needs_dummy_weights(tmp_path):
     proc = run_wisp(["decode", "--model", "qwen3-30b-a3b"], tmp_path, command="bench")

@@ -68,13 +68,13 @@ def test_resident_and_offload_counters():
     resident = ResidentExperts(host)
     resident.forward(hidden, ids, weights)
     distinct = len(torch.unique(ids))
-    assert resident.counters.as_dict() == dict(hits=distinct, misses=0, evictions=0, loads=0, bytes_h2d=0, steps=1, cpu_computed=0)
+    assert resident.counters.as_dict() == dict(hits=distinct, misses=0, evictions=0, loads=0, bytes_h2d=0, steps=1, cpu_computed=0, prefetched=0)
     assert resident.device_bytes == layer_bytes
     buffer = LayerBuffer(host, torch.device("cpu"))
     owner, other = OffloadExperts(host, buffer, True), OffloadExperts(host, buffer, False)
     owner.forward(hidden, ids, weights)
     owner.forward(hidden, ids, weights)
     assert owner.counters.as_dict() == dict(
-        hits=0, misses=2 * distinct, evictions=0, loads=2 * n, bytes_h2d=2 * layer_bytes, steps=2, cpu_computed=0
+        hits=0, misses=2 * distinct, evictions=0, loads=2 * n, bytes_h2d=2 * layer_bytes, steps=2, cpu_computed=0, prefetched=0
     )
     assert owner.device_bytes == layer_bytes and other.device_bytes == 0

@@ -54,7 +54,7 @@ class LRUModel:
         self.capacity = capacity
         self.expert_bytes = expert_bytes
         self.lru: OrderedDict[int, int] = OrderedDict()
-        self.c = dict(hits=0, misses=0, evictions=0, loads=0, bytes_h2d=0, steps=0, cpu_computed=0)
+        self.c = dict(hits=0, misses=0, evictions=0, loads=0, bytes_h2d=0, steps=0, cpu_computed=0, prefetched=0)
 
     def step(self, experts) -> tuple[list[int], list[int]]:
         touch = list(dict.fromkeys(reversed(experts)))[::-1]  # each id at its last place
@@ -184,7 +184,7 @@ def test_lru_hand_trace():
     pager.prepare([3, 4])  # evict 0 then 1: e3 -> slot 0, e4 -> slot 1
     assert pager.expert_in_slot == [3, 4, 5]
     assert pager.slot_of == [-1, -1, -1, 0, 1, 2]
-    assert pager.counters.as_dict() == dict(hits=2, misses=6, evictions=3, loads=6, bytes_h2d=6 * 18 * 4, steps=5, cpu_computed=0)
+    assert pager.counters.as_dict() == dict(hits=2, misses=6, evictions=3, loads=6, bytes_h2d=6 * 18 * 4, steps=5, cpu_computed=0, prefetched=0)
     pager.check_integrity()
 
 

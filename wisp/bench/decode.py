@@ -73,6 +73,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
     """One load + prefill + decode of `batch` requests at once; returns the measured record (without
     probe/roofline fields). A decode step computes one token of every request."""
     t0 = time.perf_counter()
+    opts = {k: v for k, v in opts.items() if k != "prefetch" or mode in SCRATCH_MODES}  # slots to prefetch into
     llm = LLM(model, mode=mode, expert_cap=cap, max_concurrency=batch, max_model_len=prompt_len + decode_tokens + 8,
               **opts)
     load_s = time.perf_counter() - t0
@@ -90,6 +91,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         "graph_steps": timed.stats["graph_steps"], "routing": "router",
         **({"hybrid_costs": timed.stats["hybrid_costs"], "experts_on_cpu": timed.stats["expert_cpu_computed"]}
            if "hybrid_costs" in timed.stats else {}),
+        **({"prefetch": True, "experts_prefetched": timed.stats["expert_prefetched"]} if opts.get("prefetch") else {}),
     }
 
 
@@ -200,7 +202,8 @@ def bench_decode(args) -> list[dict]:
 
 def _engine_options(args) -> dict:
     opts = {"device": args.device, "load_format": args.load_format, "moe_backend": args.moe_backend,
-            "attention_backend": args.attention_backend, "enforce_eager": args.enforce_eager}
+            "attention_backend": args.attention_backend, "enforce_eager": args.enforce_eager,
+            **({"prefetch": True} if args.prefetch else {})}
     if args.dtype:
         opts["dtype"] = args.dtype
     return opts

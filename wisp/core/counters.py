@@ -4,7 +4,8 @@ hits: routed experts already resident at the step; misses: routed experts that w
 loads: experts copied host -> device (a miss in paged mode, every expert of the layer in offload
 mode); evictions: resident experts displaced; bytes_h2d: expert bytes copied host -> device;
 steps: MoE layer executions (one per token group); cpu_computed: misses computed on the CPU instead of
-copied (hybrid mode; also counted in misses, never in loads or bytes_h2d).
+copied (hybrid mode; also counted in misses, never in loads or bytes_h2d); prefetched: experts copied on a
+guess before any step asked for them (`--prefetch`; also counted in loads and bytes_h2d).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class ExpertCounters:
     bytes_h2d: int = 0
     steps: int = 0
     cpu_computed: int = 0
+    prefetched: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -144,11 +144,23 @@ class PagedExperts(ExpertStore):
         self.pager = ExpertPager(host, capacity, device)
         self.pager.counters = counters
 
+    after_step = None  # called with each eager step's distinct experts (`wisp.core.prefetch` sets it)
+    slots_ready = None  # CUDA event: speculative copies into the slots have landed (`wisp.core.prefetch`)
+    slots_read = None  # CUDA event: the last kernel that read the slots is done
+
     def forward(self, hidden, topk_ids, topk_weights):
         pager = self.pager
         counts, last_token = routed_counts_and_last_token(topk_ids, pager.num_experts)
         distinct = order_by_last_token(last_token)  # the step's touch order (wisp.core.recency)
-        return self._paged_step(hidden, topk_ids, topk_weights, distinct, counts)
+        if self.slots_ready is not None:
+            torch.cuda.current_stream(hidden.device).wait_event(self.slots_ready)
+            self.slots_ready = None
+        out = self._paged_step(hidden, topk_ids, topk_weights, distinct, counts)
+        if self.after_step is not None:
+            if hidden.device.type == "cuda":
+                self.slots_read = torch.cuda.current_stream(hidden.device).record_event()
+            self.after_step(distinct)
+        return out
 
     def _paged_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
         pager = self.pager

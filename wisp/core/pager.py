@@ -188,6 +188,28 @@ class ExpertPager:
         c.bytes_h2d += len(misses) * self.expert_bytes
         return StepDecision(tuple(hits), tuple(loads), tuple(e for e in misses if e not in kept))
 
+    def prefetch(self, experts: Sequence[int]) -> list[tuple[int, int]]:
+        """Speculatively give each of `experts` not resident a slot (no bytes move here; the caller copies
+        them, then calls `publish_map`): the least recently used slots (empty first) take them, and a
+        prefetched slot is left least recent (last_used -1), so a wrong guess is the next step's first victim.
+        Counted as loads, bytes and `prefetched`; the step that uses one counts a hit."""
+        self.use_host()
+        wanted = [e for e in dict.fromkeys(int(e) for e in experts) if 0 <= e < self.num_experts and self.slot_of[e] < 0]
+        victims = sorted(range(self.capacity), key=lambda s: (self.last_used[s], s))[: len(wanted)]
+        placed = []
+        for expert, slot in zip(wanted, victims):
+            old = self.expert_in_slot[slot]
+            if old >= 0:
+                self.slot_of[old] = -1
+                self.counters.evictions += 1
+            self.slot_of[expert], self.expert_in_slot[slot], self.last_used[slot] = slot, expert, -1
+            placed.append((expert, slot))
+        c = self.counters
+        c.loads += len(placed)
+        c.prefetched += len(placed)
+        c.bytes_h2d += len(placed) * self.expert_bytes
+        return placed
+
     def copy_into_slot(self, expert: int, slot: int) -> None:
         """Copy one expert's tensors from its host master into a slot, on the current stream."""
         for name, master in self.host.items():

@@ -27,6 +27,7 @@ from wisp.config import EngineConfig, ModelConfig, parse_dtype
 from wisp.core.counters import sum_counters
 from wisp.core.experts import PagedExperts, sync_all_counters
 from wisp.core.hybrid_experts import HybridExperts
+from wisp.core.prefetch import CrossLayerPrefetch
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.detokenizer import IncrementalDetokenizer
 from wisp.engine.kv_cache import KVCache
@@ -87,6 +88,9 @@ class LLMEngine:
             self.model = load_model(_weights(config, cfg, self.path, self.device), cfg, config, self.device, host)
             if host.fell_back:
                 self.config = replace(self.config, pin_memory=False)
+            if config.prefetch:
+                stores = [self.model.experts[li] for li in cfg.moe_layer_ids]
+                self.prefetch = CrossLayerPrefetch(stores, cfg.num_experts, cfg.top_k)
             stage = "allocating the KV pool"
             self._build_pools(num_blocks)
             stage = "capturing CUDA graphs"
@@ -299,6 +303,7 @@ class LLMEngine:
             "expert_evictions": total.evictions,
             "expert_loads": total.loads,
             "expert_cpu_computed": total.cpu_computed,
+            "expert_prefetched": total.prefetched,
             "bytes_h2d": total.bytes_h2d,
             "moe_steps": total.steps,
             "hit_rate": total.hits / routed if routed else 0.0,

@@ -121,6 +121,7 @@ class ModelRunner:
         # graphs read (paged, zero-copy) or copy (offload) host masters: only pinned memory may be captured
         # hybrid mode splits each step's misses on the host, which a graph cannot
         return (self.device.type == "cuda" and not c.enforce_eager and c.cuda_graph_max_batch > 0 and c.mode != "hybrid"
+                and not c.prefetch  # prefetch runs from the eager forward
                 and (c.pin_memory or c.mode == "resident")
                 and c.resolve_backend("moe", self.device) == "triton" and self.kv.uses_triton)
 
