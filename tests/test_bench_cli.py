@@ -42,9 +42,9 @@ def test_bench_decode_hybrid_and_prefetch_records_say_what_they_did(tmp_path):
                     tmp_path / "cache", command="bench")
     assert proc.returncode == 0, proc.stderr
     records = {r["mode"]: r for r in json.loads(out.read_text())}
-    assert "prefetch" not in records["resident"]  # no slots to prefetch into: the flag applies to paged and hybrid
+    assert "prefetch" not in records["resident"] and "prefetch" not in records["hybrid"]  # paged runs only
     assert records["paged"]["prefetch"] and records["paged"]["experts_prefetched"] > 0
-    assert records["hybrid"]["prefetch"] and set(records["hybrid"]["hybrid_costs"]) >= {"copy_s", "cpu_rows"}
+    assert set(records["hybrid"]["hybrid_costs"]) >= {"copy_s", "cpu_rows"}
     assert records["hybrid"]["experts_on_cpu"] >= 0
 
 

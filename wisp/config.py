@@ -202,7 +202,7 @@ class EngineConfig:
     cuda_graph_max_batch: int = 8  # decode graphs for batch sizes 1..min(this, max_concurrency)
     hybrid_costs: HybridCosts | None = None  # hybrid mode's copy / CPU costs; None: probed at load
     hybrid_cpu_kernel: str | None = None  # hybrid's CPU kernel, "plain" or "reference"; None: plain with a GPU
-    prefetch: bool = False  # copy each next layer's predicted experts ahead (wisp.core.prefetch; eager, paged)
+    prefetch: bool = False  # copy each next layer's predicted experts ahead (wisp.core.prefetch; eager, paged only)
 
     def __post_init__(self) -> None:
         if self.kv_blocks is not None and self.kv_bytes is not None:
@@ -222,8 +222,8 @@ class EngineConfig:
             raise WispError(f"unknown attention backend {self.attention_backend!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
         if self.hybrid_cpu_kernel not in (None, *HYBRID_CPU_KERNELS):
             raise WispError(f"unknown hybrid CPU kernel {self.hybrid_cpu_kernel!r}; choose one of: {', '.join(HYBRID_CPU_KERNELS)}")
-        if self.prefetch and self.mode not in SCRATCH_MODES:
-            raise WispError(f"--prefetch fills expert slots: it needs --mode paged or hybrid, not {self.mode}")
+        if self.prefetch and self.mode != "paged":
+            raise WispError(f"--prefetch fills paged mode's expert slots: it needs --mode paged, not {self.mode}")
         if self.cuda_graph_max_batch < 0:
             raise WispError(f"cuda-graph-max-batch must be >= 0, got {self.cuda_graph_max_batch}")
         if self.moe_backend not in MOE_BACKENDS:

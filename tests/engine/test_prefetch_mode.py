@@ -26,6 +26,7 @@ def test_prefetch_changes_no_logit(device, moe_backend, attention_backend):
             store.pager.check_integrity()
 
 
-def test_prefetch_needs_slots():
+@pytest.mark.parametrize("mode", ["resident", "hybrid", "offload"])
+def test_prefetch_needs_paged_mode(mode):
     with pytest.raises(WispError, match="--prefetch"):
-        EngineConfig(model="demo", mode="resident", prefetch=True)
+        EngineConfig(model="demo", mode=mode, prefetch=True)

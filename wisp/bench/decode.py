@@ -73,7 +73,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
     """One load + prefill + decode of `batch` requests at once; returns the measured record (without
     probe/roofline fields). A decode step computes one token of every request."""
     t0 = time.perf_counter()
-    opts = {k: v for k, v in opts.items() if k != "prefetch" or mode in SCRATCH_MODES}  # slots to prefetch into
+    opts = {k: v for k, v in opts.items() if k != "prefetch" or mode == "paged"}  # paged mode's slots only
     llm = LLM(model, mode=mode, expert_cap=cap, max_concurrency=batch, max_model_len=prompt_len + decode_tokens + 8,
               **opts)
     load_s = time.perf_counter() - t0
