@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from tests.server.helpers import MODEL
 from tests.server.fake_engine import FakeEngine
+from tests.server.helpers import MODEL
+from tests.server.helpers import run_app as run_app_over
 from wisp.engine.async_engine import AsyncEngine
-from wisp.server.app import build_app
 
 
 def scope(path: str) -> dict:
@@ -66,15 +66,7 @@ async def _value(x):
 
 
 def run_app(body_fn):
-    fake = FakeEngine(step_delay=0.005, max_model_len=512, num_blocks=256)
-    engine = AsyncEngine(fake)
-    app = build_app(engine, MODEL)
-    engine.start()
-    try:
-        asyncio.run(asyncio.wait_for(body_fn(app, engine, fake), 30))
-    finally:
-        engine.shutdown()
-    return fake
+    return run_app_over(body_fn, FakeEngine(step_delay=0.005, max_model_len=512, num_blocks=256))
 
 
 async def idle(engine: AsyncEngine) -> bool:

@@ -16,9 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import uvicorn
 
-from tests.server.helpers import MODEL, make_app, make_client
+from tests.server.helpers import MODEL, make_app, make_client, serve_on_loopback
 from tests.server.test_app import assert_error
 
 SURROGATE_BODIES = [  # (route, body, param): a lone surrogate where wisp reads text
@@ -185,19 +184,8 @@ def test_no_tokenizer_names_the_prompt(served):
 def live():
     """(host, port) of uvicorn serving the app over a FakeEngine, with a 64 KiB body limit."""
     app, _, _ = make_app(max_request_bytes=64 * 1024)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    yield sock.getsockname()
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    with serve_on_loopback(app, start_timeout=10) as address:
+        yield address
 
 
 def request(conn: http.client.HTTPConnection, route: str, body: bytes) -> tuple[int, dict, bytes]:

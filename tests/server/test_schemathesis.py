@@ -14,9 +14,6 @@ valid names the served model (a random name is a 404 before anything else is loo
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -45,8 +42,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 @pytest.fixture(scope="module")
 def live_demo(tmp_path_factory):
     """The base URL of uvicorn serving the real demo engine (API_KEY required on /v1) on 127.0.0.1:0."""
-    import uvicorn
-
+    from tests.server.helpers import serve_on_loopback
     from wisp.config import EngineConfig
     from wisp.engine.async_engine import AsyncEngine
     from wisp.engine.engine import LLMEngine
@@ -58,20 +54,8 @@ def live_demo(tmp_path_factory):
                                             max_concurrency=4))
     engine = AsyncEngine(llm_engine)
     app = build_app(engine, MODEL, api_key=API_KEY)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    host, port = sock.getsockname()
-    yield f"http://{host}:{port}"
-    server.should_exit = True
-    thread.join(30)
-    sock.close()
+    with serve_on_loopback(app, start_timeout=60, stop_timeout=30) as (host, port):
+        yield f"http://{host}:{port}"
 
 
 @pytest.fixture(scope="module")

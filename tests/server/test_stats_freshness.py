@@ -14,11 +14,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.fake_engine import FakeEngine
-from tests.server.helpers import MODEL
+from tests.server.helpers import MODEL, run_app
 from tests.server.test_disconnect import Client, scope
 from wisp.engine.async_engine import AsyncEngine
 from wisp.engine.sampling import SamplingParams
-from wisp.server.app import build_app
 
 
 class CountingEngine(FakeEngine):
@@ -157,11 +156,4 @@ def test_scrape_mid_stream_shows_the_running_request():
             await asyncio.sleep(0.01)
         assert metric(text, "wisp_kv_blocks_used") == 0
 
-    fake = CountingEngine(step_delay=0.003, max_model_len=512, num_blocks=256)
-    engine = AsyncEngine(fake)
-    app = build_app(engine, MODEL)
-    engine.start()
-    try:
-        asyncio.run(asyncio.wait_for(body(app, engine, fake), 30))
-    finally:
-        engine.shutdown()
+    run_app(body, CountingEngine(step_delay=0.003, max_model_len=512, num_blocks=256))
