@@ -13,6 +13,7 @@ layer (every layer of a model has the same shapes). The result is what `split_mi
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 import torch
@@ -47,7 +48,7 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
     expert_fn = CPU_EXPERT_KERNELS[cpu_kernel or default_cpu_kernel(device)]
     num_experts = host[GATE_UP].shape[0]
     dest = {name: torch.empty(t.shape[1:], dtype=t.dtype, device=device) for name, t in host.items()}
-    turn = iter(range(10**9))
+    turn = itertools.count()
 
     def copy_one():
         e = next(turn) % num_experts  # a different expert each time, so no cache helps the host side

@@ -59,8 +59,8 @@ class KVCache:
         tensor does not fit (the device is full), that tensor alone waits in host memory while its old
         self is freed, as a resize did before: slower, never out of memory for want of the transient."""
         assert keep <= num_blocks and all(dst < keep for dst in moves.values()), (keep, num_blocks)
-        src = torch.tensor(list(moves), dtype=torch.long)
-        dst = torch.tensor(list(moves.values()), dtype=torch.long)
+        src = torch.tensor(list(moves), dtype=torch.long, device=self.device)
+        dst = torch.tensor(list(moves.values()), dtype=torch.long, device=self.device)
         for tensors in (self.k, self.v):
             for layer in range(len(tensors)):
                 tensors[layer] = self._carried(tensors, layer, num_blocks, keep, src, dst)
@@ -72,18 +72,16 @@ class KVCache:
         old = tensors[layer]
         try:
             new = torch.zeros(self.layer_shape(num_blocks), dtype=self.dtype, device=self.device)
-            new[:keep].copy_(old[:keep])
-            if len(src):
-                new[dst.to(self.device)] = old[src.to(self.device)]
-            return new
-        except torch.OutOfMemoryError:
-            kept, moved = old[:keep].cpu(), old[src.to(self.device)].cpu()
+        except torch.OutOfMemoryError:  # no room for both: the kept blocks wait on the host
+            kept, moved = old[:keep].cpu(), old[src].cpu()
             tensors[layer] = old = None  # free the old tensor before allocating the new one
             new = torch.zeros(self.layer_shape(num_blocks), dtype=self.dtype, device=self.device)
             new[:keep].copy_(kept)
-            if len(src):
-                new[dst.to(self.device)] = moved.to(self.device)
+            new[dst] = moved.to(self.device)
             return new
+        new[:keep].copy_(old[:keep])
+        new[dst] = old[src]
+        return new
 
 
 class BlockTableKV:
