@@ -149,27 +149,31 @@ class PagedExperts(ExpertStore):
     slots_read = None  # CUDA event: the last kernel that read the slots is done
 
     def forward(self, hidden, topk_ids, topk_weights):
-        pager = self.pager
-        counts, last_token = routed_counts_and_last_token(topk_ids, pager.num_experts)
+        counts, last_token = routed_counts_and_last_token(topk_ids, self.pager.num_experts)
         distinct = order_by_last_token(last_token)  # the step's touch order (wisp.core.recency)
         if self.slots_ready is not None:
             torch.cuda.current_stream(hidden.device).wait_event(self.slots_ready)
             self.slots_ready = None
-        out = self._paged_step(hidden, topk_ids, topk_weights, distinct, counts)
+        out = self._step(hidden, topk_ids, topk_weights, distinct, counts)
         if self.after_step is not None:
             if hidden.device.type == "cuda":
                 self.slots_read = torch.cuda.current_stream(hidden.device).record_event()
             self.after_step(distinct)
         return out
 
-    def _paged_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
+    def _step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
+        """One eager step, its routing already read: `distinct` in touch order, `counts` [N] pairs per expert
+        (hybrid mode overrides this)."""
         pager = self.pager
         if len(distinct) <= pager.capacity:
             expert_map = pager.prepare(distinct)
             return self.moe_fn(hidden, pager.scratch[GATE_UP], pager.scratch[DOWN], topk_ids, topk_weights, expert_map)
+        return run_wide_step(pager, self._staging(), self.kernels, hidden, topk_ids, topk_weights, distinct, counts)
+
+    def _staging(self) -> StagingBuffers:
         if self.staging is None:
-            self.staging = StagingBuffers(pager.host, pager.device)
-        return run_wide_step(pager, self.staging, self.kernels, hidden, topk_ids, topk_weights, distinct, counts)
+            self.staging = StagingBuffers(self.pager.host, self.pager.device)
+        return self.staging
 
     def forward_graph_safe(self, hidden, topk_ids, topk_weights):
         pager = self.pager

@@ -33,10 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
-from wisp.core.experts import PagedExperts, routed_counts_and_last_token
+from wisp.core.experts import PagedExperts
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
 from wisp.core.moe import expert_mlp
-from wisp.core.recency import order_by_last_token
 
 
 class HybridExperts(PagedExperts):
@@ -50,22 +49,18 @@ class HybridExperts(PagedExperts):
         self.cpu_expert = CPU_EXPERT_KERNELS[self.cpu_kernel]
         self.last_split: MissSplit | None = None
 
-    def forward(self, hidden, topk_ids, topk_weights):
+    def _step(self, hidden, topk_ids, topk_weights, order: list[int], counts: list[int]) -> torch.Tensor:
         pager = self.pager
-        counts, last_token = routed_counts_and_last_token(topk_ids, pager.num_experts)
-        order = order_by_last_token(last_token)  # the step's touch order (wisp.core.recency)
         pager.use_host()
         misses = [(e, counts[e]) for e in order if pager.slot_of[e] < 0]
         split = self.last_split = split_misses(misses, self.costs)
         if not split.to_cpu:  # a paged step
-            return self._paged_step(hidden, topk_ids, topk_weights, order, counts)
+            return super()._step(hidden, topk_ids, topk_weights, order, counts)
         t, k = topk_ids.shape
         on_cpu = set(split.to_cpu)
         hidden_host, ids_host = hidden.cpu(), topk_ids.cpu()
-        if self.staging is None:
-            self.staging = StagingBuffers(pager.host, pager.device)
         gpu_order = [e for e in order if e not in on_cpu]
-        per_k = expert_major_pairs(pager, self.staging, self.kernels, hidden, topk_ids, gpu_order, counts)  # enqueued
+        per_k = expert_major_pairs(pager, self._staging(), self.kernels, hidden, topk_ids, gpu_order, counts)  # enqueued
         pairs, rows = cpu_pair_rows(hidden_host, ids_host, pager.host, split.to_cpu, k, self.cpu_expert)  # meanwhile
         per_k[pairs.to(per_k.device)] = rows.to(per_k.device)
         c = pager.counters
@@ -77,7 +72,6 @@ class HybridExperts(PagedExperts):
         raise RuntimeError("hybrid mode reads the routing on the host each step: it runs without CUDA graphs")
 
 
-@torch.inference_mode()
 def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """One expert on exactly the rows x [M, D] with torch's own GEMM (not row-invariant): [M, D]."""
     gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)  # [M, I] each
