@@ -8,7 +8,7 @@
 #            paged / hybrid / zero-copy at C = 2, 4, 6 (hybrid >= 1.4x paged at C = 2 and 4, not slower at 6).
 #   qwen3:   Qwen3-30B-A3B preset (random router: say so), paged against hybrid at C = 8 and 16.
 #   prefetch: Mixtral-8x7B with the real GSM8K trace, batch 1, paged eager with and without --prefetch at
-#            C = 2, 4, 6 (docs/prefetch.md; the paper saw -38% at cap 8).
+#            C = 2, 4, 6 (docs/prefetch.md; the paper saw -38% at cap 8); PREFETCH_ONLY=1 skips the former.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -17,7 +17,8 @@ bench() { name=$1; shift; timeout "${DECODE_TIMEOUT:-400}" python3 -m wisp bench
 case "${STAGE:-tests}" in
 tests)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/core/test_hybrid_experts.py tests/engine/test_hybrid_mode.py \
+  timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -x -p no:cacheprovider tests/core/test_hybrid_experts.py \
+    tests/core/test_hybrid_pace.py tests/engine/test_hybrid_mode.py \
     ${MORE_TESTS:-} --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 \
     | tee "$out/pytest_hybrid_cuda.txt" | tail -3
   bench decode_hybrid_olmoe --model olmoe-1b-7b --mode paged,hybrid --expert-cap ${CAPS:-8,16} \
@@ -27,8 +28,8 @@ mixtral)
     --decode-tokens ${TOKENS:-64} --routing-trace .gpu_data/gsm8k_2_decode_TxLxK.npz ;;
 prefetch)
   t=.gpu_data/gsm8k_2_decode_TxLxK.npz
-  bench decode_paged_eager_mixtral_8x7b_trace --model mixtral-8x7b --mode paged --expert-cap 2,4,6 --enforce-eager \
-    --decode-tokens ${TOKENS:-64} --routing-trace $t
+  [ -n "${PREFETCH_ONLY:-}" ] || bench decode_paged_eager_mixtral_8x7b_trace --model mixtral-8x7b --mode paged \
+    --expert-cap 2,4,6 --enforce-eager --decode-tokens ${TOKENS:-64} --routing-trace $t
   bench decode_prefetch_mixtral_8x7b_trace --model mixtral-8x7b --mode paged --expert-cap 2,4,6 --prefetch \
     --decode-tokens ${TOKENS:-64} --routing-trace $t ;;
 qwen3)

@@ -11,6 +11,7 @@ from tests.core.test_experts import make
 from wisp.core.experts import PagedExperts, ResidentExperts
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.hybrid_experts import HybridExperts, plain_expert_mlp
+from wisp.core.hybrid_pace import CpuPace
 from wisp.core.moe import expert_mlp
 from wisp.core.hybrid_split import HybridCosts
 
@@ -73,10 +74,29 @@ def test_a_wide_step_keeps_what_paged_keeps_and_streams_the_rest_of_its_copies()
     assert torch.equal(out, ResidentExperts(host).forward(hidden, ids, weights))
 
 
-def test_hybrid_refuses_graph_capture():
-    host, hidden, ids, weights = make(8, 1, 2, 0, torch.float32)
-    with pytest.raises(RuntimeError, match="without CUDA graphs"):
-        HybridExperts(host, 4, torch.device("cpu"), CPU_CHEAP).forward_graph_safe(hidden, ids, weights)
+def test_each_cpu_step_is_measured_and_a_cpu_measured_slow_gets_nothing_more():
+    n, k, cap = 8, 2, 2
+    host, _, _, _ = make(n, 1, k, 0, torch.float32)
+    pace = CpuPace()
+    costs = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.5, 6.4))  # at most 16x slower: useless
+    hybrid = HybridExperts(host, cap, torch.device("cpu"), costs, pace=pace)
+    paged = PagedExperts(host, cap, "cpu")
+    _, hidden, ids, weights = make(n, 1, k, 1, torch.float32)
+    hybrid.forward(hidden, ids, weights)
+    paged.forward(hidden, ids, weights)
+    assert hybrid.last_split.to_cpu and len(pace.ratios) == 1  # one step, one measurement
+    assert pace.totals.steps == 1 and 0 < pace.totals.kernel_s <= pace.totals.wall_s
+    assert pace.totals.predicted_s == hybrid.last_split.predicted_s
+    assert not hybrid.graph_step_ok(2)
+    for _ in range(pace.ratios.maxlen):
+        pace.observe(100.0, 1.0)  # the CPU took far longer than predicted
+    assert hybrid.graph_step_ok(2)
+    on_cpu = hybrid.counters.cpu_computed
+    for step, t in enumerate(STEPS):
+        _, hidden, ids, weights = make(n, t, k, 500 + step, torch.float32)
+        assert torch.equal(hybrid.forward(hidden, ids, weights), paged.forward(hidden, ids, weights))
+        assert hybrid.last_split.to_cpu == ()
+    assert hybrid.counters.cpu_computed == on_cpu
 
 
 def test_the_plain_cpu_kernel_is_close_to_the_reference_and_hybrid_with_it_close_to_resident():

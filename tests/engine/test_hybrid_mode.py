@@ -23,6 +23,7 @@ def test_hybrid_equals_resident_on_the_cpu_and_is_close_on_a_gpu(hf_checkpoints,
         stats = llm.stats()
         assert stats["mode"] == "hybrid" and stats["expert_cpu_computed"] > 0
         assert stats["hybrid_costs"]["copy_s"] == CPU_CHEAP.copy_s  # what `wisp plan --hybrid-costs` can read
+        assert stats["hybrid_cpu_steps"]["steps"] > 0 and stats["hybrid_cpu_factor"] > 0
         assert stats["expert_misses"] == stats["expert_loads"] + stats["expert_cpu_computed"]
         if torch.device(device).type == "cpu":
             assert torch.equal(prefill, ref_prefill)
@@ -58,3 +59,24 @@ def test_a_hybrid_engine_resizes_and_keeps_its_costs_and_kernel(hf_checkpoints, 
     assert llm.stats()["expert_cpu_computed"] > 0
     if torch.device(device).type == "cpu":
         assert outs == [ref.token_ids] * 3
+
+
+def test_steps_the_cpu_cannot_help_are_paged_steps_and_replay_cuda_graphs(hf_checkpoints, device, moe_backend,
+                                                                          attention_backend):
+    path = hf_checkpoints["mixtral"]
+    _, _, ref = run(path, "resident", None, "float32", LONG_PROMPT, device, moe_backend, attention_backend)
+    slow_cpu = HybridCosts(copy_s=1e-3, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # one CPU expert: 1000 copies
+    llm = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="hybrid",
+              expert_cap=2, dtype="float32", hybrid_costs=slow_cpu)
+    model = llm.engine.model
+    assert model.graph_step_ok(1)
+    out = llm.generate([LONG_PROMPT], SamplingParams(max_tokens=16, ignore_eos=True))[0]
+    stats = llm.stats()
+    assert out.token_ids == ref.token_ids and stats["expert_cpu_computed"] == 0  # paged mode, bit for bit
+    paces = {id(s.pace) for s in model.experts.values()}
+    assert len(paces) == 1 and next(iter(model.experts.values())).pace.step == model.steps_begun >= 16
+    if llm.engine.runner.graphs_enabled():
+        assert stats["graph_steps"] >= 15
+    cheap = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="hybrid",
+                expert_cap=2, dtype="float32", hybrid_costs=CPU_CHEAP)
+    assert not cheap.engine.model.graph_step_ok(1)  # the CPU can help a batch of one: eager, split on the host

@@ -57,6 +57,14 @@ class ExpertStore(ABC):
         w, expert_map = self._weights()
         return self.moe_fn(hidden, w[GATE_UP], w[DOWN], topk_ids, topk_weights, expert_map)
 
+    def graph_step_ok(self, max_misses: int) -> bool:
+        """Whether a decode step with at most `max_misses` misses per layer may replay a CUDA graph (hybrid
+        mode: only when its CPU could not help; every other store: always)."""
+        return True
+
+    def begin_step(self, step: int) -> None:
+        """Called by the model before step number `step` runs (hybrid's pace counts steps)."""
+
     def _weights(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         raise NotImplementedError
 

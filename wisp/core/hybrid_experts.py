@@ -24,16 +24,22 @@ Invariants:
   invariant (which experts go to the CPU depends on the whole step's routing);
 - CPU-served experts count as misses (`counters.misses`, and `counters.cpu_computed`), never as loads or
   bytes: they do not cross the link, and the slots are not touched for them;
-- no CUDA graph: the split needs the routing on the host every step (`forward_graph_safe` refuses).
+- the split uses the probe's costs as `CpuPace` corrects them with each CPU step's measured wall time
+  (one pace per model); a step whose batch the CPU cannot help (`graph_step_ok`) is a paged step, and
+  `forward_graph_safe` is paged mode's (the engine replays CUDA graphs only for such steps: a split needs
+  the routing on the host).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.nn.functional as F
 
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
 from wisp.core.experts import PagedExperts
+from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
 from wisp.core.moe import expert_mlp
 
@@ -42,9 +48,10 @@ class HybridExperts(PagedExperts):
     mode = "hybrid"
 
     def __init__(self, host: dict[str, torch.Tensor], capacity: int, device: torch.device, costs: HybridCosts,
-                 staging: StagingBuffers | None = None, cpu_kernel: str | None = None):
+                 staging: StagingBuffers | None = None, cpu_kernel: str | None = None, pace: CpuPace | None = None):
         super().__init__(host, capacity, device, staging)
-        self.costs = costs
+        self.costs = costs  # as probed
+        self.pace = pace or CpuPace()
         self.cpu_kernel = cpu_kernel or default_cpu_kernel(torch.device(device))
         self.cpu_expert = CPU_EXPERT_KERNELS[self.cpu_kernel]
         self.last_split: MissSplit | None = None
@@ -53,23 +60,30 @@ class HybridExperts(PagedExperts):
         pager = self.pager
         pager.use_host()
         misses = [(e, counts[e]) for e in order if pager.slot_of[e] < 0]
-        split = self.last_split = split_misses(misses, self.costs)
+        split = self.last_split = split_misses(misses, self.pace.costs(self.costs))
         if not split.to_cpu:  # a paged step
             return super()._step(hidden, topk_ids, topk_weights, order, counts)
+        start = time.perf_counter()
         t, k = topk_ids.shape
         on_cpu = set(split.to_cpu)
         hidden_host, ids_host = hidden.cpu(), topk_ids.cpu()
         gpu_order = [e for e in order if e not in on_cpu]
         per_k = expert_major_pairs(pager, self._staging(), self.kernels, hidden, topk_ids, gpu_order, counts)  # enqueued
+        kernel_start = time.perf_counter()
         pairs, rows = cpu_pair_rows(hidden_host, ids_host, pager.host, split.to_cpu, k, self.cpu_expert)  # meanwhile
-        per_k[pairs.to(per_k.device)] = rows.to(per_k.device)
+        kernel_s = time.perf_counter() - kernel_start
+        per_k[pairs.to(per_k.device)] = rows.to(per_k.device)  # waits for the GPU's side too
+        self.pace.observe(time.perf_counter() - start, split.predicted_s, kernel_s)
         c = pager.counters
         c.misses += len(on_cpu)
         c.cpu_computed += len(on_cpu)
         return self.kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
 
-    def forward_graph_safe(self, hidden, topk_ids, topk_weights):
-        raise RuntimeError("hybrid mode reads the routing on the host each step: it runs without CUDA graphs")
+    def graph_step_ok(self, max_misses: int) -> bool:
+        return self.pace.graph_step_ok(self.costs, max_misses)
+
+    def begin_step(self, step: int) -> None:
+        self.pace.begin_step(step)
 
 
 def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:

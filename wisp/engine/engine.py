@@ -307,13 +307,17 @@ class LLMEngine:
             "bytes_h2d": total.bytes_h2d,
             "moe_steps": total.steps,
             "hit_rate": total.hits / routed if routed else 0.0,
-            **({"hybrid_costs": asdict(costs)} if (costs := self._hybrid_costs()) is not None else {}),
+            **self._hybrid_stats(),
         }
 
-    def _hybrid_costs(self):
-        """The costs hybrid layers split their misses by (probed at load; None in other modes): what
-        `wisp plan --hybrid-costs` reads."""
-        return next((s.costs for s in self.model.experts.values() if isinstance(s, HybridExperts)), None)
+    def _hybrid_stats(self) -> dict:
+        """Hybrid mode only: the costs its layers split misses by, as probed at load (what `wisp plan
+        --hybrid-costs` reads), and the factor the CPU's costs are multiplied by now (`CpuPace`)."""
+        store = next((s for s in self.model.experts.values() if isinstance(s, HybridExperts)), None)
+        if store is None:
+            return {}
+        return {"hybrid_costs": asdict(store.costs), "hybrid_cpu_factor": round(store.pace.factor, 4),
+                "hybrid_cpu_steps": asdict(store.pace.totals)}
 
     def _kv_stats(self) -> dict:
         pool, kvc = self.pool, self.pool.counters

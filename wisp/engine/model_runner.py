@@ -110,6 +110,7 @@ class ModelRunner:
         self.capture_graphs()
 
     def _begin_step(self, batch: Batch) -> None:
+        self.model.begin_step()
         if self.replay is not None:
             self.replay.advance(batch)
         for observer in self.observers:
@@ -119,8 +120,8 @@ class ModelRunner:
     def graphs_enabled(self) -> bool:
         c = self.config
         # graphs read (paged, zero-copy) or copy (offload) host masters: only pinned memory may be captured
-        # hybrid mode splits each step's misses on the host, which a graph cannot
-        return (self.device.type == "cuda" and not c.enforce_eager and c.cuda_graph_max_batch > 0 and c.mode != "hybrid"
+        # hybrid mode replays them only for steps its CPU could not help (`_replays_graph`)
+        return (self.device.type == "cuda" and not c.enforce_eager and c.cuda_graph_max_batch > 0
                 and not c.prefetch  # prefetch runs from the eager forward
                 and (c.pin_memory or c.mode == "resident")
                 and c.resolve_backend("moe", self.device) == "triton" and self.kv.uses_triton)
@@ -200,7 +201,7 @@ class ModelRunner:
 
     def _replays_graph(self, batch: Batch) -> bool:
         return (batch.is_decode and self.graphs is not None and len(batch.seqs) <= self.graphs.max_batch
-                and not self.observers)
+                and not self.observers and self.model.graph_step_ok(len(batch.seqs)))
 
     def _run_graph(self, seqs: list[Sequence]) -> torch.Tensor:
         logits = self.graphs.run([s.token_ids[s.num_computed] for s in seqs], [s.num_computed for s in seqs],

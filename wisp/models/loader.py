@@ -19,7 +19,7 @@ import json
 import logging
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,6 +39,7 @@ from wisp.core.experts import (
 )
 from wisp.core.expert_major import StagingBuffers
 from wisp.core.hybrid_experts import HybridExperts
+from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_probe import probe_hybrid_costs
 from wisp.core.hybrid_split import HybridCosts
 from wisp.core.kernels import moe_kernels
@@ -291,6 +292,7 @@ class _SharedBuffers:
     layer: LayerBuffer | None = None  # offload: one layer-sized buffer
     staging: StagingBuffers | None = None  # paged, hybrid: two expert-sized buffers for wide steps
     hybrid_costs: HybridCosts | None = None  # hybrid: the costs every layer splits its misses by
+    hybrid_pace: CpuPace = field(default_factory=CpuPace)  # hybrid: their correction, learned while serving
 
 
 def _make_store(engine: EngineConfig, bank: dict[str, torch.Tensor], cap: int, device: torch.device,
@@ -305,7 +307,8 @@ def _make_store(engine: EngineConfig, bank: dict[str, torch.Tensor], cap: int, d
         shared.staging = shared.staging or StagingBuffers(bank, device)
         if shared.hybrid_costs is None:  # every layer has the same shapes: probe once
             shared.hybrid_costs = engine.hybrid_costs or probe_hybrid_costs(bank, device, engine.hybrid_cpu_kernel)
-        return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.staging, engine.hybrid_cpu_kernel)
+        return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.staging, engine.hybrid_cpu_kernel,
+                             shared.hybrid_pace)
     if mode == "zero-copy":
         return ZeroCopyExperts(bank, device)
     owner = shared.layer is None

@@ -120,6 +120,7 @@ class MoEDecoder:
         self.lm_head = lm_head
         self.layers = layers
         self.experts = experts  # layer index -> store, MoE layers only
+        self.steps_begun = 0  # begin_step calls so far
         self.routing_hook = None  # called as hook(layer, topk_ids, topk_weights) when set (trace recording)
         self.routing_override = None  # .ids(layer, topk_ids) -> replayed ids (benchmarks only)
         self.routing_log = None  # .record(layer, topk_ids): device-side, graph-safe (wisp.engine.routing_log)
@@ -208,6 +209,18 @@ class MoEDecoder:
             h = self.rms_norm(x, lw.post_norm, eps)
             x = x + (self.moe(li, h, graph_safe) if lw.router is not None else mlp(h, lw.dense))
         return self.rms_norm(x, self.final_norm, eps)
+
+    def begin_step(self) -> None:
+        """Once per step, before it runs: every store hears the step's number (state shared by layers,
+        such as hybrid's pace, acts once per number)."""
+        self.steps_begun += 1
+        for store in self.experts.values():
+            store.begin_step(self.steps_begun)
+
+    def graph_step_ok(self, batch_size: int) -> bool:
+        """Whether a decode step of `batch_size` sequences may replay a CUDA graph (every store agrees)."""
+        max_misses = min(batch_size * self.config.top_k, self.config.num_experts)
+        return all(store.graph_step_ok(max_misses) for store in self.experts.values())
 
     def use_paging_side(self, side: str) -> None:
         """Hand every paged layer's LRU state to the host (one read for all layers) or the device (no-op

@@ -1,0 +1,69 @@
+"""`CpuPace`: the CPU's costs corrected by measured steps. Its window and clamps, exploration, and that
+`cpu_can_help` is exact: false exactly when no split of at most that many misses sends anything to the CPU."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from wisp.core.hybrid_pace import MAX_FACTOR, MIN_FACTOR, CpuPace
+from wisp.core.hybrid_split import HybridCosts, split_misses
+
+COSTS = HybridCosts(copy_s=6.5e-3, cpu_rows=(1, 4), cpu_s_at_rows=(5.5e-3, 6.0e-3), cpu_overhead_s=1e-4)
+
+
+def test_the_factor_is_one_until_measured_then_the_window_median_within_the_clamps():
+    pace = CpuPace(window=3)
+    assert pace.factor == 1.0 and pace.costs(COSTS) is COSTS
+    for wall in (2.0, 3.0, 100.0, 2.5):  # the first ratio leaves the window of 3
+        pace.observe(wall, 1.0)
+    assert pace.factor == 3.0 and max(pace.ratios) == MAX_FACTOR
+    pace.observe(1e-9, 1.0)
+    pace.observe(1e-9, 1.0)
+    assert pace.factor == MIN_FACTOR
+    pace.observe(1.0, 0.0)  # nothing predicted: nothing learnt
+    assert len(pace.ratios) == 3
+
+
+def test_scaled_costs_scale_the_cpu_side_only():
+    pace = CpuPace()
+    pace.observe(2.0, 1.0)
+    scaled = pace.costs(COSTS)
+    assert scaled.copy_s == COSTS.copy_s and scaled.cpu_rows == COSTS.cpu_rows
+    assert scaled.cpu_s_at_rows == pytest.approx([2 * s for s in COSTS.cpu_s_at_rows])
+    assert scaled.cpu_overhead_s == pytest.approx(2 * COSTS.cpu_overhead_s)
+    assert pace.costs(COSTS) is scaled  # made once per factor
+
+
+def test_every_explore_every_th_step_uses_the_probe_and_starts_a_fresh_window():
+    pace = CpuPace(explore_every=4)
+    pace.observe(10.0, 1.0)
+    for step in (1, 2, 3):
+        pace.begin_step(step)
+        pace.begin_step(step)  # every layer calls it: one step
+        assert not pace.exploring and pace.costs(COSTS) is not COSTS
+    assert not pace.cpu_can_help(COSTS, 2) and pace.graph_step_ok(COSTS, 2)  # 10x slower: no use for the CPU
+    pace.begin_step(4)
+    assert pace.exploring and not pace.ratios and pace.costs(COSTS) is COSTS
+    assert pace.cpu_can_help(COSTS, 2) and not pace.graph_step_ok(COSTS, 2)
+    pace.observe(1.0, 1.0)
+    pace.begin_step(5)
+    assert not pace.exploring and pace.factor == 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(copy_ms=st.floats(0.01, 10), cpu_ms=st.lists(st.floats(0.01, 30), min_size=1, max_size=4),
+       overhead_ms=st.floats(0, 5), factor=st.floats(0.1, 20), max_misses=st.integers(1, 8),
+       rows=st.lists(st.integers(1, 6), min_size=8, max_size=8))
+def test_cpu_can_help_is_exact(copy_ms, cpu_ms, overhead_ms, factor, max_misses, rows):
+    cpu = sorted(cpu_ms)
+    costs = HybridCosts(copy_ms / 1e3, tuple(range(1, len(cpu) + 1)), tuple(c / 1e3 for c in cpu), overhead_ms / 1e3)
+    pace = CpuPace()
+    pace.observe(factor, 1.0)
+    scaled = pace.costs(costs)
+    used = [split_misses(list(enumerate(rows[:n])), scaled).to_cpu for n in range(1, max_misses + 1)]
+    one_row_each = split_misses([(e, 1) for e in range(max_misses)], scaled).to_cpu
+    if not pace.cpu_can_help(costs, max_misses):
+        assert not any(used) and not one_row_each  # a graph step loses nothing
+    else:
+        assert one_row_each  # the lightest such step uses the CPU

@@ -1,0 +1,101 @@
+"""`CpuPace`: how fast hybrid mode's CPU path really runs in this process, learned while it serves.
+
+The start-up probe (`wisp.core.hybrid_probe`) times the CPU kernel alone. In a step the CPU also shares
+host memory with the copies in flight and pays the rows' trips both ways, and a host's speed drifts
+(on the H200's host one Mixtral expert took 6.4-9.5 ms on the CPU from one run to the next, and 7.8 ms
+while a copy ran). So every hybrid step that uses the CPU measures its wall time, from the split until
+the CPU's rows are on the device (that write waits for the GPU's side of the step as well: no extra
+sync), and records wall / predicted. The split then multiplies the CPU's costs by `factor`, the median
+of the last WINDOW ratios: a CPU slower in practice than in the probe gets fewer experts, and one that
+cannot help gets none.
+
+Where the CPU cannot help any step of a batch (with the scaled costs, one CPU expert of one row plus
+the overhead is no faster than the copies it would leave: `cpu_can_help`), the step is a paged step, so
+it may run as paged mode's CUDA graph (`graph_step_ok`). Every EXPLORE_EVERY steps one step runs with the
+probe's costs unscaled and a cleared window (`begin_step`), eagerly, so a CPU that was slow for a while
+(start-up, a noisy neighbour) is measured again.
+
+Invariants: `factor` is 1 until a ratio is recorded and always within [MIN_FACTOR, MAX_FACTOR]; an
+exploring step uses the probe's costs as they are; one `CpuPace` serves every layer of a model (one host).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, replace
+
+from wisp.core.hybrid_split import HybridCosts
+
+WINDOW = 16  # ratios kept (across layers: a Mixtral token gives up to one per layer)
+EXPLORE_EVERY = 128  # steps between re-measurements with the probe's costs
+MIN_FACTOR, MAX_FACTOR = 0.5, 16.0
+
+
+@dataclass
+class PaceTotals:
+    """Sums over every CPU step since load (for stats: where a CPU step's time went)."""
+
+    steps: int = 0
+    wall_s: float = 0.0  # split to the CPU's rows on the device
+    predicted_s: float = 0.0  # what the splits predicted
+    kernel_s: float = 0.0  # the CPU kernels alone
+
+
+class CpuPace:
+    def __init__(self, window: int = WINDOW, explore_every: int = EXPLORE_EVERY):
+        if window < 1 or explore_every < 1:
+            raise ValueError("window and explore_every must be positive")
+        self.ratios: deque[float] = deque(maxlen=window)
+        self.explore_every = explore_every
+        self.step = 0  # the last step number begun
+        self.exploring = False
+        self._scaled: tuple[int, float, HybridCosts] | None = None  # (id of costs, factor, scaled costs)
+        self.totals = PaceTotals()
+
+    @property
+    def factor(self) -> float:
+        return statistics.median(self.ratios) if self.ratios else 1.0
+
+    def begin_step(self, step: int) -> None:
+        """Before model step number `step` runs (called by every layer; acts once per number): every
+        explore_every-th step explores."""
+        if step == self.step:
+            return
+        self.step = step
+        self.exploring = step % self.explore_every == 0
+        if self.exploring:
+            self.ratios.clear()
+
+    def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0) -> None:
+        """One CPU step: its wall time, the split's prediction, and the CPU kernels' share of the wall."""
+        t = self.totals
+        t.steps += 1
+        t.wall_s += wall_s
+        t.predicted_s += predicted_s
+        t.kernel_s += kernel_s
+        if predicted_s > 0:
+            self.ratios.append(min(MAX_FACTOR, max(MIN_FACTOR, wall_s / predicted_s)))
+
+    def costs(self, probed: HybridCosts) -> HybridCosts:
+        """The costs a split should use now: the probe's, with the CPU's times scaled by `factor` (as probed
+        while exploring)."""
+        factor = 1.0 if self.exploring else self.factor
+        if factor == 1.0:
+            return probed
+        cached = self._scaled
+        if cached is None or cached[0] != id(probed) or cached[1] != factor:
+            scaled = replace(probed, cpu_s_at_rows=tuple(s * factor for s in probed.cpu_s_at_rows),
+                             cpu_overhead_s=probed.cpu_overhead_s * factor)
+            self._scaled = cached = (id(probed), factor, scaled)
+        return cached[2]
+
+    def cpu_can_help(self, probed: HybridCosts, max_misses: int) -> bool:
+        """Whether some step with at most `max_misses` misses would send an expert to the CPU: the
+        cheapest CPU expert (one row) plus the overhead beats the copies it could stand beside."""
+        costs = self.costs(probed)
+        return max_misses >= 2 and costs.cpu_overhead_s + costs.cpu_s(1) < max_misses * costs.copy_s
+
+    def graph_step_ok(self, probed: HybridCosts, max_misses: int) -> bool:
+        """Whether a step of at most `max_misses` misses per layer may run as a paged CUDA-graph step."""
+        return not self.exploring and not self.cpu_can_help(probed, max_misses)
