@@ -24,7 +24,7 @@ tests)
   bench decode_hybrid_olmoe --model olmoe-1b-7b --mode paged,hybrid --expert-cap ${CAPS:-8,16} \
     --decode-tokens ${TOKENS:-64} --routing-trace .gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl ;;
 mixtral)
-  bench decode_hybrid_mixtral_8x7b_trace --model mixtral-8x7b --mode paged,hybrid,zero-copy --expert-cap 2,4,6 \
+  bench decode_hybrid_mixtral_8x7b_trace --model mixtral-8x7b --mode ${MODES:-paged,hybrid,zero-copy} --expert-cap 2,4,6 \
     --decode-tokens ${TOKENS:-64} --routing-trace .gpu_data/gsm8k_2_decode_TxLxK.npz ;;
 prefetch)
   t=.gpu_data/gsm8k_2_decode_TxLxK.npz

@@ -80,3 +80,18 @@ def test_steps_the_cpu_cannot_help_are_paged_steps_and_replay_cuda_graphs(hf_che
     cheap = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="hybrid",
                 expert_cap=2, dtype="float32", hybrid_costs=CPU_CHEAP)
     assert not cheap.engine.model.graph_step_ok(1)  # the CPU can help a batch of one: eager, split on the host
+
+
+def test_where_the_cpu_could_help_graph_and_eager_steps_are_both_measured(hf_checkpoints, device, moe_backend,
+                                                                        attention_backend):
+    path = hf_checkpoints["mixtral"]
+    llm = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="hybrid",
+              expert_cap=2, dtype="float32", hybrid_costs=CPU_CHEAP)
+    runner = llm.engine.runner
+    llm.generate([LONG_PROMPT], SamplingParams(max_tokens=24, ignore_eos=True))
+    stats = llm.stats()
+    if runner.graphs_enabled():  # 8 eager steps, 8 graph steps, then the faster
+        assert runner.step_kinds.best(1) is not None and stats["graph_steps"] >= 8
+        assert stats["expert_cpu_computed"] > 0
+    else:
+        assert not runner.step_kinds.picks and stats["graph_steps"] == 0

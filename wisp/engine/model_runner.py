@@ -19,13 +19,15 @@ Sampling is per request: a sequence whose sampler raises gets a `RequestFailure`
 
 Invariants: a step samples exactly the sequences whose tokens this step reach their end (a prefill
 chunk short of its prompt's end only writes KV); a decode batch replays a graph only when graphs exist,
-it fits `graph_max_batch`, and no observer is registered; capture writes only a block it holds from the
+it fits `graph_max_batch`, and no observer is registered (and, in hybrid mode, where the CPU could help
+a step, only when `StepKindChooser` measured graph steps faster); capture writes only a block it holds from the
 pool meanwhile (so it may run while requests hold KV), and `capture_graphs` re-captures after the KV
 tensors or an expert scratch are reallocated.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
@@ -34,6 +36,7 @@ import torch
 from wisp.config import EngineConfig
 from wisp.core.experts import PagedExperts, sync_all_counters
 from wisp.engine.block_pool import BlockPool
+from wisp.engine.step_kinds import GRAPH, StepKindChooser
 from wisp.engine.cuda_graphs import DecodeGraphs
 from wisp.engine.kv_cache import BlockTableKV, KVCache
 from wisp.engine.request_failure import SAMPLING, RequestFailure
@@ -74,6 +77,7 @@ class ModelRunner:
         self.observers: list[RoutingObserver] = []
         self.replay: RoutingReplayer | None = None
         self.graphs: DecodeGraphs | None = None
+        self.step_kinds = StepKindChooser()  # hybrid: graph or eager decode steps, by measured time
         self._capture_pending = False  # a capture that found no block to write its warm-up into
         self._capture_stream: torch.cuda.Stream | None = None  # one for every (re-)capture: see DecodeGraphs
         self.reset_counters()
@@ -120,7 +124,7 @@ class ModelRunner:
     def graphs_enabled(self) -> bool:
         c = self.config
         # graphs read (paged, zero-copy) or copy (offload) host masters: only pinned memory may be captured
-        # hybrid mode replays them only for steps its CPU could not help (`_replays_graph`)
+        # hybrid mode replays them where its CPU could not help a step, or where they measured faster (`run`)
         return (self.device.type == "cuda" and not c.enforce_eager and c.cuda_graph_max_batch > 0
                 and not c.prefetch  # prefetch runs from the eager forward
                 and (c.pin_memory or c.mode == "resident")
@@ -146,6 +150,7 @@ class ModelRunner:
         """(Re)capture the decode graphs, writing only one block taken from the pool meanwhile."""
         self.graphs = None
         self._capture_pending = False
+        self.step_kinds = StepKindChooser()  # new graphs (a new cap, a replay): measure both kinds again
         if not self.graphs_enabled():
             return
         if self.pool.available() == 0:  # every block in use: decode eagerly until a step finds one free
@@ -189,8 +194,17 @@ class ModelRunner:
         if self._capture_pending and self.pool.available():
             self.capture_graphs()
         self._begin_step(batch)
-        if self._replays_graph(batch):
+        if not self._may_replay_graph(batch):
+            return self._run_eager_step(batch)
+        b = len(batch.seqs)
+        if self.model.graph_step_ok(b):  # nothing an eager step could do better
             return self._sample(batch.seqs, self._run_graph(batch.seqs))
+        kind, start = self.step_kinds.pick(b), time.perf_counter()  # hybrid: both kinds measured, the faster run
+        out = self._sample(batch.seqs, self._run_graph(batch.seqs)) if kind == GRAPH else self._run_eager_step(batch)
+        self.step_kinds.record(b, kind, time.perf_counter() - start)
+        return out
+
+    def _run_eager_step(self, batch: Batch) -> list[int | RequestFailure | None]:
         if self.graphs is not None:
             self.model.use_paging_side("host")  # after graph decode: every layer's LRU state in one read
         sampling = [seq.num_computed + n == len(seq) for seq, n in zip(batch.seqs, batch.num_tokens)]
@@ -199,9 +213,9 @@ class ModelRunner:
         tokens = iter(sampled)
         return [next(tokens) if keep else None for keep in sampling]
 
-    def _replays_graph(self, batch: Batch) -> bool:
+    def _may_replay_graph(self, batch: Batch) -> bool:
         return (batch.is_decode and self.graphs is not None and len(batch.seqs) <= self.graphs.max_batch
-                and not self.observers and self.model.graph_step_ok(len(batch.seqs)))
+                and not self.observers)
 
     def _run_graph(self, seqs: list[Sequence]) -> torch.Tensor:
         logits = self.graphs.run([s.token_ids[s.num_computed] for s in seqs], [s.num_computed for s in seqs],

@@ -1,0 +1,40 @@
+"""`StepKindChooser`: both kinds measured first, then the faster, with the slower re-measured now and then."""
+
+from __future__ import annotations
+
+import pytest
+
+from wisp.engine.step_kinds import EAGER, GRAPH, StepKindChooser
+
+
+def drive(chooser: StepKindChooser, steps: int, seconds: dict[str, float], batch: int = 1) -> list[str]:
+    kinds = []
+    for _ in range(steps):
+        kind = chooser.pick(batch)
+        chooser.record(batch, kind, seconds[kind])
+        kinds.append(kind)
+    return kinds
+
+
+@pytest.mark.parametrize("faster", [GRAPH, EAGER])
+def test_measures_both_then_runs_the_faster_and_re_measures_the_other(faster):
+    chooser = StepKindChooser(sample=3, explore_every=20)
+    seconds = {GRAPH: 2.0, EAGER: 1.0} if faster == EAGER else {GRAPH: 1.0, EAGER: 2.0}
+    kinds = drive(chooser, 40, seconds)
+    assert kinds[:6] == [EAGER] * 3 + [GRAPH] * 3 and chooser.best(1) == faster
+    slower = GRAPH if faster == EAGER else EAGER
+    assert [i + 1 for i, k in enumerate(kinds) if k == slower][3:] == [20, 21, 22, 40]  # explore_every, sample long
+    assert kinds.count(faster) == 40 - 7
+
+
+def test_batch_sizes_are_measured_apart_and_a_changed_speed_is_followed():
+    chooser = StepKindChooser(sample=2, explore_every=10)
+    drive(chooser, 10, {GRAPH: 1.0, EAGER: 2.0}, batch=1)
+    assert chooser.best(1) == GRAPH and chooser.best(2) is None
+    drive(chooser, 20, {GRAPH: 3.0, EAGER: 2.0}, batch=1)  # graph steps got slower: its window refills
+    assert chooser.best(1) == EAGER
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError):
+        StepKindChooser(sample=4, explore_every=8)
