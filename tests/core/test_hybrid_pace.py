@@ -23,6 +23,9 @@ def test_the_factor_is_one_until_measured_then_the_window_median_within_the_clam
     assert pace.factor == MIN_FACTOR
     pace.observe(1.0, 0.0)  # nothing predicted: nothing learnt
     assert len(pace.ratios) == 3
+    fixed = CpuPace(learn=False)
+    fixed.observe(5.0, 1.0)
+    assert fixed.factor == 1.0 and fixed.totals.steps == 1 and fixed.costs(COSTS) is COSTS
 
 
 def test_scaled_costs_scale_the_cpu_side_only():

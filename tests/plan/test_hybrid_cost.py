@@ -14,6 +14,7 @@ from tests.core.test_experts import make
 from tests.plan.test_miss_curves import step_sequences
 from wisp.core.experts import PagedExperts
 from wisp.core.hybrid_experts import HybridExperts
+from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts
 from wisp.plan.hybrid_cost import (
     HybridAdvice,
@@ -97,7 +98,7 @@ def test_the_simulation_is_the_hybrid_store_step_by_step(trace, costs, data):
     n, k, steps = trace
     cap = data.draw(st.integers(1, n), label="cap")  # below k too: wide steps on the GPU side
     host, _, _, _ = make(n, 1, k, 0, torch.float32)
-    store = HybridExperts(host, cap, torch.device("cpu"), costs)
+    store = HybridExperts(host, cap, torch.device("cpu"), costs, pace=CpuPace(learn=False))  # costs as given
     real = replay_store(store, k, steps)
     lru = SlotLRU(cap)
     loads = cpu = 0

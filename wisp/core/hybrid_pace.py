@@ -43,9 +43,12 @@ class PaceTotals:
 
 
 class CpuPace:
-    def __init__(self, window: int = WINDOW, explore_every: int = EXPLORE_EVERY):
+    def __init__(self, window: int = WINDOW, explore_every: int = EXPLORE_EVERY, learn: bool = True):
+        """learn=False: record totals but keep the probe's costs as they are (a policy at fixed costs, as
+        `wisp.plan.hybrid_cost` replays it)."""
         if window < 1 or explore_every < 1:
             raise ValueError("window and explore_every must be positive")
+        self.learn = learn
         self.ratios: deque[float] = deque(maxlen=window)
         self.explore_every = explore_every
         self.step = 0  # the last step number begun
@@ -74,7 +77,7 @@ class CpuPace:
         t.wall_s += wall_s
         t.predicted_s += predicted_s
         t.kernel_s += kernel_s
-        if predicted_s > 0:
+        if self.learn and predicted_s > 0:
             self.ratios.append(min(MAX_FACTOR, max(MIN_FACTOR, wall_s / predicted_s)))
 
     def costs(self, probed: HybridCosts) -> HybridCosts:
