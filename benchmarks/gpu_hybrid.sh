@@ -7,6 +7,9 @@
 #   mixtral: the issue's target: Mixtral-8x7B preset with the real all-layer GSM8K decode trace, batch 1,
 #            paged / hybrid / zero-copy at C = 2, 4, 6 (hybrid >= 1.4x paged at C = 2 and 4, not slower at 6).
 #   qwen3:   Qwen3-30B-A3B preset (random router: say so), paged against hybrid at C = 8 and 16.
+#   rest:    what issue 14 still lacks after f3be815 (about 5 minutes): hybrid's max logit difference and
+#            greedy agreement on the GPU (OLMoE shapes, dummy weights, 4 x 128 tokens), then qwen3.
+#   prefetch46: prefetch at C = 4 and 6 beside paged eager at the same caps (about 5 minutes).
 #   prefetch: Mixtral-8x7B with the real GSM8K trace, batch 1, paged eager with and without --prefetch at
 #            C = 2, 4, 6 (docs/prefetch.md; the paper saw -38% at cap 8); PREFETCH_ONLY=1 skips the former.
 set -uo pipefail
@@ -35,4 +38,14 @@ prefetch)
 qwen3)
   bench decode_hybrid_qwen3_30b_a3b --model qwen3-30b-a3b --mode paged,hybrid --expert-cap 8,16 \
     --decode-tokens ${TOKENS:-64} ;;
+rest)
+  timeout 150 python3 benchmarks/hybrid_accuracy.py --model olmoe-1b-7b --load-format dummy --device cuda --expert-cap 8 \
+    --prompts 4 --decode-tokens 128 --out "$out/hybrid_accuracy_gpu_olmoe.json" 2>&1 | tail -8
+  DECODE_TIMEOUT=120 STAGE=qwen3 bash "$0" ;;
+prefetch46)
+  t=.gpu_data/gsm8k_2_decode_TxLxK.npz
+  DECODE_TIMEOUT=200 bench decode_prefetch_mixtral_8x7b_trace_c4_c6 --model mixtral-8x7b --mode paged --expert-cap 4,6 \
+    --enforce-eager --decode-tokens 64 --routing-trace $t
+  DECODE_TIMEOUT=200 bench decode_prefetch_on_mixtral_8x7b_trace_c4_c6 --model mixtral-8x7b --mode paged --expert-cap 4,6 \
+    --prefetch --decode-tokens 64 --routing-trace $t ;;
 esac
