@@ -79,8 +79,7 @@ def test_close_to_torch_and_exact_across_chunking(dtype, hkv, hd, n):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("window", [None, 20])
-@pytest.mark.parametrize("bs", [16, 32])
+@pytest.mark.parametrize("bs, window", [(16, 20), (32, None)])  # each block size and each window kind once
 def test_decode_launch_has_the_prefill_bits(window, bs):
     """Each sequence's token through the split decode launch (spans in parallel, then merged) == the same
     position in a whole-sequence prefill, at span boundaries, whatever the batch and the programs per row."""
