@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from wisp.core.fp8_blocks import block_scales
 from wisp.core.kernels import MoEKernels
 from wisp.core.pager import ExpertPager
 
@@ -76,7 +77,8 @@ def expert_major_pairs(pager: ExpertPager, staging: StagingBuffers, kernels: MoE
     decision = pager.decide(experts)
     scratch = pager.scratch
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
-    kernels.pairs_by_map(per_k, hidden, scratch[GATE_UP], scratch[DOWN], topk_ids, pager.expert_map)  # the hits
+    kernels.pairs_by_map(per_k, hidden, scratch[GATE_UP], scratch[DOWN], topk_ids, pager.expert_map,
+                         scales=block_scales(scratch))  # the hits
     order = torch.argsort(topk_ids.reshape(-1), stable=True)  # [T*K] pairs grouped by expert, token order inside
     offsets = [0]
     for c in counts:
@@ -101,7 +103,7 @@ def expert_major_pairs(pager: ExpertPager, staging: StagingBuffers, kernels: MoE
                 copied = side.record_event()
             main.wait_event(copied)
         pairs = order[offsets[expert] : offsets[expert + 1]]
-        kernels.pairs_of_one_expert(per_k, hidden, dest[GATE_UP], dest[DOWN], pairs, k)
+        kernels.pairs_of_one_expert(per_k, hidden, dest[GATE_UP], dest[DOWN], pairs, k, scales=block_scales(dest))
         if slot is None and side is not None:
             staging.free_after[index] = main.record_event()
     pager.publish_map()

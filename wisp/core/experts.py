@@ -30,6 +30,7 @@ import torch
 
 from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_many
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, run_wide_step
+from wisp.core.fp8_blocks import block_scales
 from wisp.core.kernels import TORCH_KERNELS, MoEKernels
 from wisp.core.pager import ExpertPager, expert_bytes
 from wisp.core.recency import order_by_last_token
@@ -40,8 +41,11 @@ class ExpertStore(ABC):
     counters: ExpertCounters
     kernels: MoEKernels = TORCH_KERNELS  # the loader sets the backend's family
 
-    def moe_fn(self, *args) -> torch.Tensor:
-        return self.kernels.fused(*args)
+    def moe_fn(self, hidden: torch.Tensor, bank: dict[str, torch.Tensor], topk_ids: torch.Tensor,
+               topk_weights: torch.Tensor, expert_map: torch.Tensor | None) -> torch.Tensor:
+        """The backend's fused MoE over `bank` (weights, and FP8 block scales where the bank has them)."""
+        return self.kernels.fused(hidden, bank[GATE_UP], bank[DOWN], topk_ids, topk_weights, expert_map,
+                                  scales=block_scales(bank))
 
     @abstractmethod
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor: ...
@@ -55,7 +59,7 @@ class ExpertStore(ABC):
         """`forward` with no host sync and fixed shapes, capturable in a CUDA graph (Triton backend)."""
         self._count_on_device(topk_ids)
         w, expert_map = self._weights()
-        return self.moe_fn(hidden, w[GATE_UP], w[DOWN], topk_ids, topk_weights, expert_map)
+        return self.moe_fn(hidden, w, topk_ids, topk_weights, expert_map)
 
     def graph_step_ok(self, max_misses: int) -> bool:
         """Whether a decode step with at most `max_misses` misses per layer may replay a CUDA graph (hybrid
@@ -114,7 +118,7 @@ class ResidentExperts(ExpertStore):
     def forward(self, hidden, topk_ids, topk_weights):
         self.counters.steps += 1
         self.counters.hits += len(_distinct(topk_ids))
-        return self.moe_fn(hidden, self.bank[GATE_UP], self.bank[DOWN], topk_ids, topk_weights, self.expert_map)
+        return self.moe_fn(hidden, self.bank, topk_ids, topk_weights, self.expert_map)
 
     def _weights(self):
         return self.bank, self.expert_map
@@ -175,7 +179,7 @@ class PagedExperts(ExpertStore):
         pager = self.pager
         if len(distinct) <= pager.capacity:
             expert_map = pager.prepare(distinct)
-            return self.moe_fn(hidden, pager.scratch[GATE_UP], pager.scratch[DOWN], topk_ids, topk_weights, expert_map)
+            return self.moe_fn(hidden, pager.scratch, topk_ids, topk_weights, expert_map)
         return run_wide_step(pager, self._staging(), self.kernels, hidden, topk_ids, topk_weights, distinct, counts)
 
     def _staging(self) -> StagingBuffers:
@@ -191,8 +195,7 @@ class PagedExperts(ExpertStore):
         for start in range(0, hidden.shape[0], group):
             ids = topk_ids[start : start + group]
             expert_map = pager.prepare_on_device(ids)
-            outs.append(self.moe_fn(hidden[start : start + group], w[GATE_UP], w[DOWN], ids, topk_weights[start : start + group],
-                                    expert_map))
+            outs.append(self.moe_fn(hidden[start : start + group], w, ids, topk_weights[start : start + group], expert_map))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def device_count_vector(self):
@@ -233,7 +236,7 @@ class OffloadExperts(ExpertStore):
         c.loads += self.host[GATE_UP].shape[0]
         c.bytes_h2d += self.layer_bytes
         w = self.buffer.tensors
-        return self.moe_fn(hidden, w[GATE_UP], w[DOWN], topk_ids, topk_weights, self.expert_map)
+        return self.moe_fn(hidden, w, topk_ids, topk_weights, self.expert_map)
 
     def _weights(self):
         for name, master in self.host.items():
@@ -266,7 +269,7 @@ class ZeroCopyExperts(ExpertStore):
         c.steps += 1
         c.misses += len(_distinct(topk_ids))
         c.bytes_h2d += topk_ids.numel() * self.expert_bytes  # the kernel reads an expert once per routed pair
-        return self.moe_fn(hidden, self.host[GATE_UP], self.host[DOWN], topk_ids, topk_weights, self.expert_map)
+        return self.moe_fn(hidden, self.host, topk_ids, topk_weights, self.expert_map)
 
     def _weights(self):
         return self.host, self.expert_map

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
 from wisp.core.experts import PagedExperts
+from wisp.core.fp8_blocks import block_scales, dequantize_blocks, scales_at
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
 from wisp.core.moe import expert_mlp
@@ -86,8 +87,11 @@ class HybridExperts(PagedExperts):
         self.pace.begin_step(step)
 
 
-def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """One expert on exactly the rows x [M, D] with torch's own GEMM (not row-invariant): [M, D]."""
+def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, scales=None) -> torch.Tensor:
+    """One expert on exactly the rows x [M, D] with torch's own GEMM (not row-invariant): [M, D]. FP8 block
+    weights (`scales` given) are dequantized to x's dtype first."""
+    if scales is not None:
+        w_gate_up, w_down = dequantize_blocks(w_gate_up, scales[0], x.dtype), dequantize_blocks(w_down, scales[1], x.dtype)
     gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)  # [M, I] each
     return F.linear(F.silu(gate) * up, w_down)
 
@@ -104,9 +108,11 @@ def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, 
     """On the CPU: the flat (token, k) pair indices routed to `experts` and their float32 outputs
     ([M], [M, D]), each expert's pairs in token order, computed from the host masters."""
     flat = topk_ids.reshape(-1)
+    scales = block_scales(host)
     pairs, rows = [], []
     for expert in experts:
         routed = (flat == expert).nonzero().squeeze(1)  # [m] ascending: token order
         pairs.append(routed)
-        rows.append(expert_fn(hidden[routed // top_k], host[GATE_UP][expert], host[DOWN][expert]).float())
+        rows.append(expert_fn(hidden[routed // top_k], host[GATE_UP][expert], host[DOWN][expert],
+                              scales_at(scales, expert)).float())
     return torch.cat(pairs), torch.cat(rows)

@@ -18,11 +18,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from wisp.core.fp8_blocks import dequantize_blocks, scales_at
 from wisp.core.rows import map_row_tiles, silu_mul, tile_linear
 
 
-def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """One expert on rows x [M, D]: w_gate_up [2I, D], w_down [D, I] -> [M, D] (row-invariant)."""
+def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, scales=None) -> torch.Tensor:
+    """One expert on rows x [M, D]: w_gate_up [2I, D], w_down [D, I] -> [M, D] (row-invariant). With `scales`
+    (gate_up's, down's FP8 block scales) the float8 weights are dequantized to x's dtype first."""
+    if scales is not None:
+        w_gate_up, w_down = dequantize_blocks(w_gate_up, scales[0], x.dtype), dequantize_blocks(w_down, scales[1], x.dtype)
 
     def tile_fn(tile: torch.Tensor) -> torch.Tensor:
         gate, up = tile_linear(tile, w_gate_up).chunk(2, dim=-1)  # [R, I] each
@@ -38,10 +42,11 @@ def fused_moe(
     topk_ids: torch.Tensor,  # [T, K] logical expert ids
     topk_weights: torch.Tensor,  # [T, K]
     expert_map: torch.Tensor | None = None,  # [N] int, logical -> slot or -1; None = identity
+    scales=None,  # FP8 block scales ([S, ...] of gate_up, of down) of float8 weights; None: plain weights
 ) -> torch.Tensor:
     t, k = topk_ids.shape
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
-    pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map)
+    pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, scales)
     return combine_in_routing_order(per_k.view(t, k, -1), topk_weights, hidden.dtype)
 
 
@@ -52,6 +57,7 @@ def pairs_by_map(
     w_down: torch.Tensor,  # [S, D, I]
     topk_ids: torch.Tensor,  # [T, K]
     expert_map: torch.Tensor | None,  # [N] logical -> slot or -1 (pair left as it is); None = identity
+    scales=None,  # FP8 block scales [S, ...] (see fused_moe)
 ) -> None:
     """Each routed (token, k) pair's expert output, from the slot `expert_map` gives its expert."""
     k = topk_ids.shape[1]
@@ -65,7 +71,7 @@ def pairs_by_map(
         pairs = order[start : start + count]
         start += count
         if slot >= 0:
-            pairs_of_one_expert(per_k, hidden, w_gate_up[slot], w_down[slot], pairs, k)
+            pairs_of_one_expert(per_k, hidden, w_gate_up[slot], w_down[slot], pairs, k, scales_at(scales, slot))
 
 
 def pairs_of_one_expert(
@@ -75,9 +81,10 @@ def pairs_of_one_expert(
     w_down: torch.Tensor,  # [D, I]
     pairs: torch.Tensor,  # [M] flat pair indices t * K + k routed to that expert
     top_k: int,
+    scales=None,  # that expert's FP8 block scales (gate_up's, down's), or None
 ) -> None:
     """per_k[pairs] = the expert's output for each pair's token (the same bits as `fused_moe`'s)."""
-    per_k[pairs] = expert_mlp(hidden[pairs // top_k], w_gate_up, w_down).float()
+    per_k[pairs] = expert_mlp(hidden[pairs // top_k], w_gate_up, w_down, scales).float()
 
 
 def combine_in_routing_order(per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -104,6 +104,12 @@ BLOCK_I_GATE_UP, BLOCK_D_GATE_UP = 16, 256  # many short programs: a decode step
 BLOCK_D_DOWN, BLOCK_I_DOWN = 64, 128
 
 
+def _refuse_scales(scales) -> None:
+    if scales is not None:
+        raise ValueError("FP8 block-scaled experts run on the torch MoE backend (--moe-backend torch) for now: "
+                         "the Triton kernels do not dequantize them yet")
+
+
 def _check_dtypes(hidden: torch.Tensor, *weights: torch.Tensor) -> None:
     if any(w.dtype != hidden.dtype for w in weights):
         raise ValueError(f"expert weights ({weights[0].dtype}) and hidden ({hidden.dtype}) must share a dtype")
@@ -125,10 +131,11 @@ def _launch(per_k, hidden, w_gate_up, w_down, ids, emap, pairs, rows: int, top_k
     )
 
 
-def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map) -> None:
+def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, scales=None) -> None:
     """`wisp.core.moe.pairs_by_map` in Triton: per_k [T*K, D] float32 gets every pair whose expert has a
     slot in expert_map [N] (None: identity); the other pairs are left as they are."""
     t, k = topk_ids.shape
+    _refuse_scales(scales)
     _check_dtypes(hidden, w_gate_up, w_down)
     if expert_map is None:
         expert_map = torch.arange(w_gate_up.shape[0], dtype=torch.int32, device=hidden.device)
@@ -137,9 +144,10 @@ def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map) 
     _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), ids, emap, ids, t * k, k, False)
 
 
-def triton_pairs_of_one_expert(per_k, hidden, w_gate_up, w_down, pairs, top_k: int) -> None:
+def triton_pairs_of_one_expert(per_k, hidden, w_gate_up, w_down, pairs, top_k: int, scales=None) -> None:
     """`wisp.core.moe.pairs_of_one_expert` in Triton: w_gate_up [2I, D] and w_down [D, I] are one
     expert's weights (a slot or a staging buffer); pairs [M] the flat pair indices routed to it."""
+    _refuse_scales(scales)
     _check_dtypes(hidden, w_gate_up, w_down)
     pairs = pairs.contiguous()
     _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), pairs, pairs, pairs, pairs.numel(),
@@ -161,8 +169,9 @@ def triton_fused_moe(
     topk_ids: torch.Tensor,  # [T, K]
     topk_weights: torch.Tensor,  # [T, K]
     expert_map: torch.Tensor | None = None,  # [N] int32, logical -> slot or -1
+    scales=None,  # FP8 block scales: refused (the torch backend computes them)
 ) -> torch.Tensor:
     t, k = topk_ids.shape
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
-    triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map)
+    triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, scales)
     return triton_combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)

@@ -1,0 +1,75 @@
+"""FP8 block-scaled experts in every store: the scales travel with the weights (one bank, paged together), the
+torch kernels dequantize right before the GEMMs, so every mode gives torch.equal outputs, and equal to a
+plain bank holding the dequantized weights. Run with --wisp-device cuda on the GPU machine (torch backend)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wisp.core.expert_major import DOWN, GATE_UP
+from wisp.core.experts import LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts, ZeroCopyExperts
+from wisp.core.fp8_blocks import DOWN_SCALE, GATE_UP_SCALE, dequantize_blocks, quantize_blocks
+from wisp.core.hybrid_experts import HybridExperts
+from wisp.core.hybrid_split import HybridCosts
+
+D, I = 256, 128  # two 128-blocks of the hidden size, one of the expert's width
+STEPS = [1, 1, 9, 1, 2, 1, 14, 1]  # decode-like and wide steps
+
+
+def fp8_bank(n: int, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(an FP8 bank with its scales, the plain bf16 bank of its dequantized weights)."""
+    g = torch.Generator().manual_seed(seed)
+    gate_up, gate_up_scale = quantize_blocks(torch.randn(n, 2 * I, D, generator=g) * 0.05)
+    down, down_scale = quantize_blocks(torch.randn(n, D, I, generator=g) * 0.05)
+    bank = {GATE_UP: gate_up, DOWN: down, GATE_UP_SCALE: gate_up_scale, DOWN_SCALE: down_scale}
+    plain = {GATE_UP: dequantize_blocks(gate_up, gate_up_scale), DOWN: dequantize_blocks(down, down_scale)}
+    return bank, plain
+
+
+def batch(n: int, t: int, k: int, seed: int, device):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(t, D, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(t)])
+    weights = torch.softmax(torch.randn(t, k, generator=g), -1).to(torch.bfloat16)
+    return hidden.to(device), ids.to(device), weights.to(device)
+
+
+@pytest.mark.parametrize("n, k, cap", [(8, 2, 2), (8, 2, 5), (16, 4, 4)])
+def test_every_mode_on_fp8_experts_equals_resident_on_their_dequantized_weights(device, n, k, cap):
+    dev = torch.device(device)
+    bank, plain = fp8_bank(n, 0)
+    host = {name: t.pin_memory() if dev.type == "cuda" else t for name, t in bank.items()}
+    reference = ResidentExperts({name: t.to(dev) for name, t in plain.items()})
+    stores = {
+        "resident": ResidentExperts({name: t.to(dev) for name, t in bank.items()}),
+        "paged": PagedExperts(host, cap, dev),
+        "offload": OffloadExperts(host, LayerBuffer(host, dev), owns_buffer=True),
+        "hybrid": HybridExperts(host, cap, dev, HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))),
+    }
+    if dev.type == "cpu":  # on CUDA zero-copy needs the Triton kernel
+        stores["zero-copy"] = ZeroCopyExperts(host, dev)
+    for step, t in enumerate(STEPS):
+        hidden, ids, weights = batch(n, t, k, 100 + step, dev)
+        ref = reference.forward(hidden, ids, weights)
+        for mode, store in stores.items():
+            out = store.forward(hidden, ids, weights)
+            if mode == "hybrid" and dev.type == "cuda":  # the CPU's GEMM rounds its pairs
+                torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+            else:
+                assert torch.equal(out, ref), (mode, step)
+    pager = stores["paged"].pager
+    pager.check_integrity()  # the slots hold the masters' bytes, scales included
+    assert pager.expert_bytes == 2 * I * D + D * I + 4 * (2 * 2 + 2 * 1)  # FP8 bytes plus float32 scales
+    assert stores["hybrid"].counters.cpu_computed > 0
+
+
+def test_the_triton_kernels_refuse_fp8_experts_with_the_way_out():
+    from wisp.core.triton_moe import triton_pairs_of_one_expert
+
+    bank, _ = fp8_bank(2, 1)
+    hidden, ids, _ = batch(2, 1, 2, 0, "cpu")
+    per_k = torch.zeros((2, D))
+    with pytest.raises(ValueError, match="--moe-backend torch"):
+        triton_pairs_of_one_expert(per_k, hidden, bank[GATE_UP][0], bank[DOWN][0], ids.reshape(-1), 2,
+                                   scales=(bank[GATE_UP_SCALE][0], bank[DOWN_SCALE][0]))
