@@ -145,17 +145,18 @@ def test_truncated_safetensors(ckpt, tmp_path, cut):
     assert shard.name in message and "truncated or unreadable" in message
 
 
-@pytest.mark.parametrize("method", ["fp8", "gptq", "compressed-tensors"])
-def test_quantized_config_is_refused(ckpt, tmp_path, method):
+@pytest.mark.parametrize("method, block", [("fp8", [64, 64]), ("gptq", [128, 128]), ("compressed-tensors", None)])
+def test_unsupported_quantization_is_refused_naming_what_is_supported(ckpt, tmp_path, method, block):
     path = _copy(ckpt, tmp_path / "q")
     cfg = json.loads((path / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": method, "fmt": "e4m3", "activation_scheme": "dynamic",
-                                  "weight_block_size": [128, 128]}
+                                  "weight_block_size": block}
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(WispError) as info:
         LLM(str(path), device="cpu")
     message = _one_line_error(info)
     assert "quantized" in message and repr(method) in message and "bfloat16" in message
+    assert "supported: fp8 (float8_e4m3fn weights with weight_scale_inv in 128 x 128 blocks)" in message
 
 
 def test_fp8_tensors_without_a_quantization_config_are_refused(ckpt, tmp_path):

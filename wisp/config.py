@@ -67,6 +67,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     eos_token_ids: tuple[int, ...] = ()
     dtype: torch.dtype = torch.float32
+    fp8_block: tuple[int, int] | None = None  # FP8 block-scaled linear weights (`wisp.core.fp8_blocks`): the block
 
     @property
     def moe_layer_ids(self) -> list[int]:
@@ -74,9 +75,14 @@ class ModelConfig:
 
     @property
     def expert_bytes(self) -> int:
-        """Bytes of one expert (gate, up and down) in `dtype`: the unit the pager moves."""
-        elems = 3 * self.hidden_size * self.moe_intermediate_size
-        return elems * torch.empty((), dtype=self.dtype).element_size()
+        """Bytes of one expert (gate, up and down) as it is paged: in `dtype`, or FP8 plus its float32 block
+        scales (gate_up's [2I/B, D/B] and down's [D/B, I/B]): the unit the pager moves."""
+        d, inter = self.hidden_size, self.moe_intermediate_size
+        if self.fp8_block is not None:
+            bo, bi = self.fp8_block
+            scales = (2 * inter // bo) * -(-d // bi) + -(-d // bo) * -(-inter // bi)
+            return 3 * d * inter + 4 * scales
+        return 3 * d * inter * torch.empty((), dtype=self.dtype).element_size()
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":
@@ -104,7 +110,7 @@ class ModelConfig:
         """A Hugging Face config.json (and generation_config.json) as one normalised config."""
         archs = raw.get("architectures") or []
         family = family_for_architecture(archs[0] if archs else None)
-        _refuse_quantized(raw)
+        fp8_block = _fp8_block(raw)
         layout = _layout_fields(raw)
         experts = _expert_fields(raw, family, layout["num_layers"])
         rope = _rope_fields(raw)
@@ -115,19 +121,30 @@ class ModelConfig:
                    **layout, **_attention_fields(raw), **rope, top_k=int(raw["num_experts_per_tok"]), **experts,
                    attention_bias=family.attention_bias(raw), qk_norm=family.qk_norm, clip_qkv=raw.get("clip_qkv"),
                    sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                   eos_token_ids=eos, dtype=dtype)
+                   eos_token_ids=eos, dtype=dtype, fp8_block=fp8_block)
 
 
-def _refuse_quantized(raw: dict[str, Any]) -> None:
-    """A quantized checkpoint (FP8, GPTQ, AWQ, bitsandbytes, compressed-tensors...) is refused: its weights
-    need scales wisp does not apply, so loading it anyway would compute garbage."""
-    for key in ("quantization_config", "compression_config"):
-        quant = raw.get(key)
-        if quant:
-            method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-            raise WispError(f"the checkpoint is quantized ({key} with quant_method {method!r}), which wisp does not "
-                            "support: it loads float32, float16 and bfloat16 weights only; use the unquantized "
-                            "checkpoint")
+SUPPORTED_QUANTIZATION = "fp8 (float8_e4m3fn weights with weight_scale_inv in 128 x 128 blocks)"
+
+
+def _fp8_block(raw: dict[str, Any]) -> tuple[int, int] | None:
+    """The block of an FP8 block-scaled checkpoint (quant_method "fp8"), None for plain weights. Any other
+    quantization (GPTQ, AWQ, bitsandbytes, compressed-tensors, other blocks...) is refused: its weights need
+    scales wisp does not apply, so loading it anyway would compute garbage."""
+    if raw.get("compression_config"):
+        raise WispError(f"the checkpoint is quantized (compression_config), which wisp does not support; supported: "
+                        f"{SUPPORTED_QUANTIZATION}, or float32, float16 and bfloat16 weights")
+    quant = raw.get("quantization_config")
+    if not quant:
+        return None
+    method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
+    block = tuple(quant.get("weight_block_size") or ()) if isinstance(quant, dict) else ()
+    fmt = quant.get("fmt", "e4m3") if isinstance(quant, dict) else None
+    if method != "fp8" or block != (128, 128) or fmt != "e4m3":
+        raise WispError(f"the checkpoint is quantized (quant_method {method!r}, weight_block_size {list(block)}), "
+                        f"which wisp does not support; supported: {SUPPORTED_QUANTIZATION}, or float32, float16 "
+                        "and bfloat16 weights")
+    return (128, 128)
 
 
 def _layout_fields(raw: dict[str, Any]) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def quantize_blocks(w: torch.Tensor, block: tuple[int, int] = DEFAULT_BLOCK) -> 
     w = w.float()
     out, inp = w.shape[-2:]
     rows, cols = -(-out // block[0]), -(-inp // block[1])
-    padded = torch.zeros((*w.shape[:-2], rows * block[0], cols * block[1]), dtype=torch.float32)
+    padded = torch.zeros((*w.shape[:-2], rows * block[0], cols * block[1]), dtype=torch.float32, device=w.device)
     padded[..., :out, :inp] = w
     blocks = padded.unflatten(-1, (cols, block[1])).unflatten(-3, (rows, block[0]))  # [..., R, Bo, C, Bi]
     absmax = blocks.abs().amax(dim=(-3, -1))  # [..., R, C]

@@ -18,6 +18,7 @@ Not thread-safe: one thread calls add_request / abort_request / step (the server
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -44,6 +45,8 @@ from wisp.models.loader import CheckpointReader, HostMemory, load_model
 from wisp.models.random_checkpoint import RandomWeights
 from wisp.models.source import model_source
 
+log = logging.getLogger("wisp.engine")
+
 
 @dataclass
 class StepOutput:
@@ -65,6 +68,8 @@ class LLMEngine:
             cfg = replace(cfg, dtype=override)
         self.model_config = cfg
         self.device = config.torch_device()
+        if cfg.fp8_block is not None:
+            config = self.config = _fp8_backend(config, self.device)
         config.resolve_backend("moe", self.device)  # fail before loading anything
         self.expert_cap = config.resolve_cap(cfg) if config.per_layer_caps is None else max(config.per_layer_caps)
         self.max_model_len = config.resolve_max_model_len(cfg)
@@ -349,6 +354,19 @@ def _output(seq: Sequence) -> StepOutput:
     new_ids = [] if failure is not None else [seq.output_ids[-1]]  # a failed step gained no token
     return StepOutput(seq.request_id, new_ids, list(seq.output_ids), seq.text, seq.finished, seq.finish_reason,
                       len(seq.prompt_ids), None if failure is None else failure.message)
+
+
+def _fp8_backend(config: EngineConfig, device: torch.device) -> EngineConfig:
+    """FP8 block-scaled experts are computed by the torch MoE kernels for now (the Triton ones do not
+    dequantize them): "auto" picks torch; an explicit triton, or zero-copy on CUDA (Triton only), is refused."""
+    if device.type != "cuda" or config.moe_backend == "torch":
+        return config
+    if config.moe_backend == "triton" or config.mode == "zero-copy":
+        what = "--mode zero-copy" if config.mode == "zero-copy" else "--moe-backend triton"
+        raise WispError(f"{what} cannot run FP8 block-scaled experts yet: the Triton MoE kernel does not dequantize "
+                        "them; use --moe-backend torch (or auto) in another mode")
+    log.info("FP8 block-scaled experts: the torch MoE backend (the Triton kernel does not dequantize them yet)")
+    return replace(config, moe_backend="torch")
 
 
 def _weights(config: EngineConfig, cfg: ModelConfig, path: Path | None, device: torch.device):

@@ -38,6 +38,7 @@ from wisp.core.experts import (
     ZeroCopyExperts,
 )
 from wisp.core.expert_major import StagingBuffers
+from wisp.core.fp8_blocks import DOWN_SCALE, FP8, GATE_UP_SCALE, dequantize_blocks, scale_shape
 from wisp.core.hybrid_experts import HybridExperts
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_probe import probe_hybrid_costs
@@ -93,14 +94,16 @@ class CheckpointReader:
     def __contains__(self, key: str) -> bool:
         return key in self.where
 
-    def get(self, key: str) -> torch.Tensor:
+    def get(self, key: str, allow_fp8: bool = False) -> torch.Tensor:
+        """The tensor as stored; float8_e4m3fn only where the config says the checkpoint is FP8 (`allow_fp8`),
+        any other quantized dtype never."""
         if key not in self.where:
             raise WispError(f"checkpoint in {self.path} has no tensor {key}")
         try:
             tensor = self._handles[self.where[key]].get_tensor(key)
         except SafetensorError as exc:
             raise WispError(f"could not read {key} from {self.where[key]} ({exc})") from None
-        if tensor.dtype not in LOADABLE_DTYPES:
+        if tensor.dtype not in LOADABLE_DTYPES and not (allow_fp8 and tensor.dtype == FP8):
             raise WispError(f"tensor {key} in {self.where[key]} is {str(tensor.dtype).removeprefix('torch.')}: a "
                             "quantized checkpoint, which wisp does not support (it loads float32, float16 and "
                             "bfloat16 weights only)")
@@ -190,8 +193,8 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
     try:
         names = get_family(model_cfg.family).weights
 
-        def dev(key: str) -> torch.Tensor:
-            return reader.get(key).to(device=device, dtype=dtype)
+        def dev(key: str) -> torch.Tensor:  # non-expert weights: FP8 ones dequantized once, here
+            return plain_tensor(reader, key, model_cfg.fp8_block).to(device=device, dtype=dtype)
 
         def opt(key: str) -> torch.Tensor | None:
             return dev(key) if key in reader else None
@@ -204,6 +207,19 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
                           backend=engine.resolve_backend("moe", device))
     finally:
         reader.close()
+
+
+def plain_tensor(reader, key: str, fp8_block: tuple[int, int] | None) -> torch.Tensor:
+    """A checkpoint tensor as plain numbers: an FP8 one (in an FP8 checkpoint) dequantized in float32 with its
+    `weight_scale_inv`."""
+    tensor = reader.get(key, allow_fp8=fp8_block is not None)
+    if tensor.dtype == FP8:
+        return dequantize_blocks(tensor, reader.get(scale_key(key)), torch.float32, fp8_block)
+    return tensor
+
+
+def scale_key(key: str) -> str:
+    return key.removesuffix(".weight") + ".weight_scale_inv"
 
 
 def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeights:
@@ -254,35 +270,64 @@ def _load_experts(
     return stores
 
 
+def _bank_layout(cfg: ModelConfig, li: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Layer li's expert bank: per tensor, its [N, ...] shape and dtype (FP8 weights carry block scales)."""
+    ne, inter, d = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    if cfg.fp8_block is None:
+        return {GATE_UP: ((ne, 2 * inter, d), cfg.dtype), DOWN: ((ne, d, inter), cfg.dtype)}
+    if inter % cfg.fp8_block[0]:
+        raise WispError(f"FP8 experts of width {inter} are not supported: gate and up are paged as one [2I, D] "
+                        f"weight, which needs the width to be a multiple of the {cfg.fp8_block[0]}-row block")
+    return {GATE_UP: ((ne, 2 * inter, d), FP8), DOWN: ((ne, d, inter), FP8),
+            GATE_UP_SCALE: (scale_shape((ne, 2 * inter, d), cfg.fp8_block), torch.float32),
+            DOWN_SCALE: (scale_shape((ne, d, inter), cfg.fp8_block), torch.float32)}
+
+
 def _read_layer_bank(reader, cfg: ModelConfig, n: WeightNames, li: int, target: torch.device | None,
                      host: HostMemory, bar) -> dict[str, torch.Tensor]:
-    """Layer li's experts as {GATE_UP: [N, 2I, D], DOWN: [N, D, I]} on `target` (None: host memory from
-    `host`), read expert by expert."""
-    ne, inter, d, dtype = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.dtype
-    shapes = {GATE_UP: (ne, 2 * inter, d), DOWN: (ne, d, inter)}
+    """Layer li's experts as {GATE_UP: [N, 2I, D], DOWN: [N, D, I]} (and, FP8, their block scales) on
+    `target` (None: host memory from `host`), read expert by expert."""
+    layout = _bank_layout(cfg, li)
     if target is None:
-        gate_up, down = (host.empty(shapes[k], dtype, f"layer {li}'s experts ({k})") for k in (GATE_UP, DOWN))
+        bank = {k: host.empty(shape, dt, f"layer {li}'s experts ({k})") for k, (shape, dt) in layout.items()}
     else:  # resident: straight into the device bank (a device out-of-memory is the engine's to explain)
         try:
-            gate_up, down = (torch.empty(shapes[k], dtype=dtype, device=target) for k in (GATE_UP, DOWN))
+            bank = {k: torch.empty(shape, dtype=dt, device=target) for k, (shape, dt) in layout.items()}
         except torch.OutOfMemoryError:
             raise
         except RuntimeError as exc:  # e.g. the CPU allocator, for a CPU run
-            nbytes = sum(_numel(shape) for shape in shapes.values()) * torch.empty((), dtype=dtype).element_size()
+            nbytes = sum(_numel(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in layout.values())
             raise WispError(f"could not allocate {nbytes} bytes on {target} for layer {li}'s experts: "
                             f"{_first_line(exc)}") from None
     fused = n.fused_experts(li, "gate_up") in reader
+    if fused and cfg.fp8_block is not None:
+        raise WispError(f"FP8 experts stacked in one tensor ({n.fused_experts(li, 'gate_up')}) are not supported; "
+                        "supported: one gate/up/down weight per expert, each with its weight_scale_inv")
     stacked = (reader.get(n.fused_experts(li, "gate_up")), reader.get(n.fused_experts(li, "down"))) if fused else None
-    for e in range(ne):
+    inter = cfg.moe_intermediate_size
+    for e in range(cfg.num_experts):
         if stacked is not None:
-            gate_up[e].copy_(stacked[0][e])
-            down[e].copy_(stacked[1][e])
+            bank[GATE_UP][e].copy_(stacked[0][e])
+            bank[DOWN][e].copy_(stacked[1][e])
+        elif cfg.fp8_block is None:
+            bank[GATE_UP][e, :inter].copy_(reader.get(n.expert(li, e, "gate")))
+            bank[GATE_UP][e, inter:].copy_(reader.get(n.expert(li, e, "up")))
+            bank[DOWN][e].copy_(reader.get(n.expert(li, e, "down")))
         else:
-            gate_up[e, :inter].copy_(reader.get(n.expert(li, e, "gate")))
-            gate_up[e, inter:].copy_(reader.get(n.expert(li, e, "up")))
-            down[e].copy_(reader.get(n.expert(li, e, "down")))
+            rows = inter // cfg.fp8_block[0]  # gate's scale rows
+            for part, (weights, scales, at, scale_at) in {
+                "gate": (GATE_UP, GATE_UP_SCALE, slice(0, inter), slice(0, rows)),
+                "up": (GATE_UP, GATE_UP_SCALE, slice(inter, None), slice(rows, None)),
+                "down": (DOWN, DOWN_SCALE, slice(None), slice(None)),
+            }.items():
+                key = n.expert(li, e, part)
+                weight = reader.get(key, allow_fp8=True)
+                if weight.dtype != FP8:
+                    raise WispError(f"the config says fp8 but {key} is {str(weight.dtype).removeprefix('torch.')}")
+                bank[weights][e, at].copy_(weight)
+                bank[scales][e, scale_at].copy_(reader.get(scale_key(key)))
         bar.update(1)
-    return {GATE_UP: gate_up, DOWN: down}
+    return bank
 
 
 @dataclass

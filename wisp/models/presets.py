@@ -1,6 +1,6 @@
 """Real models' shapes as Hugging Face config dicts, for planning and benchmarks without a checkpoint.
 
-`--model qwen3-30b-a3b` (or olmoe-1b-7b, mixtral-8x7b) resolves here wherever only the shape matters.
+`--model qwen3-30b-a3b` (or qwen3-30b-a3b-fp8, olmoe-1b-7b, mixtral-8x7b) resolves here wherever only the shape matters.
 """
 
 from __future__ import annotations
@@ -73,8 +73,16 @@ MIXTRAL_8X7B: dict[str, Any] = {
     "dtype": "bfloat16",
 }
 
+# Qwen/Qwen3-30B-A3B-FP8's quantization_config: every projection in float8_e4m3fn with 128 x 128 block scales
+QWEN3_30B_A3B_FP8: dict[str, Any] = {
+    **QWEN3_30B_A3B,
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                            "weight_block_size": [128, 128]},
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "qwen3-30b-a3b-fp8": QWEN3_30B_A3B_FP8,
     "olmoe-1b-7b": OLMOE_1B_7B,
     "mixtral-8x7b": MIXTRAL_8X7B,
 }

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from wisp.config import ModelConfig
+from wisp.core.fp8_blocks import quantize_blocks
 from wisp.models.families import get_family
 
 DEMO_VERSION = "v2"
@@ -107,34 +108,61 @@ def random_tensor(name: str, shape: tuple[int, ...], std: float, seed: int, dtyp
 
 class RandomWeights:
     """The checkpoint-reader interface (`in`, `get`, `close`) over random tensors made on `device`:
-    `--load-format dummy`, real shapes with no file on disk."""
+    `--load-format dummy`, real shapes with no file on disk. For an FP8 config the linear weights
+    (`fp8_quantized`) come as float8 with their `weight_scale_inv`, as in a real FP8 checkpoint."""
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu"):
         self.specs = {name: (shape, std) for _, name, shape, std in tensor_specs(cfg)}
+        self.scale_of = {_scale_key(name): name for name in self.specs if cfg.fp8_block and fp8_quantized(name)}
         self.cfg, self.seed, self.device = cfg, seed, torch.device(device)
+        self._last: tuple[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # a weight, then its scales
 
     def __contains__(self, key: str) -> bool:
-        return key in self.specs
+        return key in self.specs or key in self.scale_of
 
-    def get(self, key: str) -> torch.Tensor:
+    def get(self, key: str, allow_fp8: bool = False) -> torch.Tensor:
+        if key in self.scale_of:
+            return self._quantized(self.scale_of[key])[1]
+        if key in self.scale_of.values():
+            return self._quantized(key)[0]
         shape, std = self.specs[key]
         return random_tensor(key, shape, std, self.seed, self.cfg.dtype, self.device)
+
+    def _quantized(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._last is None or self._last[0] != name:
+            shape, std = self.specs[name]
+            self._last = name, quantize_blocks(random_tensor(name, shape, std, self.seed, torch.float32, self.device),
+                                               self.cfg.fp8_block)
+        return self._last[1]
 
     def close(self) -> None:
         pass
 
 
+def fp8_quantized(name: str) -> bool:
+    """Whether an FP8 checkpoint stores this tensor in FP8: the projections (attention, dense, shared and
+    routed experts), not embeddings, norms, the router or the LM head (as Qwen3-*-FP8 does)."""
+    return name.endswith("_proj.weight")
+
+
+def _scale_key(name: str) -> str:
+    return name.removesuffix(".weight") + ".weight_scale_inv"
+
+
 def write_random_checkpoint(raw_config: dict[str, Any], path: str | Path, seed: int = 0, device: str = "cpu") -> Path:
     """Write a random checkpoint for `raw_config` (an HF config dict) into `path`, one shard per layer plus
-    one for the head, with the hub's per-expert tensor names; the same tensors `RandomWeights` makes."""
+    one for the head, with the hub's per-expert tensor names; the same tensors `RandomWeights` makes (FP8
+    weights and their scales where the config has an fp8 quantization_config)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = ModelConfig.from_hf(raw_config)
     n_shards = cfg.num_layers + 1
     weight_map: dict[str, str] = {}
     for k, specs in itertools.groupby(tensor_specs(cfg), key=lambda spec: spec[0]):  # one shard in memory at a time
-        tensors = {name: random_tensor(name, shape, std, seed, cfg.dtype, device).cpu().contiguous()
-                   for _, name, shape, std in specs}
+        reader = RandomWeights(cfg, seed, device)
+        names = [name for _, name, _, _ in specs]
+        names += [_scale_key(name) for name in names if _scale_key(name) in reader]  # FP8: scales after weights
+        tensors = {name: reader.get(name).cpu().contiguous() for name in names}
         shard = f"model-{k + 1:05d}-of-{n_shards:05d}.safetensors"
         save_file(tensors, str(path / shard), metadata={"format": "pt"})
         weight_map.update({key: shard for key in tensors})
