@@ -64,12 +64,31 @@ def test_every_mode_on_fp8_experts_equals_resident_on_their_dequantized_weights(
     assert stores["hybrid"].counters.cpu_computed > 0
 
 
-def test_the_triton_kernels_refuse_fp8_experts_with_the_way_out():
-    from wisp.core.triton_moe import triton_pairs_of_one_expert
+@pytest.mark.slow
+@pytest.mark.parametrize("d", [256, 200])  # 200: a partial last block and masked columns
+def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_weights(d):
+    pytest.importorskip("triton")
+    from wisp.core.moe import fused_moe
+    from wisp.core.triton_moe import triton_fused_moe, triton_pairs_of_one_expert
 
-    bank, _ = fp8_bank(2, 1)
-    hidden, ids, _ = batch(2, 1, 2, 0, "cpu")
-    per_k = torch.zeros((2, D))
-    with pytest.raises(ValueError, match="--moe-backend torch"):
-        triton_pairs_of_one_expert(per_k, hidden, bank[GATE_UP][0], bank[DOWN][0], ids.reshape(-1), 2,
-                                   scales=(bank[GATE_UP_SCALE][0], bank[DOWN_SCALE][0]))
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: Triton's interpreter
+    g = torch.Generator().manual_seed(d)
+    n, k, t = 4, 2, 2
+    gate_up, gs = quantize_blocks(torch.randn(n, 2 * I, d, generator=g) * 0.05)
+    down, ds = quantize_blocks(torch.randn(n, d, I, generator=g) * 0.05)
+    plain_gate_up, plain_down = dequantize_blocks(gate_up, gs).to(dev), dequantize_blocks(down, ds).to(dev)
+    gate_up, gs, down, ds = (x.to(dev) for x in (gate_up, gs, down, ds))
+    hidden = torch.randn(t, d, generator=g).to(torch.bfloat16).to(dev)
+    ids = torch.tensor([[0, 2], [3, 2]], device=dev)
+    weights = torch.softmax(torch.randn(t, k, generator=g), -1).to(torch.bfloat16).to(dev)
+    emap = torch.tensor([0, -1, 1, 2], dtype=torch.int32, device=dev)  # expert 1 absent; slots 0..2 hold 0, 2, 3
+    slots = [0, 2, 3]
+    got = triton_fused_moe(hidden, gate_up[slots], down[slots], ids, weights, emap, scales=(gs[slots], ds[slots]))
+    assert torch.equal(got, triton_fused_moe(hidden, plain_gate_up[slots], plain_down[slots], ids, weights, emap))
+    reference = fused_moe(hidden, gate_up[slots], down[slots], ids, weights, emap, scales=(gs[slots], ds[slots]))
+    torch.testing.assert_close(got, reference, rtol=2e-2, atol=2e-2)
+    one, plain = (torch.zeros((t * k, d), device=dev) for _ in range(2))
+    pairs = torch.tensor([1, 3], device=dev)  # both pairs routed to expert 2
+    triton_pairs_of_one_expert(one, hidden, gate_up[2], down[2], pairs, k, scales=(gs[2], ds[2]))
+    triton_pairs_of_one_expert(plain, hidden, plain_gate_up[2], plain_down[2], pairs, k)
+    assert torch.equal(one, plain) and one[1].abs().sum() > 0
