@@ -16,6 +16,7 @@ from wisp.config import ModelConfig
 from wisp.core.fp8_blocks import FP8, dequantize_blocks
 from wisp.errors import WispError
 from wisp.models.presets import preset
+from wisp.plan.sizes import ModelSizes
 from wisp.models.random_checkpoint import RandomWeights, write_random_checkpoint
 
 FP8_QWEN3 = {
@@ -53,11 +54,16 @@ def fp8_and_plain(tmp_path_factory):
 
 @pytest.mark.parametrize("mode, cap", [("resident", None), ("paged", 2), ("paged", 5), ("offload", None),
                                        ("zero-copy", None), ("hybrid", 2)])
-def test_fp8_runs_with_the_bits_of_its_dequantized_checkpoint(fp8_and_plain, mode, cap):
+def test_fp8_runs_with_the_bits_of_its_dequantized_checkpoint(fp8_and_plain, mode, cap, device, moe_backend,
+                                                               attention_backend):
+    if mode == "zero-copy" and device.startswith("cuda") and moe_backend != "triton":
+        pytest.skip("zero-copy on CUDA reads experts in place with the Triton kernel only")
     fp8, plain = fp8_and_plain
     outs = []
-    for path in (fp8, plain):
-        llm = LLM(str(path), device="cpu", mode=mode, expert_cap=cap)
+    for path in (fp8, plain):  # the same backend for both: on CUDA FP8's auto would pick torch
+        backend = moe_backend if moe_backend != "auto" or not device.startswith("cuda") else "triton"
+        llm = LLM(str(path), device=device, mode=mode, expert_cap=cap, moe_backend=backend,
+                  attention_backend=attention_backend)
         prefill = llm.prompt_logits(PROMPT)
         out = llm.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True), return_logits=True)[0]
         outs.append((prefill, out, llm.stats(), llm))
@@ -80,6 +86,8 @@ def test_dummy_fp8_weights_and_sizes_follow_the_fp8_layout():
     fp8, bf16 = (ModelConfig.from_hf(preset(name)) for name in ("qwen3-30b-a3b-fp8", "qwen3-30b-a3b"))
     assert fp8.expert_bytes == 3 * 2048 * 768 + 4 * (12 * 16 + 16 * 6)  # FP8 bytes + float32 block scales
     assert bf16.expert_bytes == 2 * 3 * 2048 * 768
+    fp8_sizes, bf16_sizes = ModelSizes.of(fp8, 16), ModelSizes.of(bf16, 16)  # what `wisp plan` divides the budget by
+    assert fp8_sizes.slot_bytes == 48 * fp8.expert_bytes and fp8_sizes.non_expert_bytes < bf16_sizes.non_expert_bytes
 
 
 @pytest.mark.parametrize("width, message", [(96, "multiple of the 128-row block"),
