@@ -39,7 +39,8 @@ import torch.nn.functional as F
 
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
 from wisp.core.experts import PagedExperts
-from wisp.core.fp8_blocks import block_scales, dequantize_blocks, scales_at
+from wisp.core.fp8_blocks import block_scales, scales_at
+from wisp.core.quantized_weights import dequantize_expert
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
 from wisp.core.moe import expert_mlp
@@ -88,10 +89,9 @@ class HybridExperts(PagedExperts):
 
 
 def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, scales=None) -> torch.Tensor:
-    """One expert on exactly the rows x [M, D] with torch's own GEMM (not row-invariant): [M, D]. FP8 block
-    weights (`scales` given) are dequantized to x's dtype first."""
-    if scales is not None:
-        w_gate_up, w_down = dequantize_blocks(w_gate_up, scales[0], x.dtype), dequantize_blocks(w_down, scales[1], x.dtype)
+    """One expert on exactly the rows x [M, D] with torch's own GEMM (not row-invariant): [M, D]. Quantized
+    weights (`scales` given: FP8 or MXFP4) are dequantized to x's dtype first."""
+    w_gate_up, w_down = dequantize_expert(w_gate_up, w_down, scales, x.dtype)
     gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)  # [M, I] each
     return F.linear(F.silu(gate) * up, w_down)
 

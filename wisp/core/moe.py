@@ -18,15 +18,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wisp.core.fp8_blocks import dequantize_blocks, scales_at
+from wisp.core.fp8_blocks import scales_at
+from wisp.core.quantized_weights import dequantize_expert
 from wisp.core.rows import map_row_tiles, silu_mul, tile_linear
 
 
 def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, scales=None) -> torch.Tensor:
     """One expert on rows x [M, D]: w_gate_up [2I, D], w_down [D, I] -> [M, D] (row-invariant). With `scales`
-    (gate_up's, down's FP8 block scales) the float8 weights are dequantized to x's dtype first."""
-    if scales is not None:
-        w_gate_up, w_down = dequantize_blocks(w_gate_up, scales[0], x.dtype), dequantize_blocks(w_down, scales[1], x.dtype)
+    (gate_up's, down's) the quantized weights (FP8 or MXFP4: `wisp.core.quantized_weights`) are dequantized
+    to x's dtype first."""
+    w_gate_up, w_down = dequantize_expert(w_gate_up, w_down, scales, x.dtype)
 
     def tile_fn(tile: torch.Tensor) -> torch.Tensor:
         gate, up = tile_linear(tile, w_gate_up).chunk(2, dim=-1)  # [R, I] each

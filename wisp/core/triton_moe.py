@@ -142,6 +142,9 @@ ROUND_IDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # `_rounded
 
 def _check_dtypes(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, scales) -> None:
     want = FP8 if scales is not None else hidden.dtype
+    if scales is not None and w_gate_up.dtype == torch.uint8:
+        raise ValueError("MXFP4 experts run on the torch MoE backend (--moe-backend torch) for now: the Triton "
+                         "kernels dequantize FP8 only")
     if w_gate_up.dtype != want or w_down.dtype != want:
         raise ValueError(f"expert weights ({w_gate_up.dtype}) must be {want} (hidden is {hidden.dtype}"
                          f"{', with FP8 block scales' if scales is not None else ''})")

@@ -1,6 +1,7 @@
-"""FP8 block-scaled experts in every store: the scales travel with the weights (one bank, paged together), the
-torch kernels dequantize right before the GEMMs, so every mode gives torch.equal outputs, and equal to a
-plain bank holding the dequantized weights. Run with --wisp-device cuda on the GPU machine (torch backend)."""
+"""Quantized experts (FP8 block-scaled, MXFP4) in every store: the scales travel with the weights (one bank,
+paged together), the torch kernels dequantize right before the GEMMs, so every mode gives torch.equal
+outputs, and equal to a plain bank holding the dequantized weights; the Triton kernels dequantize FP8
+in-kernel to the same bits. Run with --wisp-device cuda on the GPU machine."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.experts import LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts, ZeroCopyExperts
 from wisp.core.fp8_blocks import DOWN_SCALE, GATE_UP_SCALE, dequantize_blocks, quantize_blocks
+from wisp.core.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from wisp.core.hybrid_experts import HybridExperts
 from wisp.core.hybrid_split import HybridCosts
 
@@ -17,13 +19,17 @@ D, I = 256, 128  # two 128-blocks of the hidden size, one of the expert's width
 STEPS = [1, 1, 9, 1, 2, 1, 14, 1]  # decode-like and wide steps
 
 
-def fp8_bank(n: int, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(an FP8 bank with its scales, the plain bf16 bank of its dequantized weights)."""
+FORMATS = {"fp8": (quantize_blocks, dequantize_blocks), "mxfp4": (quantize_mxfp4, dequantize_mxfp4)}
+
+
+def quantized_bank(n: int, seed: int, fmt: str = "fp8") -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(a quantized bank with its scales, the plain bf16 bank of its dequantized weights)."""
+    quantize, dequantize = FORMATS[fmt]
     g = torch.Generator().manual_seed(seed)
-    gate_up, gate_up_scale = quantize_blocks(torch.randn(n, 2 * I, D, generator=g) * 0.05)
-    down, down_scale = quantize_blocks(torch.randn(n, D, I, generator=g) * 0.05)
+    gate_up, gate_up_scale = quantize(torch.randn(n, 2 * I, D, generator=g) * 0.05)
+    down, down_scale = quantize(torch.randn(n, D, I, generator=g) * 0.05)
     bank = {GATE_UP: gate_up, DOWN: down, GATE_UP_SCALE: gate_up_scale, DOWN_SCALE: down_scale}
-    plain = {GATE_UP: dequantize_blocks(gate_up, gate_up_scale), DOWN: dequantize_blocks(down, down_scale)}
+    plain = {GATE_UP: dequantize(gate_up, gate_up_scale, torch.bfloat16), DOWN: dequantize(down, down_scale, torch.bfloat16)}
     return bank, plain
 
 
@@ -35,10 +41,11 @@ def batch(n: int, t: int, k: int, seed: int, device):
     return hidden.to(device), ids.to(device), weights.to(device)
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("n, k, cap", [(8, 2, 2), (8, 2, 5), (16, 4, 4)])
-def test_every_mode_on_fp8_experts_equals_resident_on_their_dequantized_weights(device, n, k, cap):
+def test_every_mode_on_quantized_experts_equals_resident_on_their_dequantized_weights(device, fmt, n, k, cap):
     dev = torch.device(device)
-    bank, plain = fp8_bank(n, 0)
+    bank, plain = quantized_bank(n, 0, fmt)
     host = {name: t.pin_memory() if dev.type == "cuda" else t for name, t in bank.items()}
     reference = ResidentExperts({name: t.to(dev) for name, t in plain.items()})
     stores = {
@@ -60,7 +67,8 @@ def test_every_mode_on_fp8_experts_equals_resident_on_their_dequantized_weights(
                 assert torch.equal(out, ref), (mode, step)
     pager = stores["paged"].pager
     pager.check_integrity()  # the slots hold the masters' bytes, scales included
-    assert pager.expert_bytes == 2 * I * D + D * I + 4 * (2 * 2 + 2 * 1)  # FP8 bytes plus float32 scales
+    packed = {"fp8": 3 * I * D + 4 * (2 * 2 + 2 * 1), "mxfp4": 3 * I * D // 2 + 3 * I * D // 32}
+    assert pager.expert_bytes == packed[fmt]  # quantized bytes plus scales: what crosses the link
     assert stores["hybrid"].counters.cpu_computed > 0
 
 
@@ -92,3 +100,17 @@ def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_
     triton_pairs_of_one_expert(one, hidden, gate_up[2], down[2], pairs, k, scales=(gs[2], ds[2]))
     triton_pairs_of_one_expert(plain, hidden, plain_gate_up[2], plain_down[2], pairs, k)
     assert torch.equal(one, plain) and one[1].abs().sum() > 0
+
+
+def test_unknown_quantized_weights_and_mxfp4_on_triton_are_refused_naming_the_way():
+    from wisp.core.quantized_weights import dequantize_weight
+
+    with pytest.raises(ValueError, match="float8_e4m3fn .FP8 block-scaled., uint8 .MXFP4."):
+        dequantize_weight(torch.zeros(4, 4, dtype=torch.int8), torch.ones(1, 1), torch.bfloat16)
+    pytest.importorskip("triton")
+    from wisp.core.triton_moe import triton_pairs_of_one_expert
+
+    bank, _ = quantized_bank(2, 1, "mxfp4")
+    with pytest.raises(ValueError, match="--moe-backend torch"):
+        triton_pairs_of_one_expert(torch.zeros((2, D)), torch.zeros((1, D), dtype=torch.bfloat16), bank[GATE_UP][0],
+                                   bank[DOWN][0], torch.tensor([0, 1]), 2, scales=(bank[GATE_UP_SCALE][0], bank[DOWN_SCALE][0]))

@@ -1,0 +1,35 @@
+"""Quantized expert weights: the formats an expert bank may hold, told apart by the weight's dtype.
+
+- FP8 block-scaled (`wisp.core.fp8_blocks`): weight float8_e4m3fn [out, in], scale float32
+  [ceil(out/128), ceil(in/128)];
+- MXFP4 (`wisp.core.mxfp4`): weight uint8 [out, in/32, 16] (two e2m1 codes a byte), scale uint8 [out, in/32]
+  (e8m0).
+
+A bank keeps each weight's scale beside it (`fp8_blocks.GATE_UP_SCALE`, `DOWN_SCALE`), so paging moves
+both; `dequantize_weight` turns one expert's weight into plain numbers in the compute dtype, exactly (each
+element from its own code and its block's scale), right before the GEMM that reads it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wisp.core.fp8_blocks import FP8, dequantize_blocks
+from wisp.core.mxfp4 import dequantize_mxfp4
+
+
+def dequantize_weight(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One expert's quantized weight [out, ...] and its scale -> [out, in] in `dtype`."""
+    if weight.dtype == FP8:
+        return dequantize_blocks(weight, scale, dtype)
+    if weight.dtype == torch.uint8:
+        return dequantize_mxfp4(weight, scale, dtype)
+    raise ValueError(f"no quantized expert format stores its weight as {weight.dtype}; supported: "
+                     "float8_e4m3fn (FP8 block-scaled), uint8 (MXFP4)")
+
+
+def dequantize_expert(w_gate_up: torch.Tensor, w_down: torch.Tensor, scales, dtype: torch.dtype):
+    """(gate_up, down) as plain weights: as they are without `scales`, else dequantized to `dtype`."""
+    if scales is None:
+        return w_gate_up, w_down
+    return dequantize_weight(w_gate_up, scales[0], dtype), dequantize_weight(w_down, scales[1], dtype)
