@@ -169,12 +169,7 @@ class ExpertPager:
         victims = sorted((s for s in range(self.capacity) if s not in keep_slots), key=lambda s: (self.last_used[s], s))
         loads = []
         for expert, slot in zip((e for e in misses if e in kept), victims):
-            old = self.expert_in_slot[slot]
-            if old >= 0:
-                self.slot_of[old] = -1
-                self.counters.evictions += 1
-            self.slot_of[expert] = slot
-            self.expert_in_slot[slot] = expert
+            self._assign(expert, slot)
             loads.append((expert, slot))
         for e in order:
             if self.slot_of[e] >= 0:
@@ -196,19 +191,24 @@ class ExpertPager:
         self.use_host()
         wanted = [e for e in dict.fromkeys(int(e) for e in experts) if 0 <= e < self.num_experts and self.slot_of[e] < 0]
         victims = sorted(range(self.capacity), key=lambda s: (self.last_used[s], s))[: len(wanted)]
-        placed = []
-        for expert, slot in zip(wanted, victims):
-            old = self.expert_in_slot[slot]
-            if old >= 0:
-                self.slot_of[old] = -1
-                self.counters.evictions += 1
-            self.slot_of[expert], self.expert_in_slot[slot], self.last_used[slot] = slot, expert, -1
-            placed.append((expert, slot))
+        placed = list(zip(wanted, victims))
+        for expert, slot in placed:
+            self._assign(expert, slot)
+            self.last_used[slot] = -1
         c = self.counters
         c.loads += len(placed)
         c.prefetched += len(placed)
         c.bytes_h2d += len(placed) * self.expert_bytes
         return placed
+
+    def _assign(self, expert: int, slot: int) -> None:
+        """Give `slot` to `expert`, evicting (and counting) whatever held it; no bytes move here."""
+        old = self.expert_in_slot[slot]
+        if old >= 0:
+            self.slot_of[old] = -1
+            self.counters.evictions += 1
+        self.slot_of[expert] = slot
+        self.expert_in_slot[slot] = expert
 
     def copy_into_slot(self, expert: int, slot: int) -> None:
         """Copy one expert's tensors from its host master into a slot, on the current stream."""
