@@ -10,7 +10,8 @@ import torch
 
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.experts import LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts, ZeroCopyExperts
-from wisp.core.fp8_blocks import DOWN_SCALE, GATE_UP_SCALE, dequantize_blocks, quantize_blocks
+from wisp.core.fp8_blocks import dequantize_blocks, quantize_blocks
+from wisp.core.quantized_weights import DOWN_SCALE, GATE_UP_SCALE
 from wisp.core.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from wisp.core.hybrid_experts import HybridExperts
 from wisp.core.hybrid_split import HybridCosts

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from wisp.core.fp8_blocks import block_scales
+from wisp.core.quantized_weights import block_scales
 from wisp.core.kernels import MoEKernels
 from wisp.core.pager import ExpertPager
 

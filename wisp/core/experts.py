@@ -30,7 +30,7 @@ import torch
 
 from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_many
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, run_wide_step
-from wisp.core.fp8_blocks import block_scales
+from wisp.core.quantized_weights import block_scales
 from wisp.core.kernels import TORCH_KERNELS, MoEKernels
 from wisp.core.pager import ExpertPager, expert_bytes
 from wisp.core.recency import order_by_last_token

@@ -10,36 +10,25 @@ A weight W [out, in] is kept as `weight` float8_e4m3fn [out, in] and `weight_sca
 
 `dequantize_blocks` computes exactly that, elementwise in float32, then casts once to the compute dtype:
 each output element depends only on its own byte and its block's scale, so the result is the same bits on
-every machine and for any slicing of the weight (an expert, a slot, a host master). An expert bank holds
-its scales beside its weights (`GATE_UP_SCALE`, `DOWN_SCALE`, [N, ...] like the weights), so whatever
-pages the bank's tensors (the pager, staging buffers, the device pager) moves them with no extra code, and
-the torch kernels (`wisp.core.moe`) dequantize an expert's weights right before its GEMMs (only (128, 128)
-blocks for now: `DEFAULT_BLOCK`). `quantize_blocks` is the
+every machine and for any slicing of the weight (an expert, a slot, a host master). How an expert bank
+carries these weights and scales: `wisp.core.quantized_weights` (only (128, 128) blocks for now:
+`DEFAULT_BLOCK`). `quantize_blocks` is the
 inverse used to write test checkpoints and dummy weights: per block, scale = absmax / 448 (e4m3's largest
 finite value), so every block uses the format's full range and nothing overflows.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import torch
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 DEFAULT_BLOCK = (128, 128)
-GATE_UP_SCALE, DOWN_SCALE = "gate_up_scale", "down_scale"  # beside "gate_up" and "down" in an expert bank
 
 
-def block_scales(bank: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """An expert bank's (gate_up, down) FP8 block scales, or None for a bank of plain weights. The bank's
-    tensors (host masters, slots, a staging buffer) travel together, so the scales are wherever the weights are."""
-    return (bank[GATE_UP_SCALE], bank[DOWN_SCALE]) if GATE_UP_SCALE in bank else None
-
-
-def scales_at(scales: tuple[torch.Tensor, torch.Tensor] | None, index) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """One slot's (or expert's) scales of a bank's."""
-    return None if scales is None else (scales[0][index], scales[1][index])
+def scale_key(weight_key: str) -> str:
+    """The checkpoint name of a weight's scales: `...proj.weight` -> `...proj.weight_scale_inv`."""
+    return weight_key.removesuffix(".weight") + ".weight_scale_inv"
 
 
 def scale_shape(shape: tuple[int, ...], block: tuple[int, int] = DEFAULT_BLOCK) -> tuple[int, ...]:

@@ -39,8 +39,7 @@ import torch.nn.functional as F
 
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
 from wisp.core.experts import PagedExperts
-from wisp.core.fp8_blocks import block_scales, scales_at
-from wisp.core.quantized_weights import dequantize_expert
+from wisp.core.quantized_weights import block_scales, dequantize_expert, scales_at
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
 from wisp.core.moe import expert_mlp

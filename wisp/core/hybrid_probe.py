@@ -19,7 +19,7 @@ import time
 import torch
 
 from wisp.core.expert_major import DOWN, GATE_UP
-from wisp.core.fp8_blocks import block_scales, scales_at
+from wisp.core.quantized_weights import block_scales, scales_at
 from wisp.core.hybrid_split import HybridCosts
 from wisp.core.hybrid_experts import CPU_EXPERT_KERNELS, default_cpu_kernel
 

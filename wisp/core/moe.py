@@ -18,8 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wisp.core.fp8_blocks import scales_at
-from wisp.core.quantized_weights import dequantize_expert
+from wisp.core.quantized_weights import dequantize_expert, scales_at
 from wisp.core.rows import map_row_tiles, silu_mul, tile_linear
 
 
@@ -43,7 +42,7 @@ def fused_moe(
     topk_ids: torch.Tensor,  # [T, K] logical expert ids
     topk_weights: torch.Tensor,  # [T, K]
     expert_map: torch.Tensor | None = None,  # [N] int, logical -> slot or -1; None = identity
-    scales=None,  # FP8 block scales ([S, ...] of gate_up, of down) of float8 weights; None: plain weights
+    scales=None,  # the quantized weights' scales ([S, ...] of gate_up, of down); None: plain weights
 ) -> torch.Tensor:
     t, k = topk_ids.shape
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
@@ -58,7 +57,7 @@ def pairs_by_map(
     w_down: torch.Tensor,  # [S, D, I]
     topk_ids: torch.Tensor,  # [T, K]
     expert_map: torch.Tensor | None,  # [N] logical -> slot or -1 (pair left as it is); None = identity
-    scales=None,  # FP8 block scales [S, ...] (see fused_moe)
+    scales=None,  # the quantized weights' scales [S, ...] (see fused_moe)
 ) -> None:
     """Each routed (token, k) pair's expert output, from the slot `expert_map` gives its expert."""
     k = topk_ids.shape[1]
@@ -82,7 +81,7 @@ def pairs_of_one_expert(
     w_down: torch.Tensor,  # [D, I]
     pairs: torch.Tensor,  # [M] flat pair indices t * K + k routed to that expert
     top_k: int,
-    scales=None,  # that expert's FP8 block scales (gate_up's, down's), or None
+    scales=None,  # that expert's scales (gate_up's, down's) if its weights are quantized, else None
 ) -> None:
     """per_k[pairs] = the expert's output for each pair's token (the same bits as `fused_moe`'s)."""
     per_k[pairs] = expert_mlp(hidden[pairs // top_k], w_gate_up, w_down, scales).float()

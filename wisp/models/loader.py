@@ -38,7 +38,8 @@ from wisp.core.experts import (
     ZeroCopyExperts,
 )
 from wisp.core.expert_major import StagingBuffers
-from wisp.core.fp8_blocks import DOWN_SCALE, FP8, GATE_UP_SCALE, dequantize_blocks, scale_shape
+from wisp.core.fp8_blocks import FP8, dequantize_blocks, scale_key, scale_shape
+from wisp.core.quantized_weights import DOWN_SCALE, GATE_UP_SCALE
 from wisp.core.hybrid_experts import HybridExperts
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_probe import probe_hybrid_costs
@@ -216,10 +217,6 @@ def plain_tensor(reader, key: str, fp8_block: tuple[int, int] | None) -> torch.T
     if tensor.dtype == FP8:
         return dequantize_blocks(tensor, reader.get(scale_key(key)), torch.float32, fp8_block)
     return tensor
-
-
-def scale_key(key: str) -> str:
-    return key.removesuffix(".weight") + ".weight_scale_inv"
 
 
 def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeights:

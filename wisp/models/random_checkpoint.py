@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from wisp.config import ModelConfig
-from wisp.core.fp8_blocks import quantize_blocks
+from wisp.core.fp8_blocks import quantize_blocks, scale_key
 from wisp.models.families import get_family
 
 DEMO_VERSION = "v2"
@@ -113,7 +113,8 @@ class RandomWeights:
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu"):
         self.specs = {name: (shape, std) for _, name, shape, std in tensor_specs(cfg)}
-        self.scale_of = {_scale_key(name): name for name in self.specs if cfg.fp8_block and fp8_quantized(name)}
+        self.quantized = {name for name in self.specs if cfg.fp8_block and fp8_quantized(name)}
+        self.scale_of = {scale_key(name): name for name in self.quantized}  # scales' key -> their weight's
         self.cfg, self.seed, self.device = cfg, seed, torch.device(device)
         self._last: tuple[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # a weight, then its scales
 
@@ -123,7 +124,7 @@ class RandomWeights:
     def get(self, key: str, allow_fp8: bool = False) -> torch.Tensor:
         if key in self.scale_of:
             return self._quantized(self.scale_of[key])[1]
-        if key in self.scale_of.values():
+        if key in self.quantized:
             return self._quantized(key)[0]
         shape, std = self.specs[key]
         return random_tensor(key, shape, std, self.seed, self.cfg.dtype, self.device)
@@ -145,10 +146,6 @@ def fp8_quantized(name: str) -> bool:
     return name.endswith("_proj.weight")
 
 
-def _scale_key(name: str) -> str:
-    return name.removesuffix(".weight") + ".weight_scale_inv"
-
-
 def write_random_checkpoint(raw_config: dict[str, Any], path: str | Path, seed: int = 0, device: str = "cpu") -> Path:
     """Write a random checkpoint for `raw_config` (an HF config dict) into `path`, one shard per layer plus
     one for the head, with the hub's per-expert tensor names; the same tensors `RandomWeights` makes (FP8
@@ -158,10 +155,9 @@ def write_random_checkpoint(raw_config: dict[str, Any], path: str | Path, seed: 
     cfg = ModelConfig.from_hf(raw_config)
     n_shards = cfg.num_layers + 1
     weight_map: dict[str, str] = {}
+    reader = RandomWeights(cfg, seed, device)
     for k, specs in itertools.groupby(tensor_specs(cfg), key=lambda spec: spec[0]):  # one shard in memory at a time
-        reader = RandomWeights(cfg, seed, device)
-        names = [name for _, name, _, _ in specs]
-        names += [_scale_key(name) for name in names if _scale_key(name) in reader]  # FP8: scales after weights
+        names = [key for _, name, _, _ in specs for key in (name, scale_key(name)) if key in reader]  # FP8: scales next
         tensors = {name: reader.get(name).cpu().contiguous() for name in names}
         shard = f"model-{k + 1:05d}-of-{n_shards:05d}.safetensors"
         save_file(tensors, str(path / shard), metadata={"format": "pt"})
