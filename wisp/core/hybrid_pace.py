@@ -50,6 +50,7 @@ class CpuPace:
             raise ValueError("window and explore_every must be positive")
         self.learn = learn
         self.ratios: deque[float] = deque(maxlen=window)
+        self._factor = 1.0  # median(ratios), or 1 while empty
         self.explore_every = explore_every
         self.step = 0  # the last step number begun
         self.exploring = False
@@ -58,7 +59,8 @@ class CpuPace:
 
     @property
     def factor(self) -> float:
-        return statistics.median(self.ratios) if self.ratios else 1.0
+        """The median of the window (1 when empty), kept as the window changes: every layer asks each step."""
+        return self._factor
 
     def begin_step(self, step: int) -> None:
         """Before model step number `step` runs (called by every layer; acts once per number): every
@@ -69,6 +71,7 @@ class CpuPace:
         self.exploring = step % self.explore_every == 0
         if self.exploring:
             self.ratios.clear()
+            self._factor = 1.0
 
     def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0) -> None:
         """One CPU step: its wall time, the split's prediction, and the CPU kernels' share of the wall."""
@@ -79,6 +82,7 @@ class CpuPace:
         t.kernel_s += kernel_s
         if self.learn and predicted_s > 0:
             self.ratios.append(min(MAX_FACTOR, max(MIN_FACTOR, wall_s / predicted_s)))
+            self._factor = statistics.median(self.ratios)
 
     def costs(self, probed: HybridCosts) -> HybridCosts:
         """The costs a split should use now: the probe's, with the CPU's times scaled by `factor` (as probed

@@ -198,11 +198,14 @@ class ModelRunner:
             return self._run_eager_step(batch)
         b = len(batch.seqs)
         if self.model.graph_step_ok(b):  # nothing an eager step could do better
-            return self._sample(batch.seqs, self._run_graph(batch.seqs))
+            return self._run_graph_step(batch)
         kind, start = self.step_kinds.pick(b), time.perf_counter()  # hybrid: both kinds measured, the faster run
-        out = self._sample(batch.seqs, self._run_graph(batch.seqs)) if kind == GRAPH else self._run_eager_step(batch)
+        out = self._run_graph_step(batch) if kind == GRAPH else self._run_eager_step(batch)
         self.step_kinds.record(b, kind, time.perf_counter() - start)
         return out
+
+    def _run_graph_step(self, batch: Batch) -> list[int | RequestFailure]:
+        return self._sample(batch.seqs, self._run_graph(batch.seqs))
 
     def _run_eager_step(self, batch: Batch) -> list[int | RequestFailure | None]:
         if self.graphs is not None:
