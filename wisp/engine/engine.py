@@ -68,8 +68,6 @@ class LLMEngine:
             cfg = replace(cfg, dtype=override)
         self.model_config = cfg
         self.device = config.torch_device()
-        if cfg.fp8_block is not None:
-            config = self.config = _fp8_backend(config, self.device)
         config.resolve_backend("moe", self.device)  # fail before loading anything
         self.expert_cap = config.resolve_cap(cfg) if config.per_layer_caps is None else max(config.per_layer_caps)
         self.max_model_len = config.resolve_max_model_len(cfg)
@@ -354,18 +352,6 @@ def _output(seq: Sequence) -> StepOutput:
     new_ids = [] if failure is not None else [seq.output_ids[-1]]  # a failed step gained no token
     return StepOutput(seq.request_id, new_ids, list(seq.output_ids), seq.text, seq.finished, seq.finish_reason,
                       len(seq.prompt_ids), None if failure is None else failure.message)
-
-
-def _fp8_backend(config: EngineConfig, device: torch.device) -> EngineConfig:
-    """FP8 block-scaled experts on CUDA: "auto" picks the torch MoE kernels, which dequantize exactly as the
-    CPU does. The Triton kernels dequantize in-kernel to the same bits (tested under Triton's interpreter) but
-    have not yet been compiled on a GPU, so they run only when asked for (--moe-backend triton, which CUDA
-    graphs and zero-copy need)."""
-    if device.type != "cuda" or config.moe_backend != "auto":
-        return config
-    log.info("FP8 block-scaled experts: the torch MoE backend (--moe-backend triton for the Triton kernels, which "
-             "CUDA graphs and zero-copy need; not yet run on a GPU)")
-    return replace(config, moe_backend="torch")
 
 
 def _weights(config: EngineConfig, cfg: ModelConfig, path: Path | None, device: torch.device):
