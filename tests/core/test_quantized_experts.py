@@ -11,7 +11,7 @@ import torch
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.experts import LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts, ZeroCopyExperts
 from wisp.core.fp8_blocks import dequantize_blocks, quantize_blocks
-from wisp.core.quantized_weights import DOWN_SCALE, GATE_UP_SCALE
+from wisp.core.expert_extras import DOWN_SCALE, GATE_UP_SCALE, ExpertExtras
 from wisp.core.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from wisp.core.hybrid_experts import HybridExperts
 from wisp.core.hybrid_split import HybridCosts
@@ -74,43 +74,45 @@ def test_every_mode_on_quantized_experts_equals_resident_on_their_dequantized_we
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("d", [256, 200])  # 200: a partial last block and masked columns
-def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_weights(d):
+@pytest.mark.parametrize("fmt, d", [("fp8", 256), ("fp8", 200), ("mxfp4", 256)])  # 200: a partial last FP8 block
+def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_weights(fmt, d):
     pytest.importorskip("triton")
     from wisp.core.moe import fused_moe
     from wisp.core.triton_moe import triton_fused_moe, triton_pairs_by_map, triton_pairs_of_one_expert
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: Triton's interpreter
+    quantize, dequantize = FORMATS[fmt]
     g = torch.Generator().manual_seed(d)
     n, k, t = 4, 2, 2
-    gate_up, gs = quantize_blocks(torch.randn(n, 2 * I, d, generator=g) * 0.05)
-    down, ds = quantize_blocks(torch.randn(n, d, I, generator=g) * 0.05)
-    plain_gate_up, plain_down = dequantize_blocks(gate_up, gs).to(dev), dequantize_blocks(down, ds).to(dev)
+    gate_up, gs = quantize(torch.randn(n, 2 * I, d, generator=g) * 0.05)
+    down, ds = quantize(torch.randn(n, d, I, generator=g) * 0.05)
+    plain_gate_up, plain_down = dequantize(gate_up, gs, torch.bfloat16).to(dev), dequantize(down, ds, torch.bfloat16).to(dev)
     gate_up, gs, down, ds = (x.to(dev) for x in (gate_up, gs, down, ds))
     hidden = torch.randn(t, d, generator=g).to(torch.bfloat16).to(dev)
     ids = torch.tensor([[0, 2], [3, 2]], device=dev)
     weights = torch.softmax(torch.randn(t, k, generator=g), -1).to(torch.bfloat16).to(dev)
     emap = torch.tensor([0, -1, 1, 2], dtype=torch.int32, device=dev)  # expert 1 absent; slots 0..2 hold 0, 2, 3
     slots = [0, 2, 3]
-    got = triton_fused_moe(hidden, gate_up[slots], down[slots], ids, weights, emap, scales=(gs[slots], ds[slots]))
+    extras = ExpertExtras(gs[slots], ds[slots])
+    got = triton_fused_moe(hidden, gate_up[slots], down[slots], ids, weights, emap, extras=extras)
     twin = triton_fused_moe(hidden, plain_gate_up[slots], plain_down[slots], ids, weights, emap)
     assert torch.equal(got, twin) if dev.type == "cpu" else torch.allclose(got, twin, rtol=1e-2, atol=1e-2)
-    reference = fused_moe(hidden, gate_up[slots], down[slots], ids, weights, emap, scales=(gs[slots], ds[slots]))
+    reference = fused_moe(hidden, gate_up[slots], down[slots], ids, weights, emap, extras=extras)
     torch.testing.assert_close(got, reference, rtol=2e-2, atol=2e-2)
     one, plain = (torch.zeros((t * k, d), device=dev) for _ in range(2))
     pairs = torch.tensor([1, 3], device=dev)  # both pairs routed to expert 2
-    triton_pairs_of_one_expert(one, hidden, gate_up[2], down[2], pairs, k, scales=(gs[2], ds[2]))
+    triton_pairs_of_one_expert(one, hidden, gate_up[2], down[2], pairs, k, extras=ExpertExtras(gs[2], ds[2]))
     triton_pairs_of_one_expert(plain, hidden, plain_gate_up[2], plain_down[2], pairs, k)
     by_map = torch.zeros_like(one)
-    triton_pairs_by_map(by_map, hidden, gate_up[slots], down[slots], ids, emap, scales=(gs[slots], ds[slots]))
-    assert torch.equal(one[pairs], by_map[pairs]) and one[1].abs().sum() > 0  # within FP8: paged == resident
+    triton_pairs_by_map(by_map, hidden, gate_up[slots], down[slots], ids, emap, extras=extras)
+    assert torch.equal(one[pairs], by_map[pairs]) and one[1].abs().sum() > 0  # within a format: paged == resident
     if dev.type == "cpu":  # the interpreter sums in one order whatever the weights' dtype
         assert torch.equal(one, plain)
-    else:  # compiled, tl.sum's order follows the load's layout, which follows the dtype: FP8 tiles sum their
-        torch.testing.assert_close(one, plain, rtol=1e-4, atol=1e-5)  # float32 products in another order
+    else:  # compiled, tl.sum's order follows the load's layout, which follows the dtype: quantized tiles sum
+        torch.testing.assert_close(one, plain, rtol=1e-4, atol=1e-5)  # their float32 products in another order
 
 
-def test_unknown_quantized_weights_and_mxfp4_on_triton_are_refused_naming_the_way():
+def test_unknown_quantized_weights_and_unscaled_ones_are_refused_naming_the_formats():
     from wisp.core.quantized_weights import dequantize_weight
 
     with pytest.raises(ValueError, match="float8_e4m3fn .FP8 block-scaled., uint8 .MXFP4."):
@@ -119,6 +121,6 @@ def test_unknown_quantized_weights_and_mxfp4_on_triton_are_refused_naming_the_wa
     from wisp.core.triton_moe import triton_pairs_of_one_expert
 
     bank, _ = quantized_bank(2, 1, "mxfp4")
-    with pytest.raises(ValueError, match="--moe-backend torch"):
+    with pytest.raises(ValueError, match="uint8 .MXFP4. with their scales .none given."):
         triton_pairs_of_one_expert(torch.zeros((2, D)), torch.zeros((1, D), dtype=torch.bfloat16), bank[GATE_UP][0],
-                                   bank[DOWN][0], torch.tensor([0, 1]), 2, scales=(bank[GATE_UP_SCALE][0], bank[DOWN_SCALE][0]))
+                                   bank[DOWN][0], torch.tensor([0, 1]), 2)

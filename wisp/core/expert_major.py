@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from wisp.core.quantized_weights import block_scales
+from wisp.core.expert_extras import extras_of
 from wisp.core.kernels import MoEKernels
 from wisp.core.pager import ExpertPager
 
@@ -78,7 +78,7 @@ def expert_major_pairs(pager: ExpertPager, staging: StagingBuffers, kernels: MoE
     scratch = pager.scratch
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
     kernels.pairs_by_map(per_k, hidden, scratch[GATE_UP], scratch[DOWN], topk_ids, pager.expert_map,
-                         scales=block_scales(scratch))  # the hits
+                         extras=extras_of(scratch))  # the hits
     order = torch.argsort(topk_ids.reshape(-1), stable=True)  # [T*K] pairs grouped by expert, token order inside
     offsets = [0]
     for c in counts:
@@ -103,7 +103,7 @@ def expert_major_pairs(pager: ExpertPager, staging: StagingBuffers, kernels: MoE
                 copied = side.record_event()
             main.wait_event(copied)
         pairs = order[offsets[expert] : offsets[expert + 1]]
-        kernels.pairs_of_one_expert(per_k, hidden, dest[GATE_UP], dest[DOWN], pairs, k, scales=block_scales(dest))
+        kernels.pairs_of_one_expert(per_k, hidden, dest[GATE_UP], dest[DOWN], pairs, k, extras=extras_of(dest))
         if slot is None and side is not None:
             staging.free_after[index] = main.record_event()
     pager.publish_map()

@@ -30,7 +30,7 @@ import torch
 
 from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_many
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, run_wide_step
-from wisp.core.quantized_weights import block_scales
+from wisp.core.expert_extras import extras_of
 from wisp.core.kernels import TORCH_KERNELS, MoEKernels
 from wisp.core.pager import ExpertPager, expert_bytes
 from wisp.core.recency import order_by_last_token
@@ -43,9 +43,9 @@ class ExpertStore(ABC):
 
     def moe_fn(self, hidden: torch.Tensor, bank: dict[str, torch.Tensor], topk_ids: torch.Tensor,
                topk_weights: torch.Tensor, expert_map: torch.Tensor | None) -> torch.Tensor:
-        """The backend's fused MoE over `bank` (weights, and FP8 block scales where the bank has them)."""
+        """The backend's fused MoE over `bank` (weights, and the scales and biases where the bank has them)."""
         return self.kernels.fused(hidden, bank[GATE_UP], bank[DOWN], topk_ids, topk_weights, expert_map,
-                                  scales=block_scales(bank))
+                                  extras=extras_of(bank))
 
     @abstractmethod
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor: ...

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
 from wisp.core.experts import PagedExperts
-from wisp.core.quantized_weights import block_scales, dequantize_expert, scales_at
+from wisp.core.expert_extras import SILU, Activation, ExpertExtras, extras_at, extras_of
+from wisp.core.quantized_weights import dequantize_expert
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
 from wisp.core.moe import expert_mlp
@@ -71,7 +72,8 @@ class HybridExperts(PagedExperts):
         gpu_order = [e for e in order if e not in on_cpu]
         per_k = expert_major_pairs(pager, self._staging(), self.kernels, hidden, topk_ids, gpu_order, counts)  # enqueued
         kernel_start = time.perf_counter()
-        pairs, rows = cpu_pair_rows(hidden_host, ids_host, pager.host, split.to_cpu, k, self.cpu_expert)  # meanwhile
+        pairs, rows = cpu_pair_rows(hidden_host, ids_host, pager.host, split.to_cpu, k, self.cpu_expert,
+                                    self.kernels.activation)  # meanwhile
         kernel_s = time.perf_counter() - kernel_start
         per_k[pairs.to(per_k.device)] = rows.to(per_k.device)  # waits for the GPU's side too
         self.pace.observe(time.perf_counter() - start, split.predicted_s, kernel_s)
@@ -87,12 +89,15 @@ class HybridExperts(PagedExperts):
         self.pace.begin_step(step)
 
 
-def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, scales=None) -> torch.Tensor:
+def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                     extras: ExpertExtras | None = None, activation: Activation = SILU) -> torch.Tensor:
     """One expert on exactly the rows x [M, D] with torch's own GEMM (not row-invariant): [M, D]. Quantized
-    weights (`scales` given: FP8 or MXFP4) are dequantized to x's dtype first."""
-    w_gate_up, w_down = dequantize_expert(w_gate_up, w_down, scales, x.dtype)
-    gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)  # [M, I] each
-    return F.linear(F.silu(gate) * up, w_down)
+    weights (FP8 or MXFP4 scales in `extras`) are dequantized to x's dtype first; biases are added."""
+    w_gate_up, w_down = dequantize_expert(w_gate_up, w_down, extras, x.dtype)
+    b_gate_up, b_down = (None, None) if extras is None else (extras.gate_up_bias, extras.down_bias)
+    gate, up = F.linear(x, w_gate_up, b_gate_up).chunk(2, dim=-1)  # [M, I] each
+    h = F.silu(gate) * up if activation == SILU else activation(gate, up)
+    return F.linear(h, w_down, b_down)
 
 
 CPU_EXPERT_KERNELS = {"plain": plain_expert_mlp, "reference": expert_mlp}  # wisp.options.HYBRID_CPU_KERNELS
@@ -103,15 +108,15 @@ def default_cpu_kernel(device: torch.device) -> str:
 
 
 def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, torch.Tensor], experts, top_k: int,
-                  expert_fn=expert_mlp) -> tuple[torch.Tensor, torch.Tensor]:
+                  expert_fn=expert_mlp, activation: Activation = SILU) -> tuple[torch.Tensor, torch.Tensor]:
     """On the CPU: the flat (token, k) pair indices routed to `experts` and their float32 outputs
     ([M], [M, D]), each expert's pairs in token order, computed from the host masters."""
     flat = topk_ids.reshape(-1)
-    scales = block_scales(host)
+    extras = extras_of(host)
     pairs, rows = [], []
     for expert in experts:
         routed = (flat == expert).nonzero().squeeze(1)  # [m] ascending: token order
         pairs.append(routed)
         rows.append(expert_fn(hidden[routed // top_k], host[GATE_UP][expert], host[DOWN][expert],
-                              scales_at(scales, expert)).float())
+                              extras_at(extras, expert), activation).float())
     return torch.cat(pairs), torch.cat(rows)

@@ -19,7 +19,7 @@ import time
 import torch
 
 from wisp.core.expert_major import DOWN, GATE_UP
-from wisp.core.quantized_weights import block_scales, scales_at
+from wisp.core.expert_extras import extras_at, extras_of
 from wisp.core.hybrid_split import HybridCosts
 from wisp.core.hybrid_experts import CPU_EXPERT_KERNELS, default_cpu_kernel
 
@@ -48,7 +48,7 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
     device = torch.device(device)
     expert_fn = CPU_EXPERT_KERNELS[cpu_kernel or default_cpu_kernel(device)]
     num_experts = host[GATE_UP].shape[0]
-    scales = block_scales(host)
+    extras = extras_of(host)
     dest = {name: torch.empty(t.shape[1:], dtype=t.dtype, device=device) for name, t in host.items()}
     turn = itertools.count()
 
@@ -59,14 +59,14 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
 
     copy_s = _median_s(copy_one, device, repeats)
     d = host[GATE_UP].shape[2]
-    dtype = host[GATE_UP].dtype if scales is None else torch.bfloat16  # FP8 experts compute in bf16
+    dtype = host[GATE_UP].dtype if extras is None or extras.scales is None else torch.bfloat16  # FP8 experts compute in bf16
     cpu_s = []
     for n in rows:
         x = torch.randn((n, d), generator=torch.Generator().manual_seed(n)).to(dtype)
 
         def cpu_one(x=x):
             e = next(turn) % num_experts
-            expert_fn(x, host[GATE_UP][e], host[DOWN][e], scales_at(scales, e))
+            expert_fn(x, host[GATE_UP][e], host[DOWN][e], extras_at(extras, e))
 
         cpu_s.append(_median_s(cpu_one, torch.device("cpu"), repeats))
     for i in range(1, len(cpu_s)):

@@ -9,15 +9,19 @@ for bit, tested against it):
   all routed to the one expert whose weights are given (a slot or a staging buffer);
 - `combine(per_k [T, K, D], topk_weights, dtype) -> [T, D]`: the sum over k in routing order.
 An expert-major step is `pairs_by_map` + `pairs_of_one_expert` per streamed expert + `combine`, and
-gives the bits `fused` gives.
+gives the bits `fused` gives. The first three also take `extras=` (`wisp.core.expert_extras`: scales, biases)
+and `activation=`; a model's family is bound to its activation once (`with_activation`), so the stores call
+every family alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable
 
 from wisp.core import moe
+from wisp.core.expert_extras import SILU, Activation
 
 MOE_BACKEND_NAMES = ("torch", "triton")
 
@@ -29,6 +33,16 @@ class MoEKernels:
     pairs_by_map: Callable
     pairs_of_one_expert: Callable
     combine: Callable
+    activation: Activation = SILU
+
+    def with_activation(self, activation: Activation) -> "MoEKernels":
+        """This family with every expert computed under `activation` (itself when it is the default)."""
+        if activation == self.activation:
+            return self
+        return replace(self, fused=partial(self.fused, activation=activation),
+                       pairs_by_map=partial(self.pairs_by_map, activation=activation),
+                       pairs_of_one_expert=partial(self.pairs_of_one_expert, activation=activation),
+                       activation=activation)
 
 
 TORCH_KERNELS = MoEKernels("torch", moe.fused_moe, moe.pairs_by_map, moe.pairs_of_one_expert,

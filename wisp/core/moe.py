@@ -3,7 +3,8 @@
 `fused_moe(hidden, w_gate_up, w_down, topk_ids, topk_weights, expert_map)` computes, for every token t,
 
     out[t] = sum over k = 0..K-1, in routing order, of topk_weights[t, k] * expert(topk_ids[t, k])(hidden[t])
-    expert(e)(x) = w_down[s] @ (silu(gate) * up),  [gate; up] = w_gate_up[s] @ x,  s = expert_map[e]
+    expert(e)(x) = w_down[s] @ act(gate, up) (+ down bias),  [gate; up] = w_gate_up[s] @ x (+ gate_up bias),
+    s = expert_map[e], act = silu(gate) * up unless another `Activation` is given (GPT-OSS)
 
 Weights are indexed by *slot*: `expert_map` [N] maps a logical expert id to the slot holding its bytes
 (-1: not present, and that term is skipped). Invariants:
@@ -18,19 +19,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wisp.core.quantized_weights import dequantize_expert, scales_at
-from wisp.core.rows import map_row_tiles, silu_mul, tile_linear
+from wisp.core.expert_extras import SILU, Activation, ExpertExtras, extras_at
+from wisp.core.quantized_weights import dequantize_expert
+from wisp.core.rows import map_row_tiles, tile_linear
 
 
-def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, scales=None) -> torch.Tensor:
-    """One expert on rows x [M, D]: w_gate_up [2I, D], w_down [D, I] -> [M, D] (row-invariant). With `scales`
-    (gate_up's, down's) the quantized weights (FP8 or MXFP4: `wisp.core.quantized_weights`) are dequantized
-    to x's dtype first."""
-    w_gate_up, w_down = dequantize_expert(w_gate_up, w_down, scales, x.dtype)
+def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None = None,
+               activation: Activation = SILU) -> torch.Tensor:
+    """One expert on rows x [M, D]: w_gate_up [2I, D], w_down [D, I] -> [M, D] (row-invariant). `extras`
+    (`wisp.core.expert_extras`): quantized weights' scales (FP8 or MXFP4, dequantized to x's dtype first) and
+    biases, each added to its GEMM's output in x's dtype."""
+    w_gate_up, w_down = dequantize_expert(w_gate_up, w_down, extras, x.dtype)
+    b_gate_up, b_down = (None, None) if extras is None else (extras.gate_up_bias, extras.down_bias)
 
     def tile_fn(tile: torch.Tensor) -> torch.Tensor:
-        gate, up = tile_linear(tile, w_gate_up).chunk(2, dim=-1)  # [R, I] each
-        return tile_linear(silu_mul(gate, up), w_down)  # [R, D]
+        gate, up = tile_linear(tile, w_gate_up, b_gate_up).chunk(2, dim=-1)  # [R, I] each
+        return tile_linear(activation(gate, up), w_down, b_down)  # [R, D]
 
     return map_row_tiles(x, tile_fn)
 
@@ -42,11 +46,12 @@ def fused_moe(
     topk_ids: torch.Tensor,  # [T, K] logical expert ids
     topk_weights: torch.Tensor,  # [T, K]
     expert_map: torch.Tensor | None = None,  # [N] int, logical -> slot or -1; None = identity
-    scales=None,  # the quantized weights' scales ([S, ...] of gate_up, of down); None: plain weights
+    extras: ExpertExtras | None = None,  # the bank's scales and biases ([S, ...]); None: plain weights
+    activation: Activation = SILU,
 ) -> torch.Tensor:
     t, k = topk_ids.shape
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
-    pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, scales)
+    pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, extras, activation)
     return combine_in_routing_order(per_k.view(t, k, -1), topk_weights, hidden.dtype)
 
 
@@ -57,7 +62,8 @@ def pairs_by_map(
     w_down: torch.Tensor,  # [S, D, I]
     topk_ids: torch.Tensor,  # [T, K]
     expert_map: torch.Tensor | None,  # [N] logical -> slot or -1 (pair left as it is); None = identity
-    scales=None,  # the quantized weights' scales [S, ...] (see fused_moe)
+    extras: ExpertExtras | None = None,  # [S, ...] (see fused_moe)
+    activation: Activation = SILU,
 ) -> None:
     """Each routed (token, k) pair's expert output, from the slot `expert_map` gives its expert."""
     k = topk_ids.shape[1]
@@ -71,7 +77,8 @@ def pairs_by_map(
         pairs = order[start : start + count]
         start += count
         if slot >= 0:
-            pairs_of_one_expert(per_k, hidden, w_gate_up[slot], w_down[slot], pairs, k, scales_at(scales, slot))
+            pairs_of_one_expert(per_k, hidden, w_gate_up[slot], w_down[slot], pairs, k, extras_at(extras, slot),
+                                activation)
 
 
 def pairs_of_one_expert(
@@ -81,10 +88,11 @@ def pairs_of_one_expert(
     w_down: torch.Tensor,  # [D, I]
     pairs: torch.Tensor,  # [M] flat pair indices t * K + k routed to that expert
     top_k: int,
-    scales=None,  # that expert's scales (gate_up's, down's) if its weights are quantized, else None
+    extras: ExpertExtras | None = None,  # that expert's scales and biases, if any
+    activation: Activation = SILU,
 ) -> None:
     """per_k[pairs] = the expert's output for each pair's token (the same bits as `fused_moe`'s)."""
-    per_k[pairs] = expert_mlp(hidden[pairs // top_k], w_gate_up, w_down, scales).float()
+    per_k[pairs] = expert_mlp(hidden[pairs // top_k], w_gate_up, w_down, extras, activation).float()
 
 
 def combine_in_routing_order(per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

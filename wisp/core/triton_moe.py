@@ -16,10 +16,14 @@ arithmetic, so the bits match a device copy. The kernel is a per-pair GEMV, righ
 tokens); a prefill re-reads an expert once per token routed to it (from L2 when the pairs of one
 expert run together).
 
-FP8 block-scaled weights (`wisp.core.fp8_blocks`; `scales` given, FP8_BLOCK > 0) are dequantized in-kernel:
-each weight tile is multiplied by its 128 x 128 block's float32 scale and rounded to hidden's dtype
-(`_rounded`, to nearest even by the bits), exactly what the torch kernels do before their GEMMs, so an FP8
-bank gives the bits of the bank of its dequantized weights, and only FP8 bytes (plus scales) are read.
+Quantized weights are dequantized in-kernel (`_weight_tile`), reading only their packed bytes and scales:
+FP8 block-scaled (`wisp.core.fp8_blocks`): each tile times its 128 x 128 block's float32 scale, rounded to
+hidden's dtype (`_rounded`, to nearest even by the bits); MXFP4 (`wisp.core.mxfp4`): codes and power-of-two
+scales built from their bits, exact. That is what the torch kernels do before their GEMMs, so under Triton's
+interpreter a quantized bank gives the bits of its dequantized twin; compiled, tl.sum's order follows the
+load's layout, which follows the weight's dtype, so a GPU matches the twin closely (a quantized bank's own
+modes still agree bit for bit). Biases (GPT-OSS) are added in float32 after each reduction, and the clamped
+SwiGLU replaces silu(gate) * up when asked (`wisp.core.expert_extras.Activation`).
 
 The same two kernels have a one-expert form (`triton_pairs_of_one_expert`, ONE_EXPERT): programs walk
 a list of pairs all routed to one expert whose weights sit at the given pointer (a slot, or a staging
@@ -32,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from wisp.core.expert_extras import SILU, Activation, ExpertExtras
 from wisp.core.fp8_blocks import DEFAULT_BLOCK, FP8
 from wisp.core.uva import device_view
 
@@ -64,9 +69,34 @@ def _rounded(w, ROUND: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, h_ptr, stride_ws, s_ptr, stride_ss, K: tl.constexpr,
-                 D: tl.constexpr, I: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr,
-                 ONE_EXPERT: tl.constexpr, FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr):
+def _weight_tile(w, sc, rows, cols, mask, COLS: tl.constexpr, FMT: tl.constexpr, FP8_BLOCK: tl.constexpr,
+                 ROUND: tl.constexpr):
+    """The float32 tile [rows, cols] of one expert's [R, COLS] weight at w (scales at sc), dequantized as the
+    torch kernels do: FMT 0 plain; 1 FP8 (float32 product with the 128 x 128 block's scale, rounded to the
+    compute dtype); 2 MXFP4 (two e2m1 codes a byte, even column in the low nibble, times 2^(e8m0 - 127):
+    exact, built from the bits)."""
+    if FMT == 2:
+        byte = tl.load(w + rows[:, None] * (COLS // 2) + cols[None, :] // 2, mask=mask, other=0).to(tl.int32)
+        code = tl.where((cols % 2 == 0)[None, :], byte & 0xF, byte >> 4)
+        mag, e = (code & 7), (code & 7) >> 1
+        frac = 1.0 + 0.5 * (mag & 1).to(tl.float32)
+        value = tl.where(e == 0, 0.5 * (mag & 1).to(tl.float32), frac * tl.where(e == 3, 4.0, tl.where(e == 2, 2.0, 1.0)))
+        value = tl.where((code & 8) != 0, -value, value)
+        s = tl.load(sc + rows[:, None] * (COLS // 32) + cols[None, :] // 32, mask=mask, other=127).to(tl.uint32)
+        return _rounded(value * (s << 23).to(tl.float32, bitcast=True), ROUND)
+    tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if FMT == 1:
+        n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
+        scale = tl.load(sc + (rows // FP8_BLOCK)[:, None] * n_cols + (cols // FP8_BLOCK)[None, :], mask=mask, other=0.0)
+        tile = _rounded(tile * scale, ROUND)
+    return tile
+
+
+@triton.jit
+def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, h_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs,
+                 alpha, limit, K: tl.constexpr, D: tl.constexpr, I: tl.constexpr, BLOCK_I: tl.constexpr,
+                 BLOCK_D: tl.constexpr, ONE_EXPERT: tl.constexpr, FMT: tl.constexpr, FP8_BLOCK: tl.constexpr,
+                 ROUND: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
     row, pair, slot = _pair_and_slot(ids_ptr, map_ptr, pairs_ptr, ONE_EXPERT)
     ib = tl.program_id(1)
     token = pair // K
@@ -82,18 +112,20 @@ def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, h_ptr, stride_ws, s_
             col_ok = cols < D
             x = tl.load(x_ptr + token.to(tl.int64) * D + cols, mask=col_ok, other=0.0).to(tl.float32)
             mask = row_ok[:, None] & col_ok[None, :]
-            wg = tl.load(w + rows[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            wu = tl.load(w + (rows[:, None] + I) * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            if FP8_BLOCK > 0:  # dequantized as the torch kernels do: float32 product, rounded to x's dtype
-                n_cols = (D + FP8_BLOCK - 1) // FP8_BLOCK
-                at = (cols // FP8_BLOCK)[None, :]
-                sg = tl.load(sc + (rows // FP8_BLOCK)[:, None] * n_cols + at, mask=mask, other=0.0)
-                su = tl.load(sc + ((rows + I) // FP8_BLOCK)[:, None] * n_cols + at, mask=mask, other=0.0)
-                wg = _rounded(wg * sg, ROUND)
-                wu = _rounded(wu * su, ROUND)
+            wg = _weight_tile(w, sc, rows, cols, mask, D, FMT, FP8_BLOCK, ROUND)
+            wu = _weight_tile(w, sc, rows + I, cols, mask, D, FMT, FP8_BLOCK, ROUND)
             gate += tl.sum(wg * x[None, :], axis=1)
             up += tl.sum(wu * x[None, :], axis=1)
-    h = gate / (1.0 + tl.exp(-gate)) * up
+        if HAS_BIAS:
+            b = b_ptr + slot.to(tl.int64) * stride_bs
+            gate += tl.load(b + rows, mask=row_ok, other=0.0).to(tl.float32)
+            up += tl.load(b + I + rows, mask=row_ok, other=0.0).to(tl.float32)
+    if SWIGLU:  # GPT-OSS's clamped SwiGLU (wisp.core.expert_extras.Activation)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        h = (up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))
+    else:
+        h = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(h_ptr + row.to(tl.int64) * I + rows, h, mask=row_ok)
 
 
@@ -110,9 +142,9 @@ def _combine(y_ptr, w_ptr, out_ptr, K: tl.constexpr, D: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
-def _down(h_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, y_ptr, stride_ws, s_ptr, stride_ss, D: tl.constexpr,
-          I: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, ONE_EXPERT: tl.constexpr,
-          FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr):
+def _down(h_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, y_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs,
+          D: tl.constexpr, I: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, ONE_EXPERT: tl.constexpr,
+          FMT: tl.constexpr, FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr, HAS_BIAS: tl.constexpr):
     row, pair, slot = _pair_and_slot(ids_ptr, map_ptr, pairs_ptr, ONE_EXPERT)
     db = tl.program_id(1)
     rows = db * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -126,12 +158,10 @@ def _down(h_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, y_ptr, stride_ws, s_ptr, st
             col_ok = cols < I
             h = tl.load(h_ptr + row.to(tl.int64) * I + cols, mask=col_ok, other=0.0)
             mask = row_ok[:, None] & col_ok[None, :]
-            wd = tl.load(w + rows[:, None] * I + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            if FP8_BLOCK > 0:  # dequantized as the torch kernels do (see _gate_up_act)
-                n_cols = (I + FP8_BLOCK - 1) // FP8_BLOCK
-                sd = tl.load(sc + (rows // FP8_BLOCK)[:, None] * n_cols + (cols // FP8_BLOCK)[None, :], mask=mask, other=0.0)
-                wd = _rounded(wd * sd, ROUND)
+            wd = _weight_tile(w, sc, rows, cols, mask, I, FMT, FP8_BLOCK, ROUND)
             acc += tl.sum(wd * h[None, :], axis=1)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + slot.to(tl.int64) * stride_bs + rows, mask=row_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + pair.to(tl.int64) * D + rows, acc, mask=row_ok)
 
 
@@ -140,68 +170,72 @@ BLOCK_D_DOWN, BLOCK_I_DOWN = 64, 128
 ROUND_IDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # `_rounded`'s codes for the compute dtype
 
 
-def _check_dtypes(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, scales) -> None:
-    want = FP8 if scales is not None else hidden.dtype
-    if scales is not None and w_gate_up.dtype == torch.uint8:
-        raise ValueError("MXFP4 experts run on the torch MoE backend (--moe-backend torch) for now: the Triton "
-                         "kernels dequantize FP8 only")
-    if w_gate_up.dtype != want or w_down.dtype != want:
-        raise ValueError(f"expert weights ({w_gate_up.dtype}) must be {want} (hidden is {hidden.dtype}"
-                         f"{', with FP8 block scales' if scales is not None else ''})")
+def _format(w_gate_up: torch.Tensor, hidden: torch.Tensor, extras: ExpertExtras | None) -> int:
+    """`_weight_tile`'s FMT for these weights: 0 plain (hidden's dtype), 1 FP8, 2 MXFP4 (scales in extras)."""
+    scales = None if extras is None else extras.scales
+    fmt = 0 if scales is None else {FP8: 1, torch.uint8: 2}.get(w_gate_up.dtype, -1)
+    want = {0: hidden.dtype, 1: FP8, 2: torch.uint8}.get(fmt)
+    if fmt < 0 or w_gate_up.dtype != want:
+        raise ValueError(f"expert weights ({w_gate_up.dtype}) must be {hidden.dtype} like hidden, or float8_e4m3fn / "
+                         f"uint8 (MXFP4) with their scales{' (none given)' if scales is None else ''}")
+    return fmt
 
 
 def _launch(per_k, hidden, w_gate_up, w_down, ids, emap, pairs, rows: int, top_k: int, one_expert: bool,
-            scales=None) -> None:
+            extras: ExpertExtras | None = None, activation: Activation = SILU) -> None:
     """The two per-pair kernels over `rows` programs: per_k [T*K, D] float32 gets each pair's output.
-    scales: (gate_up's, down's) FP8 block scales of float8 weights ([S, ...], or one expert's), else None."""
-    d, inter = hidden.shape[1], w_down.shape[-1]
+    extras: the bank's (or the one expert's) scales and biases, if any (`wisp.core.expert_extras`)."""
+    d, inter = hidden.shape[1], w_gate_up.shape[0 if one_expert else 1] // 2  # [S,] 2I, D (MXFP4: D/32, 16)
+    fmt = _format(w_gate_up, hidden, extras)
+    if w_down.dtype != w_gate_up.dtype:
+        raise ValueError(f"expert weights must share a dtype (gate_up {w_gate_up.dtype}, down {w_down.dtype})")
     if rows == 0:
         return
     dev = hidden.device
-    block = DEFAULT_BLOCK[0] if scales is not None else 0
-    round_to = ROUND_IDS[hidden.dtype]
-    s_gate_up, s_down = scales if scales is not None else (w_gate_up, w_down)  # unread without FP8_BLOCK
+    extras = extras or ExpertExtras()
+    s_gate_up, s_down = extras.scales or (w_gate_up, w_down)  # unread unless FMT > 0
+    has_bias = extras.gate_up_bias is not None
+    b_gate_up, b_down = (extras.gate_up_bias, extras.down_bias) if has_bias else (w_gate_up, w_down)  # unread
 
     def stride0(t: torch.Tensor) -> int:
         return t.stride(0) if not one_expert else 0
 
+    common = dict(ONE_EXPERT=one_expert, FMT=fmt, FP8_BLOCK=DEFAULT_BLOCK[0], ROUND=ROUND_IDS[hidden.dtype],
+                  HAS_BIAS=has_bias)
     h = torch.empty((rows, inter), dtype=torch.float32, device=dev)
     _gate_up_act[(rows, triton.cdiv(inter, BLOCK_I_GATE_UP))](
         hidden, device_view(w_gate_up, dev), ids, emap, pairs, h, stride0(w_gate_up), device_view(s_gate_up, dev),
-        stride0(s_gate_up), K=top_k, D=d, I=inter, BLOCK_I=BLOCK_I_GATE_UP, BLOCK_D=BLOCK_D_GATE_UP,
-        ONE_EXPERT=one_expert, FP8_BLOCK=block, ROUND=round_to,
+        stride0(s_gate_up), device_view(b_gate_up, dev), stride0(b_gate_up), activation.alpha, activation.limit,
+        K=top_k, D=d, I=inter, BLOCK_I=BLOCK_I_GATE_UP, BLOCK_D=BLOCK_D_GATE_UP,
+        SWIGLU=activation.kind == "clamped_swiglu", **common,
     )
     _down[(rows, triton.cdiv(d, BLOCK_D_DOWN))](
         h, device_view(w_down, dev), ids, emap, pairs, per_k, stride0(w_down), device_view(s_down, dev),
-        stride0(s_down), D=d, I=inter, BLOCK_D=BLOCK_D_DOWN, BLOCK_I=BLOCK_I_DOWN, ONE_EXPERT=one_expert,
-        FP8_BLOCK=block, ROUND=round_to,
+        stride0(s_down), device_view(b_down, dev), stride0(b_down), D=d, I=inter, BLOCK_D=BLOCK_D_DOWN,
+        BLOCK_I=BLOCK_I_DOWN, **common,
     )
 
 
-def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, scales=None) -> None:
+def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, extras=None,
+                        activation: Activation = SILU) -> None:
     """`wisp.core.moe.pairs_by_map` in Triton: per_k [T*K, D] float32 gets every pair whose expert has a
     slot in expert_map [N] (None: identity); the other pairs are left as they are."""
     t, k = topk_ids.shape
-    _check_dtypes(hidden, w_gate_up, w_down, scales)
     if expert_map is None:
         expert_map = torch.arange(w_gate_up.shape[0], dtype=torch.int32, device=hidden.device)
     ids = topk_ids.reshape(-1).contiguous()  # any integer dtype: the kernels load it as it is
     emap = expert_map.to(torch.int32).contiguous()
     _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), ids, emap, ids, t * k, k, False,
-            _contiguous(scales))
+            extras and extras.contiguous(), activation)
 
 
-def triton_pairs_of_one_expert(per_k, hidden, w_gate_up, w_down, pairs, top_k: int, scales=None) -> None:
+def triton_pairs_of_one_expert(per_k, hidden, w_gate_up, w_down, pairs, top_k: int, extras=None,
+                               activation: Activation = SILU) -> None:
     """`wisp.core.moe.pairs_of_one_expert` in Triton: w_gate_up [2I, D] and w_down [D, I] are one
     expert's weights (a slot or a staging buffer); pairs [M] the flat pair indices routed to it."""
-    _check_dtypes(hidden, w_gate_up, w_down, scales)
     pairs = pairs.contiguous()
     _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), pairs, pairs, pairs, pairs.numel(),
-            top_k, True, _contiguous(scales))
-
-
-def _contiguous(scales):
-    return None if scales is None else tuple(t.contiguous() for t in scales)
+            top_k, True, extras and extras.contiguous(), activation)
 
 
 def triton_combine(per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -219,9 +253,10 @@ def triton_fused_moe(
     topk_ids: torch.Tensor,  # [T, K]
     topk_weights: torch.Tensor,  # [T, K]
     expert_map: torch.Tensor | None = None,  # [N] int32, logical -> slot or -1
-    scales=None,  # FP8 block scales ([S, ...] of gate_up, of down) of float8 weights: dequantized in-kernel
+    extras: ExpertExtras | None = None,  # scales (FP8 / MXFP4 weights: dequantized in-kernel) and biases
+    activation: Activation = SILU,
 ) -> torch.Tensor:
     t, k = topk_ids.shape
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
-    triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, scales)
+    triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, extras, activation)
     return triton_combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
