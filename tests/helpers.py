@@ -41,6 +41,14 @@ FAMILY_SPECS = {
         dict(num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=48,
              shared_expert_intermediate_size=40, decoder_sparse_step=2, norm_topk_prob=False),
     ),
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(num_hidden_layers=3, head_dim=16, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32,
+             sliding_window=4, swiglu_limit=1.5,  # a window the prompts outrun; a clamp the activations reach
+             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+                              "beta_slow": 1.0, "original_max_position_embeddings": 64, "truncate": False}),
+    ),
 }
 FAMILIES = list(FAMILY_SPECS)
 
@@ -54,6 +62,8 @@ def make_hf_model(family: str, seed: int = 0):
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():  # HF's init is tiny (std 0.02); widen it so routing and logits are far from ties
         for name, p in model.named_parameters():
-            if p.dim() >= 2:
+            if p.dim() >= 2 and not name.endswith("_bias"):
                 p.normal_(0.0, 0.5 if "embed" in name else 0.15)
+            elif family == "gpt_oss" and ("bias" in name or "sinks" in name):  # HF zeroes the expert biases
+                p.normal_(0.0, 0.3)
     return model

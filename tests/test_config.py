@@ -30,12 +30,12 @@ def test_legacy_rope_fields_and_num_local_experts():
     raw["num_local_experts"] = 16
     raw["rope_scaling"] = {"type": "linear", "factor": 2.0}
     cfg = ModelConfig.from_hf(raw)
-    assert cfg.num_experts == 16 and cfg.rope_theta == 5e5 and cfg.rope_scaling_factor == 2.0
+    assert cfg.num_experts == 16 and cfg.rope.theta == 5e5 and cfg.rope.factor == 2.0 and cfg.rope.kind == "linear"
 
 
 def test_unsupported_rope_type_is_a_clear_error():
     with pytest.raises(WispError, match="rope_type"):
-        ModelConfig.from_hf(dict(DEMO_CONFIG, rope_parameters={"rope_type": "yarn", "factor": 4.0}))
+        ModelConfig.from_hf(dict(DEMO_CONFIG, rope_parameters={"rope_type": "dynamic", "factor": 4.0}))
 
 
 def test_expert_bytes_and_default_caps():

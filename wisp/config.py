@@ -16,9 +16,11 @@ from typing import Any
 
 import torch
 
+from wisp.core.expert_extras import SILU, Activation
 from wisp.core.hybrid_split import HybridCosts
 from wisp.errors import WispError
 from wisp.models.families import Family, family_for_architecture
+from wisp.models.rope import RopeScaling
 from wisp.options import (ATTENTION_BACKENDS, DTYPE_NAMES, HYBRID_CPU_KERNELS, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS,
                           SCRATCH_MODES)
 
@@ -51,8 +53,7 @@ class ModelConfig:
     head_dim: int
     max_position_embeddings: int
     rms_norm_eps: float
-    rope_theta: float
-    rope_scaling_factor: float  # 1.0 unless rope_type == "linear"
+    rope: RopeScaling
     num_experts: int
     top_k: int
     moe_intermediate_size: int
@@ -68,6 +69,17 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     dtype: torch.dtype = torch.float32
     fp8_block: tuple[int, int] | None = None  # FP8 block-scaled linear weights (`wisp.core.fp8_blocks`): the block
+    mxfp4_experts: bool = False  # experts in MXFP4 (`wisp.core.mxfp4`; GPT-OSS), everything else plain
+    window_layers: tuple[bool, ...] = ()  # per layer: sliding_window applies there (empty: every layer)
+    attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator (GPT-OSS)
+    routing: str = "softmax_topk"  # or "topk_softmax": softmax over the top-k router logits (GPT-OSS)
+    expert_activation: Activation = SILU
+    expert_bias: bool = False  # experts carry gate_up and down biases (GPT-OSS)
+    norm_weight_float32: bool = False  # RMSNorm multiplies its weight in float32 before the cast (GPT-OSS)
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of attention in `layer` (None: full attention)."""
+        return self.sliding_window if not self.window_layers or self.window_layers[layer] else None
 
     @property
     def moe_layer_ids(self) -> list[int]:
@@ -78,11 +90,15 @@ class ModelConfig:
         """Bytes of one expert (gate, up and down) as it is paged: in `dtype`, or FP8 plus its float32 block
         scales (gate_up's [2I/B, D/B] and down's [D/B, I/B]): the unit the pager moves."""
         d, inter = self.hidden_size, self.moe_intermediate_size
+        size = self.dtype.itemsize
+        biases = (2 * inter + d) * size if self.expert_bias else 0
+        if self.mxfp4_experts:  # half a byte a weight, one e8m0 byte per 32
+            return 3 * d * inter // 2 + 3 * d * inter // 32 + biases
         if self.fp8_block is not None:
             bo, bi = self.fp8_block
             scales = (2 * inter // bo) * -(-d // bi) + -(-d // bo) * -(-inter // bi)
-            return 3 * d * inter + 4 * scales
-        return 3 * d * inter * torch.empty((), dtype=self.dtype).element_size()
+            return 3 * d * inter + 4 * scales + biases
+        return 3 * d * inter * size + biases
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":
@@ -110,25 +126,29 @@ class ModelConfig:
         """A Hugging Face config.json (and generation_config.json) as one normalised config."""
         archs = raw.get("architectures") or []
         family = family_for_architecture(archs[0] if archs else None)
-        fp8_block = _fp8_block(raw)
+        fp8_block, mxfp4 = _quantization(raw)
         layout = _layout_fields(raw)
         experts = _expert_fields(raw, family, layout["num_layers"])
-        rope = _rope_fields(raw)
+        rope = RopeScaling.from_hf(raw)
         window = family.sliding_window(raw)
         eos = _eos_token_ids(raw, generation or {})
         dtype = parse_dtype(raw.get("dtype") or raw.get("torch_dtype") or "float32") or torch.float32
         return cls(family=family.name, architecture=family.architecture, vocab_size=int(raw["vocab_size"]),
-                   **layout, **_attention_fields(raw), **rope, top_k=int(raw["num_experts_per_tok"]), **experts,
+                   **layout, **_attention_fields(raw), rope=rope, top_k=int(raw["num_experts_per_tok"]), **experts,
                    attention_bias=family.attention_bias(raw), qk_norm=family.qk_norm, clip_qkv=raw.get("clip_qkv"),
                    sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                   eos_token_ids=eos, dtype=dtype, fp8_block=fp8_block)
+                   eos_token_ids=eos, dtype=dtype, fp8_block=fp8_block, mxfp4_experts=mxfp4,
+                   window_layers=family.window_layers(raw), attention_sinks=family.attention_sinks,
+                   routing=family.routing, expert_activation=family.expert_activation(raw),
+                   expert_bias=family.expert_bias, norm_weight_float32=family.norm_weight_float32)
 
 
-SUPPORTED_QUANTIZATION = "fp8 (float8_e4m3fn weights with weight_scale_inv in 128 x 128 blocks)"
+SUPPORTED_QUANTIZATION = ("fp8 (float8_e4m3fn weights with weight_scale_inv in 128 x 128 blocks), mxfp4 (GPT-OSS "
+                          "experts as *_blocks and *_scales)")
 
 
-def _fp8_block(raw: dict[str, Any]) -> tuple[int, int] | None:
-    """The block of an FP8 block-scaled checkpoint (quant_method "fp8"), None for plain weights. Any other
+def _quantization(raw: dict[str, Any]) -> tuple[tuple[int, int] | None, bool]:
+    """(the block of an FP8 block-scaled checkpoint or None, whether its experts are MXFP4). Any other
     quantization (GPTQ, AWQ, bitsandbytes, compressed-tensors, other blocks...) is refused: its weights need
     scales wisp does not apply, so loading it anyway would compute garbage."""
     if raw.get("compression_config"):
@@ -136,15 +156,17 @@ def _fp8_block(raw: dict[str, Any]) -> tuple[int, int] | None:
                         f"{SUPPORTED_QUANTIZATION}, or float32, float16 and bfloat16 weights")
     quant = raw.get("quantization_config")
     if not quant:
-        return None
+        return None, False
     method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
+    if method == "mxfp4":
+        return None, True
     block = tuple(quant.get("weight_block_size") or ()) if isinstance(quant, dict) else ()
     fmt = quant.get("fmt", "e4m3") if isinstance(quant, dict) else None
     if method != "fp8" or block != (128, 128) or fmt != "e4m3":
         raise WispError(f"the checkpoint is quantized (quant_method {method!r}, weight_block_size {list(block)}), "
                         f"which wisp does not support; supported: {SUPPORTED_QUANTIZATION}, or float32, float16 "
                         "and bfloat16 weights")
-    return (128, 128)
+    return (128, 128), False
 
 
 def _layout_fields(raw: dict[str, Any]) -> dict[str, Any]:
@@ -168,15 +190,6 @@ def _expert_fields(raw: dict[str, Any], family: Family, num_layers: int) -> dict
     return dict(num_experts=int(n_experts), moe_intermediate_size=moe_width, dense_intermediate_size=dense_width,
                 moe_layers=family.moe_layers(raw, num_layers), norm_topk_prob=family.norm_topk_prob(raw),
                 shared_expert_intermediate_size=family.shared_expert_width(raw))
-
-
-def _rope_fields(raw: dict[str, Any]) -> dict[str, float]:
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "linear"):
-        raise WispError(f"unsupported rope_type {rope_type!r}; supported: default, linear")
-    return dict(rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
-                rope_scaling_factor=float(rope.get("factor", 1.0)) if rope_type == "linear" else 1.0)
 
 
 def _eos_token_ids(raw: dict[str, Any], generation: dict[str, Any]) -> tuple[int, ...]:

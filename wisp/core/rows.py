@@ -104,3 +104,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return weight * h.to(tile.dtype)
 
     return map_row_tiles(x, norm)
+
+
+def rms_norm_float32_weight(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm` with the weight applied to the float32 activations before the cast back (GPT-OSS's RMSNorm,
+    whose weight stays float32); row-invariant."""
+
+    def norm(tile: torch.Tensor) -> torch.Tensor:
+        h = tile.float()
+        h = h * pointwise(torch.rsqrt, h.pow(2).mean(-1, keepdim=True) + eps)
+        return (weight.float() * h).to(tile.dtype)
+
+    return map_row_tiles(x, norm)

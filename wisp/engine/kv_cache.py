@@ -11,6 +11,8 @@ zeros. So a token's attention output is bit-identical whether its prefix came fr
 chunked or whole prefill, a recompute after preemption, or decode, and whatever else shares the batch.
 The fast path on CUDA, `wisp.engine.triton_attention` (used with attention="triton" where head_dim and
 block_size allow), keeps that guarantee in its own fixed order; its numbers differ slightly from these.
+Attention sinks (GPT-OSS: `sinks` [H], one learned logit per head) join each row's softmax after the keys as a
+key of logit `sinks[h]` and value zero: they add to the denominator only.
 """
 
 from __future__ import annotations
@@ -100,8 +102,9 @@ class BlockTableKV:
         self.cache.k[layer][blocks, :, offs] = k
         self.cache.v[layer][blocks, :, offs] = v
 
-    def attend(self, layer: int, q: torch.Tensor, start: int, window: int | None) -> torch.Tensor:
-        return self.cache.attend_fn(q, self.cache.k[layer], self.cache.v[layer], self.table, start, window)
+    def attend(self, layer: int, q: torch.Tensor, start: int, window: int | None,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
+        return self.cache.attend_fn(q, self.cache.k[layer], self.cache.v[layer], self.table, start, window, sinks)
 
 
 class DecodeBatchKV:
@@ -118,11 +121,12 @@ class DecodeBatchKV:
         self.offsets = positions % bs  # [B]
         self.meta = decode_meta(positions)
 
-    def write_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+    def write_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
         from wisp.engine.triton_attention import decode_attention, write_kv
 
         write_kv(k, v, self.cache.k[layer], self.cache.v[layer], self.blocks, self.offsets)
-        return decode_attention(q, self.cache.k[layer], self.cache.v[layer], self.tables, self.meta, window)
+        return decode_attention(q, self.cache.k[layer], self.cache.v[layer], self.tables, self.meta, window, sinks=sinks)
 
 
 def paged_attention(
@@ -132,6 +136,7 @@ def paged_attention(
     table: list[int],
     start: int,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [H] per-head sink logits (GPT-OSS)
 ) -> torch.Tensor:
     n, h, hd = q.shape
     hkv, bs = k_cache.shape[1], k_cache.shape[2]
@@ -167,6 +172,11 @@ def paged_attention(
             denom = denom * corr + p.sum(-1, keepdim=True)
             acc = acc * corr + torch.matmul(p, vb)
             m = m_new
+        if sinks is not None:  # one more key: logit sinks[h], value 0
+            sink = sinks.float().view(hkv, group, 1, 1).expand_as(m)
+            m_new = torch.maximum(m, sink)
+            denom = denom * torch.exp(m - m_new) + torch.exp(sink - m_new)
+            acc = acc * torch.exp(m - m_new)
         out[t] = (acc / denom).to(q.dtype)
     out = out.permute(0, 3, 1, 2, 4).reshape(n_tiles * ROW_TILE, h, hd)
     return out[start - first : end - first]

@@ -98,6 +98,15 @@ def _merge(m, denom, acc, m2, denom2, acc2):
 
 
 @triton.jit
+def _with_sink(m, denom, acc, sinks_ptr, head, HAS_SINKS: tl.constexpr):
+    """The softmax with the head's sink logit joined as one more key of value zero (GPT-OSS)."""
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) + 0.0 * m
+        m, denom, acc = _merge(m, denom, acc, sink, 1.0 + 0.0 * denom, 0.0 * acc)
+    return m, denom, acc
+
+
+@triton.jit
 def _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD: tl.constexpr):
     q_rows = (q_row0 + pos - start).to(tl.int64)
     d = tl.arange(0, HD)
@@ -106,9 +115,10 @@ def _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD: tl.constexp
 
 
 @triton.jit
-def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group, scale, window,
+def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group, scale, window, sinks_ptr,
                 s_qt, s_qh, s_kb, s_kh, s_kp, s_ot, s_oh,
-                R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                HAS_SINKS: tl.constexpr):
     """One program per (tile, head): every span in order, merged as it goes."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -122,6 +132,7 @@ def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group
         m2, denom2, acc2 = _span(q, k_ptr, v_ptr, table_ptr, head // group, pos, end, last, span, window, scale,
                                  s_kb, s_kh, s_kp, R, BS, HD, SPAN // BS, HAS_WINDOW)
         m, denom, acc = _merge(m, denom, acc, m2, denom2, acc2)
+    m, denom, acc = _with_sink(m, denom, acc, sinks_ptr, head, HAS_SINKS)
     out = acc / tl.where(row_ok, denom, 1.0)[:, None]  # dead rows (not stored) divide by 1, not 0
     d = tl.arange(0, HD)
     tl.store(out_ptr + q_rows[:, None] * s_ot + head * s_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -151,8 +162,8 @@ def _span_partials(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, part_m, par
 
 
 @triton.jit
-def _merge_spans(meta_ptr, part_m, part_l, part_acc, out_ptr, s_ot, s_oh, H, S,
-                 R: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr):
+def _merge_spans(meta_ptr, part_m, part_l, part_acc, out_ptr, sinks_ptr, s_ot, s_oh, H, S,
+                 R: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr, HAS_SINKS: tl.constexpr):
     """One program per (tile of one live row, head): the spans' partials merged in order, as `_paged_attn`
     merges them, on the same [R] / [R, HD] shapes (the dead rows stay at (-inf, 0, 0))."""
     tile = tl.program_id(0)
@@ -168,6 +179,7 @@ def _merge_spans(meta_ptr, part_m, part_l, part_acc, out_ptr, s_ot, s_oh, H, S,
         denom2 = tl.load(part_l + base + span + 0 * pos, mask=row_ok, other=0.0)
         acc2 = tl.load(part_acc + (base + span) * HD + 0 * pos[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
         m, denom, acc = _merge(m, denom, acc, m2, denom2, acc2)
+    m, denom, acc = _with_sink(m, denom, acc, sinks_ptr, head, HAS_SINKS)
     out = acc / tl.where(row_ok, denom, 1.0)[:, None]
     q_rows = (q_row0 + pos - start).to(tl.int64)
     tl.store(out_ptr + q_rows[:, None] * s_ot + head * s_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -178,7 +190,7 @@ def _strides(q, k_cache):
     return (q.stride(0), q.stride(1)), (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
 
 
-def _launch(q, k_cache, v_cache, tables, meta, window) -> torch.Tensor:
+def _launch(q, k_cache, v_cache, tables, meta, window, sinks=None) -> torch.Tensor:
     h, hd = q.shape[1], q.shape[2]
     hkv, bs = k_cache.shape[1], k_cache.shape[2]
     q = q.contiguous()
@@ -186,20 +198,20 @@ def _launch(q, k_cache, v_cache, tables, meta, window) -> torch.Tensor:
     (s_qt, s_qh), (s_kb, s_kh, s_kp) = _strides(q, k_cache)
     _paged_attn[(meta.shape[0], h)](
         q, k_cache, v_cache, tables, tables.stride(0), meta, out, h // hkv, hd**-0.5, window or 0,
-        s_qt, s_qh, s_kb, s_kh, s_kp, out.stride(0), out.stride(1),
-        R=ROW_TILE, BS=bs, HD=hd, SPAN=span_keys(bs), HAS_WINDOW=window is not None,
+        q if sinks is None else sinks, s_qt, s_qh, s_kb, s_kh, s_kp, out.stride(0), out.stride(1),
+        R=ROW_TILE, BS=bs, HD=hd, SPAN=span_keys(bs), HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
     )
     return out
 
 
 def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: list[int],
-                           start: int, window: int | None = None) -> torch.Tensor:
+                           start: int, window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [n, H, hd] at positions start..; k_cache/v_cache [NB, Hkv, bs, hd] (one layer) -> [n, H, hd]."""
     end = start + q.shape[0]
     first = start - start % ROW_TILE
     meta = [[0, start, end, f, 0] for f in range(first, end, ROW_TILE)]
     tables = torch.tensor([table], dtype=torch.int32, device=q.device)
-    return _launch(q, k_cache, v_cache, tables, torch.tensor(meta, dtype=torch.int32, device=q.device), window)
+    return _launch(q, k_cache, v_cache, tables, torch.tensor(meta, dtype=torch.int32, device=q.device), window, sinks)
 
 
 def decode_meta(positions: torch.Tensor) -> torch.Tensor:
@@ -222,7 +234,8 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                     meta: torch.Tensor, window: int | None = None, programs: int | None = None) -> torch.Tensor:
+                     meta: torch.Tensor, window: int | None = None, programs: int | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, hd] (one token per sequence), tables [B, max_blocks] int32, meta from `decode_meta`:
     the same bits as `triton_paged_attention` on each token, with a row's spans read in parallel.
     `programs` overrides `span_programs` (tests)."""
@@ -242,8 +255,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         window or 0, s_qt, s_qh, s_kb, s_kh, s_kp, h, spans,
         R=ROW_TILE, BS=bs, HD=hd, SPAN=span, HAS_WINDOW=window is not None,
     )
-    _merge_spans[(b, h)](meta, part_m, part_l, part_acc, out, out.stride(0), out.stride(1), h, spans,
-                         R=ROW_TILE, HD=hd, SPAN=span)
+    _merge_spans[(b, h)](meta, part_m, part_l, part_acc, out, q if sinks is None else sinks, out.stride(0),
+                         out.stride(1), h, spans, R=ROW_TILE, HD=hd, SPAN=span, HAS_SINKS=sinks is not None)
     return out
 
 

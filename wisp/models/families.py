@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from wisp.core.expert_extras import SILU, Activation
 from wisp.errors import WispError
-from wisp.models.weight_names import HF_STYLE, MIXTRAL_STYLE, WeightNames
+from wisp.models.weight_names import GPT_OSS_STYLE, HF_STYLE, MIXTRAL_STYLE, WeightNames
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,12 @@ class Family:
     attention_bias_field: tuple[str, bool] = ("attention_bias", False)  # config field, its default
     qk_norm: str = "none"  # "none" | "per_head" (RMSNorm per head) | "full" (over all heads)
     router_dtype: torch.dtype | None = None  # dtype of the routing weights; None: the activations'
+    routing: str = "softmax_topk"  # softmax over all experts, then top-k; or "topk_softmax" (GPT-OSS)
+    attention_sinks: bool = False  # a learned per-head sink logit in every softmax (GPT-OSS)
+    alternating_windows: bool = False  # sliding_window only on config.layer_types' "sliding_attention" layers
+    clamped_swiglu: bool = False  # experts use swiglu_alpha / swiglu_limit's clamped SwiGLU (GPT-OSS)
+    expert_bias: bool = False  # experts have gate_up and down biases
+    norm_weight_float32: bool = False  # RMSNorm's weight multiplies the float32 activations (GPT-OSS)
 
     def expert_widths(self, raw: dict[str, Any]) -> tuple[int, int]:
         """(MLP width of one expert, MLP width of a dense layer; the expert's when not given)."""
@@ -56,6 +63,19 @@ class Family:
 
     def attention_bias(self, raw: dict[str, Any]) -> bool:
         return bool(raw.get(*self.attention_bias_field))
+
+    def window_layers(self, raw: dict[str, Any]) -> tuple[bool, ...]:
+        """Per layer, whether the sliding window applies (empty: everywhere it is set)."""
+        if not self.alternating_windows:
+            return ()
+        types = raw.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                           for i in range(int(raw["num_hidden_layers"]))]
+        return tuple(t == "sliding_attention" for t in types)
+
+    def expert_activation(self, raw: dict[str, Any]) -> Activation:
+        if not self.clamped_swiglu:
+            return SILU
+        return Activation("clamped_swiglu", float(raw.get("swiglu_alpha", 1.702)), float(raw.get("swiglu_limit", 7.0)))
 
     def sliding_window(self, raw: dict[str, Any]) -> int | None:
         window = raw.get("sliding_window")
@@ -96,3 +116,7 @@ register(Family("mixtral", "MixtralForCausalLM", MIXTRAL_STYLE, expert_width_fie
                 every_layer_moe=True, always_renormalise=True, router_dtype=torch.float32))
 register(Family("qwen2_moe", "Qwen2MoeForCausalLM", HF_STYLE, sliding_window_switch=True, shared_expert=True,
                 attention_bias_field=("qkv_bias", True)))
+register(Family("gpt_oss", "GptOssForCausalLM", GPT_OSS_STYLE, expert_width_field="intermediate_size",
+                every_layer_moe=True, attention_bias_field=("attention_bias", True), routing="topk_softmax",
+                attention_sinks=True, alternating_windows=True, clamped_swiglu=True, expert_bias=True,
+                norm_weight_float32=True))

@@ -28,8 +28,6 @@ from tqdm import tqdm
 
 from wisp.config import EngineConfig, ModelConfig
 from wisp.core.experts import (
-    DOWN,
-    GATE_UP,
     ExpertStore,
     LayerBuffer,
     OffloadExperts,
@@ -38,14 +36,14 @@ from wisp.core.experts import (
     ZeroCopyExperts,
 )
 from wisp.core.expert_major import StagingBuffers
-from wisp.core.fp8_blocks import FP8, dequantize_blocks, scale_key, scale_shape
-from wisp.core.quantized_weights import DOWN_SCALE, GATE_UP_SCALE
+from wisp.core.fp8_blocks import FP8, dequantize_blocks, scale_key
 from wisp.core.hybrid_experts import HybridExperts
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_probe import probe_hybrid_costs
 from wisp.core.hybrid_split import HybridCosts
 from wisp.core.kernels import moe_kernels
 from wisp.errors import WispError
+from wisp.models.expert_banks import bank_layout, fill_bank
 from wisp.models.families import get_family
 from wisp.models.weight_names import WeightNames
 from wisp.models.moe_decoder import AttentionWeights, LayerWeights, MLPWeights, MoEDecoder
@@ -95,16 +93,17 @@ class CheckpointReader:
     def __contains__(self, key: str) -> bool:
         return key in self.where
 
-    def get(self, key: str, allow_fp8: bool = False) -> torch.Tensor:
+    def get(self, key: str, allow_fp8: bool = False, allow_mxfp4: bool = False) -> torch.Tensor:
         """The tensor as stored; float8_e4m3fn only where the config says the checkpoint is FP8 (`allow_fp8`),
-        any other quantized dtype never."""
+        uint8 only for MXFP4 experts (`allow_mxfp4`), any other quantized dtype never."""
         if key not in self.where:
             raise WispError(f"checkpoint in {self.path} has no tensor {key}")
         try:
             tensor = self._handles[self.where[key]].get_tensor(key)
         except SafetensorError as exc:
             raise WispError(f"could not read {key} from {self.where[key]} ({exc})") from None
-        if tensor.dtype not in LOADABLE_DTYPES and not (allow_fp8 and tensor.dtype == FP8):
+        allowed = (allow_fp8 and tensor.dtype == FP8) or (allow_mxfp4 and tensor.dtype == torch.uint8)
+        if tensor.dtype not in LOADABLE_DTYPES and not allowed:
             raise WispError(f"tensor {key} in {self.where[key]} is {str(tensor.dtype).removeprefix('torch.')}: a "
                             "quantized checkpoint, which wisp does not support (it loads float32, float16 and "
                             "bfloat16 weights only)")
@@ -230,6 +229,8 @@ def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeig
         v_bias=opt(n.attn(i, "v_proj.bias")),
         q_norm=opt(n.attn(i, "q_norm.weight")) if cfg.qk_norm != "none" else None,
         k_norm=opt(n.attn(i, "k_norm.weight")) if cfg.qk_norm != "none" else None,
+        o_bias=opt(n.attn(i, "o_proj.bias")),
+        sinks=dev(n.attn(i, "sinks")) if cfg.attention_sinks else None,
     )
     lw = LayerWeights(
         input_norm=dev(f"{n.layer(i)}.input_layernorm.weight"),
@@ -238,12 +239,28 @@ def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeig
     )
     if cfg.moe_layers[i]:
         lw.router = dev(n.router(i))
+        lw.router_bias = opt(n.router(i).removesuffix("weight") + "bias")
         if cfg.shared_expert_intermediate_size:
             lw.shared = MLPWeights(*(dev(n.shared_expert(i, w)) for w in ("gate", "up", "down")))
             lw.shared_gate = dev(n.shared_expert_gate(i))
     else:
         lw.dense = MLPWeights(*(dev(n.dense_mlp(i, w)) for w in ("gate", "up", "down")))
     return lw
+
+
+def _allocate_bank(cfg: ModelConfig, li: int, target: torch.device | None, host: HostMemory) -> dict[str, torch.Tensor]:
+    """Layer li's empty expert bank (`bank_layout`) on `target` (None: host memory from `host`)."""
+    layout = bank_layout(cfg)
+    if target is None:
+        return {k: host.empty(shape, dt, f"layer {li}'s experts ({k})") for k, (shape, dt) in layout.items()}
+    try:  # resident: straight into the device bank (a device out-of-memory is the engine's to explain)
+        return {k: torch.empty(shape, dtype=dt, device=target) for k, (shape, dt) in layout.items()}
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as exc:  # e.g. the CPU allocator, for a CPU run
+        nbytes = sum(_numel(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in layout.values())
+        raise WispError(f"could not allocate {nbytes} bytes on {target} for layer {li}'s experts: "
+                        f"{_first_line(exc)}") from None
 
 
 def _load_experts(
@@ -258,73 +275,14 @@ def _load_experts(
     bar = tqdm(total=len(cfg.moe_layer_ids) * cfg.num_experts, desc="Loading experts", unit="expert", file=sys.stderr,
                disable=None)
     for li in cfg.moe_layer_ids:
-        bank = _read_layer_bank(reader, cfg, n, li, target, host, bar)
+        bank = _allocate_bank(cfg, li, target, host)
+        fill_bank(bank, reader, cfg, n, li, bar)
         stores[li] = _make_store(engine, bank, caps[li], device, shared)
     bar.close()
-    kernels = moe_kernels(engine.resolve_backend("moe", device))
+    kernels = moe_kernels(engine.resolve_backend("moe", device)).with_activation(cfg.expert_activation)
     for store in stores.values():
         store.kernels = kernels
     return stores
-
-
-def _bank_layout(cfg: ModelConfig, li: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Layer li's expert bank: per tensor, its [N, ...] shape and dtype (FP8 weights carry block scales)."""
-    ne, inter, d = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
-    if cfg.fp8_block is None:
-        return {GATE_UP: ((ne, 2 * inter, d), cfg.dtype), DOWN: ((ne, d, inter), cfg.dtype)}
-    if inter % cfg.fp8_block[0]:
-        raise WispError(f"FP8 experts of width {inter} are not supported: gate and up are paged as one [2I, D] "
-                        f"weight, which needs the width to be a multiple of the {cfg.fp8_block[0]}-row block")
-    return {GATE_UP: ((ne, 2 * inter, d), FP8), DOWN: ((ne, d, inter), FP8),
-            GATE_UP_SCALE: (scale_shape((ne, 2 * inter, d), cfg.fp8_block), torch.float32),
-            DOWN_SCALE: (scale_shape((ne, d, inter), cfg.fp8_block), torch.float32)}
-
-
-def _read_layer_bank(reader, cfg: ModelConfig, n: WeightNames, li: int, target: torch.device | None,
-                     host: HostMemory, bar) -> dict[str, torch.Tensor]:
-    """Layer li's experts as {GATE_UP: [N, 2I, D], DOWN: [N, D, I]} (and, FP8, their block scales) on
-    `target` (None: host memory from `host`), read expert by expert."""
-    layout = _bank_layout(cfg, li)
-    if target is None:
-        bank = {k: host.empty(shape, dt, f"layer {li}'s experts ({k})") for k, (shape, dt) in layout.items()}
-    else:  # resident: straight into the device bank (a device out-of-memory is the engine's to explain)
-        try:
-            bank = {k: torch.empty(shape, dtype=dt, device=target) for k, (shape, dt) in layout.items()}
-        except torch.OutOfMemoryError:
-            raise
-        except RuntimeError as exc:  # e.g. the CPU allocator, for a CPU run
-            nbytes = sum(_numel(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in layout.values())
-            raise WispError(f"could not allocate {nbytes} bytes on {target} for layer {li}'s experts: "
-                            f"{_first_line(exc)}") from None
-    fused = n.fused_experts(li, "gate_up") in reader
-    if fused and cfg.fp8_block is not None:
-        raise WispError(f"FP8 experts stacked in one tensor ({n.fused_experts(li, 'gate_up')}) are not supported; "
-                        "supported: one gate/up/down weight per expert, each with its weight_scale_inv")
-    stacked = (reader.get(n.fused_experts(li, "gate_up")), reader.get(n.fused_experts(li, "down"))) if fused else None
-    inter = cfg.moe_intermediate_size
-    for e in range(cfg.num_experts):
-        if stacked is not None:
-            bank[GATE_UP][e].copy_(stacked[0][e])
-            bank[DOWN][e].copy_(stacked[1][e])
-        elif cfg.fp8_block is None:
-            bank[GATE_UP][e, :inter].copy_(reader.get(n.expert(li, e, "gate")))
-            bank[GATE_UP][e, inter:].copy_(reader.get(n.expert(li, e, "up")))
-            bank[DOWN][e].copy_(reader.get(n.expert(li, e, "down")))
-        else:
-            rows = inter // cfg.fp8_block[0]  # gate's scale rows
-            for part, (weights, scales, at, scale_at) in {
-                "gate": (GATE_UP, GATE_UP_SCALE, slice(0, inter), slice(0, rows)),
-                "up": (GATE_UP, GATE_UP_SCALE, slice(inter, None), slice(rows, None)),
-                "down": (DOWN, DOWN_SCALE, slice(None), slice(None)),
-            }.items():
-                key = n.expert(li, e, part)
-                weight = reader.get(key, allow_fp8=True)
-                if weight.dtype != FP8:
-                    raise WispError(f"the config says fp8 but {key} is {str(weight.dtype).removeprefix('torch.')}")
-                bank[weights][e, at].copy_(weight)
-                bank[scales][e, scale_at].copy_(reader.get(scale_key(key)))
-        bar.update(1)
-    return bank
 
 
 @dataclass

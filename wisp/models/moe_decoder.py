@@ -1,4 +1,4 @@
-"""One generic MoE decoder for the four supported families (our code; transformers is the test oracle).
+"""One generic MoE decoder for the supported families (our code; transformers is the test oracle).
 
 Forward contract: `forward(tokens [T], chunks)` where `chunks` lists, in token order, the sequences the
 T tokens belong to: (kv, start, length). A chunk's tokens sit at positions start..start+length-1 of its
@@ -31,7 +31,8 @@ class KVStorage(Protocol):
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None: ...
 
-    def attend(self, layer: int, q: torch.Tensor, start: int, window: int | None) -> torch.Tensor: ...
+    def attend(self, layer: int, q: torch.Tensor, start: int, window: int | None,
+               sinks: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 @dataclass
@@ -52,6 +53,8 @@ class AttentionWeights:
     v_bias: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    o_bias: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None  # [H] GPT-OSS's per-head sink logits
 
 
 class ChunkedKV:
@@ -60,13 +63,14 @@ class ChunkedKV:
     def __init__(self, chunks: Sequence[Chunk]):
         self.chunks = chunks
 
-    def write_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+    def write_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
         out = torch.empty_like(q)
         offset = 0
         for c in self.chunks:
             sl = slice(offset, offset + c.length)
             c.kv.write(layer, k[sl], v[sl], c.start)
-            out[sl] = c.kv.attend(layer, q[sl], c.start, window)
+            out[sl] = c.kv.attend(layer, q[sl], c.start, window, sinks)
             offset += c.length
         return out
 
@@ -84,6 +88,7 @@ class LayerWeights:
     post_norm: torch.Tensor
     attn: AttentionWeights
     router: torch.Tensor | None = None  # [N, D] for MoE layers
+    router_bias: torch.Tensor | None = None  # [N] (GPT-OSS)
     dense: MLPWeights | None = None  # non-MoE layers
     shared: MLPWeights | None = None  # Qwen2-MoE shared expert
     shared_gate: torch.Tensor | None = None  # [1, D]
@@ -127,6 +132,8 @@ class MoEDecoder:
         self.device = embed.device
         self.dtype = embed.dtype
         self.rms_norm = rows.rms_norm  # "triton": one row-invariant kernel per norm / rotation (CUDA)
+        if config.norm_weight_float32:
+            self.rms_norm = rows.rms_norm_float32_weight
         self.apply_rope = apply_rope
         self.route = None  # "triton": softmax + top-k + renormalise in one launch
         if backend == "triton":
@@ -134,19 +141,21 @@ class MoEDecoder:
             from wisp.core.triton_rope import triton_rope
             from wisp.core.triton_router import triton_route
 
-            self.rms_norm = triton_rms_norm
-            self.route = triton_route
+            if not config.norm_weight_float32:
+                self.rms_norm = triton_rms_norm
+            if config.routing == "softmax_topk":
+                self.route = triton_route
             if config.head_dim & (config.head_dim - 1) == 0:
                 self.apply_rope = triton_rope
-        hd = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
-        self.inv_freq = (inv_freq / config.rope_scaling_factor).to(self.device)
+        self.inv_freq = config.rope.inv_freq(config.head_dim).to(self.device)
 
     # -- pieces -------------------------------------------------------------------------------------
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
         cos, sin = rows.pointwise(torch.cos, emb), rows.pointwise(torch.sin, emb)  # row-invariant on the CPU
+        if (factor := self.config.rope.attention_factor) != 1.0:  # yarn
+            cos, sin = cos * factor, sin * factor
         return cos.to(self.dtype)[:, None, :], sin.to(self.dtype)[:, None, :]
 
     def attention(self, li: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv) -> torch.Tensor:
@@ -161,14 +170,20 @@ class MoEDecoder:
         if cfg.clip_qkv is not None:
             q, k, v = (z.clamp(-cfg.clip_qkv, cfg.clip_qkv) for z in (q, k, v))
         q, k = self.apply_rope(q, *rope), self.apply_rope(k, *rope)  # [T, H, hd], [T, Hkv, hd]
-        out = kv.write_attend(li, q, k, v, cfg.sliding_window)  # [T, H, hd]
-        return rows.linear(out.reshape(t, h * hd), w.o)
+        out = kv.write_attend(li, q, k, v, cfg.window_of(li), w.sinks)  # [T, H, hd]
+        return rows.linear(out.reshape(t, h * hd), w.o, w.o_bias)
 
     def moe(self, li: int, x: torch.Tensor, graph_safe: bool = False) -> torch.Tensor:
         cfg, lw = self.config, self.layers[li]
-        logits = rows.linear(x, lw.router)  # [T, N]
+        logits = rows.linear(x, lw.router, lw.router_bias)  # [T, N]
         weight_dtype = self.router_dtype or x.dtype
-        if self.route is not None and self.routing_override is None:
+        if cfg.routing == "topk_softmax":  # GPT-OSS: top-k of the logits, softmax over those k
+            top, topk_ids = torch.topk(logits, cfg.top_k, dim=-1)  # [T, K]
+            if self.routing_override is not None:
+                topk_ids = self.routing_override.ids(li, topk_ids)
+                top = logits.gather(1, topk_ids)
+            topk_weights = F.softmax(top.float(), dim=-1).to(weight_dtype)
+        elif self.route is not None and self.routing_override is None:
             topk_weights, topk_ids = self.route(logits, cfg.top_k, cfg.norm_topk_prob, weight_dtype)  # [T, K]
         else:
             probs = F.softmax(logits, dim=-1, dtype=torch.float32)

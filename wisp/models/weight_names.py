@@ -17,6 +17,9 @@ class WeightNames:
     expert_gate: str
     expert_up: str
     expert_down: str
+    router_name: str = "gate"  # the router's module inside moe_prefix
+    fused_layout: str = "stacked"  # fused experts as [N, 2I, D] / [N, D, I]; "gpt_oss": [N, D, 2I] with gate
+    #                                and up interleaved (column 2j gate j, 2j+1 up j) and [N, I, D], plus biases
 
     @staticmethod
     def layer(i: int) -> str:
@@ -26,7 +29,7 @@ class WeightNames:
         return f"{self.layer(i)}.self_attn.{proj}"
 
     def router(self, i: int) -> str:
-        return f"{self.layer(i)}.{self.moe_prefix}.gate.weight"
+        return f"{self.layer(i)}.{self.moe_prefix}.{self.router_name}.weight"
 
     def expert(self, i: int, e: int, which: str) -> str:
         part = {"gate": self.expert_gate, "up": self.expert_up, "down": self.expert_down}[which]
@@ -47,3 +50,4 @@ class WeightNames:
 
 HF_STYLE = WeightNames("mlp", "gate_proj", "up_proj", "down_proj")  # Qwen2/3-MoE, OLMoE
 MIXTRAL_STYLE = WeightNames("block_sparse_moe", "w1", "w3", "w2")
+GPT_OSS_STYLE = WeightNames("mlp", "gate_proj", "up_proj", "down_proj", router_name="router", fused_layout="gpt_oss")
