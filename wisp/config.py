@@ -74,7 +74,7 @@ class ModelConfig:
     attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator (GPT-OSS)
     routing: str = "softmax_topk"  # or "topk_softmax": softmax over the top-k router logits (GPT-OSS)
     expert_activation: Activation = SILU
-    expert_bias: bool = False  # experts carry gate_up and down biases (GPT-OSS)
+    expert_bias: bool = False  # experts carry gate_up and down biases, the router and o_proj biases (GPT-OSS)
     norm_weight_float32: bool = False  # RMSNorm multiplies its weight in float32 before the cast (GPT-OSS)
 
     def window_of(self, layer: int) -> int | None:

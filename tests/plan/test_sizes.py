@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from wisp.config import ModelConfig
 from wisp.engine.kv_cache import KVCache
 from wisp.models.presets import PRESETS, preset
-from wisp.models.random_checkpoint import DEMO_CONFIG
+from wisp.models.random_checkpoint import DEMO_CONFIG, tensor_specs
 from wisp.plan.planner import PlanInputs
-from wisp.plan.sizes import ModelSizes, cap_for_budget
+from wisp.plan.sizes import ModelSizes, cap_for_budget, non_expert_params
 
 
 def test_cap_for_budget_fills_the_budget_and_clamps():
@@ -30,3 +32,21 @@ def test_sizes_agree_with_the_engine_kv_cache_and_the_config(name, block_size):
     assert sizes.block_bytes == engine_block
     assert sizes.expert_bytes == cfg.expert_bytes and sizes.slot_bytes == len(cfg.moe_layer_ids) * cfg.expert_bytes
     assert sizes.non_expert_bytes > 2 * cfg.expert_bytes
+
+
+@pytest.mark.parametrize("name", ["demo", *PRESETS])
+def test_sizes_count_every_tensor_a_checkpoint_of_the_shape_holds(name):
+    """Against the tensors of a (random) checkpoint of that shape: the non-expert parameters, and for plain and
+    MXFP4 experts the bytes of one expert (biases included)."""
+    cfg = ModelConfig.from_hf(DEMO_CONFIG if name == "demo" else preset(name))
+    element = cfg.dtype.itemsize
+    expert_bytes = other = 0
+    for _, tensor, shape, _ in tensor_specs(cfg):
+        numel = math.prod(shape)
+        if ".experts." not in tensor:
+            other += numel
+        else:
+            expert_bytes += numel * (1 if tensor.endswith(("_blocks", "_scales")) else element)
+    assert other == non_expert_params(cfg)
+    if cfg.fp8_block is None:  # FP8's scales are not in the specs (tests/models/test_fp8_checkpoint checks those)
+        assert expert_bytes == cfg.expert_bytes * cfg.num_experts * len(cfg.moe_layer_ids)

@@ -58,8 +58,10 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
             dest[name].copy_(master[e], non_blocking=True)
 
     copy_s = _median_s(copy_one, device, repeats)
-    d = host[GATE_UP].shape[2]
-    dtype = host[GATE_UP].dtype if extras is None or extras.scales is None else torch.bfloat16  # FP8 experts compute in bf16
+    d = host[DOWN].shape[1]  # [N, D, I] (MXFP4: [N, D, I/32, 16])
+    dtype = host[GATE_UP].dtype  # quantized experts compute in their biases' dtype, else bf16
+    if extras is not None and extras.scales is not None:
+        dtype = extras.gate_up_bias.dtype if extras.gate_up_bias is not None else torch.bfloat16
     cpu_s = []
     for n in rows:
         x = torch.randn((n, d), generator=torch.Generator().manual_seed(n)).to(dtype)

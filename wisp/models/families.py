@@ -39,7 +39,7 @@ class Family:
     attention_sinks: bool = False  # a learned per-head sink logit in every softmax (GPT-OSS)
     alternating_windows: bool = False  # sliding_window only on config.layer_types' "sliding_attention" layers
     clamped_swiglu: bool = False  # experts use swiglu_alpha / swiglu_limit's clamped SwiGLU (GPT-OSS)
-    expert_bias: bool = False  # experts have gate_up and down biases
+    expert_bias: bool = False  # experts have gate_up and down biases; the router and o_proj have biases too
     norm_weight_float32: bool = False  # RMSNorm's weight multiplies the float32 activations (GPT-OSS)
 
     def expert_widths(self, raw: dict[str, Any]) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """Real models' shapes as Hugging Face config dicts, for planning and benchmarks without a checkpoint.
 
-`--model qwen3-30b-a3b` (or qwen3-30b-a3b-fp8, olmoe-1b-7b, mixtral-8x7b) resolves here wherever only the shape matters.
+`--model qwen3-30b-a3b` (or qwen3-30b-a3b-fp8, olmoe-1b-7b, mixtral-8x7b, gpt-oss-20b, gpt-oss-120b) resolves here wherever only the shape matters.
 """
 
 from __future__ import annotations
@@ -80,11 +80,49 @@ QWEN3_30B_A3B_FP8: dict[str, Any] = {
                             "weight_block_size": [128, 128]},
 }
 
+# openai/gpt-oss-120b's shape: experts in MXFP4 (everything else bf16), alternating 128-token sliding windows,
+# attention sinks, yarn rope over a 4096-token original context
+GPT_OSS_120B: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "intermediate_size": 2880,
+    "num_local_experts": 128,
+    "num_experts_per_tok": 4,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(36)],
+    "attention_bias": True,
+    "swiglu_limit": 7.0,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                        "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": False},
+    "tie_word_embeddings": False,
+    "eos_token_id": 200002,
+    "dtype": "bfloat16",
+    "quantization_config": {"quant_method": "mxfp4",
+                            "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                       "model.embed_tokens", "lm_head"]},
+}
+GPT_OSS_20B: dict[str, Any] = {
+    **GPT_OSS_120B,
+    "num_hidden_layers": 24,
+    "num_local_experts": 32,
+    "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(24)],
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen3-30b-a3b-fp8": QWEN3_30B_A3B_FP8,
     "olmoe-1b-7b": OLMOE_1B_7B,
     "mixtral-8x7b": MIXTRAL_8X7B,
+    "gpt-oss-20b": GPT_OSS_20B,
+    "gpt-oss-120b": GPT_OSS_120B,
 }
 
 

@@ -76,6 +76,10 @@ def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], 
             if cfg.attention_bias:
                 yield k, n.attn(i, f"{proj}_proj.bias"), (rows,), 0.05
         yield k, n.attn(i, "o_proj.weight"), (d, h * hd), 0.05
+        if cfg.expert_bias:  # GPT-OSS: o_proj and router biases too
+            yield k, n.attn(i, "o_proj.bias"), (d,), 0.05
+        if cfg.attention_sinks:
+            yield k, n.attn(i, "sinks"), (h,), 0.3
         norm = {"per_head": (hd, hd), "full": (h * hd, hkv * hd)}.get(cfg.qk_norm)
         if norm:
             yield k, n.attn(i, "q_norm.weight"), (norm[0],), 0.0
@@ -86,30 +90,63 @@ def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], 
                 yield k, n.dense_mlp(i, which), shape, 0.05
             continue
         yield k, n.router(i), (cfg.num_experts, d), 0.05
+        if cfg.expert_bias:
+            yield k, n.router(i).removesuffix("weight") + "bias", (cfg.num_experts,), 0.05
         if cfg.shared_expert_intermediate_size:
             si = cfg.shared_expert_intermediate_size
             for which, shape in (("gate", (si, d)), ("up", (si, d)), ("down", (d, si))):
                 yield k, n.shared_expert(i, which), shape, 0.05
             yield k, n.shared_expert_gate(i), (1, d), 0.05
         inter = cfg.moe_intermediate_size
+        if n.fused_layout == "gpt_oss":
+            yield from _gpt_oss_expert_specs(cfg, n, i, k)
+            continue
         for e in range(cfg.num_experts):
             for which, shape in (("gate", (inter, d)), ("up", (inter, d)), ("down", (d, inter))):
                 yield k, n.expert(i, e, which), shape, 0.05
+
+
+def _gpt_oss_expert_specs(cfg: ModelConfig, n, i: int, k: int):
+    """GPT-OSS's fused expert tensors (`wisp.models.expert_banks`); MXFP4 ones as blocks and scales, whose
+    std is unused (`RandomWeights` draws their bytes)."""
+    ne, inter, d = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    gate_up, down = n.fused_experts(i, "gate_up"), n.fused_experts(i, "down")
+    if cfg.mxfp4_experts:
+        for name, (rows, cols) in ((gate_up, (2 * inter, d)), (down, (d, inter))):
+            yield k, name + "_blocks", (ne, rows, cols // 32, 16), 1.0
+            yield k, name + "_scales", (ne, rows, cols // 32), 1.0
+    else:
+        yield k, gate_up, (ne, d, 2 * inter), 0.05
+        yield k, down, (ne, inter, d), 0.05
+    yield k, gate_up + "_bias", (ne, 2 * inter), 0.05
+    yield k, down + "_bias", (ne, d), 0.05
+
+
+def random_mxfp4(name: str, shape: tuple[int, ...], seed: int, device) -> torch.Tensor:
+    """Random MXFP4 bytes for a `*_blocks` (any code) or `*_scales` tensor (2^-7 .. 2^-4: weights of magnitude
+    up to 6 x 2^-4, about the spread of a trained expert's), depending only on (name, shape, seed)."""
+    gen = torch.Generator(device=device).manual_seed(_name_key(seed, name))
+    low, high = (0, 256) if name.endswith("_blocks") else (120, 124)
+    return torch.randint(low, high, shape, generator=gen, device=device, dtype=torch.uint8)
+
+
+def _name_key(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=7).digest(), "little")
 
 
 def random_tensor(name: str, shape: tuple[int, ...], std: float, seed: int, dtype: torch.dtype, device) -> torch.Tensor:
     """A tensor that depends only on (name, shape, std, seed): any subset can be made in any order."""
     if std == 0.0:
         return torch.ones(shape, dtype=dtype, device=device)
-    key = int.from_bytes(hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=7).digest(), "little")
-    gen = torch.Generator(device=device).manual_seed(key)
+    gen = torch.Generator(device=device).manual_seed(_name_key(seed, name))
     return (torch.randn(shape, generator=gen, device=device) * std).to(dtype)
 
 
 class RandomWeights:
     """The checkpoint-reader interface (`in`, `get`, `close`) over random tensors made on `device`:
     `--load-format dummy`, real shapes with no file on disk. For an FP8 config the linear weights
-    (`fp8_quantized`) come as float8 with their `weight_scale_inv`, as in a real FP8 checkpoint."""
+    (`fp8_quantized`) come as float8 with their `weight_scale_inv`, as in a real FP8 checkpoint; for an MXFP4
+    one (GPT-OSS) the experts come as random blocks and scales (`random_mxfp4`)."""
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu"):
         self.specs = {name: (shape, std) for _, name, shape, std in tensor_specs(cfg)}
@@ -121,12 +158,14 @@ class RandomWeights:
     def __contains__(self, key: str) -> bool:
         return key in self.specs or key in self.scale_of
 
-    def get(self, key: str, allow_fp8: bool = False) -> torch.Tensor:
+    def get(self, key: str, allow_fp8: bool = False, allow_mxfp4: bool = False) -> torch.Tensor:
         if key in self.scale_of:
             return self._quantized(self.scale_of[key])[1]
         if key in self.quantized:
             return self._quantized(key)[0]
         shape, std = self.specs[key]
+        if self.cfg.mxfp4_experts and key.endswith(("_blocks", "_scales")):
+            return random_mxfp4(key, shape, self.seed, self.device)
         return random_tensor(key, shape, std, self.seed, self.cfg.dtype, self.device)
 
     def _quantized(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,11 +39,19 @@ class ModelSizes:
 
 
 def _attention_params(cfg: ModelConfig) -> int:
-    """One layer's attention projections and its two norms."""
+    """One layer's attention projections, their biases and q/k norms, sinks, and the layer's two norms."""
     d, hd = cfg.hidden_size, cfg.head_dim
     params = d * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 2 * d
     if cfg.attention_bias:
         params += hd * (cfg.num_heads + 2 * cfg.num_kv_heads)
+    if cfg.qk_norm == "per_head":
+        params += 2 * hd
+    elif cfg.qk_norm == "full":
+        params += hd * (cfg.num_heads + cfg.num_kv_heads)
+    if cfg.expert_bias:  # GPT-OSS: o_proj's bias too
+        params += d
+    if cfg.attention_sinks:
+        params += cfg.num_heads
     return params
 
 
@@ -52,7 +60,7 @@ def _mlp_params(cfg: ModelConfig, moe: bool) -> int:
     d = cfg.hidden_size
     if not moe:
         return 3 * d * cfg.dense_intermediate_size
-    params = cfg.num_experts * d
+    params = cfg.num_experts * (d + (1 if cfg.expert_bias else 0))  # the router (and its bias)
     if cfg.shared_expert_intermediate_size:
         params += 3 * d * cfg.shared_expert_intermediate_size + d
     return params
