@@ -43,8 +43,9 @@ def randn(shape, seed, dtype=torch.float32):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
-def reference(q, k, v, start, window=None):
-    """float64 softmax attention. q [n, H, hd] at positions start.., k/v [end, Hkv, hd] positions 0.."""
+def reference(q, k, v, start, window=None, sinks=None):
+    """float64 softmax attention. q [n, H, hd] at positions start.., k/v [end, Hkv, hd] positions 0..; sinks
+    [H]: a per-head logit joined to each softmax and dropped after it (transformers' GPT-OSS)."""
     n, h, hd = q.shape
     end = start + n
     group = h // k.shape[1]
@@ -57,6 +58,9 @@ def reference(q, k, v, start, window=None):
     if window is not None:
         allowed &= kpos > qpos - window
     s = s.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        sink = sinks.double()[:, None, None].expand(h, n, 1)
+        return torch.einsum("hqk,khd->qhd", torch.cat([s, sink], -1).softmax(-1)[..., :-1], v)
     return torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
 
 
@@ -88,7 +92,7 @@ def attention_case(draw, max_len=70):
     return bs, start, end, hkv, hd, spare, seed
 
 
-def run_paged(bs, start, end, hkv, hd, spare, seed, window=None, fill="randn", tail_fill=None):
+def run_paged(bs, start, end, hkv, hd, spare, seed, window=None, fill="randn", tail_fill=None, sinks=None):
     """Write k/v of positions [0, end) into a random table of the pool, attend q of [start, end)."""
     need = -(-end // bs)
     cache = make_cache(hkv, hd, bs, need + spare, torch.float32, seed, fill)
@@ -99,7 +103,7 @@ def run_paged(bs, start, end, hkv, hd, spare, seed, window=None, fill="randn", t
     if tail_fill is not None and end % bs:  # the masked slots past the end of the last block
         cache.k[LAYER][table[-1], :, end % bs :] = tail_fill
         cache.v[LAYER][table[-1], :, end % bs :] = tail_fill
-    return kv.attend(LAYER, q, start, window), reference(q, k, v, start, window)
+    return kv.attend(LAYER, q, start, window, sinks), reference(q, k, v, start, window, sinks)
 
 
 # -- (a) the reference -------------------------------------------------------------------------------
@@ -374,3 +378,12 @@ def test_resize_keeping_falls_back_to_host_for_a_tensor_the_device_cannot_hold_t
         expect[:keep] = old[:keep]
         expect[1] = old[7]
         assert torch.equal(new, expect)
+
+
+@pytest.mark.parametrize("bs, start, end, hkv, window", [(4, 0, 23, 2, None), (16, 5, 40, 1, 6), (1, 0, 9, 4, 3)])
+def test_attention_sinks_join_every_softmax_as_a_valueless_key(bs, start, end, hkv, window):
+    sinks = torch.tensor([2.0, -1.0, 0.5, 30.0])  # one sink above every score: rows nearly all sink, still exact
+    out, ref = run_paged(bs, start, end, hkv, 16, 1, 7, window, sinks=sinks)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
+    plain, _ = run_paged(bs, start, end, hkv, 16, 1, 7, window)
+    assert not torch.allclose(out, plain, atol=1e-3)  # the sinks took their share

@@ -100,6 +100,21 @@ def test_decode_launch_has_the_prefill_bits(window, bs):
     assert torch.equal(alone, whole[pos[-1:]])
 
 
+@pytest.mark.slow
+def test_sinks_in_prefill_and_decode_launches():
+    """Attention sinks (GPT-OSS): the Triton prefill close to the torch path, its decode launch the prefill's bits."""
+    n = 300 if GPU else 40
+    q, k, v = qkv(n, 4, 2, 32, torch.float32, 5)
+    sinks = torch.tensor([1.0, -2.0, 0.3, 4.0], device=DEV)
+    kc, vc, table = cache_with(k, v, 16, 3)
+    whole = triton_paged_attention(q, kc, vc, table, 0, 8, sinks)
+    torch.testing.assert_close(whole, paged_attention(q, kc, vc, table, 0, 8, sinks), rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(whole, triton_paged_attention(q, kc, vc, table, 0, 8), atol=1e-3)
+    pos = torch.tensor([0, 17, n - 1], device=DEV)
+    tables = torch.tensor([table] * 3, dtype=torch.int32, device=DEV)
+    assert torch.equal(decode_attention(q[pos], kc, vc, tables, decode_meta(pos), 8, sinks=sinks), whole[pos])
+
+
 def test_span_programs_fill_the_device_but_never_exceed_the_spans():
     assert span_programs(1, 1, 3, DEV) == 3
     assert span_programs(64, 64, 100, DEV) == 1
