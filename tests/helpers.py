@@ -60,6 +60,9 @@ def make_hf_model(family: str, seed: int = 0):
     torch.manual_seed(seed)
     config = getattr(transformers, cfg_cls)(**COMMON, **kwargs)
     model = getattr(transformers, model_cls)(config).eval()
+    for module in model.modules():  # transformers before 5.2x fixed GPT-OSS's SwiGLU constants, ignoring the config
+        if hasattr(module, "limit") and hasattr(config, "swiglu_limit"):
+            module.alpha, module.limit = config.swiglu_alpha, config.swiglu_limit
     with torch.no_grad():  # HF's init is tiny (std 0.02); widen it so routing and logits are far from ties
         for name, p in model.named_parameters():
             if p.dim() >= 2 and not name.endswith("_bias"):
@@ -67,3 +70,35 @@ def make_hf_model(family: str, seed: int = 0):
             elif family == "gpt_oss" and ("bias" in name or "sinks" in name):  # HF zeroes the expert biases
                 p.normal_(0.0, 0.3)
     return model
+
+
+def run_prompt(path, mode: str, cap, device: str, moe_backend: str, attention_backend: str, prompt: list[int]):
+    """(prefill logits, an 8-token greedy output with its logits, the LLM) of one checkpoint in one mode."""
+    from wisp import LLM, SamplingParams
+
+    backend = moe_backend if moe_backend != "auto" or not device.startswith("cuda") else "triton"
+    llm = LLM(str(path), device=device, mode=mode, expert_cap=cap, moe_backend=backend,
+              attention_backend=attention_backend)
+    prefill = llm.prompt_logits(prompt)
+    out = llm.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True), return_logits=True)[0]
+    return prefill, out, llm
+
+
+def assert_quantized_gives_its_twins_bits(quantized, twin, mode, cap, device, moe_backend, attention_backend, prompt):
+    """A quantized checkpoint in `mode` against the plain checkpoint of its dequantized weights in the same mode:
+    torch.equal where the kernels dequantize in one summation order (torch; Triton interpreted); compiled Triton
+    sums a quantized tile in another order than a plain one, so there: close, and the quantized checkpoint's
+    every mode (but hybrid, whose CPU rounds its own way) gives its resident bits. Returns the two LLMs."""
+    import torch
+
+    pq, oq, llm_q = run_prompt(quantized, mode, cap, device, moe_backend, attention_backend, prompt)
+    pp, op, llm_p = run_prompt(twin, mode, cap, device, moe_backend, attention_backend, prompt)
+    if not (device.startswith("cuda") and moe_backend != "torch"):  # auto is Triton on CUDA
+        assert torch.equal(pq, pp) and oq.token_ids == op.token_ids
+        assert all(torch.equal(a, b) for a, b in zip(oq.logits, op.logits))
+    else:
+        torch.testing.assert_close(pq, pp, rtol=3e-2, atol=3e-2)
+        if mode != "hybrid":
+            rq, ro, _ = run_prompt(quantized, "resident", None, device, moe_backend, attention_backend, prompt)
+            assert torch.equal(pq, rq) and oq.token_ids == ro.token_ids
+    return llm_q, llm_p

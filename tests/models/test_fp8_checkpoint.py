@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from wisp import LLM, SamplingParams
+from tests.helpers import assert_quantized_gives_its_twins_bits
+from wisp import LLM
 from wisp.config import ModelConfig
 from wisp.core.fp8_blocks import FP8, dequantize_blocks
 from wisp.errors import WispError
@@ -52,15 +53,6 @@ def fp8_and_plain(tmp_path_factory):
     return fp8, plain
 
 
-def _run(path, mode, cap, device, moe_backend, attention_backend):
-    backend = moe_backend if moe_backend != "auto" or not device.startswith("cuda") else "triton"
-    llm = LLM(str(path), device=device, mode=mode, expert_cap=cap, moe_backend=backend,
-              attention_backend=attention_backend)
-    prefill = llm.prompt_logits(PROMPT)
-    out = llm.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True), return_logits=True)[0]
-    return prefill, out, llm
-
-
 @pytest.mark.parametrize("mode, cap", [("resident", None), ("paged", 2), ("paged", 5), ("offload", None),
                                        ("zero-copy", None), ("hybrid", 2)])
 def test_fp8_runs_with_the_bits_of_its_dequantized_checkpoint(fp8_and_plain, mode, cap, device, moe_backend,
@@ -68,16 +60,8 @@ def test_fp8_runs_with_the_bits_of_its_dequantized_checkpoint(fp8_and_plain, mod
     if mode == "zero-copy" and device.startswith("cuda") and moe_backend != "triton":
         pytest.skip("zero-copy on CUDA reads experts in place with the Triton kernel only")
     fp8, plain = fp8_and_plain
-    p8, o8, llm8 = _run(fp8, mode, cap, device, moe_backend, attention_backend)
-    pp, op, llmp = _run(plain, mode, cap, device, moe_backend, attention_backend)
-    if not (device.startswith("cuda") and moe_backend != "torch"):  # auto is Triton on CUDA
-        assert torch.equal(p8, pp) and o8.token_ids == op.token_ids
-        assert all(torch.equal(a, b) for a, b in zip(o8.logits, op.logits))
-    else:  # compiled Triton sums an FP8 tile in another order than a bf16 one (tests/core/test_quantized_experts)
-        torch.testing.assert_close(p8, pp, rtol=3e-2, atol=3e-2)
-        if mode != "hybrid":  # but every mode of the FP8 checkpoint gives the FP8 resident bits
-            r8, ro, _ = _run(fp8, "resident", None, device, moe_backend, attention_backend)
-            assert torch.equal(p8, r8) and o8.token_ids == ro.token_ids
+    llm8, llmp = assert_quantized_gives_its_twins_bits(fp8, plain, mode, cap, device, moe_backend, attention_backend,
+                                                       PROMPT)
     store = next(iter(llm8.engine.model.experts.values()))
     bank = getattr(store, "host", None) or getattr(store, "bank", None) or store.pager.host
     assert bank["gate_up"].dtype == FP8 and "gate_up_scale" in bank  # paged as FP8, scales beside

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers import make_hf_model
+from tests.helpers import assert_quantized_gives_its_twins_bits, make_hf_model
 from wisp import LLM, SamplingParams
 from wisp.core.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from wisp.models.random_checkpoint import write_random_checkpoint
@@ -50,24 +50,22 @@ def test_mxfp4_gpt_oss_matches_transformers_on_the_dequantized_weights(checkpoin
                                                                         attention_backend):
     mxfp4, _, ref = checkpoints
     llm = LLM(str(mxfp4), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="resident")
-    assert (llm.prompt_logits(PROMPT).cpu() - ref).abs().max().item() < 1e-4
+    assert (llm.prompt_logits(PROMPT).cpu() - ref).abs().max().item() < (1e-4 if device == "cpu" else 1e-3)
     bank = llm.engine.model.experts[0].bank
     assert bank["gate_up"].dtype == torch.uint8 and bank["gate_up"].shape[-1] == 16  # packed, in the slots too
 
 
 @pytest.mark.parametrize("mode, cap", [("resident", None), ("paged", 2), ("offload", None), ("zero-copy", None),
                                        ("hybrid", 2)])
-def test_every_mode_of_mxfp4_gives_the_bits_of_its_dequantized_twin(checkpoints, mode, cap):
+def test_every_mode_of_mxfp4_gives_the_bits_of_its_dequantized_twin(checkpoints, mode, cap, device, moe_backend,
+                                                                    attention_backend):
+    if mode == "zero-copy" and device.startswith("cuda") and moe_backend == "torch":
+        pytest.skip("zero-copy on CUDA reads experts in place with the Triton kernel only")
     mxfp4, plain, _ = checkpoints
-    outs = []
-    for path in (mxfp4, plain):
-        llm = LLM(str(path), mode=mode, expert_cap=cap)
-        out = llm.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True), return_logits=True)[0]
-        outs.append((llm.prompt_logits(PROMPT), out, llm.stats()))
-    (p4, o4, s4), (pp, op, sp) = outs
-    assert torch.equal(p4, pp) and o4.token_ids == op.token_ids
-    assert all(torch.equal(a, b) for a, b in zip(o4.logits, op.logits))
+    llm4, llmp = assert_quantized_gives_its_twins_bits(mxfp4, plain, mode, cap, device, moe_backend,
+                                                       attention_backend, PROMPT)
     if mode == "paged":  # what crosses the link: 4.25 bits a weight plus the biases, against 32
+        s4, sp = llm4.stats(), llmp.stats()
         assert s4["expert_loads"] == sp["expert_loads"] and s4["bytes_h2d"] * 5 < sp["bytes_h2d"]
 
 
