@@ -62,7 +62,7 @@ def make_hf_model(family: str, seed: int = 0):
     model = getattr(transformers, model_cls)(config).eval()
     for module in model.modules():  # transformers before 5.2x fixed GPT-OSS's SwiGLU constants, ignoring the config
         if hasattr(module, "limit") and hasattr(config, "swiglu_limit"):
-            module.alpha, module.limit = config.swiglu_alpha, config.swiglu_limit
+            module.alpha, module.limit = getattr(config, "swiglu_alpha", module.alpha), config.swiglu_limit
     with torch.no_grad():  # HF's init is tiny (std 0.02); widen it so routing and logits are far from ties
         for name, p in model.named_parameters():
             if p.dim() >= 2 and not name.endswith("_bias"):
