@@ -88,12 +88,13 @@ def assert_quantized_gives_its_twins_bits(quantized, twin, mode, cap, device, mo
     """A quantized checkpoint in `mode` against the plain checkpoint of its dequantized weights in the same mode:
     torch.equal where the kernels dequantize in one summation order (torch; Triton interpreted); compiled Triton
     sums a quantized tile in another order than a plain one, so there: close, and the quantized checkpoint's
-    every mode (but hybrid, whose CPU rounds its own way) gives its resident bits. Returns the two LLMs."""
+    every mode (but hybrid) gives its resident bits. Returns the two LLMs."""
     import torch
 
     pq, oq, llm_q = run_prompt(quantized, mode, cap, device, moe_backend, attention_backend, prompt)
     pp, op, llm_p = run_prompt(twin, mode, cap, device, moe_backend, attention_backend, prompt)
-    if not (device.startswith("cuda") and moe_backend != "torch"):  # auto is Triton on CUDA
+    # on CUDA hybrid's split follows measured costs, which two runs need not share, and its CPU rounds its own way
+    if not device.startswith("cuda") or (moe_backend == "torch" and mode != "hybrid"):  # auto is Triton on CUDA
         assert torch.equal(pq, pp) and oq.token_ids == op.token_ids
         assert all(torch.equal(a, b) for a, b in zip(oq.logits, op.logits))
     else:
