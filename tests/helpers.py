@@ -49,6 +49,16 @@ FAMILY_SPECS = {
              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
                               "beta_slow": 1.0, "original_max_position_embeddings": 64, "truncate": False}),
     ),
+    "deepseek_v2": (
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        dict(num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8,
+             qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=2,
+             moe_intermediate_size=32, intermediate_size=48, first_k_dense_replace=1, routed_scaling_factor=1.5,
+             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.707,
+                              "mscale_all_dim": 0.707, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                              "beta_slow": 1.0}),
+    ),
 }
 FAMILIES = list(FAMILY_SPECS)
 
@@ -58,7 +68,7 @@ def make_hf_model(family: str, seed: int = 0):
 
     cfg_cls, model_cls, kwargs = FAMILY_SPECS[family]
     torch.manual_seed(seed)
-    config = getattr(transformers, cfg_cls)(**COMMON, **kwargs)
+    config = getattr(transformers, cfg_cls)(**{**COMMON, **kwargs})
     model = getattr(transformers, model_cls)(config).eval()
     for module in model.modules():  # transformers before 5.2x fixed GPT-OSS's SwiGLU constants, ignoring the config
         if hasattr(module, "limit") and hasattr(config, "swiglu_limit"):

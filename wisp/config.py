@@ -20,6 +20,7 @@ from wisp.core.expert_extras import SILU, Activation
 from wisp.core.hybrid_split import HybridCosts
 from wisp.errors import WispError
 from wisp.models.families import Family, family_for_architecture
+from wisp.models.mla import MlaShape
 from wisp.models.rope import RopeScaling
 from wisp.options import (ATTENTION_BACKENDS, DTYPE_NAMES, HYBRID_CPU_KERNELS, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS,
                           SCRATCH_MODES)
@@ -76,6 +77,20 @@ class ModelConfig:
     expert_activation: Activation = SILU
     expert_bias: bool = False  # experts carry gate_up and down biases, the router and o_proj biases (GPT-OSS)
     norm_weight_float32: bool = False  # RMSNorm multiplies its weight in float32 before the cast (GPT-OSS)
+    mla: MlaShape | None = None  # latent attention (DeepSeek-V2): then num_kv_heads = 1, head_dim = its cache entry
+    routed_scaling: float = 1.0  # routed experts' weights are multiplied by this (DeepSeek)
+    router_float32: bool = False  # router logits in float32 from float32 activations (DeepSeek)
+    shared_expert_gated: bool = True  # the shared expert's output is sigmoid-gated (Qwen2-MoE), else added
+
+    @property
+    def rope_dim(self) -> int:
+        """Channels the rotary embedding turns: the head, or MLA's decoupled rope part."""
+        return self.mla.rope_dim if self.mla is not None else self.head_dim
+
+    @property
+    def kv_tensors(self) -> int:
+        """Tensors a KV block holds per layer: K and V, or MLA's one compressed entry."""
+        return 1 if self.mla is not None else 2
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of attention in `layer` (None: full attention)."""
@@ -132,15 +147,24 @@ class ModelConfig:
         rope = RopeScaling.from_hf(raw)
         window = family.sliding_window(raw)
         eos = _eos_token_ids(raw, generation or {})
+        attention = _attention_fields(raw)
+        mla = None
+        if family.mla:
+            mla = MlaShape.from_hf(raw)
+            layout["head_dim"], attention["num_kv_heads"] = mla.cache_dim, 1
+            if raw.get("topk_method", "greedy") != "greedy":
+                raise WispError(f"unsupported topk_method {raw['topk_method']!r}; supported: greedy")
         dtype = parse_dtype(raw.get("dtype") or raw.get("torch_dtype") or "float32") or torch.float32
         return cls(family=family.name, architecture=family.architecture, vocab_size=int(raw["vocab_size"]),
-                   **layout, **_attention_fields(raw), rope=rope, top_k=int(raw["num_experts_per_tok"]), **experts,
+                   **layout, **attention, rope=rope, top_k=int(raw["num_experts_per_tok"]), **experts,
                    attention_bias=family.attention_bias(raw), qk_norm=family.qk_norm, clip_qkv=raw.get("clip_qkv"),
                    sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                    eos_token_ids=eos, dtype=dtype, fp8_block=fp8_block, mxfp4_experts=mxfp4,
                    window_layers=family.window_layers(raw), attention_sinks=family.attention_sinks,
                    routing=family.routing, expert_activation=family.expert_activation(raw),
-                   expert_bias=family.expert_bias, norm_weight_float32=family.norm_weight_float32)
+                   expert_bias=family.expert_bias, norm_weight_float32=family.norm_weight_float32, mla=mla,
+                   routed_scaling=float(raw.get("routed_scaling_factor") or 1.0), router_float32=family.router_float32,
+                   shared_expert_gated=family.shared_expert_gated)
 
 
 SUPPORTED_QUANTIZATION = ("fp8 (float8_e4m3fn weights with weight_scale_inv in 128 x 128 blocks), mxfp4 (GPT-OSS "
@@ -183,9 +207,9 @@ def _attention_fields(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _expert_fields(raw: dict[str, Any], family: Family, num_layers: int) -> dict[str, Any]:
-    n_experts = raw.get("num_experts") or raw.get("num_local_experts")
+    n_experts = raw.get("num_experts") or raw.get("num_local_experts") or raw.get("n_routed_experts")
     if not n_experts:
-        raise WispError(f"{family.architecture} config has no num_experts / num_local_experts")
+        raise WispError(f"{family.architecture} config has no num_experts / num_local_experts / n_routed_experts")
     moe_width, dense_width = family.expert_widths(raw)
     return dict(num_experts=int(n_experts), moe_intermediate_size=moe_width, dense_intermediate_size=dense_width,
                 moe_layers=family.moe_layers(raw, num_layers), norm_topk_prob=family.norm_topk_prob(raw),

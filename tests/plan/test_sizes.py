@@ -28,7 +28,8 @@ def test_cap_for_budget_fills_the_budget_and_clamps():
 def test_sizes_agree_with_the_engine_kv_cache_and_the_config(name, block_size):
     cfg = ModelConfig.from_hf(DEMO_CONFIG if name == "demo" else preset(name))
     sizes = ModelSizes.of(cfg, block_size)
-    engine_block = KVCache.block_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, cfg.dtype)
+    engine_block = KVCache.block_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, cfg.dtype,
+                                       cfg.kv_tensors)
     assert sizes.block_bytes == engine_block
     assert sizes.expert_bytes == cfg.expert_bytes and sizes.slot_bytes == len(cfg.moe_layer_ids) * cfg.expert_bytes
     assert sizes.non_expert_bytes > 2 * cfg.expert_bytes

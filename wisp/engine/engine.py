@@ -72,7 +72,7 @@ class LLMEngine:
         self.expert_cap = config.resolve_cap(cfg) if config.per_layer_caps is None else max(config.per_layer_caps)
         self.max_model_len = config.resolve_max_model_len(cfg)
         self.block_bytes = KVCache.block_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.kv_block_size,
-                                               cfg.dtype)
+                                               cfg.dtype, cfg.kv_tensors)
         self.floor_blocks = config.max_concurrency * -(-self.max_model_len // config.kv_block_size)
         num_blocks = self._pool_blocks()  # refuse a too-small pool before loading anything
         self.tokenizer = TextTokenizer.from_dir(self.path) if self.path else None
@@ -110,7 +110,7 @@ class LLMEngine:
         """The KV tensors, the block pool over them, the scheduler of that pool and the runner."""
         c, cfg = self.config, self.model_config
         self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, c.kv_block_size, num_blocks, cfg.dtype,
-                          self.device, attention=c.resolve_backend("attention", self.device))
+                          self.device, attention=c.resolve_backend("attention", self.device), keys_only=cfg.kv_tensors == 1)
         self.pool = BlockPool(num_blocks, c.kv_block_size)
         self.scheduler = Scheduler(self.pool, c.max_concurrency, c.max_num_batched_tokens, c.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.pool, c, self.max_model_len)

@@ -24,8 +24,9 @@ from wisp.core.rows import ROW_TILE
 
 class KVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, num_blocks: int, dtype, device,
-                 attention: str = "torch"):
+                 attention: str = "torch", keys_only: bool = False):
         self.shape_tail = (num_kv_heads, block_size, head_dim)
+        self.keys_only = keys_only  # the values alias the keys (MLA's one compressed entry: `wisp.models.mla`)
         self.num_layers, self.block_size, self.dtype, self.device = num_layers, block_size, dtype, torch.device(device)
         self.k = self.v = None
         self.attend_fn = paged_attention
@@ -38,9 +39,9 @@ class KVCache:
         self.resize(num_blocks)
 
     @staticmethod
-    def block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype) -> int:
-        """Bytes of one block across layers, K and V (the paper's b)."""
-        return 2 * num_layers * num_kv_heads * block_size * head_dim * torch.empty((), dtype=dtype).element_size()
+    def block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype, tensors: int = 2) -> int:
+        """Bytes of one block across layers, K and V (the paper's b); tensors=1 for a keys-only (MLA) cache."""
+        return tensors * num_layers * num_kv_heads * block_size * head_dim * torch.empty((), dtype=dtype).element_size()
 
     def layer_shape(self, num_blocks: int) -> tuple[int, ...]:
         return (num_blocks, *self.shape_tail)
@@ -49,7 +50,8 @@ class KVCache:
         """Reallocate empty (zeroed) tensors of `num_blocks` blocks, the old ones freed first."""
         self.k = self.v = None
         self.k = [torch.zeros(self.layer_shape(num_blocks), dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        self.v = [torch.zeros(self.layer_shape(num_blocks), dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.v = self.k if self.keys_only else [torch.zeros(self.layer_shape(num_blocks), dtype=self.dtype, device=self.device)
+                                                for _ in range(self.num_layers)]
         self.num_blocks = num_blocks
 
     def resize_keeping(self, num_blocks: int, moves: dict[int, int], keep: int) -> None:
@@ -63,7 +65,7 @@ class KVCache:
         assert keep <= num_blocks and all(dst < keep for dst in moves.values()), (keep, num_blocks)
         src = torch.tensor(list(moves), dtype=torch.long, device=self.device)
         dst = torch.tensor(list(moves.values()), dtype=torch.long, device=self.device)
-        for tensors in (self.k, self.v):
+        for tensors in (self.k,) if self.keys_only else (self.k, self.v):  # aliased values move with the keys
             for layer in range(len(tensors)):
                 tensors[layer] = self._carried(tensors, layer, num_blocks, keep, src, dst)
         self.num_blocks = num_blocks

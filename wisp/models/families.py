@@ -19,7 +19,7 @@ import torch
 
 from wisp.core.expert_extras import SILU, Activation
 from wisp.errors import WispError
-from wisp.models.weight_names import GPT_OSS_STYLE, HF_STYLE, MIXTRAL_STYLE, WeightNames
+from wisp.models.weight_names import DEEPSEEK_STYLE, GPT_OSS_STYLE, HF_STYLE, MIXTRAL_STYLE, WeightNames
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,11 @@ class Family:
     clamped_swiglu: bool = False  # experts use swiglu_alpha / swiglu_limit's clamped SwiGLU (GPT-OSS)
     expert_bias: bool = False  # experts have gate_up and down biases; the router and o_proj have biases too
     norm_weight_float32: bool = False  # RMSNorm's weight multiplies the float32 activations (GPT-OSS)
+    mla: bool = False  # multi-head latent attention (DeepSeek-V2): q/kv LoRA ranks, a decoupled rope key
+    first_dense_layers: bool = False  # layers before first_k_dense_replace are dense, every later one MoE
+    never_renormalise: bool = False  # top-k weights are the softmax's, whatever norm_topk_prob says
+    shared_expert_gated: bool = True  # the shared expert's output is scaled by a sigmoid gate (Qwen2-MoE)
+    router_float32: bool = False  # router logits computed in float32 from float32 activations (DeepSeek)
 
     def expert_widths(self, raw: dict[str, Any]) -> tuple[int, int]:
         """(MLP width of one expert, MLP width of a dense layer; the expert's when not given)."""
@@ -51,15 +56,24 @@ class Family:
         """Per layer: True when its MLP is a routed MoE block."""
         if self.every_layer_moe:
             return (True,) * num_layers
+        if self.first_dense_layers:
+            first = int(raw.get("first_k_dense_replace", 0))
+            return tuple(i >= first for i in range(num_layers))
         step = int(raw.get("decoder_sparse_step", 1) or 1)
         dense = raw.get("mlp_only_layers") or []
         return tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
 
     def norm_topk_prob(self, raw: dict[str, Any]) -> bool:
+        if self.never_renormalise:
+            return False
         return True if self.always_renormalise else bool(raw.get("norm_topk_prob", False))
 
     def shared_expert_width(self, raw: dict[str, Any]) -> int:
-        return int(raw.get("shared_expert_intermediate_size") or 0) if self.shared_expert else 0
+        if not self.shared_expert:
+            return 0
+        if "n_shared_experts" in raw:  # DeepSeek: n_shared_experts experts of moe_intermediate_size, as one MLP
+            return int(raw["n_shared_experts"] or 0) * int(raw["moe_intermediate_size"])
+        return int(raw.get("shared_expert_intermediate_size") or 0)
 
     def attention_bias(self, raw: dict[str, Any]) -> bool:
         return bool(raw.get(*self.attention_bias_field))
@@ -120,3 +134,6 @@ register(Family("gpt_oss", "GptOssForCausalLM", GPT_OSS_STYLE, expert_width_fiel
                 every_layer_moe=True, attention_bias_field=("attention_bias", True), routing="topk_softmax",
                 attention_sinks=True, alternating_windows=True, clamped_swiglu=True, expert_bias=True,
                 norm_weight_float32=True))
+register(Family("deepseek_v2", "DeepseekV2ForCausalLM", DEEPSEEK_STYLE, first_dense_layers=True, never_renormalise=True,
+                shared_expert=True, shared_expert_gated=False, mla=True, router_float32=True,
+                router_dtype=torch.float32))

@@ -45,6 +45,7 @@ from wisp.core.kernels import moe_kernels
 from wisp.errors import WispError
 from wisp.models.expert_banks import bank_layout, fill_bank
 from wisp.models.families import get_family
+from wisp.models.mla import load_mla_weights
 from wisp.models.weight_names import WeightNames
 from wisp.models.moe_decoder import AttentionWeights, LayerWeights, MLPWeights, MoEDecoder
 
@@ -219,7 +220,28 @@ def plain_tensor(reader, key: str, fp8_block: tuple[int, int] | None) -> torch.T
 
 
 def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeights:
-    attn = AttentionWeights(
+    if cfg.mla is not None:
+        attn = load_mla_weights(lambda name: n.attn(i, name), dev, opt, cfg.mla, cfg.num_heads)
+    else:
+        attn = _attention_weights(i, cfg, n, dev, opt)
+    lw = LayerWeights(
+        input_norm=dev(f"{n.layer(i)}.input_layernorm.weight"),
+        post_norm=dev(f"{n.layer(i)}.post_attention_layernorm.weight"),
+        attn=attn,
+    )
+    if cfg.moe_layers[i]:
+        lw.router = dev(n.router(i))
+        lw.router_bias = opt(n.router(i).removesuffix("weight") + "bias")
+        if cfg.shared_expert_intermediate_size:
+            lw.shared = MLPWeights(*(dev(n.shared_expert(i, w)) for w in ("gate", "up", "down")))
+            lw.shared_gate = dev(n.shared_expert_gate(i)) if cfg.shared_expert_gated else None
+    else:
+        lw.dense = MLPWeights(*(dev(n.dense_mlp(i, w)) for w in ("gate", "up", "down")))
+    return lw
+
+
+def _attention_weights(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> AttentionWeights:
+    return AttentionWeights(
         q=dev(n.attn(i, "q_proj.weight")),
         k=dev(n.attn(i, "k_proj.weight")),
         v=dev(n.attn(i, "v_proj.weight")),
@@ -232,20 +254,6 @@ def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeig
         o_bias=opt(n.attn(i, "o_proj.bias")),
         sinks=dev(n.attn(i, "sinks")) if cfg.attention_sinks else None,
     )
-    lw = LayerWeights(
-        input_norm=dev(f"{n.layer(i)}.input_layernorm.weight"),
-        post_norm=dev(f"{n.layer(i)}.post_attention_layernorm.weight"),
-        attn=attn,
-    )
-    if cfg.moe_layers[i]:
-        lw.router = dev(n.router(i))
-        lw.router_bias = opt(n.router(i).removesuffix("weight") + "bias")
-        if cfg.shared_expert_intermediate_size:
-            lw.shared = MLPWeights(*(dev(n.shared_expert(i, w)) for w in ("gate", "up", "down")))
-            lw.shared_gate = dev(n.shared_expert_gate(i))
-    else:
-        lw.dense = MLPWeights(*(dev(n.dense_mlp(i, w)) for w in ("gate", "up", "down")))
-    return lw
 
 
 def _allocate_bank(cfg: ModelConfig, li: int, target: torch.device | None, host: HostMemory) -> dict[str, torch.Tensor]:

@@ -23,6 +23,7 @@ from wisp.core import rows
 from wisp.core.experts import ExpertStore
 from wisp.core.pager import use_host_many
 from wisp.models.families import get_family
+from wisp.models.mla import MlaWeights, mla_attention
 
 
 class KVStorage(Protocol):
@@ -86,12 +87,12 @@ class MLPWeights:
 class LayerWeights:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    attn: AttentionWeights
+    attn: AttentionWeights | MlaWeights
     router: torch.Tensor | None = None  # [N, D] for MoE layers
     router_bias: torch.Tensor | None = None  # [N] (GPT-OSS)
     dense: MLPWeights | None = None  # non-MoE layers
     shared: MLPWeights | None = None  # Qwen2-MoE shared expert
-    shared_gate: torch.Tensor | None = None  # [1, D]
+    shared_gate: torch.Tensor | None = None  # [1, D] (Qwen2-MoE; DeepSeek's shared experts are ungated)
 
 
 def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
@@ -145,9 +146,9 @@ class MoEDecoder:
                 self.rms_norm = triton_rms_norm
             if config.routing == "softmax_topk":
                 self.route = triton_route
-            if config.head_dim & (config.head_dim - 1) == 0:
+            if config.rope_dim & (config.rope_dim - 1) == 0:  # the Triton rotation needs a power of two
                 self.apply_rope = triton_rope
-        self.inv_freq = config.rope.inv_freq(config.head_dim).to(self.device)
+        self.inv_freq = config.rope.inv_freq(config.rope_dim).to(self.device)
 
     # -- pieces -------------------------------------------------------------------------------------
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,6 +161,8 @@ class MoEDecoder:
 
     def attention(self, li: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv) -> torch.Tensor:
         cfg, w = self.config, self.layers[li].attn
+        if cfg.mla is not None:
+            return mla_attention(self, li, x, rope, kv)
         t, h, hkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q, k, v = rows.linear_many(x, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
         if cfg.qk_norm == "full":
@@ -175,7 +178,7 @@ class MoEDecoder:
 
     def moe(self, li: int, x: torch.Tensor, graph_safe: bool = False) -> torch.Tensor:
         cfg, lw = self.config, self.layers[li]
-        logits = rows.linear(x, lw.router, lw.router_bias)  # [T, N]
+        logits = rows.linear(x.float(), lw.router.float()) if cfg.router_float32 else rows.linear(x, lw.router, lw.router_bias)
         weight_dtype = self.router_dtype or x.dtype
         if cfg.routing == "topk_softmax":  # GPT-OSS: top-k of the logits, softmax over those k
             top, topk_ids = torch.topk(logits, cfg.top_k, dim=-1)  # [T, K]
@@ -194,13 +197,17 @@ class MoEDecoder:
             if cfg.norm_topk_prob:
                 topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
             topk_weights = topk_weights.to(weight_dtype)
+        if cfg.routed_scaling != 1.0:
+            topk_weights = topk_weights * cfg.routed_scaling
         if self.routing_hook is not None:
             self.routing_hook(li, topk_ids, topk_weights)
         if self.routing_log is not None:
             self.routing_log.record(li, topk_ids)
         store = self.experts[li]
         out = store.forward_graph_safe(x, topk_ids, topk_weights) if graph_safe else store.forward(x, topk_ids, topk_weights)
-        if lw.shared is not None:
+        if lw.shared is not None and lw.shared_gate is None:
+            out = out + mlp(x, lw.shared)
+        elif lw.shared is not None:
             gate = rows.pointwise(torch.sigmoid, rows.linear(x, lw.shared_gate))  # [T, 1]
             out = out + gate * mlp(x, lw.shared)
         return out

@@ -1,6 +1,7 @@
 """Real models' shapes as Hugging Face config dicts, for planning and benchmarks without a checkpoint.
 
-`--model qwen3-30b-a3b` (or qwen3-30b-a3b-fp8, olmoe-1b-7b, mixtral-8x7b, gpt-oss-20b, gpt-oss-120b) resolves here wherever only the shape matters.
+`--model qwen3-30b-a3b` (or qwen3-30b-a3b-fp8, olmoe-1b-7b, mixtral-8x7b, gpt-oss-20b, gpt-oss-120b,
+deepseek-v2-lite) resolves here wherever only the shape matters.
 """
 
 from __future__ import annotations
@@ -116,6 +117,40 @@ GPT_OSS_20B: dict[str, Any] = {
     "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(24)],
 }
 
+# deepseek-ai/DeepSeek-V2-Lite's shape: latent attention (kv_lora_rank 512, no q LoRA), the first layer dense,
+# 64 routed experts (top-6, softmax, not renormalised) beside 2 shared ones, yarn rope over a 4096-token original
+DEEPSEEK_V2_LITE: dict[str, Any] = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "vocab_size": 102400,
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1,
+    "routed_scaling_factor": 1.0,
+    "topk_method": "greedy",
+    "norm_topk_prob": False,
+    "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-6,
+    "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                     "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096},
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "eos_token_id": 100001,
+    "dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen3-30b-a3b-fp8": QWEN3_30B_A3B_FP8,
@@ -123,6 +158,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "mixtral-8x7b": MIXTRAL_8X7B,
     "gpt-oss-20b": GPT_OSS_20B,
     "gpt-oss-120b": GPT_OSS_120B,
+    "deepseek-v2-lite": DEEPSEEK_V2_LITE,
 }
 
 

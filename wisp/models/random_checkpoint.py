@@ -62,7 +62,7 @@ def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], 
     """(shard, name, shape, std) of every tensor of a checkpoint; std 0 means all ones (norm weights).
     Shard 0 holds embeddings, final norm and LM head; shard i + 1 holds layer i."""
     n = get_family(cfg.family).weights
-    d, hd, h, hkv, v = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size
+    d, v = cfg.hidden_size, cfg.vocab_size
     yield 0, "model.embed_tokens.weight", (v, d), 0.5
     yield 0, "model.norm.weight", (d,), 0.0
     if not cfg.tie_word_embeddings:
@@ -71,19 +71,10 @@ def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], 
         k = i + 1
         yield k, f"{n.layer(i)}.input_layernorm.weight", (d,), 0.0
         yield k, f"{n.layer(i)}.post_attention_layernorm.weight", (d,), 0.0
-        for proj, rows in (("q", h * hd), ("k", hkv * hd), ("v", hkv * hd)):
-            yield k, n.attn(i, f"{proj}_proj.weight"), (rows, d), 0.05
-            if cfg.attention_bias:
-                yield k, n.attn(i, f"{proj}_proj.bias"), (rows,), 0.05
-        yield k, n.attn(i, "o_proj.weight"), (d, h * hd), 0.05
-        if cfg.expert_bias:  # GPT-OSS: o_proj and router biases too
-            yield k, n.attn(i, "o_proj.bias"), (d,), 0.05
-        if cfg.attention_sinks:
-            yield k, n.attn(i, "sinks"), (h,), 0.3
-        norm = {"per_head": (hd, hd), "full": (h * hd, hkv * hd)}.get(cfg.qk_norm)
-        if norm:
-            yield k, n.attn(i, "q_norm.weight"), (norm[0],), 0.0
-            yield k, n.attn(i, "k_norm.weight"), (norm[1],), 0.0
+        if cfg.mla is not None:
+            yield from _mla_specs(cfg, n, i, k)
+        else:
+            yield from _attention_specs(cfg, n, i, k)
         if not cfg.moe_layers[i]:
             inter = cfg.dense_intermediate_size
             for which, shape in (("gate", (inter, d)), ("up", (inter, d)), ("down", (d, inter))):
@@ -96,7 +87,8 @@ def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], 
             si = cfg.shared_expert_intermediate_size
             for which, shape in (("gate", (si, d)), ("up", (si, d)), ("down", (d, si))):
                 yield k, n.shared_expert(i, which), shape, 0.05
-            yield k, n.shared_expert_gate(i), (1, d), 0.05
+            if cfg.shared_expert_gated:
+                yield k, n.shared_expert_gate(i), (1, d), 0.05
         inter = cfg.moe_intermediate_size
         if n.fused_layout == "gpt_oss":
             yield from _gpt_oss_expert_specs(cfg, n, i, k)
@@ -104,6 +96,40 @@ def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], 
         for e in range(cfg.num_experts):
             for which, shape in (("gate", (inter, d)), ("up", (inter, d)), ("down", (d, inter))):
                 yield k, n.expert(i, e, which), shape, 0.05
+
+
+def _attention_specs(cfg: ModelConfig, n, i: int, k: int):
+    """Multi-head (grouped-query) attention's tensors."""
+    d, hd, h, hkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    for proj, rows in (("q", h * hd), ("k", hkv * hd), ("v", hkv * hd)):
+        yield k, n.attn(i, f"{proj}_proj.weight"), (rows, d), 0.05
+        if cfg.attention_bias:
+            yield k, n.attn(i, f"{proj}_proj.bias"), (rows,), 0.05
+    yield k, n.attn(i, "o_proj.weight"), (d, h * hd), 0.05
+    if cfg.expert_bias:  # GPT-OSS: o_proj and router biases too
+        yield k, n.attn(i, "o_proj.bias"), (d,), 0.05
+    if cfg.attention_sinks:
+        yield k, n.attn(i, "sinks"), (h,), 0.3
+    norm = {"per_head": (hd, hd), "full": (h * hd, hkv * hd)}.get(cfg.qk_norm)
+    if norm:
+        yield k, n.attn(i, "q_norm.weight"), (norm[0],), 0.0
+        yield k, n.attn(i, "k_norm.weight"), (norm[1],), 0.0
+
+
+def _mla_specs(cfg: ModelConfig, n, i: int, k: int):
+    """DeepSeek-V2's latent attention tensors (`wisp.models.mla`), in the hub's names."""
+    m, d, h = cfg.mla, cfg.hidden_size, cfg.num_heads
+    q_out = h * (m.nope_dim + m.rope_dim)
+    if m.q_lora_rank is None:
+        yield k, n.attn(i, "q_proj.weight"), (q_out, d), 0.05
+    else:
+        yield k, n.attn(i, "q_a_proj.weight"), (m.q_lora_rank, d), 0.05
+        yield k, n.attn(i, "q_a_layernorm.weight"), (m.q_lora_rank,), 0.0
+        yield k, n.attn(i, "q_b_proj.weight"), (q_out, m.q_lora_rank), 0.05
+    yield k, n.attn(i, "kv_a_proj_with_mqa.weight"), (m.cache_dim, d), 0.05
+    yield k, n.attn(i, "kv_a_layernorm.weight"), (m.kv_lora_rank,), 0.0
+    yield k, n.attn(i, "kv_b_proj.weight"), (h * (m.nope_dim + m.v_dim), m.kv_lora_rank), 0.05
+    yield k, n.attn(i, "o_proj.weight"), (d, h * m.v_dim), 0.05
 
 
 def _gpt_oss_expert_specs(cfg: ModelConfig, n, i: int, k: int):

@@ -18,6 +18,7 @@ class WeightNames:
     expert_up: str
     expert_down: str
     router_name: str = "gate"  # the router's module inside moe_prefix
+    shared_name: str = "shared_expert"  # the shared expert's module inside mlp (DeepSeek: shared_experts)
     fused_layout: str = "stacked"  # fused experts as [N, 2I, D] / [N, D, I]; "gpt_oss": [N, D, 2I] with gate
     #                                and up interleaved (column 2j gate j, 2j+1 up j) and [N, I, D], plus biases
 
@@ -42,7 +43,7 @@ class WeightNames:
         return f"{self.layer(i)}.mlp.{which}_proj.weight"
 
     def shared_expert(self, i: int, which: str) -> str:
-        return f"{self.layer(i)}.mlp.shared_expert.{which}_proj.weight"
+        return f"{self.layer(i)}.mlp.{self.shared_name}.{which}_proj.weight"
 
     def shared_expert_gate(self, i: int) -> str:
         return f"{self.layer(i)}.mlp.shared_expert_gate.weight"
@@ -50,4 +51,5 @@ class WeightNames:
 
 HF_STYLE = WeightNames("mlp", "gate_proj", "up_proj", "down_proj")  # Qwen2/3-MoE, OLMoE
 MIXTRAL_STYLE = WeightNames("block_sparse_moe", "w1", "w3", "w2")
+DEEPSEEK_STYLE = WeightNames("mlp", "gate_proj", "up_proj", "down_proj", shared_name="shared_experts")
 GPT_OSS_STYLE = WeightNames("mlp", "gate_proj", "up_proj", "down_proj", router_name="router", fused_layout="gpt_oss")

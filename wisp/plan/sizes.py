@@ -33,7 +33,7 @@ class ModelSizes:
     def of(cls, cfg: ModelConfig, block_size: int) -> "ModelSizes":
         element = torch.empty((), dtype=cfg.dtype).element_size()
         staging = 2 * cfg.expert_bytes  # paged mode's two staging buffers for wide steps (`wisp.core.expert_major`)
-        kv_block = 2 * cfg.num_layers * cfg.num_kv_heads * block_size * cfg.head_dim * element
+        kv_block = cfg.kv_tensors * cfg.num_layers * cfg.num_kv_heads * block_size * cfg.head_dim * element  # MLA: 1
         return cls(non_expert_params(cfg) * element + staging, cfg.expert_bytes,
                    len(cfg.moe_layer_ids) * cfg.expert_bytes, kv_block)
 
@@ -41,6 +41,8 @@ class ModelSizes:
 def _attention_params(cfg: ModelConfig) -> int:
     """One layer's attention projections, their biases and q/k norms, sinks, and the layer's two norms."""
     d, hd = cfg.hidden_size, cfg.head_dim
+    if cfg.mla is not None:
+        return _mla_params(cfg) + 2 * d
     params = d * hd * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 2 * d
     if cfg.attention_bias:
         params += hd * (cfg.num_heads + 2 * cfg.num_kv_heads)
@@ -55,6 +57,15 @@ def _attention_params(cfg: ModelConfig) -> int:
     return params
 
 
+def _mla_params(cfg: ModelConfig) -> int:
+    """One layer's latent attention (`wisp.models.mla`): q (or its LoRA pair and norm), kv_a, its norm, kv_b, o."""
+    m, d, h = cfg.mla, cfg.hidden_size, cfg.num_heads
+    q_out = h * (m.nope_dim + m.rope_dim)
+    q = d * q_out if m.q_lora_rank is None else d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * q_out
+    bias = (m.q_lora_rank or 0) + m.cache_dim + d if cfg.attention_bias else 0
+    return q + d * m.cache_dim + m.kv_lora_rank + m.kv_lora_rank * h * (m.nope_dim + m.v_dim) + h * m.v_dim * d + bias
+
+
 def _mlp_params(cfg: ModelConfig, moe: bool) -> int:
     """One layer's MLP outside the routed experts: a dense MLP, or the router plus any shared expert."""
     d = cfg.hidden_size
@@ -62,7 +73,7 @@ def _mlp_params(cfg: ModelConfig, moe: bool) -> int:
         return 3 * d * cfg.dense_intermediate_size
     params = cfg.num_experts * (d + (1 if cfg.expert_bias else 0))  # the router (and its bias)
     if cfg.shared_expert_intermediate_size:
-        params += 3 * d * cfg.shared_expert_intermediate_size + d
+        params += 3 * d * cfg.shared_expert_intermediate_size + (d if cfg.shared_expert_gated else 0)
     return params
 
 
