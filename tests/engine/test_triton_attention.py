@@ -57,9 +57,9 @@ def by_chunks(q, kc, vc, table, cuts, window=None):
     return torch.cat([triton_paged_attention(q[a:b], kc, vc, table, a, window) for a, b in zip(cuts, cuts[1:])])
 
 
-SHAPES = ([(dt, hkv, hd, n) for dt in (torch.float32, torch.bfloat16) for hkv in (1, 2, 4) for hd in (16, 64, 128)
-           for n in (1, 15, 16, 17, 70, 150)] if GPU else
-          [(torch.float32, 2, 32, 17), (torch.bfloat16, 1, 16, 70), (torch.float32, 4, 16, 150)])
+SHAPES = ([(dt, hkv, hd, n) for dt in (torch.float32, torch.bfloat16) for hkv in (1, 2, 4) for hd in (16, 64, 128, 24)
+           for n in (1, 15, 16, 17, 70, 150)] + [(torch.bfloat16, 1, 576, 70)] if GPU else  # 24, 576: padded heads (MLA)
+          [(torch.float32, 2, 32, 17), (torch.bfloat16, 1, 16, 70), (torch.float32, 4, 16, 150), (torch.float32, 1, 24, 17)])
 
 
 @pytest.mark.slow
@@ -79,13 +79,13 @@ def test_close_to_torch_and_exact_across_chunking(dtype, hkv, hd, n):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bs, window", [(16, 20), (32, None)])  # each block size and each window kind once
-def test_decode_launch_has_the_prefill_bits(window, bs):
+@pytest.mark.parametrize("bs, window, hd", [(16, 20, 32), (32, None, 24)])  # each block size, window kind once
+def test_decode_launch_has_the_prefill_bits(window, bs, hd):
     """Each sequence's token through the split decode launch (spans in parallel, then merged) == the same
     position in a whole-sequence prefill, at span boundaries, whatever the batch and the programs per row."""
     n = 700 if GPU else 140
     span = span_keys(bs)
-    q, k, v = qkv(n, 8, 2, 32, torch.bfloat16, bs)
+    q, k, v = qkv(n, 8, 2, hd, torch.bfloat16, bs)
     kc, vc, table = cache_with(k, v, bs, bs)
     whole = triton_paged_attention(q, kc, vc, table, 0, window)
     ref = paged_attention(q, kc, vc, table, 0, window)

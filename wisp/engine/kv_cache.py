@@ -30,7 +30,7 @@ class KVCache:
         self.num_layers, self.block_size, self.dtype, self.device = num_layers, block_size, dtype, torch.device(device)
         self.k = self.v = None
         self.attend_fn = paged_attention
-        pow2 = head_dim & (head_dim - 1) == 0 and block_size & (block_size - 1) == 0
+        pow2 = block_size & (block_size - 1) == 0  # a head of another width is padded to one (masked lanes)
         self.uses_triton = attention == "triton" and self.device.type == "cuda" and block_size >= 16 and head_dim >= 16 and pow2
         if self.uses_triton:  # tl.dot needs dims >= 16, tl.arange powers of two; else the torch path (no graphs)
             from wisp.engine.triton_attention import triton_paged_attention

@@ -59,7 +59,7 @@ def _tile(meta_ptr, tile, R: tl.constexpr):
 @triton.jit
 def _span(q, k_ptr, v_ptr, table_ptr, kvh, pos, end, last, span, window, scale,
           s_kb, s_kh, s_kp, R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, NBS: tl.constexpr,
-          HAS_WINDOW: tl.constexpr):
+          HAS_WINDOW: tl.constexpr, DM: tl.constexpr):
     """The online softmax of the tile's rows over one span's blocks: (m [R], l [R], acc [R, HD])."""
     d = tl.arange(0, HD)
     m = tl.full((R,), float("-inf"), tl.float32)
@@ -70,8 +70,8 @@ def _span(q, k_ptr, v_ptr, table_ptr, kvh, pos, end, last, span, window, scale,
         kpos = j * BS + tl.arange(0, BS)
         live = kpos < end
         base = blk * s_kb + kvh * s_kh + tl.arange(0, BS)[:, None] * s_kp + d[None, :]
-        k = tl.load(k_ptr + base).to(tl.float32)
-        v = tl.load(v_ptr + base, mask=live[:, None], other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + base, mask=(d < DM)[None, :], other=0.0).to(tl.float32)  # DM < HD: zero padding
+        v = tl.load(v_ptr + base, mask=live[:, None] & (d < DM)[None, :], other=0.0).to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [R, BS]
         allowed = (kpos[None, :] <= pos[:, None]) & live[None, :]
         if HAS_WINDOW:
@@ -107,10 +107,11 @@ def _with_sink(m, denom, acc, sinks_ptr, head, HAS_SINKS: tl.constexpr):
 
 
 @triton.jit
-def _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD: tl.constexpr):
+def _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD: tl.constexpr, DM: tl.constexpr):
     q_rows = (q_row0 + pos - start).to(tl.int64)
     d = tl.arange(0, HD)
-    q = tl.load(q_ptr + q_rows[:, None] * s_qt + head * s_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+    q = tl.load(q_ptr + q_rows[:, None] * s_qt + head * s_qh + d[None, :], mask=row_ok[:, None] & (d < DM)[None, :],
+                other=0.0)
     return q.to(tl.float32), q_rows
 
 
@@ -118,43 +119,43 @@ def _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD: tl.constexp
 def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group, scale, window, sinks_ptr,
                 s_qt, s_qh, s_kb, s_kh, s_kp, s_ot, s_oh,
                 R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                HAS_SINKS: tl.constexpr):
+                HAS_SINKS: tl.constexpr, DM: tl.constexpr):
     """One program per (tile, head): every span in order, merged as it goes."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
     seq, start, end, q_row0, pos, row_ok, last = _tile(meta_ptr, tile, R)
     table_ptr = tables_ptr + seq.to(tl.int64) * s_tab
-    q, q_rows = _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD)
+    q, q_rows = _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD, DM)
     m = tl.full((R,), float("-inf"), tl.float32)
     denom = tl.zeros((R,), tl.float32)
     acc = tl.zeros((R, HD), tl.float32)
     for span in range(0, last // SPAN + 1):
         m2, denom2, acc2 = _span(q, k_ptr, v_ptr, table_ptr, head // group, pos, end, last, span, window, scale,
-                                 s_kb, s_kh, s_kp, R, BS, HD, SPAN // BS, HAS_WINDOW)
+                                 s_kb, s_kh, s_kp, R, BS, HD, SPAN // BS, HAS_WINDOW, DM)
         m, denom, acc = _merge(m, denom, acc, m2, denom2, acc2)
     m, denom, acc = _with_sink(m, denom, acc, sinks_ptr, head, HAS_SINKS)
     out = acc / tl.where(row_ok, denom, 1.0)[:, None]  # dead rows (not stored) divide by 1, not 0
     d = tl.arange(0, HD)
     tl.store(out_ptr + q_rows[:, None] * s_ot + head * s_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None])
+             mask=row_ok[:, None] & (d < DM)[None, :])
 
 
 @triton.jit
 def _span_partials(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, part_m, part_l, part_acc, group, scale, window,
                    s_qt, s_qh, s_kb, s_kh, s_kp, H, S,
                    R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr,
-                   HAS_WINDOW: tl.constexpr):
+                   HAS_WINDOW: tl.constexpr, DM: tl.constexpr):
     """Program (tile of one live row, head, g) writes the partials of spans g, g + G, g + 2G, ... up to the
     row's position (G programs per row; each span is computed alone, so G does not change a bit)."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
     seq, start, end, q_row0, pos, row_ok, last = _tile(meta_ptr, tile, R)
     table_ptr = tables_ptr + seq.to(tl.int64) * s_tab
-    q, q_rows = _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD)
+    q, q_rows = _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD, DM)
     d = tl.arange(0, HD)
     for span in range(tl.program_id(2), last // SPAN + 1, tl.num_programs(2)):
         m, denom, acc = _span(q, k_ptr, v_ptr, table_ptr, head // group, pos, end, last, span, window, scale,
-                              s_kb, s_kh, s_kp, R, BS, HD, SPAN // BS, HAS_WINDOW)
+                              s_kb, s_kh, s_kp, R, BS, HD, SPAN // BS, HAS_WINDOW, DM)
         at = (tile * H + head).to(tl.int64) * S + span  # the live row's slot; the other rows are masked
         tl.store(part_m + at + 0 * pos, m, mask=row_ok)
         tl.store(part_l + at + 0 * pos, denom, mask=row_ok)
@@ -163,7 +164,7 @@ def _span_partials(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, part_m, par
 
 @triton.jit
 def _merge_spans(meta_ptr, part_m, part_l, part_acc, out_ptr, sinks_ptr, s_ot, s_oh, H, S,
-                 R: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr, HAS_SINKS: tl.constexpr):
+                 R: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr, HAS_SINKS: tl.constexpr, DM: tl.constexpr):
     """One program per (tile of one live row, head): the spans' partials merged in order, as `_paged_attn`
     merges them, on the same [R] / [R, HD] shapes (the dead rows stay at (-inf, 0, 0))."""
     tile = tl.program_id(0)
@@ -183,7 +184,12 @@ def _merge_spans(meta_ptr, part_m, part_l, part_acc, out_ptr, sinks_ptr, s_ot, s
     out = acc / tl.where(row_ok, denom, 1.0)[:, None]
     q_rows = (q_row0 + pos - start).to(tl.int64)
     tl.store(out_ptr + q_rows[:, None] * s_ot + head * s_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None])
+             mask=row_ok[:, None] & (d < DM)[None, :])
+
+
+def padded(hd: int) -> int:
+    """The kernels' head width: hd up to a power of two (tl.arange's), the extra lanes masked to zeros."""
+    return 1 << (hd - 1).bit_length()
 
 
 def _strides(q, k_cache):
@@ -199,7 +205,8 @@ def _launch(q, k_cache, v_cache, tables, meta, window, sinks=None) -> torch.Tens
     _paged_attn[(meta.shape[0], h)](
         q, k_cache, v_cache, tables, tables.stride(0), meta, out, h // hkv, hd**-0.5, window or 0,
         q if sinks is None else sinks, s_qt, s_qh, s_kb, s_kh, s_kp, out.stride(0), out.stride(1),
-        R=ROW_TILE, BS=bs, HD=hd, SPAN=span_keys(bs), HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
+        R=ROW_TILE, BS=bs, HD=padded(hd), SPAN=span_keys(bs), HAS_WINDOW=window is not None,
+        HAS_SINKS=sinks is not None, DM=hd,
     )
     return out
 
@@ -247,29 +254,31 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q)
     part_m = torch.empty(b * h * spans, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
-    part_acc = torch.empty(b * h * spans * hd, dtype=torch.float32, device=q.device)
+    part_acc = torch.empty(b * h * spans * padded(hd), dtype=torch.float32, device=q.device)
     (s_qt, s_qh), (s_kb, s_kh, s_kp) = _strides(q, k_cache)
     g = programs or span_programs(b, h, spans, q.device)
     _span_partials[(b, h, g)](
         q, k_cache, v_cache, tables, tables.stride(0), meta, part_m, part_l, part_acc, h // hkv, hd**-0.5,
         window or 0, s_qt, s_qh, s_kb, s_kh, s_kp, h, spans,
-        R=ROW_TILE, BS=bs, HD=hd, SPAN=span, HAS_WINDOW=window is not None,
+        R=ROW_TILE, BS=bs, HD=padded(hd), SPAN=span, HAS_WINDOW=window is not None, DM=hd,
     )
     _merge_spans[(b, h)](meta, part_m, part_l, part_acc, out, q if sinks is None else sinks, out.stride(0),
-                         out.stride(1), h, spans, R=ROW_TILE, HD=hd, SPAN=span, HAS_SINKS=sinks is not None)
+                         out.stride(1), h, spans, R=ROW_TILE, HD=padded(hd), SPAN=span, HAS_SINKS=sinks is not None,
+                         DM=hd)
     return out
 
 
 @triton.jit
 def _write_kv(k_ptr, v_ptr, k_cache, v_cache, blocks_ptr, offs_ptr, s_t, s_h, s_kb, s_kh, s_kp, Hkv,
-              HD: tl.constexpr):
+              HD: tl.constexpr, DM: tl.constexpr):
     pid = tl.program_id(0)  # token * Hkv + head
     token, head = pid // Hkv, pid % Hkv
     d = tl.arange(0, HD)
+    ok = d < DM
     dst = tl.load(blocks_ptr + token).to(tl.int64) * s_kb + head * s_kh + tl.load(offs_ptr + token).to(tl.int64) * s_kp + d
     src = token.to(tl.int64) * s_t + head * s_h + d
-    tl.store(k_cache + dst, tl.load(k_ptr + src))
-    tl.store(v_cache + dst, tl.load(v_ptr + src))
+    tl.store(k_cache + dst, tl.load(k_ptr + src, mask=ok), mask=ok)
+    tl.store(v_cache + dst, tl.load(v_ptr + src, mask=ok), mask=ok)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
@@ -279,4 +288,4 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     b, hkv, hd = k.shape
     k, v = k.contiguous(), v.contiguous()
     _write_kv[(b * hkv,)](k, v, k_cache, v_cache, blocks, offsets, k.stride(0), k.stride(1), k_cache.stride(0),
-                          k_cache.stride(1), k_cache.stride(2), hkv, HD=hd)
+                          k_cache.stride(1), k_cache.stride(2), hkv, HD=padded(hd), DM=hd)
