@@ -58,7 +58,7 @@ def by_chunks(q, kc, vc, table, cuts, window=None):
 
 
 SHAPES = ([(dt, hkv, hd, n) for dt in (torch.float32, torch.bfloat16) for hkv in (1, 2, 4) for hd in (16, 64, 128, 24)
-           for n in (1, 15, 16, 17, 70, 150)] + [(torch.bfloat16, 1, 576, 70)] if GPU else  # 24, 576: padded heads (MLA)
+           for n in (1, 15, 16, 17, 70, 150)] if GPU else  # 24: a padded head (MLA's tiny test entries)
           [(torch.float32, 2, 32, 17), (torch.bfloat16, 1, 16, 70), (torch.float32, 4, 16, 150), (torch.float32, 1, 24, 17)])
 
 

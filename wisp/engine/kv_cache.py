@@ -31,7 +31,8 @@ class KVCache:
         self.k = self.v = None
         self.attend_fn = paged_attention
         pow2 = block_size & (block_size - 1) == 0  # a head of another width is padded to one (masked lanes)
-        self.uses_triton = attention == "triton" and self.device.type == "cuda" and block_size >= 16 and head_dim >= 16 and pow2
+        fits = 16 <= head_dim <= 256  # wider (MLA's 576, padded to 1024) needs more shared memory than an H200 has
+        self.uses_triton = attention == "triton" and self.device.type == "cuda" and block_size >= 16 and fits and pow2
         if self.uses_triton:  # tl.dot needs dims >= 16, tl.arange powers of two; else the torch path (no graphs)
             from wisp.engine.triton_attention import triton_paged_attention
 
