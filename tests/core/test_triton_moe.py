@@ -44,7 +44,7 @@ def permuted(gu, dn, n, extra=3, seed=1):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("t", [1, 3, 17, 40] if GPU else [1, 3, 17])
+@pytest.mark.parametrize("t", [1, 3, 17, 40] if GPU else [1, 3, 9])  # interpreted: a case costs about t
 @pytest.mark.parametrize("n, k", SHAPES)
 def test_matches_oracle_and_reference(t, n, k, dtype):
     hidden, gu, dn, ids, w = problem(t, n, k, dtype=dtype, seed=t * 100 + n)
