@@ -79,7 +79,7 @@ def test_close_to_torch_and_exact_across_chunking(dtype, hkv, hd, n):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bs, window, hd", [(16, 20, 32), (32, None, 24)])  # each block size, window kind once
+@pytest.mark.parametrize("bs, window, hd", [(16, 20, 32), (32, None, 24)] if GPU else [(32, 20, 24)])  # interpreted: 20 s a case
 def test_decode_launch_has_the_prefill_bits(window, bs, hd):
     """Each sequence's token through the split decode launch (spans in parallel, then merged) == the same
     position in a whole-sequence prefill, at span boundaries, whatever the batch and the programs per row."""
