@@ -1,0 +1,125 @@
+"""llama.cpp in wisp's harness (issue 16): llama-bench at each expert placement, as wisp benchmark records.
+
+    python benchmarks/llama_cpp/run_peer.py --bench .llama_cpp/build-cuda/bin/llama-bench --gguf /tmp/olmoe.gguf \
+        --model olmoe-1b-7b --placements all-cpu,half,all-gpu --prompts 512,2048 --decode-tokens 64 --out FILE.json
+
+Placements (llama.cpp keeps attention, norms and embeddings on the GPU with -ngl 99 in all three):
+- all-cpu: every layer's experts on the CPU (`--n-cpu-moe` = the layer count), the issue's reference VRAM;
+- half: the experts of the first half of the layers on the CPU;
+- all-gpu: everything on the GPU (its resident speed).
+For each, llama-bench runs the prompt lengths (`-p`, prompt processing: TTFT = tokens / its tokens per second,
+cold: llama-bench clears the KV cache between runs) and a decode of `--decode-tokens` (`-n`), `--repetitions`
+times, with `-o json`. The GPU's peak memory is sampled with nvidia-smi every 100 ms while each placement runs.
+Each record: peer "llama.cpp", the llama.cpp commit (.llama_cpp/COMMIT), the exact command, decode_tok_s,
+ttft_s per prompt length, peak_gpu_bytes, the placement and its flags. Random weights: llama.cpp's CPU experts
+cost the same whatever the routing, while wisp's paged mode depends on it (compare with replayed real routing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from wisp.config import ModelConfig  # noqa: E402
+from wisp.models.presets import preset  # noqa: E402
+
+PLACEMENTS = ("all-cpu", "half", "all-gpu")
+
+
+def placement_flags(name: str, layers: int) -> list[str]:
+    if name not in PLACEMENTS:
+        raise SystemExit(f"unknown placement {name!r}; choose from {', '.join(PLACEMENTS)}")
+    cpu_layers = {"all-cpu": layers, "half": layers // 2, "all-gpu": 0}[name]
+    return ["-ngl", "99", "-ncmoe", str(cpu_layers)]
+
+
+class PeakGpuMemory:
+    """The largest `memory.used` nvidia-smi reports while the block runs (None without nvidia-smi)."""
+
+    def __init__(self, period_s: float = 0.1):
+        self.period_s, self.peak, self._stop = period_s, None, threading.Event()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=5).stdout
+                used = max(int(line) for line in out.split()) * 2**20
+                self.peak = used if self.peak is None else max(self.peak, used)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                return
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> "PeakGpuMemory":
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_placement(args, placement: str, cfg: ModelConfig) -> dict:
+    flags = placement_flags(placement, cfg.num_layers)
+    cmd = [args.bench, "-m", args.gguf, "-p", args.prompts, "-n", str(args.decode_tokens), "-r", str(args.repetitions),
+           "-o", "json", *flags, *shlex.split(args.extra)]
+    start = time.perf_counter()
+    with PeakGpuMemory() as memory:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"llama-bench failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+    tests = json.loads(proc.stdout)
+    decode = [t for t in tests if t["n_gen"] > 0 and t["n_prompt"] == 0]
+    prompts = [t for t in tests if t["n_prompt"] > 0 and t["n_gen"] == 0]
+    return {
+        "peer": "llama.cpp", "llama_cpp_commit": args.commit, "mode": f"llama.cpp {placement}",
+        "placement": placement, "placement_flags": " ".join(flags), "preset": args.model,
+        "layers": cfg.num_layers, "batch": 1, "decode_tokens": args.decode_tokens,
+        "decode_tok_s": round(decode[0]["avg_ts"], 3) if decode else None,
+        "ttft_s": {str(t["n_prompt"]): round(t["n_prompt"] / t["avg_ts"], 4) for t in prompts},
+        "prompt_tok_s": {str(t["n_prompt"]): round(t["avg_ts"], 1) for t in prompts},
+        "peak_gpu_bytes": memory.peak, "weights": tests[0]["model_type"] if tests else None,
+        "model_size_bytes": tests[0]["model_size"] if tests else None, "gpu": tests[0]["gpu_info"] if tests else None,
+        "n_threads": tests[0]["n_threads"] if tests else None, "routing": "llama.cpp's own (random weights)",
+        "wall_s": round(time.perf_counter() - start, 1), "command": " ".join(shlex.quote(c) for c in cmd),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bench", required=True, help="the llama-bench binary")
+    p.add_argument("--gguf", required=True)
+    p.add_argument("--model", required=True, help="the wisp preset (or config.json) the GGUF was written from")
+    p.add_argument("--placements", default=",".join(PLACEMENTS))
+    p.add_argument("--prompts", default="512,2048", help="prompt lengths for TTFT (llama-bench -p)")
+    p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--repetitions", type=int, default=2)
+    p.add_argument("--extra", default="", help="more llama-bench flags, e.g. '-t 16 -fa 1'")
+    p.add_argument("--commit", default=None, help="llama.cpp commit (default: .llama_cpp/COMMIT)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    commit_file = ROOT / ".llama_cpp" / "COMMIT"
+    args.commit = args.commit or (commit_file.read_text().strip() if commit_file.is_file() else "unknown")
+    raw = json.loads(Path(args.model).read_text()) if Path(args.model).is_file() else preset(args.model)
+    cfg = ModelConfig.from_hf(raw)
+    records = []
+    for placement in args.placements.split(","):
+        record = run_placement(args, placement, cfg)
+        print(f"{record['mode']:<22} decode {record['decode_tok_s']} tok/s  TTFT {record['ttft_s']}  "
+              f"peak GPU {record['peak_gpu_bytes']}", flush=True)
+        records.append(record)
+    Path(args.out).write_text(json.dumps(records, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
