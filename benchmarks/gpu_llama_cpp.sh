@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16: llama.cpp with experts on the CPU, in our harness, on the GPU machine. Needs .llama_cpp/ from
-# `bash benchmarks/llama_cpp/fetch.sh` on the CPU machine (carry .llama_cpp and .gpu_data). Results in $OUT.
+# `bash benchmarks/llama_cpp/fetch.sh` on the CPU machine; carry .llama_cpp/src, .llama_cpp/COMMIT,
+# .llama_cpp/wheels and .gpu_data (not a local build-cpu folder). Results in $OUT.
 #   peer: build llama-bench for sm_90 while the GGUF (MODEL, TYPE) is written to local disk, then llama-bench at
 #         the three placements (benchmarks/llama_cpp/run_peer.py), then delete the GGUF. About 8 minutes.
 #   wisp: our modes on the same preset with OLMoE's real layer-0 routing replayed, at the VRAM budget BUDGET
