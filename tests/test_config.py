@@ -73,3 +73,28 @@ def test_backends_resolve_per_device_and_refuse_what_cannot_run():
         EngineConfig(model="demo", mode="zero-copy", pin_memory=False).resolve_backend("moe", cuda)
     with pytest.raises(WispError, match="cuda-graph-max-batch"):
         EngineConfig(model="demo", cuda_graph_max_batch=-1)
+
+
+def _gpt_oss(**changes):
+    from wisp.models.presets import preset
+
+    return {**preset("gpt-oss-20b"), **changes}
+
+
+def test_config_edges_of_the_new_families_are_read_as_transformers_reads_them_or_refused():
+    from wisp.models.presets import preset
+
+    lite = preset("deepseek-v2-lite")
+    no_factor = dict(lite, rope_scaling={k: v for k, v in lite["rope_scaling"].items() if k != "factor"})
+    base, derived = ModelConfig.from_hf(lite), ModelConfig.from_hf(no_factor)  # factor = max_pos / original = 40
+    assert derived.rope == base.rope and derived.mla.softmax_scale == base.mla.softmax_scale > 192**-0.5
+    top_level = dict(_gpt_oss(), original_max_position_embeddings=4096)
+    top_level["rope_parameters"] = {k: v for k, v in top_level["rope_parameters"].items()
+                                    if k != "original_max_position_embeddings"}
+    assert ModelConfig.from_hf(top_level).rope == ModelConfig.from_hf(_gpt_oss()).rope
+    assert ModelConfig.from_hf({k: v for k, v in _gpt_oss().items() if k != "sliding_window"}).window_of(0) == 128
+    with pytest.raises(WispError, match="layer_types names 3 layers but num_hidden_layers is 24"):
+        ModelConfig.from_hf(_gpt_oss(layer_types=["sliding_attention"] * 3))
+    mixtral_mxfp4 = dict(preset("mixtral-8x7b"), quantization_config={"quant_method": "mxfp4"})
+    with pytest.raises(WispError, match="MXFP4 experts are supported for GPT-OSS checkpoints only"):
+        ModelConfig.from_hf(mixtral_mxfp4)

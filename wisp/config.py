@@ -142,6 +142,8 @@ class ModelConfig:
         archs = raw.get("architectures") or []
         family = family_for_architecture(archs[0] if archs else None)
         fp8_block, mxfp4 = _quantization(raw)
+        if mxfp4 and family.weights.fused_layout != "gpt_oss":
+            raise WispError(f"MXFP4 experts are supported for GPT-OSS checkpoints only, not {family.architecture}")
         layout = _layout_fields(raw)
         experts = _expert_fields(raw, family, layout["num_layers"])
         rope = RopeScaling.from_hf(raw)

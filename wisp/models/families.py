@@ -82,8 +82,10 @@ class Family:
         """Per layer, whether the sliding window applies (empty: everywhere it is set)."""
         if not self.alternating_windows:
             return ()
-        types = raw.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
-                                           for i in range(int(raw["num_hidden_layers"]))]
+        layers = int(raw["num_hidden_layers"])
+        types = raw.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+        if len(types) != layers:
+            raise WispError(f"layer_types names {len(types)} layers but num_hidden_layers is {layers}")
         return tuple(t == "sliding_attention" for t in types)
 
     def expert_activation(self, raw: dict[str, Any]) -> Activation:
@@ -92,7 +94,7 @@ class Family:
         return Activation("clamped_swiglu", float(raw.get("swiglu_alpha", 1.702)), float(raw.get("swiglu_limit", 7.0)))
 
     def sliding_window(self, raw: dict[str, Any]) -> int | None:
-        window = raw.get("sliding_window")
+        window = raw.get("sliding_window", 128 if self.alternating_windows else None)  # GPT-OSS's default: 128
         if self.sliding_window_switch and not raw.get("use_sliding_window", False):
             window = None
         return int(window) if window else None

@@ -46,7 +46,8 @@ class MlaShape:
         scale = (nope + rope_dim) ** -0.5
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
         mscale_all = rope.get("mscale_all_dim") or 0
-        factor = float(rope.get("factor") or 1.0)
+        original = rope.get("original_max_position_embeddings") or raw.get("original_max_position_embeddings")
+        factor = float(rope.get("factor") or (int(raw["max_position_embeddings"]) / int(original) if original else 1.0))
         if rope.get("rope_type", rope.get("type", "default")) != "default" and mscale_all and factor > 1:
             m = 0.1 * mscale_all * math.log(factor) + 1.0
             scale *= m * m

@@ -46,8 +46,9 @@ class RopeScaling:
         if kind == "default":
             return cls(theta=theta)
         if kind == "linear":
-            return cls("linear", theta, float(rope.get("factor", 1.0)))
-        original = int(rope["original_max_position_embeddings"])
+            return cls("linear", theta, float(rope.get("factor") or 1.0))
+        original = int(rope.get("original_max_position_embeddings") or raw.get("original_max_position_embeddings")
+                       or raw["max_position_embeddings"])
         factor = rope.get("factor") or int(raw["max_position_embeddings"]) / original
         attention = rope.get("attention_factor")
         if attention is None:
