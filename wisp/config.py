@@ -152,7 +152,7 @@ class ModelConfig:
         attention = _attention_fields(raw)
         mla = None
         if family.mla:
-            mla = MlaShape.from_hf(raw)
+            mla = MlaShape.from_hf(raw, rope)
             layout["head_dim"], attention["num_kv_heads"] = mla.cache_dim, 1
             if raw.get("topk_method", "greedy") != "greedy":
                 raise WispError(f"unsupported topk_method {raw['topk_method']!r}; supported: greedy")

@@ -19,7 +19,7 @@ import time
 import torch
 
 from wisp.core.expert_major import DOWN, GATE_UP
-from wisp.core.expert_extras import extras_at, extras_of
+from wisp.core.expert_extras import SILU, Activation, extras_at, extras_of
 from wisp.core.hybrid_split import HybridCosts
 from wisp.core.hybrid_experts import CPU_EXPERT_KERNELS, default_cpu_kernel
 
@@ -44,8 +44,15 @@ def _median_s(fn, device: torch.device, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str, cpu_kernel: str | None = None, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3) -> HybridCosts:
+def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str, cpu_kernel: str | None = None,
+                       rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3, dtype: torch.dtype | None = None,
+                       activation: Activation = SILU) -> HybridCosts:
+    """dtype, activation: the model's compute dtype (None: plain weights' own) and expert activation, so the
+    CPU times are those of the expert the model runs."""
     device = torch.device(device)
+    dtype = dtype or host[GATE_UP].dtype
+    if not dtype.is_floating_point:
+        raise ValueError(f"quantized experts ({dtype}) need the model's compute dtype to be probed")
     expert_fn = CPU_EXPERT_KERNELS[cpu_kernel or default_cpu_kernel(device)]
     num_experts = host[GATE_UP].shape[0]
     extras = extras_of(host)
@@ -59,16 +66,13 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
 
     copy_s = _median_s(copy_one, device, repeats)
     d = host[DOWN].shape[1]  # [N, D, I] (MXFP4: [N, D, I/32, 16])
-    dtype = host[GATE_UP].dtype  # quantized experts compute in their biases' dtype, else bf16
-    if extras is not None and extras.scales is not None:
-        dtype = extras.gate_up_bias.dtype if extras.gate_up_bias is not None else torch.bfloat16
     cpu_s = []
     for n in rows:
         x = torch.randn((n, d), generator=torch.Generator().manual_seed(n)).to(dtype)
 
         def cpu_one(x=x):
             e = next(turn) % num_experts
-            expert_fn(x, host[GATE_UP][e], host[DOWN][e], extras_at(extras, e))
+            expert_fn(x, host[GATE_UP][e], host[DOWN][e], extras_at(extras, e), activation)
 
         cpu_s.append(_median_s(cpu_one, torch.device("cpu"), repeats))
     for i in range(1, len(cpu_s)):

@@ -95,24 +95,19 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return pointwise(lambda g, u: F.silu(g) * u, gate, up)
 
 
+def _normalized(tile: torch.Tensor, eps: float) -> torch.Tensor:
+    """A tile's rows over their RMS, in float32."""
+    h = tile.float()
+    return h * pointwise(torch.rsqrt, h.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim in float32, cast back, times weight (the HF formula); row-invariant."""
-
-    def norm(tile: torch.Tensor) -> torch.Tensor:
-        h = tile.float()
-        h = h * pointwise(torch.rsqrt, h.pow(2).mean(-1, keepdim=True) + eps)
-        return weight * h.to(tile.dtype)
-
-    return map_row_tiles(x, norm)
+    return map_row_tiles(x, lambda tile: weight * _normalized(tile, eps).to(tile.dtype))
 
 
 def rms_norm_float32_weight(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`rms_norm` with the weight applied to the float32 activations before the cast back (GPT-OSS's RMSNorm,
     whose weight stays float32); row-invariant."""
 
-    def norm(tile: torch.Tensor) -> torch.Tensor:
-        h = tile.float()
-        h = h * pointwise(torch.rsqrt, h.pow(2).mean(-1, keepdim=True) + eps)
-        return (weight.float() * h).to(tile.dtype)
-
-    return map_row_tiles(x, norm)
+    return map_row_tiles(x, lambda tile: (weight.float() * _normalized(tile, eps)).to(tile.dtype))

@@ -18,7 +18,6 @@ Not thread-safe: one thread calls add_request / abort_request / step (the server
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -44,8 +43,6 @@ from wisp.errors import WispError
 from wisp.models.loader import CheckpointReader, HostMemory, load_model
 from wisp.models.random_checkpoint import RandomWeights
 from wisp.models.source import model_source
-
-log = logging.getLogger("wisp.engine")
 
 
 @dataclass

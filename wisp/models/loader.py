@@ -285,7 +285,7 @@ def _load_experts(
     for li in cfg.moe_layer_ids:
         bank = _allocate_bank(cfg, li, target, host)
         fill_bank(bank, reader, cfg, n, li, bar)
-        stores[li] = _make_store(engine, bank, caps[li], device, shared)
+        stores[li] = _make_store(engine, cfg, bank, caps[li], device, shared)
     bar.close()
     kernels = moe_kernels(engine.resolve_backend("moe", device)).with_activation(cfg.expert_activation)
     for store in stores.values():
@@ -303,7 +303,7 @@ class _SharedBuffers:
     hybrid_pace: CpuPace = field(default_factory=CpuPace)  # hybrid: their correction, learned while serving
 
 
-def _make_store(engine: EngineConfig, bank: dict[str, torch.Tensor], cap: int, device: torch.device,
+def _make_store(engine: EngineConfig, cfg: ModelConfig, bank: dict[str, torch.Tensor], cap: int, device: torch.device,
                 shared: _SharedBuffers) -> ExpertStore:
     mode = engine.mode
     if mode == "resident":
@@ -314,7 +314,8 @@ def _make_store(engine: EngineConfig, bank: dict[str, torch.Tensor], cap: int, d
     if mode == "hybrid":
         shared.staging = shared.staging or StagingBuffers(bank, device)
         if shared.hybrid_costs is None:  # every layer has the same shapes: probe once
-            shared.hybrid_costs = engine.hybrid_costs or probe_hybrid_costs(bank, device, engine.hybrid_cpu_kernel)
+            shared.hybrid_costs = engine.hybrid_costs or probe_hybrid_costs(
+                bank, device, engine.hybrid_cpu_kernel, dtype=cfg.dtype, activation=cfg.expert_activation)
         return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.staging, engine.hybrid_cpu_kernel,
                              shared.hybrid_pace)
     if mode == "zero-copy":

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from wisp.core import rows
+from wisp.models.rope import RopeScaling
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,12 @@ class MlaShape:
     softmax_scale: float
 
     @classmethod
-    def from_hf(cls, raw: dict[str, Any]) -> "MlaShape":
+    def from_hf(cls, raw: dict[str, Any], rope: RopeScaling) -> "MlaShape":
+        """The shape from config.json, the softmax scale from its rope (`RopeScaling.from_hf` of the same)."""
         nope, rope_dim = int(raw["qk_nope_head_dim"]), int(raw["qk_rope_head_dim"])
         scale = (nope + rope_dim) ** -0.5
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        mscale_all = rope.get("mscale_all_dim") or 0
-        original = rope.get("original_max_position_embeddings") or raw.get("original_max_position_embeddings")
-        factor = float(rope.get("factor") or (int(raw["max_position_embeddings"]) / int(original) if original else 1.0))
-        if rope.get("rope_type", rope.get("type", "default")) != "default" and mscale_all and factor > 1:
-            m = 0.1 * mscale_all * math.log(factor) + 1.0
+        if rope.kind != "default" and rope.mscale_all_dim and rope.factor > 1:
+            m = 0.1 * rope.mscale_all_dim * math.log(rope.factor) + 1.0
             scale *= m * m
         q_lora = raw.get("q_lora_rank")
         return cls(int(q_lora) if q_lora else None, int(raw["kv_lora_rank"]), nope, rope_dim, int(raw["v_head_dim"]),

@@ -35,6 +35,7 @@ class RopeScaling:
     original_max_position_embeddings: int = 4096
     truncate: bool = True
     attention_factor: float = 1.0
+    mscale_all_dim: float = 0.0  # yarn's softmax-scale correction (DeepSeek's MLA reads it: `wisp.models.mla`)
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> "RopeScaling":
@@ -46,16 +47,16 @@ class RopeScaling:
         if kind == "default":
             return cls(theta=theta)
         if kind == "linear":
-            return cls("linear", theta, float(rope.get("factor") or 1.0))
+            return cls("linear", theta, float(rope.get("factor") or 1.0), mscale_all_dim=float(rope.get("mscale_all_dim") or 0.0))
         original = int(rope.get("original_max_position_embeddings") or raw.get("original_max_position_embeddings")
                        or raw["max_position_embeddings"])
         factor = rope.get("factor") or int(raw["max_position_embeddings"]) / original
         attention = rope.get("attention_factor")
+        mscale, mscale_all = rope.get("mscale"), rope.get("mscale_all_dim")
         if attention is None:
-            mscale, mscale_all = rope.get("mscale"), rope.get("mscale_all_dim")
             attention = (_mscale(factor, mscale) / _mscale(factor, mscale_all)) if mscale and mscale_all else _mscale(factor)
         return cls("yarn", theta, float(factor), float(rope.get("beta_fast") or 32), float(rope.get("beta_slow") or 1),
-                   original, bool(rope.get("truncate", True)), float(attention))
+                   original, bool(rope.get("truncate", True)), float(attention), float(mscale_all or 0.0))
 
     def inv_freq(self, dim: int) -> torch.Tensor:
         """[dim / 2] float32 inverse frequencies of a rotation over `dim` channels."""
