@@ -22,13 +22,13 @@ import json
 import shlex
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from gpu_peak import PeakGpuMemory  # noqa: E402  (this folder: sys.path[0])
 from wisp.config import ModelConfig  # noqa: E402
 from wisp.models.presets import preset  # noqa: E402
 
@@ -40,33 +40,6 @@ def placement_flags(name: str, layers: int) -> list[str]:
         raise SystemExit(f"unknown placement {name!r}; choose from {', '.join(PLACEMENTS)}")
     cpu_layers = {"all-cpu": layers, "half": layers // 2, "all-gpu": 0}[name]
     return ["-ngl", "99", "-ncmoe", str(cpu_layers)]
-
-
-class PeakGpuMemory:
-    """The largest `memory.used` nvidia-smi reports while the block runs (None without nvidia-smi)."""
-
-    def __init__(self, period_s: float = 0.1):
-        self.period_s, self.peak, self._stop = period_s, None, threading.Event()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=5).stdout
-                used = max(int(line) for line in out.split()) * 2**20
-                self.peak = used if self.peak is None else max(self.peak, used)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                return
-            self._stop.wait(self.period_s)
-
-    def __enter__(self) -> "PeakGpuMemory":
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def run_placement(args, placement: str, cfg: ModelConfig) -> dict:

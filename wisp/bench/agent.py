@@ -38,15 +38,14 @@ import torch
 from wisp.bench.agent_arms import ArmSpec, arm_specs, parse_arms
 from wisp.bench.agent_sessions import Session, load_sessions, train_session_tokenizer
 from wisp.bench.decode import _git_commit, _peak, _reset_peak, model_config_for, probe_h2d_gbps
+from wisp.bench.routing import routing_for, uniform_trace
 from wisp.config import EngineConfig, ModelConfig, resolve_device
 from wisp.engine.engine import LLMEngine
 from wisp.engine.sampling import SamplingParams
-from wisp.errors import WispError
 from wisp.plan.controller import ControllerConfig, SplitController
 from wisp.plan.planner import PlanInputs, make_plan
 from wisp.trace.format import RoutingTrace
 from wisp.trace.kv_trace import KVTrace
-from wisp.trace.readers import load_any
 from wisp.trace.session_replay import SessionRoutingReplay
 
 
@@ -130,20 +129,6 @@ def session_kv_trace(sessions: list[Session], concurrency: int, block_size: int)
                 if k < len(s.turns):
                     kv.add(s.name, len(s.turns[k].prompt_ids), s.turns[k].reply_tokens)
     return kv
-
-
-def routing_for(path: str | None, cfg: ModelConfig, tokens: int = 8192) -> tuple[RoutingTrace | None, str]:
-    """The routing to replay and its label; `tokens`: the uniform trace's length (sessions x max_model_len, so
-    sessions, spaced by it, never share rows)."""
-    if path is None:
-        return None, "random-router"
-    if path == "uniform":
-        return _uniform_trace(cfg, tokens), "uniform-iid"
-    trace = load_any(path)
-    layers = len(cfg.moe_layer_ids)
-    if len(trace.layers) == 1 and layers > 1:
-        return trace.replayed_over(list(range(layers))), f"approx-layer0:{Path(path).name}"
-    return trace, f"replay:{Path(path).name}"
 
 
 def _engine(args, cfg: ModelConfig, spec: ArmSpec) -> LLMEngine:
@@ -230,7 +215,7 @@ def bench_agent(args) -> list[dict]:
     gbps = probe_h2d_gbps(device)
     inputs = PlanInputs(vram_budget=args.vram_budget, max_concurrency=args.concurrency, max_model_len=args.max_model_len,
                         seconds_per_byte=None if device.type == "cuda" else 1e-10)
-    plan_trace = trace if trace is not None else _uniform_trace(cfg, 512)
+    plan_trace = trace if trace is not None else uniform_trace(cfg, 512)
     plan = make_plan(cfg, inputs, plan_trace, session_kv_trace(sessions, args.concurrency, 16), device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     common = {"model": args.model, "routing": routing, "workload": [Path(p).name for p in args.sessions],
@@ -251,16 +236,6 @@ def bench_agent(args) -> list[dict]:
     if args.plot:
         plot_arms(records, args.plot)
     return records
-
-
-def _uniform_trace(cfg: ModelConfig, tokens: int) -> RoutingTrace:
-    """Each token's top_k experts drawn uniformly at random in every layer, independently (seed 0): no reuse
-    beyond chance, so a pessimistic bound on a trained model's locality. `--routing-trace uniform` replays it;
-    without a trace the planner still needs curves and reads them from it."""
-    rng, layers = np.random.default_rng(0), len(cfg.moe_layer_ids)
-    ids = np.concatenate([np.argsort(rng.random((min(1024, tokens - t), layers, cfg.num_experts)), axis=2)[:, :, : cfg.top_k]
-                          for t in range(0, tokens, 1024)]).astype(np.int16)
-    return RoutingTrace(ids, layers=list(range(len(cfg.moe_layer_ids))), num_experts=cfg.num_experts)
 
 
 def _print_table(records: list[dict]) -> None:

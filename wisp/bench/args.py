@@ -29,7 +29,7 @@ def _add_decode_parser(kinds) -> None:
     add_backend_args(dec)
     dec.add_argument("--routing-trace", default=None, metavar="FILE",
                      help="replay these recorded expert choices during decode (benchmark only; a one-layer trace is "
-                          "spread over all layers, an approximation)")
+                          "spread over all layers, an approximation); 'uniform': i.i.d. uniform choices")
     dec.add_argument("--vram-budget", type=parse_size, default=None, help="size paged runs' cap from this VRAM budget")
     dec.add_argument("--prefetch", action="store_true",
                      help="paged runs copy each next layer's predicted experts ahead (eager; wisp.core.prefetch)")

@@ -7,7 +7,8 @@ A pinned host->device bandwidth probe runs in the same process; `roofline_step_s
 step copied divided by that bandwidth, plus the resident step time when a resident run is in the set.
 
 `--routing-trace FILE` replays recorded expert choices during decode in place of the router's (records
-say `routing: "replay:<file>"`), so random weights page like the real model did. `--vram-budget X`
+say `routing: "replay:<file>"`), so random weights page like the real model did; `--routing-trace uniform`
+replays i.i.d. uniform choices, a pessimistic bound (`wisp.bench.routing`). `--vram-budget X`
 sizes paged runs' cap from a VRAM budget. `--mode accelerate` runs the peer: transformers + accelerate
 with every layer's experts offloaded to the CPU (`wisp.bench.peer`).
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from wisp.bench.routing import routing_for
 from wisp.config import MODES, EngineConfig, ModelConfig, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
@@ -32,7 +34,6 @@ from wisp.options import SCRATCH_MODES
 from wisp.plan.probes import probe_seconds_per_byte
 from wisp.plan.sizes import cap_for_budget
 from wisp.trace.format import RoutingTrace
-from wisp.trace.readers import load_any
 from wisp.trace.replay import RoutingReplay
 
 
@@ -99,9 +100,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
 
 def _replay(llm: LLM, trace: RoutingTrace) -> RoutingReplay:
     """Replay `trace` in place of the router (inactive until the timed decode; the graphs read it)."""
-    cfg = llm.config
-    if trace.num_layers == 1 < len(cfg.moe_layer_ids):  # a one-layer trace, spread as `wisp bench agent` does
-        trace = trace.replayed_over(cfg.moe_layer_ids)
+    cfg = llm.config  # a one-layer trace arrives spread over every MoE layer (wisp.bench.routing)
     replay = RoutingReplay(trace, cfg.moe_layer_ids, cfg.num_experts, cfg.top_k, llm.engine.device)
     llm.engine.runner.set_routing_replay(replay)
     return replay
@@ -179,13 +178,13 @@ def _measures(timed: TimedDecode, batch: int) -> dict:
 
 def bench_decode(args) -> list[dict]:
     opts = _engine_options(args)
-    trace = load_any(args.routing_trace) if args.routing_trace else None
+    trace, routing = routing_for(args.routing_trace, model_config_for(args.model, args.load_format))
     device = resolve_device(args.device)
     gbps = probe_h2d_gbps(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     records, resident_step, commit = [], None, _git_commit()
     for mode, cap, batch in _runs(args):
-        r = _run_one(args, mode, cap, batch, opts, trace)
+        r = _run_one(args, mode, cap, batch, opts, trace, routing)
         if mode == "resident":
             resident_step = r["step_s"]
         step_bytes = r.get("bytes_h2d_per_step", r["bytes_h2d_per_token"])  # the accelerate peer: batch 1
@@ -226,7 +225,8 @@ def _runs(args) -> list[tuple[str, int | None, int]]:
             for c in (caps if m in SCRATCH_MODES else [None])]
 
 
-def _run_one(args, mode: str, cap: int | None, batch: int, opts: dict, trace: RoutingTrace | None) -> dict:
+def _run_one(args, mode: str, cap: int | None, batch: int, opts: dict, trace: RoutingTrace | None,
+             routing: str) -> dict:
     """One run's record: the accelerate peer's, or wisp's (labelled with the replayed trace, the budget)."""
     if mode == "accelerate":
         from wisp.bench.peer import run_accelerate
@@ -235,8 +235,7 @@ def _run_one(args, mode: str, cap: int | None, batch: int, opts: dict, trace: Ro
     else:
         r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature, trace, batch)
     if trace is not None and mode != "accelerate":
-        r["routing"] = f"replay:{Path(args.routing_trace).name}" + (
-            " (one layer spread over every MoE layer: an approximation)" if trace.num_layers == 1 else "")
+        r["routing"] = routing
     if args.vram_budget:
         r["vram_budget"] = args.vram_budget
     return r

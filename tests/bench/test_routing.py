@@ -1,0 +1,33 @@
+"""wisp.bench.routing: the uniform trace and the labels every benchmark record carries."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wisp.bench.routing import routing_for, uniform_trace
+from wisp.config import ModelConfig
+from wisp.models.random_checkpoint import DEMO_CONFIG
+from wisp.trace.format import RoutingTrace
+
+
+def test_the_uniform_trace_draws_distinct_experts_per_token_and_layer():
+    cfg = ModelConfig.from_hf(DEMO_CONFIG)
+    trace = uniform_trace(cfg, 2100)  # spans three 1024-row draws
+    ids = trace.ids
+    assert ids.shape == (2100, len(cfg.moe_layer_ids), cfg.top_k) and trace.num_experts == cfg.num_experts
+    assert all(len(set(row)) == cfg.top_k for row in ids.reshape(-1, cfg.top_k).tolist())
+    counts = np.bincount(ids.ravel(), minlength=cfg.num_experts)  # every expert drawn about equally often
+    assert counts.min() > 0.8 * counts.mean() and counts.max() < 1.2 * counts.mean()
+    assert not np.array_equal(ids[:1024], ids[1024:2048])  # the chunks are not one draw repeated
+    assert np.array_equal(uniform_trace(cfg, 2100).ids, ids)  # seeded
+
+
+def test_routing_labels_say_what_was_replayed(tmp_path):
+    cfg = ModelConfig.from_hf(DEMO_CONFIG)
+    assert routing_for(None, cfg) == (None, "random-router")
+    assert routing_for("uniform", cfg, 64)[1] == "uniform-iid"
+    one_layer = tmp_path / "l0.npz"
+    RoutingTrace(np.tile(np.arange(cfg.top_k, dtype=np.int16), (8, 1, 1)), layers=[0],
+                 metadata={"num_experts": cfg.num_experts}).save(one_layer)
+    trace, label = routing_for(str(one_layer), cfg)
+    assert label == "approx-layer0:l0.npz" and trace.ids.shape == (8, len(cfg.moe_layer_ids), cfg.top_k)
