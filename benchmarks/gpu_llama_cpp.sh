@@ -5,11 +5,12 @@
 #   peer: build llama-bench for sm_90 (skipped when a warm machine still has it) while the GGUF (MODEL, TYPE)
 #         is written to local disk, then llama-bench at the three placements (benchmarks/llama_cpp/run_peer.py),
 #         then delete the GGUF. About 8 minutes with the build.
-#   wisp: our modes on the preset WISP_MODEL (default MODEL) at llama.cpp's all-experts-on-CPU footprint
-#         BUDGET (nvidia-smi bytes), each mode in its own process under the same nvidia-smi sampler, its cap
-#         sized for BUDGET less the CUDA context a bare torch process holds; decode with ROUTING replayed
-#         (default: OLMoE's real layer-0 trace; `uniform` for models no trace of ours fits) and cold TTFT at
-#         512 / 2048 tokens.
+#   wisp: our modes on the preset WISP_MODEL (default MODEL) at each llama.cpp placement's footprint: RUNS is
+#         "placement:nvidia-smi bytes:mode,mode ..." (the bytes from the peer stage's records), each mode in
+#         its own process under the same nvidia-smi sampler, its cap sized for the bytes less the CUDA
+#         context a bare torch process holds; decode with ROUTING replayed (default: OLMoE's real layer-0
+#         trace; `uniform` for models no trace of ours fits), and cold TTFT at 512 / 2048 tokens in the
+#         placement's first mode.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -17,7 +18,7 @@ model=${MODEL:-olmoe-1b-7b}; type=${TYPE:-bf16}
 bench=.llama_cpp/build-cuda/bin/llama-bench
 case "${STAGE:-peer}" in
 peer)
-  pip install -q --no-index .llama_cpp/wheels/gguf-*.whl 2>&1 | tail -1
+  python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/gguf-*.whl 2>&1 | tail -1  # numpy, pyyaml, tqdm: in the image
   gguf=/tmp/$model-$type.gguf
   (time python3 benchmarks/llama_cpp/gguf_random.py --model "$model" --type "$type" --out "$gguf") > "$out/gguf.log" 2>&1 &
   writer=$!
@@ -36,32 +37,40 @@ wisp)
   python3 $peak --out "$out/context.json" -- python3 -c "import torch, time
 a = torch.ones(64, 64, device='cuda'); (a @ a).sum().item(); time.sleep(1)"
   context=$(python3 -c "import json; print(json.load(open('$out/context.json'))['peak_gpu_bytes'])")
-  cap=$(python3 -c "from wisp.cli_args import parse_size; from wisp.config import ModelConfig; from wisp.models.presets import preset
-from wisp.plan.sizes import cap_for_budget; print(cap_for_budget(ModelConfig.from_hf(preset('$wmodel')), parse_size('${BUDGET:?BUDGET: llama.cpp all-cpu peak}') - $context, 2112))")
-  echo "budget $BUDGET, bare CUDA context $context bytes: cap $cap"
-  for mode in ${MODES:-paged hybrid zero-copy}; do
-    timeout 200 python3 $peak --out "$out/runs/smi_decode_$mode.json" -- python3 -m wisp bench decode --load-format dummy \
-      --model "$wmodel" --mode "$mode" --expert-cap "$cap" --prompt-len 512 --decode-tokens 64 --routing-trace "$routing" \
-      --out "$out/runs/decode_$mode.json" 2>"$out/wisp_decode_$mode.log" | tail -2
+  # RUNS: placement:llama.cpp's nvidia-smi peak there:our modes (the first also runs the TTFT prompts)
+  for run in ${RUNS:?RUNS: placement:bytes:mode,mode ...}; do
+    IFS=: read -r placement budget modes <<< "$run"
+    cap=$(python3 -c "from wisp.config import ModelConfig; from wisp.models.presets import preset
+from wisp.plan.sizes import cap_for_budget; print(cap_for_budget(ModelConfig.from_hf(preset('$wmodel')), $budget - $context, 2112))")
+    echo "$placement: llama.cpp $budget bytes, bare CUDA context $context: cap $cap"
+    for mode in ${modes//,/ }; do
+      timeout 200 python3 $peak --out "$out/runs/smi_decode_${placement}_$mode.json" -- python3 -m wisp bench decode \
+        --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$cap" --prompt-len 512 --decode-tokens 64 \
+        --routing-trace "$routing" --out "$out/runs/decode_${placement}_$mode.json" 2>"$out/runs/decode_${placement}_$mode.log" | tail -1
+    done
+    mode=${modes%%,*}
+    timeout 200 python3 $peak --out "$out/runs/smi_prefill_${placement}_$mode.json" -- python3 -m wisp bench prefill \
+      --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$cap" --prompt-len 512,2048 \
+      --out "$out/runs/prefill_${placement}_$mode.json" 2>"$out/runs/prefill_${placement}_$mode.log" | tail -3
   done
-  timeout 200 python3 $peak --out "$out/runs/smi_prefill_paged.json" -- python3 -m wisp bench prefill --load-format dummy \
-    --model "$wmodel" --mode paged --expert-cap "$cap" --prompt-len 512,2048 --out "$out/runs/prefill_paged.json" \
-    2>"$out/wisp_prefill.log" | tail -4
-  python3 - "$out" "$wmodel" "$BUDGET" "$context" <<'PY'
+  python3 - "$out" "$wmodel" "$context" "$RUNS" <<'PY'
 import json, sys
 from pathlib import Path
-out, model, budget, context = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+out, model, context = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+budgets = {run.split(":")[0]: int(run.split(":")[1]) for run in sys.argv[4].split()}
 for kind in ("decode", "prefill"):
     records = []
-    for f in sorted((out / "runs").glob(f"{kind}_*.json")):
-        smi = json.loads((out / "runs" / f"smi_{f.name}").read_text())
-        for r in json.loads(f.read_text()):
-            r.update(peak_gpu_bytes_nvidia_smi=smi["peak_gpu_bytes"], vram_budget_nvidia_smi=budget,
-                     cuda_context_bytes=context)
-            records.append(r)
+    for placement, budget in budgets.items():
+        for f in sorted((out / "runs").glob(f"{kind}_{placement}_*.json")):
+            smi = json.loads((out / "runs" / f"smi_{f.name}").read_text())
+            for r in json.loads(f.read_text()):
+                r.update(placement=placement, vram_budget_nvidia_smi=budget, peak_gpu_bytes_nvidia_smi=smi["peak_gpu_bytes"],
+                         cuda_context_bytes=context, within_budget=smi["peak_gpu_bytes"] <= budget)
+                records.append(r)
     (out / f"{kind}_{model}_vs_llama_cpp.json").write_text(json.dumps(records, indent=1) + "\n")
     for r in records:
-        print(kind, r["mode"], r.get("expert_cap"), r.get("decode_tok_s"), r.get("ttft_s"), "smi peak", r["peak_gpu_bytes_nvidia_smi"])
+        print(kind, r["placement"], r["mode"], r.get("expert_cap"), r.get("prompt_len"), "tok/s", r.get("decode_tok_s"),
+              "TTFT", r.get("ttft_s"), "smi", r["peak_gpu_bytes_nvidia_smi"], "within", r["within_budget"])
 PY
   ;;
 esac

@@ -134,3 +134,29 @@ def test_a_wide_step_keeps_what_its_last_tokens_route_to_and_streams_the_rest(mo
     assert [e for e, _ in decision.loads] == [0, 2] and decision.streamed == (1,)
     assert store.pager.resident_experts() == [0, 2, 5]
     assert store.counters.misses == 2 + 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@settings(max_examples=15, deadline=None)
+@given(t=st.integers(1, 24), k=st.integers(1, 4), seed=st.integers(0, 999))
+def test_zero_copy_stages_a_step_that_reuses_its_experts_and_copies_each_once(dtype, t, k, seed):
+    from wisp.core.experts import ZeroCopyExperts
+
+    n = 8
+    host = bank(n, dtype, seed)
+    hidden, ids, weights = batch(n, t, k, seed, dtype)
+    staged = ZeroCopyExperts(host, "cpu", expert_major.StagingBuffers(host, "cpu"))
+    in_place = ZeroCopyExperts(host, "cpu")  # no staging buffers: every step reads in place
+    copies = []
+    real_copy = expert_major._copy_expert
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(expert_major, "_copy_expert", lambda h, e, dest: (copies.append(e), real_copy(h, e, dest)))
+        out = staged.forward(hidden, ids, weights)
+    assert torch.equal(out, ResidentExperts(host).forward(hidden, ids, weights))
+    assert torch.equal(out, in_place.forward(hidden, ids, weights))
+    distinct = sorted(set(ids.flatten().tolist()))
+    stages = ids.numel() >= ZeroCopyExperts.STREAM_REUSE * len(distinct)
+    assert sorted(copies) == (distinct if stages else [])  # each routed expert copied once, or none
+    bytes_of = staged.expert_bytes
+    assert staged.counters.bytes_h2d == (len(distinct) if stages else ids.numel()) * bytes_of
+    assert in_place.counters.bytes_h2d == ids.numel() * bytes_of and staged.counters.misses == len(distinct)

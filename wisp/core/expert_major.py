@@ -79,14 +79,41 @@ def expert_major_pairs(pager: ExpertPager, staging: StagingBuffers, kernels: MoE
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
     kernels.pairs_by_map(per_k, hidden, scratch[GATE_UP], scratch[DOWN], topk_ids, pager.expert_map,
                          extras=extras_of(scratch))  # the hits
-    order = torch.argsort(topk_ids.reshape(-1), stable=True)  # [T*K] pairs grouped by expert, token order inside
+    plan = [(e, None) for e in decision.streamed] + list(decision.loads)
+    compute_from_copies(pager.host, staging, kernels, per_k, hidden, topk_ids, plan, offsets_of(counts), scratch)
+    pager.publish_map()
+    return per_k
+
+
+def run_streamed_step(host: dict[str, torch.Tensor], staging: StagingBuffers, kernels: MoEKernels, hidden: torch.Tensor,
+                      topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: list[int], counts: list[int]) -> torch.Tensor:
+    """A wide step with no slots at all (zero-copy mode's prefill): every routed expert is copied once
+    through the two staging buffers and its pairs computed there, copies overlapping compute as above."""
+    t, k = topk_ids.shape
+    per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
+    compute_from_copies(host, staging, kernels, per_k, hidden, topk_ids, [(e, None) for e in experts], offsets_of(counts))
+    return kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
+
+
+def offsets_of(counts: list[int]) -> list[int]:
+    """[N + 1] where each expert's pairs start in the pairs sorted by expert."""
     offsets = [0]
     for c in counts:
         offsets.append(offsets[-1] + c)
+    return offsets
+
+
+def compute_from_copies(host: dict[str, torch.Tensor], staging: StagingBuffers, kernels: MoEKernels, per_k: torch.Tensor,
+                        hidden: torch.Tensor, topk_ids: torch.Tensor, plan: list[tuple[int, int | None]],
+                        offsets: list[int], scratch: dict[str, torch.Tensor] | None = None) -> None:
+    """Copy each (expert, slot) of `plan` into its slot of `scratch` (slot None: the next staging buffer)
+    and compute its pairs into `per_k`; on CUDA copies run on the side stream, each waiting only for the
+    last reader of its destination (a slot: the kernels queued before this call), compute for its copy."""
+    k = topk_ids.shape[1]
+    order = torch.argsort(topk_ids.reshape(-1), stable=True)  # [T*K] pairs grouped by expert, token order inside
     side = staging.stream
     main = torch.cuda.current_stream(hidden.device) if side is not None else None
     hits_done = main.record_event() if side is not None else None
-    plan = [(e, None) for e in decision.streamed] + list(decision.loads)
     for expert, slot in plan:
         if slot is None:
             index = staging.take()
@@ -94,22 +121,20 @@ def expert_major_pairs(pager: ExpertPager, staging: StagingBuffers, kernels: MoE
         else:
             dest, wait = {name: w[slot] for name, w in scratch.items()}, hits_done
         if side is None:
-            _copy_expert(pager, expert, dest)
+            _copy_expert(host, expert, dest)
         else:
             with torch.cuda.stream(side):
                 if wait is not None:
                     side.wait_event(wait)
-                _copy_expert(pager, expert, dest)
+                _copy_expert(host, expert, dest)
                 copied = side.record_event()
             main.wait_event(copied)
         pairs = order[offsets[expert] : offsets[expert + 1]]
         kernels.pairs_of_one_expert(per_k, hidden, dest[GATE_UP], dest[DOWN], pairs, k, extras=extras_of(dest))
         if slot is None and side is not None:
             staging.free_after[index] = main.record_event()
-    pager.publish_map()
-    return per_k
 
 
-def _copy_expert(pager: ExpertPager, expert: int, dest: dict[str, torch.Tensor]) -> None:
-    for name, master in pager.host.items():
+def _copy_expert(host: dict[str, torch.Tensor], expert: int, dest: dict[str, torch.Tensor]) -> None:
+    for name, master in host.items():
         dest[name].copy_(master[expert], non_blocking=True)

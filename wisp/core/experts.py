@@ -6,8 +6,11 @@ Four modes share one contract, `ExpertStore.forward(hidden, topk_ids, topk_weigh
   map; a wider one runs expert-major (`wisp.core.expert_major`): each missing expert is copied once;
 - `OffloadExperts`: the baseline of layer offload (vLLM --cpu-offload-gb without UVA, accelerate):
   every forward copies all N experts of the layer into one layer-sized device buffer shared by layers;
-- `ZeroCopyExperts`: no device copy at all: the kernel reads the routed experts in place from the pinned
-  host masters (UVA on CUDA; needs the Triton kernel), the cache-less baseline.
+- `ZeroCopyExperts`: no expert slots at all: a decode step's kernel reads the routed experts in place
+  from the pinned host masters (UVA on CUDA; needs the Triton kernel), the cache-less baseline; a step
+  whose experts are each routed twice or more on average (a prefill chunk) copies each once through the
+  two shared staging buffers instead (`wisp.core.expert_major.run_streamed_step`), as paged mode's
+  streamed misses are, rather than reading it over PCIe once per routed pair.
 
 `forward_graph_safe` is the same computation with no host sync (CUDA, Triton backend), for CUDA-graph
 decode: counters go to a device count vector (`sync_all_counters` folds them in with one read), and the
@@ -29,7 +32,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_many
-from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, run_wide_step
+from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, run_streamed_step, run_wide_step
 from wisp.core.expert_extras import extras_of
 from wisp.core.kernels import TORCH_KERNELS, MoEKernels
 from wisp.core.pager import ExpertPager, expert_bytes
@@ -256,18 +259,26 @@ class OffloadExperts(ExpertStore):
 
 class ZeroCopyExperts(ExpertStore):
     mode = "zero-copy"
+    STREAM_REUSE = 2  # stage a step's experts when its pairs number at least this many times its experts
 
-    def __init__(self, host: dict[str, torch.Tensor], device: torch.device):
+    def __init__(self, host: dict[str, torch.Tensor], device: torch.device, staging: StagingBuffers | None = None):
         self.host = host  # pinned on CUDA: the kernel reads it in place
         n = host[GATE_UP].shape[0]
         self.expert_bytes = expert_bytes(host)
         self.expert_map = torch.arange(n, dtype=torch.int32, device=device)
+        self.staging = staging  # shared by a model's layers; without it every step reads in place
         self.counters = ExpertCounters()
 
     def forward(self, hidden, topk_ids, topk_weights):
         c = self.counters
         c.steps += 1
-        c.misses += len(_distinct(topk_ids))
+        counts, last_token = routed_counts_and_last_token(topk_ids, self.expert_map.numel())
+        distinct = order_by_last_token(last_token)
+        c.misses += len(distinct)
+        if self.staging is not None and topk_ids.numel() >= self.STREAM_REUSE * len(distinct):
+            c.loads += len(distinct)
+            c.bytes_h2d += len(distinct) * self.expert_bytes  # each routed expert copied once
+            return run_streamed_step(self.host, self.staging, self.kernels, hidden, topk_ids, topk_weights, distinct, counts)
         c.bytes_h2d += topk_ids.numel() * self.expert_bytes  # the kernel reads an expert once per routed pair
         return self.moe_fn(hidden, self.host, topk_ids, topk_weights, self.expert_map)
 

@@ -298,7 +298,7 @@ class _SharedBuffers:
     """Device buffers one model's stores share, made by the first layer that needs them."""
 
     layer: LayerBuffer | None = None  # offload: one layer-sized buffer
-    staging: StagingBuffers | None = None  # paged, hybrid: two expert-sized buffers for wide steps
+    staging: StagingBuffers | None = None  # paged, hybrid, zero-copy: two expert-sized buffers for wide steps
     hybrid_costs: HybridCosts | None = None  # hybrid: the costs every layer splits its misses by
     hybrid_pace: CpuPace = field(default_factory=CpuPace)  # hybrid: their correction, learned while serving
 
@@ -319,7 +319,8 @@ def _make_store(engine: EngineConfig, cfg: ModelConfig, bank: dict[str, torch.Te
         return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.staging, engine.hybrid_cpu_kernel,
                              shared.hybrid_pace)
     if mode == "zero-copy":
-        return ZeroCopyExperts(bank, device)
+        shared.staging = shared.staging or StagingBuffers(bank, device)
+        return ZeroCopyExperts(bank, device, shared.staging)
     owner = shared.layer is None
     if owner:
         shared.layer = LayerBuffer(bank, device)
