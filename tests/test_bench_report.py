@@ -50,3 +50,32 @@ def test_prefill_records_get_their_own_columns(tmp_path):
     assert "| mode | cap | prompt | steps | TTFT s | bound s | TTFT / bound |" in page
     assert "| paged | 16 | 2048 | 1 | 1.653 | 1.332 | 1.24 | 54.6 | 2621 | 24.73 | 55.2 |" in page
     assert "cold prompts, 2048 tokens per step" in page
+
+
+def test_llama_cpp_comparison_rows_pair_each_placement_and_render_as_a_peer_table(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compare", ROOT / "benchmarks" / "llama_cpp" / "compare.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    peer = [{"placement": "all-cpu", "placement_flags": "-ngl 99 -ncmoe 16", "weights": "BF16", "decode_tok_s": 40.0,
+             "ttft_s": {"512": 0.8, "2048": 2.0}, "peak_gpu_bytes": 2.0e9, "gpu": "H200", "command": "llama-bench", "preset": "p"}]
+    tagged = {"placement": "all-cpu", "vram_budget_nvidia_smi": 2.0e9, "gpu": "H200", "preset": "p", "command": "wisp bench"}
+    decode = [{**tagged, "mode": "zero-copy", "expert_cap": 64, "decode_tok_s": 30.0, "peak_gpu_bytes_nvidia_smi": 1.9e9},
+              {**tagged, "mode": "paged", "expert_cap": 8, "decode_tok_s": 80.0, "peak_gpu_bytes_nvidia_smi": 3.0e9}]
+    prefill = [{**tagged, "mode": "zero-copy", "expert_cap": 64, "prompt_len": n, "max_num_batched_tokens": chunk, "ttft_s": t,
+                "peak_gpu_bytes_nvidia_smi": peak} for n, chunk, t, peak in
+               [(512, 2048, 0.3, 2.4e9), (2048, 2048, 0.5, 2.4e9), (2048, 512, 1.0, 1.95e9)]]
+    rows = compare.compare(peer, decode, prefill)
+    theirs, zero, paged, chunked = rows
+    assert theirs["system"] == "llama.cpp" and theirs["ttft_2048_s"] == 2.0
+    # a decode run takes its mode's widest prefill chunk; narrower chunks get their own row
+    assert (zero["decode_tok_s"], zero["ttft_2048_s"], zero["prefill_chunk_tokens"]) == (30.0, 0.5, 2048)
+    assert zero["within_budget"] is False  # the prefill's 2.4 GB is over llama.cpp's 2.0, though decode's 1.9 is not
+    assert (zero["decode_vs_llama_cpp"], zero["ttft_2048_vs_llama_cpp"]) == (0.75, 4.0)
+    assert paged["ttft_2048_s"] is None and paged["within_budget"] is False and paged["decode_vs_llama_cpp"] == 2.0
+    assert (chunked["decode_tok_s"], chunked["ttft_2048_s"], chunked["within_budget"]) == (None, 1.0, True)
+    (tmp_path / "peer.json").write_text(json.dumps(rows))
+    page = render(load_records(tmp_path))
+    assert "| system | placement | mode / flags | cap |" in page
+    assert "| wisp | all-cpu | zero-copy | 64 | - | 30.00 | 0.300 | 0.500 | 2048 | 1.90 | 2.40 | no | 0.75x | 4.00x |" in page

@@ -41,6 +41,22 @@ PREFILL_COLUMNS = [  # `wisp bench prefill` records: one per (run, prompt length
     ("bytes_h2d", "GB host->GPU", "GB"),
     ("h2d_gbps_probe", "probe GB/s", "{:.1f}"),
 ]
+PEER_COLUMNS = [  # benchmarks/llama_cpp/compare.py records: llama.cpp and wisp at each llama.cpp expert placement
+    ("system", "system", "{}"),
+    ("placement", "placement", "{}"),
+    ("mode", "mode / flags", "{}"),
+    ("expert_cap", "cap", "{}"),
+    ("routing", "routing", "{}"),
+    ("decode_tok_s", "decode tok/s", "{:.2f}"),
+    ("ttft_512_s", "TTFT 512 s", "{:.3f}"),
+    ("ttft_2048_s", "TTFT 2048 s", "{:.3f}"),
+    ("prefill_chunk_tokens", "prefill chunk", "{}"),
+    ("peak_gpu_bytes_decode", "nvidia-smi GB decode", "GB"),
+    ("peak_gpu_bytes_prefill", "nvidia-smi GB prefill", "GB"),
+    ("within_budget", "within llama.cpp's GB", "yes/no"),
+    ("decode_vs_llama_cpp", "decode vs llama.cpp", "{:.2f}x"),
+    ("ttft_2048_vs_llama_cpp", "TTFT 2048 vs llama.cpp", "{:.2f}x"),
+]
 AGENT_COLUMNS = [  # `wisp bench agent` records: one per allocator arm
     ("arm", "arm", "{}"),
     ("expert_cap", "cap", "{}"),
@@ -76,6 +92,8 @@ def _cell(record: dict, key: str, fmt: str) -> str:
     value = record.get("peak_gpu_bytes", record.get("peak_gpu_bytes_decode")) if key == "peak" else record.get(key)
     if value is None:
         return "-"
+    if fmt == "yes/no":
+        return "yes" if value else "no"
     if fmt == "ms":
         return f"{value * 1e3:.1f}"
     if fmt == "MB":
@@ -108,10 +126,12 @@ def render(rows: list[tuple[str, dict]]) -> str:
         layers = first.get("layers")
         out.append(f"## {name}")
         out.append("")
-        prefill, agent = "prefill_steps" in first, "arm" in first
-        columns = AGENT_COLUMNS if agent else PREFILL_COLUMNS if prefill else DECODE_COLUMNS
+        prefill, agent, peer = "prefill_steps" in first, "arm" in first, "system" in first
+        columns = PEER_COLUMNS if peer else AGENT_COLUMNS if agent else PREFILL_COLUMNS if prefill else DECODE_COLUMNS
         shape = (f"cold prompts, {first.get('max_num_batched_tokens', '-')} tokens per step" if prefill else
                  f"prompt {first.get('prompt_len', '-')} tokens, {first.get('decode_tokens', '-')} decode tokens")
+        if peer:
+            shape = "batch-1 decode and cold TTFT at each of llama.cpp's expert placements, at its GPU footprint there"
         if agent:
             what = first.get("model", what)
             shape = (f"{first['sessions']} agent sessions ({', '.join(first['workload'])}) at concurrency "
