@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16's peer, step 1 (CPU machine, which reaches PyPI): llama.cpp's source from the llama-cpp-python sdist
+# The llama.cpp peer, step 1 (CPU machine, which reaches PyPI): llama.cpp's source from the llama-cpp-python sdist
 # (it vendors the whole tree), trimmed to what a CUDA or CPU build of llama-bench needs, into .llama_cpp/ (ignored
 # by git; the device call carries it), with the gguf wheel the GGUF writer needs on the GPU machine.
 #   bash benchmarks/llama_cpp/fetch.sh [VERSION]     -> .llama_cpp/src, .llama_cpp/COMMIT, .llama_cpp/wheels/

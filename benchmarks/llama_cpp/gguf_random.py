@@ -1,4 +1,4 @@
-"""A random-weight GGUF in a wisp preset's real shapes, for llama.cpp (issue 16's peer).
+"""A random-weight GGUF in a wisp preset's real shapes, for the llama.cpp peer (benchmarks/gpu_llama_cpp.sh).
 
     python benchmarks/llama_cpp/gguf_random.py --model olmoe-1b-7b --out /tmp/olmoe.gguf [--type bf16|q8_0]
 
@@ -87,12 +87,16 @@ def _random(name: str, shape: tuple[int, ...], kind: str, seed: int) -> np.ndarr
 
 
 def q8_0(x: torch.Tensor) -> np.ndarray:
-    """ggml's Q8_0 in torch (the gguf package's numpy version is slow at 30B parameters): per 32 values an
-    fp16 scale max|x| / 127, then the values / scale rounded to int8; 34 bytes a block, rows kept."""
+    """ggml's Q8_0 in torch (the gguf package's numpy version is slow at 30B parameters), bit-equal to it: per
+    32 values an fp16 scale max|x| / 127, then the values / scale rounded half away from zero, as ggml's
+    roundf (gguf's np_roundf, step for step); 34 bytes a block, rows kept."""
     blocks = x.float().reshape(-1, 32)
     scale = blocks.abs().amax(dim=1, keepdim=True) / 127
     inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
-    codes = torch.round(blocks * inv).clamp(-127, 127).to(torch.int8)
+    v = blocks * inv
+    a = v.abs()
+    floored = torch.floor(a)
+    codes = (torch.sign(v) * (floored + torch.floor(2 * (a - floored)))).to(torch.int8)
     packed = torch.cat([scale.half().view(torch.uint8), codes.view(torch.uint8)], dim=1)  # [blocks, 2 + 32]
     return packed.reshape(*x.shape[:-1], x.shape[-1] // 32 * 34).numpy()
 

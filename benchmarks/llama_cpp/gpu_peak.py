@@ -2,7 +2,7 @@
 
     python benchmarks/llama_cpp/gpu_peak.py --out peak.json -- python3 -m wisp bench decode ...
 
-llama.cpp reports no allocator peak of its own, so issue 16's placements are compared by nvidia-smi's
+llama.cpp reports no allocator peak of its own, so the llama.cpp placements are compared by nvidia-smi's
 `memory.used` (the CUDA context, cuBLAS workspaces and the allocator's cache included), sampled every 100 ms.
 Run wisp's side under the same sampler to compare like with like; `baseline_bytes` is what was in use before
 the program started (other processes), and is included in the peak.

@@ -1,4 +1,4 @@
-"""llama.cpp in wisp's harness (issue 16): llama-bench at each expert placement, as wisp benchmark records.
+"""llama.cpp in wisp's harness: llama-bench at each expert placement, as wisp benchmark records.
 
     python benchmarks/llama_cpp/run_peer.py --bench .llama_cpp/build-cuda/bin/llama-bench --gguf /tmp/olmoe.gguf \
         --model olmoe-1b-7b --placements all-cpu,half,all-gpu --prompts 512,2048 --decode-tokens 64 --out FILE.json

@@ -1,0 +1,59 @@
+"""benchmarks/llama_cpp/gguf_random.py: the random GGUF llama.cpp is benchmarked on has llama.cpp's names,
+the preset's shapes and metadata, and Q8_0 blocks bit-equal to the gguf package's (ggml's) quantizer."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from wisp.config import ModelConfig
+from wisp.models.presets import preset
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("gguf_random", ROOT / "benchmarks" / "llama_cpp" / "gguf_random.py")
+gguf_random = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gguf_random)
+
+
+def test_q8_0_is_bit_equal_to_ggml_including_halves():
+    x = torch.randn(64, 96) * 0.02
+    x[0, :32] = torch.arange(32) - 0.5  # the block's max 30.5 scales to 127: neighbours land near halves
+    x[1, :32] = torch.tensor([127.0] + [k + 0.5 for k in range(-15, 16)])  # scale 1: exact halves, both signs
+    x[2, :32] = 0  # an all-zero block: scale 0
+    ours = gguf_random.q8_0(x)
+    theirs = gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType.Q8_0)
+    assert ours.dtype == np.uint8 and ours.shape == theirs.shape == (64, 96 // 32 * 34)
+    assert np.array_equal(ours, theirs)
+    codes = ours[1, 2:34].view(np.int8)
+    assert codes[1] == -15 and codes[-1] == 16  # -14.5 -> -15 and 15.5 -> 16: away from zero, not to even
+
+
+@pytest.mark.parametrize("family, kind", [("olmoe-1b-7b", "bf16"), ("qwen3-30b-a3b", "q8_0")])
+def test_the_gguf_has_llama_cpps_tensors_in_the_presets_shapes(tmp_path, family, kind):
+    raw = dict(preset(family), num_hidden_layers=2, num_experts=4, hidden_size=64, intermediate_size=64,
+               moe_intermediate_size=32, vocab_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    cfg = ModelConfig.from_hf(raw)
+    out = gguf_random.write_gguf(str(tmp_path / "config.json"), tmp_path / "m.gguf", kind)
+    reader = gguf.GGUFReader(out)
+    arch = gguf_random.ARCHES[cfg.family]
+    assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == gguf.MODEL_ARCH_NAMES[arch]
+    known = {gguf.TENSOR_NAMES[t].format(bid=i) + ".weight" for t in gguf.MODEL_TENSORS[arch] for i in range(2)}
+    tensors = {t.name: t for t in reader.tensors}
+    assert set(tensors) <= known  # every name is one llama.cpp's loader looks for
+    assert set(tensors) == {name for name, _ in gguf_random.tensor_shapes(cfg)}
+    gate = tensors["blk.1.ffn_gate_exps.weight"]
+    assert [int(n) for n in gate.shape] == [64, cfg.moe_intermediate_size, 4]  # innermost first: [D, I, N]
+    expected_type = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[kind]
+    assert gate.tensor_type == expected_type and tensors["output_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    field = reader.fields[f"{gguf.MODEL_ARCH_NAMES[arch]}.expert_used_count"]
+    assert int(field.parts[-1][0]) == cfg.top_k
+    assert len(reader.fields["tokenizer.ggml.tokens"].data) == cfg.vocab_size
+    weights = gguf.quants.dequantize(gate.data, gate.tensor_type)  # random normal * 0.02, as written
+    assert 0.015 < float(np.std(weights)) < 0.025
