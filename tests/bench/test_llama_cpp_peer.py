@@ -1,0 +1,58 @@
+"""benchmarks/llama_cpp/run_peer.py against a stand-in llama-bench: placements become flags, llama-bench's JSON
+becomes our records (decode tok/s, TTFT per prompt length = tokens / pp rate), and a failure is one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_PEER = ROOT / "benchmarks" / "llama_cpp" / "run_peer.py"
+
+FAKE_BENCH = '''#!{python}
+import json, sys
+args = sys.argv[1:]
+open({log!r}, "a").write(" ".join(args) + "\\n")
+if "-ncmoe" in args and args[args.index("-ncmoe") + 1] == "{fail_at}":
+    sys.exit("llama_bench: error: failed to load model")
+common = {{"model_type": "olmoe A1.7B BF16", "model_size": 13838589952, "gpu_info": "NVIDIA H200", "n_threads": 16}}
+tests = [dict(common, n_prompt=int(p), n_gen=0, avg_ts=1000.0 + int(p)) for p in args[args.index("-p") + 1].split(",")]
+tests.append(dict(common, n_prompt=0, n_gen=int(args[args.index("-n") + 1]), avg_ts=40.0))
+print(json.dumps(tests))
+'''
+
+
+def _fake(tmp_path: Path, fail_at: str = "none") -> tuple[Path, Path]:
+    bench, log = tmp_path / "llama-bench", tmp_path / "calls.txt"
+    bench.write_text(FAKE_BENCH.format(python=sys.executable, log=str(log), fail_at=fail_at))
+    bench.chmod(0o755)
+    return bench, log
+
+
+def _run(tmp_path: Path, bench: Path, placements: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(RUN_PEER), "--bench", str(bench), "--gguf", "m.gguf", "--model", "olmoe-1b-7b",
+                           "--placements", placements, "--prompts", "512,2048", "--decode-tokens", "8", "--extra", "-t 4",
+                           "--commit", "abc", "--out", str(tmp_path / "peer.json")], capture_output=True, text=True)
+
+
+def test_each_placement_is_one_llama_bench_run_and_one_record(tmp_path):
+    bench, log = _fake(tmp_path)
+    proc = _run(tmp_path, bench, "all-cpu,half,all-gpu")
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads((tmp_path / "peer.json").read_text())
+    assert [r["placement_flags"] for r in records] == ["-ngl 99 -ncmoe 16", "-ngl 99 -ncmoe 8", "-ngl 99 -ncmoe 0"]
+    first = records[0]
+    assert first["peer"] == "llama.cpp" and first["llama_cpp_commit"] == "abc" and first["decode_tok_s"] == 40.0
+    assert first["ttft_s"] == {"512": round(512 / 1512, 4), "2048": round(2048 / 3048, 4)}
+    assert first["command"].endswith("-o json -ngl 99 -ncmoe 16 -t 4") and first["layers"] == 16
+    assert len(log.read_text().splitlines()) == 3
+
+
+def test_a_failed_llama_bench_or_an_unknown_placement_is_one_clear_line(tmp_path):
+    bench, _ = _fake(tmp_path, fail_at="8")
+    proc = _run(tmp_path, bench, "all-cpu,half")
+    assert proc.returncode != 0 and "llama-bench failed" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _run(tmp_path, bench, "most")
+    assert proc.returncode != 0 and "unknown placement 'most'" in proc.stderr and "Traceback" not in proc.stderr
