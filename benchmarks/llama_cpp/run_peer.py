@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]  # wisp; gpu_peak beside this file
 
-from gpu_peak import PeakGpuMemory  # noqa: E402  (this folder: sys.path[0])
+from gpu_peak import PeakGpuMemory  # noqa: E402
 from wisp.config import ModelConfig  # noqa: E402
 from wisp.models.presets import preset  # noqa: E402
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN_PEER = ROOT / "benchmarks" / "llama_cpp" / "run_peer.py"
 
@@ -50,9 +52,18 @@ def test_each_placement_is_one_llama_bench_run_and_one_record(tmp_path):
     assert len(log.read_text().splitlines()) == 3
 
 
-def test_a_failed_llama_bench_or_an_unknown_placement_is_one_clear_line(tmp_path):
+def test_a_failed_llama_bench_is_one_clear_line(tmp_path):
     bench, _ = _fake(tmp_path, fail_at="8")
     proc = _run(tmp_path, bench, "all-cpu,half")
     assert proc.returncode != 0 and "llama-bench failed" in proc.stderr and "Traceback" not in proc.stderr
-    proc = _run(tmp_path, bench, "most")
-    assert proc.returncode != 0 and "unknown placement 'most'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_placements_name_the_layers_whose_experts_stay_on_the_cpu():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_peer", RUN_PEER)
+    run_peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_peer)
+    assert run_peer.placement_flags("half", 48) == ["-ngl", "99", "-ncmoe", "24"]
+    with pytest.raises(SystemExit, match="unknown placement 'most'; choose from all-cpu, half, all-gpu"):
+        run_peer.placement_flags("most", 48)
