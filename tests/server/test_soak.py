@@ -30,7 +30,7 @@ def load_soak():
 
 def test_short_soak(tmp_path):
     soak = load_soak()
-    cfg = soak.SoakConfig(seconds=32, resize_every=3, probe_every=4, log=str(tmp_path / "server.log"))
+    cfg = soak.SoakConfig(seconds=26, resize_every=3, probe_every=4, log=str(tmp_path / "server.log"))
     report = soak.run_soak(cfg, echo=lambda *_: None)
     print(soak.summary(report))
     assert report["five_xx"] == 0, report["server_errors"]

@@ -15,6 +15,9 @@ last reader of its destination (a staging buffer's previous expert, or, for a sl
 and each expert's compute waits for its own copy, so the next copy overlaps the current compute
 (double buffering with events, no host sync). On the CPU the same steps run one after another.
 
+Zero-copy mode, which has no slots, runs its prefill chunks the same way with every routed expert streamed
+(`run_streamed_step`): each crosses PCIe once instead of once per routed pair.
+
 Invariant: the output is torch.equal to `fused` over a resident bank (the same per-pair arithmetic,
 the same combine), so resident, narrow paged, expert-major paged and any prefill chunking agree.
 Bytes copied per layer and step = distinct missing experts x expert bytes, never more.
