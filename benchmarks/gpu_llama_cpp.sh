@@ -10,7 +10,8 @@
 #         its own process under the same nvidia-smi sampler, its cap sized for the bytes less the CUDA
 #         context a bare torch process holds; decode with ROUTING replayed (default: OLMoE's real layer-0
 #         trace; `uniform` for models no trace of ours fits), and cold TTFT at 512 / 2048 tokens in the
-#         placement's first mode.
+#         placement's first mode, for each prefill chunk in PREFILL_CHUNKS (default 2048; "2048 512" to add
+#         llama.cpp's micro-batch, which needs less VRAM).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -49,9 +50,12 @@ from wisp.plan.sizes import cap_for_budget; print(cap_for_budget(ModelConfig.fro
         --routing-trace "$routing" --out "$out/runs/decode_${placement}_$mode.json" 2>"$out/runs/decode_${placement}_$mode.log" | tail -1
     done
     mode=${modes%%,*}
-    timeout 200 python3 $peak --out "$out/runs/smi_prefill_${placement}_$mode.json" -- python3 -m wisp bench prefill \
-      --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$cap" --prompt-len 512,2048 \
-      --out "$out/runs/prefill_${placement}_$mode.json" 2>"$out/runs/prefill_${placement}_$mode.log" | tail -3
+    for chunk in ${PREFILL_CHUNKS:-2048}; do  # tokens per prefill step: llama.cpp's micro-batch is 512
+      timeout 200 python3 $peak --out "$out/runs/smi_prefill_${placement}_${mode}_$chunk.json" -- python3 -m wisp bench prefill \
+        --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$cap" --prompt-len 512,2048 \
+        --max-num-batched-tokens "$chunk" --out "$out/runs/prefill_${placement}_${mode}_$chunk.json" \
+        2>"$out/runs/prefill_${placement}_${mode}_$chunk.log" | tail -3
+    done
   done
   python3 - "$out" "$wmodel" "$context" "$RUNS" <<'PY'
 import json, sys
