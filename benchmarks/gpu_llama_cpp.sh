@@ -66,10 +66,13 @@ for kind in ("decode", "prefill"):
     records = []
     for placement, budget in budgets.items():
         for f in sorted((out / "runs").glob(f"{kind}_{placement}_*.json")):
-            smi = json.loads((out / "runs" / f"smi_{f.name}").read_text())
+            smi_file = out / "runs" / f"smi_{f.name}"
+            peak = json.loads(smi_file.read_text())["peak_gpu_bytes"] if smi_file.is_file() else None
+            if peak is None:
+                print(f"warning: no nvidia-smi peak for {f.name}: its records say within_budget null", file=sys.stderr)
             for r in json.loads(f.read_text()):
-                r.update(placement=placement, vram_budget_nvidia_smi=budget, peak_gpu_bytes_nvidia_smi=smi["peak_gpu_bytes"],
-                         cuda_context_bytes=context, within_budget=smi["peak_gpu_bytes"] <= budget)
+                r.update(placement=placement, vram_budget_nvidia_smi=budget, peak_gpu_bytes_nvidia_smi=peak,
+                         cuda_context_bytes=context, within_budget=None if peak is None else peak <= budget)
                 records.append(r)
     (out / f"{kind}_{model}_vs_llama_cpp.json").write_text(json.dumps(records, indent=1) + "\n")
     for r in records:

@@ -78,4 +78,4 @@ def test_llama_cpp_comparison_rows_pair_each_placement_and_render_as_a_peer_tabl
     (tmp_path / "peer.json").write_text(json.dumps(rows))
     page = render(load_records(tmp_path))
     assert "| system | placement | mode / flags | cap |" in page
-    assert "| wisp | all-cpu | zero-copy | 64 | - | 30.00 | 0.300 | 0.500 | 2048 | 1.90 | 2.40 | no | 0.75x | 4.00x |" in page
+    assert "| wisp | all-cpu | zero-copy | 64 | decode: router; TTFT: random-router | 30.00 | 0.300 | 0.500 | 2048 | 1.90 | 2.40 | no | 0.75x | 4.00x |" in page

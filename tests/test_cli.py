@@ -84,7 +84,8 @@ def test_modes_give_identical_tokens(runs, run):
 def test_zero_copy_holds_no_expert_on_the_device(runs):
     stats = ok_json(runs["zero-copy"])["stats"]
     assert stats["expert_device_bytes"] == 0 and stats["expert_hits"] == 0 and stats["bytes_h2d"] > 0
-    # only the prompt's experts are copied (once each, through the staging buffers); decode reads in place
+    # decode reads in place; a prompt layer whose experts are each routed twice or more on average copies them
+    # once each through the staging buffers (the demo's 5-token prompt does, in every layer)
     assert 0 < stats["expert_loads"] < stats["expert_misses"]
 
 

@@ -8,7 +8,8 @@
 Inputs are the records `benchmarks/gpu_llama_cpp.sh` writes: llama.cpp's (run_peer.py) and ours (`wisp bench
 decode` / `prefill`, each tagged with the placement whose nvidia-smi footprint sized it). One row per
 llama.cpp placement, then one per (placement, our mode, prefill chunk): decode tok/s, cold TTFT at 512 and
-2048 tokens, the nvidia-smi peaks (decode, prefill), whether they stayed within llama.cpp's, and our
+2048 tokens (with the random router: `wisp bench prefill` replays no trace), the nvidia-smi peaks (decode,
+prefill), whether they stayed within llama.cpp's (null without a peak), and our
 speed over llama.cpp's at that placement (above 1: we are faster). BENCHMARKS.md renders the file.
 """
 
@@ -63,13 +64,16 @@ def _our_row(placement: str, theirs: dict, d: dict | None, pre: dict[str, dict])
     peak_d = d["peak_gpu_bytes_nvidia_smi"] if d else None
     peak_p = first["peak_gpu_bytes_nvidia_smi"] if first else None
     ttft = {n: pre[n]["ttft_s"] if n in pre else None for n in ("512", "2048")}
+    peaks = [b for b in (peak_d, peak_p) if b is not None]
+    routing = [f"decode: {d.get('routing', 'router')}"] if d else []
+    routing += ["TTFT: random-router"] if pre else []  # `wisp bench prefill` replays no trace
     return {
         "system": "wisp", "placement": placement, "mode": some["mode"], "expert_cap": some["expert_cap"],
         "prefill_chunk_tokens": first.get("max_num_batched_tokens") if first else None, "weights": some.get("preset"),
-        "routing": d.get("routing") if d else None, "decode_tok_s": d["decode_tok_s"] if d else None,
+        "routing": "; ".join(routing), "decode_tok_s": d["decode_tok_s"] if d else None,
         "ttft_512_s": ttft["512"], "ttft_2048_s": ttft["2048"], "peak_gpu_bytes_decode": peak_d,
         "peak_gpu_bytes_prefill": peak_p, "vram_budget_nvidia_smi": budget,
-        "within_budget": all(b is None or b <= budget for b in (peak_d, peak_p)),
+        "within_budget": all(b <= budget for b in peaks) if peaks else None,
         "decode_vs_llama_cpp": _ratio(d["decode_tok_s"] if d else None, theirs["decode_tok_s"], True),
         "ttft_2048_vs_llama_cpp": _ratio(ttft["2048"], theirs["ttft_s"].get("2048"), False),
         "gpu": some.get("gpu"), "commit": some.get("commit"), "preset": some.get("preset"),

@@ -50,7 +50,8 @@ def run_placement(args, placement: str, cfg: ModelConfig) -> dict:
     with PeakGpuMemory() as memory:
         proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"llama-bench failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SystemExit(f"llama-bench failed ({proc.returncode}): {last}")
     tests = json.loads(proc.stdout)
     decode = [t for t in tests if t["n_gen"] > 0 and t["n_prompt"] == 0]
     prompts = [t for t in tests if t["n_prompt"] > 0 and t["n_gen"] == 0]

@@ -31,3 +31,11 @@ def test_routing_labels_say_what_was_replayed(tmp_path):
                  metadata={"num_experts": cfg.num_experts}).save(one_layer)
     trace, label = routing_for(str(one_layer), cfg)
     assert label == "approx-layer0:l0.npz" and trace.ids.shape == (8, len(cfg.moe_layer_ids), cfg.top_k)
+    layer3 = tmp_path / "l3.npz"
+    RoutingTrace(np.tile(np.arange(cfg.top_k, dtype=np.int16), (8, 1, 1)), layers=[3],
+                 metadata={"num_experts": cfg.num_experts}).save(layer3)
+    assert routing_for(str(layer3), cfg)[1] == "approx-layer3:l3.npz"
+    every = tmp_path / "all.npz"
+    uniform_trace(cfg, 8).save(every)
+    trace, label = routing_for(str(every), cfg)
+    assert label == "replay:all.npz" and np.array_equal(trace.ids, uniform_trace(cfg, 8).ids)

@@ -51,7 +51,7 @@ SHAPES = [(8, 2, 2, 1), (16, 4, 4, 1), (64, 16, 8, 2), (128, 16, 8, 2), (60, 13,
 @pytest.mark.slow
 @pytest.mark.parametrize("n,c,k,t,sync_every", [(*shape, every) for shape in SHAPES for every in (1, 7)
                                                 if ON_GPU or shape[0] < 64 or (every == 1 and shape != (64, 16, 8, 2))])
-# (interpreted on a CPU: 5-12 s a wide case, so there the wide shapes run once)
+# (interpreted on a CPU a wide case takes 5-12 s: there the wide shapes run once, (64, 16, 8, 2) not at all)
 def test_device_decision_equals_host(n, c, k, t, sync_every):
     rng = random.Random(n * 1000 + c)
     bank = masters(n)

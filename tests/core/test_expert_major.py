@@ -136,6 +136,23 @@ def test_a_wide_step_keeps_what_its_last_tokens_route_to_and_streams_the_rest(mo
     assert store.counters.misses == 2 + 3
 
 
+ZERO_COPY_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the GPU: the side stream and its events
+
+
+def zero_copy_stores(host):
+    from wisp.core.experts import ZeroCopyExperts
+
+    if ZERO_COPY_DEVICE == "cuda":  # reading host memory in place needs the Triton kernels (UVA)
+        host = {name: t.pin_memory() for name, t in host.items()}
+    staged = ZeroCopyExperts(host, ZERO_COPY_DEVICE, expert_major.StagingBuffers(host, ZERO_COPY_DEVICE))
+    in_place = ZeroCopyExperts(host, ZERO_COPY_DEVICE)  # no staging: it always reads in place
+    if ZERO_COPY_DEVICE == "cuda":
+        from wisp.core.kernels import moe_kernels
+
+        staged.kernels = in_place.kernels = moe_kernels("triton")
+    return staged, in_place
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @settings(max_examples=15, deadline=None)
 @given(t=st.integers(1, 24), k=st.integers(1, 4), seed=st.integers(0, 999))
@@ -144,15 +161,16 @@ def test_zero_copy_stages_a_step_that_reuses_its_experts_and_copies_each_once(dt
 
     n = 8
     host = bank(n, dtype, seed)
-    hidden, ids, weights = batch(n, t, k, seed, dtype)
-    staged = ZeroCopyExperts(host, "cpu", expert_major.StagingBuffers(host, "cpu"))
-    in_place = ZeroCopyExperts(host, "cpu")  # no staging buffers: every step reads in place
+    hidden, ids, weights = (x.to(ZERO_COPY_DEVICE) for x in batch(n, t, k, seed, dtype))
+    staged, in_place = zero_copy_stores(host)
     copies = []
     real_copy = expert_major._copy_expert
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(expert_major, "_copy_expert", lambda h, e, dest: (copies.append(e), real_copy(h, e, dest)))
         out = staged.forward(hidden, ids, weights)
-    assert torch.equal(out, ResidentExperts(host).forward(hidden, ids, weights))
+    resident = ResidentExperts({name: w.to(ZERO_COPY_DEVICE) for name, w in host.items()})
+    if ZERO_COPY_DEVICE == "cpu":  # on CUDA both run Triton's kernels, whose bits are not the torch reference's
+        assert torch.equal(out, resident.forward(hidden, ids, weights))
     assert torch.equal(out, in_place.forward(hidden, ids, weights))
     distinct = sorted(set(ids.flatten().tolist()))
     stages = ids.numel() >= ZeroCopyExperts.STREAM_REUSE * len(distinct)
@@ -160,3 +178,12 @@ def test_zero_copy_stages_a_step_that_reuses_its_experts_and_copies_each_once(dt
     bytes_of = staged.expert_bytes
     assert staged.counters.bytes_h2d == (len(distinct) if stages else ids.numel()) * bytes_of
     assert in_place.counters.bytes_h2d == ids.numel() * bytes_of and staged.counters.misses == len(distinct)
+
+
+@pytest.mark.parametrize("rows, stages", [([[0, 1], [1, 0]], True),  # 4 pairs, 2 experts: twice each
+                                          ([[0, 1], [1, 2]], False)])  # 4 pairs, 3 experts: under twice
+def test_zero_copy_stages_from_twice_per_expert_on_average(rows, stages):
+    staged, _ = zero_copy_stores(bank(4, torch.float32))
+    hidden, _, weights = (x.to(ZERO_COPY_DEVICE) for x in batch(4, 2, 2, 0, torch.float32))
+    staged.forward(hidden, torch.tensor(rows, device=ZERO_COPY_DEVICE), weights)
+    assert staged.counters.loads == (len({e for row in rows for e in row}) if stages else 0)

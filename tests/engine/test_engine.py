@@ -161,8 +161,9 @@ def test_graphs_replay_only_decode_batches_whose_experts_fit(make_engine, mode, 
 
 
 def test_stats_report_the_shared_staging_buffers(make_engine):
-    """Paged mode keeps two expert-sized staging buffers for wide steps, one pair for all layers."""
+    """Paged and zero-copy modes keep two expert-sized staging buffers for wide steps, one pair for all layers."""
     paged, resident = make_engine(mode="paged", expert_cap=4), make_engine(mode="resident", expert_cap=None)
+    zero_copy = make_engine(mode="zero-copy", expert_cap=None)
     expert = paged.model_config.expert_bytes
-    assert paged.stats()["expert_staging_bytes"] == 2 * expert
+    assert paged.stats()["expert_staging_bytes"] == zero_copy.stats()["expert_staging_bytes"] == 2 * expert
     assert resident.stats()["expert_staging_bytes"] == 0

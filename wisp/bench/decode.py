@@ -7,7 +7,8 @@ A pinned host->device bandwidth probe runs in the same process; `roofline_step_s
 step copied divided by that bandwidth, plus the resident step time when a resident run is in the set.
 
 `--routing-trace FILE` replays recorded expert choices during decode in place of the router's (records
-say `routing: "replay:<file>"`), so random weights page like the real model did; `--routing-trace uniform`
+say `routing: "replay:<file>"`, or `"approx-layer<L>:<file>"` for a one-layer trace spread over every MoE
+layer), so random weights page like the real model did; `--routing-trace uniform`
 replays i.i.d. uniform choices, a pessimistic bound (`wisp.bench.routing`). `--vram-budget X`
 sizes paged runs' cap from a VRAM budget. `--mode accelerate` runs the peer: transformers + accelerate
 with every layer's experts offloaded to the CPU (`wisp.bench.peer`).
@@ -178,7 +179,8 @@ def _measures(timed: TimedDecode, batch: int) -> dict:
 
 def bench_decode(args) -> list[dict]:
     opts = _engine_options(args)
-    trace, routing = routing_for(args.routing_trace, model_config_for(args.model, args.load_format))
+    cfg = model_config_for(args.model, args.load_format) if args.routing_trace else None
+    trace, routing = routing_for(args.routing_trace, cfg)
     device = resolve_device(args.device)
     gbps = probe_h2d_gbps(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -1,7 +1,7 @@
 """The routing a benchmark replays in place of the router: a recorded trace, or i.i.d. uniform choices.
 
 `--routing-trace FILE` (any format `wisp.trace.readers.load_any` reads; a one-layer trace is spread over every
-MoE layer, an approximation) or `--routing-trace uniform` (each token's top_k drawn uniformly at random in
+MoE layer, an approximation, labelled `approx-layer<its layer>:<file>`) or `--routing-trace uniform` (each token's top_k drawn uniformly at random in
 every layer: no reuse beyond chance, a pessimistic bound on a trained model's locality). The label says
 which, and goes into every record.
 """
@@ -25,9 +25,9 @@ def uniform_trace(cfg: ModelConfig, tokens: int) -> RoutingTrace:
     return RoutingTrace(ids, layers=list(range(layers)), num_experts=cfg.num_experts)
 
 
-def routing_for(path: str | None, cfg: ModelConfig, tokens: int = 8192) -> tuple[RoutingTrace | None, str]:
-    """The routing to replay and its label (None, "random-router" without one); `tokens`: the uniform trace's
-    length."""
+def routing_for(path: str | None, cfg: ModelConfig | None, tokens: int = 8192) -> tuple[RoutingTrace | None, str]:
+    """The routing to replay and its label (None, "random-router" without one; `cfg` is needed only with one);
+    `tokens`: the uniform trace's length."""
     if path is None:
         return None, "random-router"
     if path == "uniform":
@@ -35,5 +35,5 @@ def routing_for(path: str | None, cfg: ModelConfig, tokens: int = 8192) -> tuple
     trace = load_any(path)
     layers = len(cfg.moe_layer_ids)
     if len(trace.layers) == 1 and layers > 1:
-        return trace.replayed_over(list(range(layers))), f"approx-layer0:{Path(path).name}"
+        return trace.replayed_over(list(range(layers))), f"approx-layer{int(trace.layers[0])}:{Path(path).name}"
     return trace, f"replay:{Path(path).name}"

@@ -35,8 +35,8 @@ GATE_UP, DOWN = "gate_up", "down"
 
 
 class StagingBuffers:
-    """Two expert-sized device buffers shared by every paged layer of a model (layers run one after
-    another), the copy stream, and per buffer the event after which its last reader is done."""
+    """Two expert-sized device buffers shared by every paged (or zero-copy) layer of a model (layers run one
+    after another), the copy stream, and per buffer the event after which its last reader is done."""
 
     def __init__(self, like: dict[str, torch.Tensor], device: torch.device):
         self.device = torch.device(device)

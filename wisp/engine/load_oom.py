@@ -4,7 +4,7 @@ configuration puts on the device and, when the device's usable memory is known, 
 `DeviceBytes.of` counts what the engine places on the device, by part: the non-expert weights (attention,
 dense and shared MLPs, norms, routers, embeddings, LM head), the experts there (resident: every expert;
 paged: cap slots per MoE layer plus the two expert-sized staging buffers; offload: one layer's bank;
-zero-copy: none) and the KV pool, next to its admission floor (max_concurrency x ceil(max_model_len /
+zero-copy: the two staging buffers its prefill chunks stream through) and the KV pool, next to its admission floor (max_concurrency x ceil(max_model_len /
 block_size) blocks). Activations, workspace and CUDA graphs come on top; `RESERVE` stands for them when a
 fitting configuration is searched (`wisp.plan.sizes.DEFAULT_RESERVE_BYTES`, what the planner keeps free).
 
@@ -51,8 +51,8 @@ class DeviceBytes:
             experts, slot = sum(config.resolve_layer_caps(cfg)) * e + 2 * e, layers * e
         elif config.mode == "offload":
             experts = cfg.num_experts * e
-        else:  # zero-copy reads the host masters in place
-            experts = 0
+        else:  # zero-copy reads the host masters in place; a prefill chunk streams through two staging buffers
+            experts = 2 * e
         return cls(non_expert_params(cfg) * element, experts, num_blocks * block_bytes, floor_blocks * block_bytes,
                    slot)
 
