@@ -43,6 +43,7 @@ class ExpertStore(ABC):
     mode: str
     counters: ExpertCounters
     kernels: MoEKernels = TORCH_KERNELS  # the loader sets the backend's family
+    staging: StagingBuffers | None = None  # wide steps' two buffers, shared by a model's layers (paged, zero-copy)
 
     def moe_fn(self, hidden: torch.Tensor, bank: dict[str, torch.Tensor], topk_ids: torch.Tensor,
                topk_weights: torch.Tensor, expert_map: torch.Tensor | None) -> torch.Tensor:

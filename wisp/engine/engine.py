@@ -357,7 +357,7 @@ def _weights(config: EngineConfig, cfg: ModelConfig, path: Path | None, device: 
 
 
 def _staging_bytes(stores) -> int:
-    staging = {id(s.staging): s.staging for s in stores if getattr(s, "staging", None) is not None}  # paged, zero-copy
+    staging = {id(s.staging): s.staging for s in stores if s.staging is not None}
     return sum(b.device_bytes for b in staging.values())
 
 

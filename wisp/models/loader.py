@@ -230,7 +230,8 @@ def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeig
         attn=attn,
     )
     if cfg.moe_layers[i]:
-        lw.router = dev(n.router(i))
+        router = dev(n.router(i))
+        lw.router = router.float() if cfg.router_float32 else router  # converted once here, not every step
         lw.router_bias = opt(n.router(i).removesuffix("weight") + "bias")
         if cfg.shared_expert_intermediate_size:
             lw.shared = MLPWeights(*(dev(n.shared_expert(i, w)) for w in ("gate", "up", "down")))

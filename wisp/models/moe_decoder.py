@@ -178,7 +178,7 @@ class MoEDecoder:
 
     def moe(self, li: int, x: torch.Tensor, graph_safe: bool = False) -> torch.Tensor:
         cfg, lw = self.config, self.layers[li]
-        logits = rows.linear(x.float(), lw.router.float()) if cfg.router_float32 else rows.linear(x, lw.router, lw.router_bias)
+        logits = rows.linear(x.float() if cfg.router_float32 else x, lw.router, lw.router_bias)  # [T, N]
         weight_dtype = self.router_dtype or x.dtype
         if cfg.routing == "topk_softmax":  # GPT-OSS: top-k of the logits, softmax over those k
             top, topk_ids = torch.topk(logits, cfg.top_k, dim=-1)  # [T, K]
@@ -205,11 +205,11 @@ class MoEDecoder:
             self.routing_log.record(li, topk_ids)
         store = self.experts[li]
         out = store.forward_graph_safe(x, topk_ids, topk_weights) if graph_safe else store.forward(x, topk_ids, topk_weights)
-        if lw.shared is not None and lw.shared_gate is None:
-            out = out + mlp(x, lw.shared)
-        elif lw.shared is not None:
-            gate = rows.pointwise(torch.sigmoid, rows.linear(x, lw.shared_gate))  # [T, 1]
-            out = out + gate * mlp(x, lw.shared)
+        if lw.shared is not None:
+            shared = mlp(x, lw.shared)
+            if lw.shared_gate is not None:  # Qwen2-MoE's sigmoid gate; DeepSeek's shared experts are ungated
+                shared = rows.pointwise(torch.sigmoid, rows.linear(x, lw.shared_gate)) * shared  # [T, 1] * [T, D]
+            out = out + shared
         return out
 
     # -- whole model --------------------------------------------------------------------------------
