@@ -6,7 +6,8 @@
 #         is written to local disk, then llama-bench at the three placements (benchmarks/llama_cpp/run_peer.py),
 #         then delete the GGUF. With the build: 5.5 minutes for OLMoE BF16, 8.5 for Qwen3-30B Q8_0 (measured).
 #   wisp: our modes on the preset WISP_MODEL (default MODEL) at each llama.cpp placement's footprint: RUNS is
-#         "placement:nvidia-smi bytes:mode,mode ..." (the bytes from the peer stage's records), each mode in
+#         "placement:nvidia-smi bytes:mode,mode ..." (the bytes from the peer stage's records; a mode may be
+#         written mode@cap, e.g. hybrid@0 for hybrid with no slots, and +eager to run without CUDA graphs), each mode in
 #         its own process under the same nvidia-smi sampler, its cap sized for the bytes less the CUDA
 #         context a bare torch process holds; decode with ROUTING replayed (default: OLMoE's real layer-0
 #         trace; `uniform` for models no trace of ours fits), and cold TTFT at 512 / 2048 tokens in the
@@ -44,13 +45,17 @@ a = torch.ones(64, 64, device='cuda'); (a @ a).sum().item(); time.sleep(1)"
     cap=$(python3 -c "from wisp.config import ModelConfig; from wisp.models.presets import preset
 from wisp.plan.sizes import cap_for_budget; print(cap_for_budget(ModelConfig.from_hf(preset('$wmodel')), $budget - $context, 2112))")
     echo "$placement: llama.cpp $budget bytes, bare CUDA context $context: cap $cap"
-    for mode in ${modes//,/ }; do
-      timeout 200 python3 $peak --out "$out/runs/smi_decode_${placement}_$mode.json" -- python3 -m wisp bench decode \
-        --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$cap" --prompt-len 512 --decode-tokens 64 \
-        --routing-trace "$routing" --out "$out/runs/decode_${placement}_$mode.json" 2>"$out/runs/decode_${placement}_$mode.log" | tail -1
+    for spec in ${modes//,/ }; do  # mode[@cap][+eager]: hybrid@0 is hybrid with no slots; +eager: no CUDA graphs
+      mode=${spec%%[@+]*}; mcap=$cap; name=$mode; flags=()
+      if [[ $spec == *@* ]]; then mcap=${spec#*@}; mcap=${mcap%+*}; name+="_c$mcap"; fi
+      if [[ $spec == *+eager ]]; then flags+=(--enforce-eager); name+="_eager"; fi
+      timeout 200 python3 $peak --out "$out/runs/smi_decode_${placement}_$name.json" -- python3 -m wisp bench decode \
+        --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$mcap" --prompt-len 512 --decode-tokens 64 \
+        "${flags[@]}" --routing-trace "$routing" --out "$out/runs/decode_${placement}_$name.json" \
+        2>"$out/runs/decode_${placement}_$name.log" | tail -1
     done
-    mode=${modes%%,*}
-    for chunk in ${PREFILL_CHUNKS:-2048}; do  # tokens per prefill step: llama.cpp's micro-batch is 512
+    mode=${modes%%[,@+]*}
+    for chunk in ${PREFILL_CHUNKS-2048}; do  # tokens per prefill step (llama.cpp: 512); PREFILL_CHUNKS="": none
       timeout 200 python3 $peak --out "$out/runs/smi_prefill_${placement}_${mode}_$chunk.json" -- python3 -m wisp bench prefill \
         --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$cap" --prompt-len 512,2048 \
         --max-num-batched-tokens "$chunk" --out "$out/runs/prefill_${placement}_${mode}_$chunk.json" \

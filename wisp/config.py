@@ -299,12 +299,18 @@ class EngineConfig:
             name = "triton" if device.type == "cuda" else "torch"
         if name == "triton" and device.type != "cuda":
             raise WispError(f"--{kind}-backend triton needs a CUDA device (this run is on {device.type})")
-        if kind == "moe" and self.mode == "zero-copy" and device.type == "cuda":
+        if kind == "moe" and self.reads_in_place and device.type == "cuda":
+            what = "--mode zero-copy" if self.mode == "zero-copy" else "--mode hybrid --expert-cap 0"
             if name != "triton":
-                raise WispError("--mode zero-copy reads experts from host memory in place and needs --moe-backend triton")
+                raise WispError(f"{what} reads experts from host memory in place and needs --moe-backend triton")
             if not self.pin_memory:
-                raise WispError("--mode zero-copy reads experts in place, which needs pinned host memory (pin_memory=True)")
+                raise WispError(f"{what} reads experts in place, which needs pinned host memory (pin_memory=True)")
         return name
+
+    @property
+    def reads_in_place(self) -> bool:
+        """Whether the GPU's kernel reads experts from pinned host memory: zero-copy, and hybrid with no slots."""
+        return self.mode == "zero-copy" or (self.mode == "hybrid" and self.expert_cap == 0)
 
     def resolve_max_model_len(self, model: ModelConfig) -> int:
         limit = model.max_position_embeddings
@@ -330,7 +336,7 @@ class EngineConfig:
         n, k = model.num_experts, model.top_k
         if self.expert_cap is None:
             return n if self.mode not in SCRATCH_MODES else max(k, n // 2)
-        return check_cap(int(self.expert_cap), model)
+        return check_cap(int(self.expert_cap), model, self.mode)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -342,8 +348,13 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def check_cap(cap: int, model: ModelConfig) -> int:
+def check_cap(cap: int, model: ModelConfig, mode: str | None = None) -> int:
+    """top_k <= cap <= num_experts; hybrid mode also takes 0 (no slots: the GPU reads in place what the CPU
+    does not compute)."""
     n, k = model.num_experts, model.top_k
+    if cap == 0 and mode == "hybrid":
+        return cap
     if cap < k or cap > n:
-        raise WispError(f"expert cap {cap} is out of range: it must be between top_k={k} and num_experts={n}")
+        also = " (or 0 with --mode hybrid)" if mode == "hybrid" else ""
+        raise WispError(f"expert cap {cap} is out of range: it must be between top_k={k} and num_experts={n}{also}")
     return cap

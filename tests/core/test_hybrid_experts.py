@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests.core.test_experts import make
-from wisp.core.experts import PagedExperts, ResidentExperts
-from wisp.core.expert_major import DOWN, GATE_UP
-from wisp.core.hybrid_experts import HybridExperts, plain_expert_mlp
+from wisp.core.experts import PagedExperts, ResidentExperts, ZeroCopyExperts
+from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers
+from wisp.core.hybrid_experts import HybridExperts, ZeroCopyHybridExperts, plain_expert_mlp
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.moe import expert_mlp
 from wisp.core.hybrid_split import HybridCosts
@@ -113,6 +113,59 @@ def test_the_plain_cpu_kernel_is_close_to_the_reference_and_hybrid_with_it_close
     x = make(n, 5, k, 9, torch.float32)[1]
     torch.testing.assert_close(plain_expert_mlp(x, host[GATE_UP][3], host[DOWN][3]),
                                expert_mlp(x, host[GATE_UP][3], host[DOWN][3]), rtol=1e-5, atol=1e-5)
+
+
+def zero_copy_pair(device, host, costs):
+    """A zero-copy hybrid store and a plain zero-copy one over the same masters (pinned and Triton on CUDA:
+    the GPU's side reads them in place)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        host = {name: t.pin_memory() for name, t in host.items()}
+    hybrid = ZeroCopyHybridExperts(host, dev, costs, StagingBuffers(host, dev))
+    zero_copy = ZeroCopyExperts(host, dev, StagingBuffers(host, dev))
+    if dev.type == "cuda":
+        from wisp.core.kernels import moe_kernels
+
+        hybrid.kernels = zero_copy.kernels = moe_kernels("triton")
+    return hybrid, zero_copy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, k", [(8, 2), (16, 4)])
+def test_zero_copy_hybrid_equals_zero_copy_on_the_cpu_and_its_counters_add_up(device, dtype, n, k):
+    host, _, _, _ = make(n, 1, k, 11, dtype)
+    hybrid, zero_copy = zero_copy_pair(device, host, CPU_CHEAP)
+    on_cpu = gpu_pairs = streamed = 0
+    for step, t in enumerate(STEPS):
+        hidden, ids, weights = (x.to(device) for x in make(n, t, k, 600 + step, dtype)[1:])
+        before = hybrid.counters.loads
+        out, ref = hybrid.forward(hidden, ids, weights), zero_copy.forward(hidden, ids, weights)
+        if torch.device(device).type == "cpu":
+            assert torch.equal(out, ref), step
+        else:  # the CPU's pairs are rounded by the CPU's GEMM
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+        if hybrid.counters.loads > before:  # a prefill-like step: zero-copy's streamed step, no CPU
+            streamed += hybrid.counters.loads - before
+            continue
+        split = hybrid.last_split
+        assert sorted(split.to_cpu + split.to_copy) == sorted(set(ids.flatten().tolist()))
+        on_cpu += len(split.to_cpu)
+        gpu_pairs += sum(int((ids == e).sum()) for e in split.to_copy)
+    c = hybrid.counters
+    assert on_cpu > 0 and c.cpu_computed == on_cpu and c.misses == zero_copy.counters.misses
+    assert c.bytes_h2d == (gpu_pairs + streamed) * hybrid.expert_bytes < zero_copy.counters.bytes_h2d
+    assert streamed > 0 and c.steps == len(STEPS)
+
+
+def test_zero_copy_hybrid_with_a_free_link_is_zero_copy_exactly():
+    n, k = 16, 4
+    host, _, _, _ = make(n, 1, k, 3, torch.float32)
+    hybrid, zero_copy = zero_copy_pair("cpu", host, LINK_FREE)
+    for step, t in enumerate(STEPS):
+        _, hidden, ids, weights = make(n, t, k, 700 + step, torch.float32)
+        assert torch.equal(hybrid.forward(hidden, ids, weights), zero_copy.forward(hidden, ids, weights))
+    assert hybrid.counters.as_dict() == zero_copy.counters.as_dict()
 
 
 def test_the_cpu_kernel_names_are_the_options_names():

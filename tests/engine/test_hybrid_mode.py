@@ -3,6 +3,7 @@ every pair: torch.equal to resident), and stay close to resident on a GPU (the C
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.engine.test_mode_identity import LONG_PROMPT, SHORT_PROMPT, run
@@ -12,19 +13,24 @@ from wisp.core.hybrid_split import HybridCosts
 CPU_CHEAP = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))  # light experts go to the CPU
 
 
-def test_hybrid_equals_resident_on_the_cpu_and_is_close_on_a_gpu(hf_checkpoints, device, moe_backend, attention_backend):
+@pytest.mark.parametrize("cap", [2, 0])  # 0: no slots, the GPU reads in place what the CPU does not compute
+def test_hybrid_equals_resident_on_the_cpu_and_is_close_on_a_gpu(hf_checkpoints, device, moe_backend, attention_backend,
+                                                                 cap):
     path = hf_checkpoints["mixtral"]
     for prompt in (LONG_PROMPT, SHORT_PROMPT):
         _, ref_prefill, ref = run(path, "resident", None, "float32", prompt, device, moe_backend, attention_backend)
         llm = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="hybrid",
-                  expert_cap=2, dtype="float32", hybrid_costs=CPU_CHEAP)
+                  expert_cap=cap, dtype="float32", hybrid_costs=CPU_CHEAP)
         prefill = llm.prompt_logits(prompt)
         out = llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True), return_logits=True)[0]
         stats = llm.stats()
         assert stats["mode"] == "hybrid" and stats["expert_cpu_computed"] > 0
         assert stats["hybrid_costs"]["copy_s"] == CPU_CHEAP.copy_s  # what `wisp plan --hybrid-costs` can read
         assert stats["hybrid_cpu_steps"]["steps"] > 0 and stats["hybrid_cpu_factor"] > 0
-        assert stats["expert_misses"] == stats["expert_loads"] + stats["expert_cpu_computed"]
+        if cap:
+            assert stats["expert_misses"] == stats["expert_loads"] + stats["expert_cpu_computed"]
+        else:  # every routed expert is a miss; prefill chunks stream theirs through the staging buffers
+            assert stats["expert_device_bytes"] == 0 and stats["expert_loads"] > 0
         if torch.device(device).type == "cpu":
             assert torch.equal(prefill, ref_prefill)
             assert out.token_ids == ref.token_ids
@@ -34,11 +40,12 @@ def test_hybrid_equals_resident_on_the_cpu_and_is_close_on_a_gpu(hf_checkpoints,
             assert sum(a == b for a, b in zip(out.token_ids, ref.token_ids)) >= 14
 
 
-def test_generate_cli_runs_hybrid(hf_checkpoints, device, capsys):
+@pytest.mark.parametrize("cap", ["2", "0"])
+def test_generate_cli_runs_hybrid(hf_checkpoints, device, capsys, cap):
     from wisp.cli import main
 
     code = main(["generate", "--model", str(hf_checkpoints["mixtral"]), "--device", device, "--mode", "hybrid",
-                 "--expert-cap", "2", "--prompt-ids", "5,17,99", "--max-tokens", "4", "--json"])
+                 "--expert-cap", cap, "--prompt-ids", "5,17,99", "--max-tokens", "4", "--json"])
     assert code in (0, None)
     assert '"token_ids"' in capsys.readouterr().out
 

@@ -275,11 +275,18 @@ class ZeroCopyExperts(ExpertStore):
         c.steps += 1
         counts, last_token = routed_counts_and_last_token(topk_ids, self.expert_map.numel())
         distinct = order_by_last_token(last_token)
-        c.misses += len(distinct)
         if self.staging is not None and topk_ids.numel() >= self.STREAM_REUSE * len(distinct):
+            c.misses += len(distinct)
             c.loads += len(distinct)
             c.bytes_h2d += len(distinct) * self.expert_bytes  # each routed expert copied once
             return run_streamed_step(self.host, self.staging, self.kernels, hidden, topk_ids, topk_weights, distinct, counts)
+        return self._in_place_step(hidden, topk_ids, topk_weights, distinct, counts)
+
+    def _in_place_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
+        """A narrow step, its routing already read: the kernel reads each routed expert in place (hybrid
+        mode with no slots overrides this)."""
+        c = self.counters
+        c.misses += len(distinct)
         c.bytes_h2d += topk_ids.numel() * self.expert_bytes  # the kernel reads an expert once per routed pair
         return self.moe_fn(hidden, self.host, topk_ids, topk_weights, self.expert_map)
 

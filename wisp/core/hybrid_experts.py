@@ -37,49 +37,51 @@ import time
 import torch
 import torch.nn.functional as F
 
+from wisp.core.counters import ExpertCounters
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
-from wisp.core.experts import PagedExperts
+from wisp.core.experts import PagedExperts, ZeroCopyExperts
 from wisp.core.expert_extras import SILU, Activation, ExpertExtras, extras_at, extras_of
 from wisp.core.quantized_weights import dequantize_expert
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
+from wisp.core.kernels import MoEKernels
 from wisp.core.moe import expert_mlp
 
 
-class HybridExperts(PagedExperts):
-    mode = "hybrid"
+class CpuServed:
+    """The CPU as a second server of a store's experts: the probed costs, their pace and the CPU kernel, and
+    the step that computes some experts' pairs on the CPU while the GPU computes the rest."""
 
-    def __init__(self, host: dict[str, torch.Tensor], capacity: int, device: torch.device, costs: HybridCosts,
-                 staging: StagingBuffers | None = None, cpu_kernel: str | None = None, pace: CpuPace | None = None):
-        super().__init__(host, capacity, device, staging)
+    counters: ExpertCounters
+    kernels: MoEKernels
+
+    def _serve_with_cpu(self, device, costs: HybridCosts, cpu_kernel: str | None, pace: CpuPace | None) -> None:
         self.costs = costs  # as probed
         self.pace = pace or CpuPace()
         self.cpu_kernel = cpu_kernel or default_cpu_kernel(torch.device(device))
         self.cpu_expert = CPU_EXPERT_KERNELS[self.cpu_kernel]
         self.last_split: MissSplit | None = None
 
-    def _step(self, hidden, topk_ids, topk_weights, order: list[int], counts: list[int]) -> torch.Tensor:
-        pager = self.pager
-        pager.use_host()
-        misses = [(e, counts[e]) for e in order if pager.slot_of[e] < 0]
+    def _split(self, misses: list[tuple[int, int]]) -> MissSplit:
         split = self.last_split = split_misses(misses, self.pace.costs(self.costs))
-        if not split.to_cpu:  # a paged step
-            return super()._step(hidden, topk_ids, topk_weights, order, counts)
+        return split
+
+    def _step_with_cpu(self, hidden, topk_ids, topk_weights, split: MissSplit, gpu_pairs) -> torch.Tensor:
+        """`gpu_pairs()` enqueues the GPU's pairs and returns the [T*K, D] float32 pair outputs (the CPU's
+        pairs left zero); meanwhile this thread computes `split.to_cpu`'s pairs, then all are summed."""
         start = time.perf_counter()
         t, k = topk_ids.shape
-        on_cpu = set(split.to_cpu)
         hidden_host, ids_host = hidden.cpu(), topk_ids.cpu()
-        gpu_order = [e for e in order if e not in on_cpu]
-        per_k = expert_major_pairs(pager, self._staging(), self.kernels, hidden, topk_ids, gpu_order, counts)  # enqueued
+        per_k = gpu_pairs()  # enqueued
         kernel_start = time.perf_counter()
-        pairs, rows = cpu_pair_rows(hidden_host, ids_host, pager.host, split.to_cpu, k, self.cpu_expert,
+        pairs, rows = cpu_pair_rows(hidden_host, ids_host, host_masters(self), split.to_cpu, k, self.cpu_expert,
                                     self.kernels.activation)  # meanwhile
         kernel_s = time.perf_counter() - kernel_start
         per_k[pairs.to(per_k.device)] = rows.to(per_k.device)  # waits for the GPU's side too
         self.pace.observe(time.perf_counter() - start, split.predicted_s, kernel_s)
-        c = pager.counters
-        c.misses += len(on_cpu)
-        c.cpu_computed += len(on_cpu)
+        c = self.counters
+        c.misses += len(split.to_cpu)
+        c.cpu_computed += len(split.to_cpu)
         return self.kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
 
     def graph_step_ok(self, max_misses: int) -> bool:
@@ -87,6 +89,69 @@ class HybridExperts(PagedExperts):
 
     def begin_step(self, step: int) -> None:
         self.pace.begin_step(step)
+
+
+def host_masters(store) -> dict[str, torch.Tensor]:
+    """A CPU-served store's pinned host masters (a paged store keeps them in its pager)."""
+    return store.pager.host if isinstance(store, PagedExperts) else store.host
+
+
+class HybridExperts(CpuServed, PagedExperts):
+    mode = "hybrid"
+
+    def __init__(self, host: dict[str, torch.Tensor], capacity: int, device: torch.device, costs: HybridCosts,
+                 staging: StagingBuffers | None = None, cpu_kernel: str | None = None, pace: CpuPace | None = None):
+        super().__init__(host, capacity, device, staging)
+        self._serve_with_cpu(device, costs, cpu_kernel, pace)
+
+    def _step(self, hidden, topk_ids, topk_weights, order: list[int], counts: list[int]) -> torch.Tensor:
+        pager = self.pager
+        pager.use_host()
+        split = self._split([(e, counts[e]) for e in order if pager.slot_of[e] < 0])
+        if not split.to_cpu:  # a paged step
+            return super()._step(hidden, topk_ids, topk_weights, order, counts)
+        on_cpu = set(split.to_cpu)
+        gpu_order = [e for e in order if e not in on_cpu]
+        return self._step_with_cpu(hidden, topk_ids, topk_weights, split, lambda: expert_major_pairs(
+            pager, self._staging(), self.kernels, hidden, topk_ids, gpu_order, counts))
+
+
+class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
+    """Hybrid mode with no slots (`--mode hybrid --expert-cap 0`): every routed expert of a decode step is
+    either read in place by the GPU's kernel (zero-copy) or computed by the CPU from the same pinned
+    master, split by `split_misses` with the in-place read priced as a copy. Both servers read host memory
+    at once, so a step can go faster than the link alone allows (the llama.cpp `--n-cpu-moe` setting, with
+    the GPU reading the rest rather than idling). A wide step (a prefill chunk) is zero-copy's streamed step.
+
+    Invariants: a step that sends nothing to the CPU is a zero-copy step (same output, same counts);
+    every routed expert counts as a miss, the CPU's also in `cpu_computed`, and bytes only for the pairs
+    the GPU reads; graph steps are zero-copy's."""
+
+    mode = "hybrid"
+
+    def __init__(self, host: dict[str, torch.Tensor], device: torch.device, costs: HybridCosts,
+                 staging: StagingBuffers | None = None, cpu_kernel: str | None = None, pace: CpuPace | None = None):
+        super().__init__(host, device, staging)
+        self._serve_with_cpu(device, costs, cpu_kernel, pace)
+
+    def _in_place_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
+        split = self._split([(e, counts[e]) for e in distinct])
+        if not split.to_cpu:
+            return super()._in_place_step(hidden, topk_ids, topk_weights, distinct, counts)
+        c = self.counters
+        c.misses += len(split.to_copy)
+        c.bytes_h2d += sum(counts[e] for e in split.to_copy) * self.expert_bytes
+        gpu_map = self.expert_map.clone()
+        gpu_map[torch.tensor(split.to_cpu, device=gpu_map.device)] = -1  # the CPU's experts: no pairs on the GPU
+
+        def gpu_pairs() -> torch.Tensor:
+            t, k = topk_ids.shape
+            per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
+            self.kernels.pairs_by_map(per_k, hidden, self.host[GATE_UP], self.host[DOWN], topk_ids, gpu_map,
+                                      extras=extras_of(self.host))  # in place, over the link
+            return per_k
+
+        return self._step_with_cpu(hidden, topk_ids, topk_weights, split, gpu_pairs)
 
 
 def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,

@@ -26,7 +26,7 @@ import torch
 from wisp.config import EngineConfig, ModelConfig, parse_dtype
 from wisp.core.counters import sum_counters
 from wisp.core.experts import PagedExperts, sync_all_counters
-from wisp.core.hybrid_experts import HybridExperts
+from wisp.core.hybrid_experts import CpuServed
 from wisp.core.prefetch import CrossLayerPrefetch
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.detokenizer import IncrementalDetokenizer
@@ -313,7 +313,7 @@ class LLMEngine:
     def _hybrid_stats(self) -> dict:
         """Hybrid mode only: the costs its layers split misses by, as probed at load (what `wisp plan
         --hybrid-costs` reads), and the factor the CPU's costs are multiplied by now (`CpuPace`)."""
-        store = next((s for s in self.model.experts.values() if isinstance(s, HybridExperts)), None)
+        store = next((s for s in self.model.experts.values() if isinstance(s, CpuServed)), None)
         if store is None:
             return {}
         return {"hybrid_costs": asdict(store.costs), "hybrid_cpu_factor": round(store.pace.factor, 4),

@@ -37,7 +37,7 @@ from wisp.core.experts import (
 )
 from wisp.core.expert_major import StagingBuffers
 from wisp.core.fp8_blocks import FP8, dequantize_blocks, scale_key
-from wisp.core.hybrid_experts import HybridExperts
+from wisp.core.hybrid_experts import HybridExperts, ZeroCopyHybridExperts
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_probe import probe_hybrid_costs
 from wisp.core.hybrid_split import HybridCosts
@@ -317,6 +317,9 @@ def _make_store(engine: EngineConfig, cfg: ModelConfig, bank: dict[str, torch.Te
         if shared.hybrid_costs is None:  # every layer has the same shapes: probe once
             shared.hybrid_costs = engine.hybrid_costs or probe_hybrid_costs(
                 bank, device, engine.hybrid_cpu_kernel, dtype=cfg.dtype, activation=cfg.expert_activation)
+        if cap == 0:
+            return ZeroCopyHybridExperts(bank, device, shared.hybrid_costs, shared.staging, engine.hybrid_cpu_kernel,
+                                         shared.hybrid_pace)
         return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.staging, engine.hybrid_cpu_kernel,
                              shared.hybrid_pace)
     if mode == "zero-copy":
