@@ -6,6 +6,9 @@
 #            every layer (an approximation), paged against hybrid at C = 8 and 16 (the first run, 685d7ad).
 #   mixtral: the issue's target: Mixtral-8x7B preset with the real all-layer GSM8K decode trace, batch 1,
 #            paged / hybrid / zero-copy at C = 2, 4, 6 (hybrid >= 1.4x paged at C = 2 and 4, not slower at 6).
+#   noslots: hybrid with no slots (--expert-cap 0: the GPU reads in place what the CPU does not compute) against
+#            zero-copy on Mixtral-8x7B with the real GSM8K trace, batch 1, with CUDA graphs (the chooser) and
+#            eager; hybrid's CUDA tests first (about 5 minutes).
 #   qwen3:   Qwen3-30B-A3B preset (random router: say so), paged against hybrid at C = 8 and 16.
 #   rest:    what issue 14 still lacks after f3be815 (about 5 minutes): hybrid's max logit difference and
 #            greedy agreement on the GPU (OLMoE shapes, dummy weights, 4 x 128 tokens), then qwen3.
@@ -29,6 +32,15 @@ tests)
 mixtral)
   bench decode_hybrid_mixtral_8x7b_trace --model mixtral-8x7b --mode ${MODES:-paged,hybrid,zero-copy} --expert-cap 2,4,6 \
     --decode-tokens ${TOKENS:-64} --routing-trace .gpu_data/gsm8k_2_decode_TxLxK.npz ;;
+noslots)
+  timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -x -p no:cacheprovider tests/core/test_hybrid_experts.py \
+    tests/engine/test_hybrid_mode.py --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 \
+    | tee "$out/pytest_hybrid_cuda.txt" | tail -3
+  t=.gpu_data/gsm8k_2_decode_TxLxK.npz
+  bench decode_no_slots_mixtral_8x7b_trace --model mixtral-8x7b --mode zero-copy,hybrid --expert-cap 0 \
+    --decode-tokens ${TOKENS:-32} --routing-trace $t
+  bench decode_no_slots_eager_mixtral_8x7b_trace --model mixtral-8x7b --mode zero-copy,hybrid --expert-cap 0 \
+    --enforce-eager --decode-tokens ${TOKENS:-32} --routing-trace $t ;;
 prefetch)
   t=.gpu_data/gsm8k_2_decode_TxLxK.npz
   [ -n "${PREFETCH_ONLY:-}" ] || bench decode_paged_eager_mixtral_8x7b_trace --model mixtral-8x7b --mode paged \

@@ -1,7 +1,7 @@
 """llama.cpp against wisp at each of llama.cpp's expert placements: one comparison file per model.
 
     python benchmarks/llama_cpp/compare.py --peer benchmarks/results/llama_cpp/llama_cpp_olmoe_1b_7b_bf16.json \
-        --decode benchmarks/results/llama_cpp/wisp_decode_olmoe_1b_7b.json \
+        --decode benchmarks/results/llama_cpp/wisp_decode_olmoe_1b_7b.json [--decode ...] \
         --prefill benchmarks/results/llama_cpp/wisp_prefill_olmoe_1b_7b.json [--prefill ...] \
         --note "..." --out benchmarks/results/peer_llama_cpp_olmoe_1b_7b.json
 
@@ -68,7 +68,8 @@ def _our_row(placement: str, theirs: dict, d: dict | None, pre: dict[str, dict])
     routing = [f"decode: {d.get('routing', 'router')}"] if d else []
     routing += ["TTFT: random-router"] if pre else []  # `wisp bench prefill` replays no trace
     return {
-        "system": "wisp", "placement": placement, "mode": some["mode"], "expert_cap": some["expert_cap"],
+        "system": "wisp", "placement": placement, "expert_cap": some["expert_cap"],
+        "mode": some["mode"] + (" (eager)" if "--enforce-eager" in some.get("command", "") else ""),
         "prefill_chunk_tokens": first.get("max_num_batched_tokens") if first else None, "weights": some.get("preset"),
         "routing": "; ".join(routing), "decode_tok_s": d["decode_tok_s"] if d else None,
         "ttft_512_s": ttft["512"], "ttft_2048_s": ttft["2048"], "peak_gpu_bytes_decode": peak_d,
@@ -83,12 +84,12 @@ def _our_row(placement: str, theirs: dict, d: dict | None, pre: dict[str, dict])
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--peer", required=True)
-    p.add_argument("--decode", required=True)
+    p.add_argument("--decode", action="append", required=True)
     p.add_argument("--prefill", action="append", default=[])
     p.add_argument("--note", default=None)
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    rows = compare(_load(args.peer), _load(args.decode), [r for f in args.prefill for r in _load(f)])
+    rows = compare(_load(args.peer), [r for f in args.decode for r in _load(f)], [r for f in args.prefill for r in _load(f)])
     if args.note:
         rows[0]["note"] = args.note
     Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
