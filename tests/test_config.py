@@ -45,6 +45,11 @@ def test_expert_bytes_and_default_caps():
     assert EngineConfig(model="demo", mode="resident").resolve_cap(cfg) == 16
     with pytest.raises(WispError, match="between top_k=4 and num_experts=16"):
         EngineConfig(model="demo", expert_cap=3).resolve_cap(cfg)
+    assert EngineConfig(model="demo", mode="hybrid", expert_cap=0).resolve_cap(cfg) == 0  # no slots: read in place
+    with pytest.raises(WispError, match=r"expert cap 0 is out of range: it must be between top_k=4 and num_experts=16$"):
+        EngineConfig(model="demo", mode="paged", expert_cap=0).resolve_cap(cfg)
+    with pytest.raises(WispError, match=r"num_experts=16 \(or 0 with --mode hybrid\)"):
+        EngineConfig(model="demo", mode="hybrid", expert_cap=2).resolve_cap(cfg)
 
 
 def test_bad_engine_options():
@@ -71,6 +76,9 @@ def test_backends_resolve_per_device_and_refuse_what_cannot_run():
     assert EngineConfig(model="demo", mode="zero-copy").resolve_backend("moe", cpu) == "torch"
     with pytest.raises(WispError, match="pinned"):
         EngineConfig(model="demo", mode="zero-copy", pin_memory=False).resolve_backend("moe", cuda)
+    with pytest.raises(WispError, match="--mode hybrid --expert-cap 0 reads experts from host memory in place"):
+        EngineConfig(model="demo", mode="hybrid", expert_cap=0, moe_backend="torch").resolve_backend("moe", cuda)
+    assert EngineConfig(model="demo", mode="hybrid", expert_cap=2, moe_backend="torch").resolve_backend("moe", cuda) == "torch"
     with pytest.raises(WispError, match="cuda-graph-max-batch"):
         EngineConfig(model="demo", cuda_graph_max_batch=-1)
 

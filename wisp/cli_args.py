@@ -99,7 +99,9 @@ def add_engine_args(p: argparse.ArgumentParser, record_help: str) -> None:
     """The engine options `generate` and `serve` share."""
     p.add_argument("--model", required=True, help="checkpoint directory, or 'demo' for the built-in tiny MoE")
     p.add_argument("--mode", choices=MODES, default="paged")
-    p.add_argument("--expert-cap", type=int, default=None, help="scratch slots per MoE layer (paged and hybrid modes)")
+    p.add_argument("--expert-cap", type=int, default=None,
+                   help="scratch slots per MoE layer (paged and hybrid modes; hybrid also takes 0: no slots, the GPU "
+                        "reads in place what the CPU does not compute)")
     add_backend_args(p)
     p.add_argument("--max-num-batched-tokens", type=parse_positive_int, default=MAX_NUM_BATCHED_TOKENS,
                    help="tokens per engine step: decodes first, then prefill chunks (a longer prompt is chunked)")

@@ -81,4 +81,4 @@ def _add_model_and_modes(p, default_modes: str, modes: str) -> None:
     p.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
     p.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     p.add_argument("--mode", default=default_modes, help=f"comma list of {modes}")
-    p.add_argument("--expert-cap", default=None, help="comma list of caps for paged runs")
+    p.add_argument("--expert-cap", default=None, help="comma list of caps for paged and hybrid runs (hybrid: 0 for no slots)")
