@@ -55,7 +55,9 @@ class CpuServed:
     counters: ExpertCounters
     kernels: MoEKernels
 
-    def _serve_with_cpu(self, device, costs: HybridCosts, cpu_kernel: str | None, pace: CpuPace | None) -> None:
+    def _serve_with_cpu(self, host: dict[str, torch.Tensor], device, costs: HybridCosts, cpu_kernel: str | None,
+                        pace: CpuPace | None) -> None:
+        self.cpu_host = host  # the pinned masters the CPU computes from
         self.costs = costs  # as probed
         self.pace = pace or CpuPace()
         self.cpu_kernel = cpu_kernel or default_cpu_kernel(torch.device(device))
@@ -63,8 +65,8 @@ class CpuServed:
         self.last_split: MissSplit | None = None
 
     def _split(self, misses: list[tuple[int, int]]) -> MissSplit:
-        split = self.last_split = split_misses(misses, self.pace.costs(self.costs))
-        return split
+        self.last_split = split_misses(misses, self.pace.costs(self.costs))
+        return self.last_split
 
     def _step_with_cpu(self, hidden, topk_ids, topk_weights, split: MissSplit, gpu_pairs) -> torch.Tensor:
         """`gpu_pairs()` enqueues the GPU's pairs and returns the [T*K, D] float32 pair outputs (the CPU's
@@ -74,7 +76,7 @@ class CpuServed:
         hidden_host, ids_host = hidden.cpu(), topk_ids.cpu()
         per_k = gpu_pairs()  # enqueued
         kernel_start = time.perf_counter()
-        pairs, rows = cpu_pair_rows(hidden_host, ids_host, host_masters(self), split.to_cpu, k, self.cpu_expert,
+        pairs, rows = cpu_pair_rows(hidden_host, ids_host, self.cpu_host, split.to_cpu, k, self.cpu_expert,
                                     self.kernels.activation)  # meanwhile
         kernel_s = time.perf_counter() - kernel_start
         per_k[pairs.to(per_k.device)] = rows.to(per_k.device)  # waits for the GPU's side too
@@ -91,18 +93,13 @@ class CpuServed:
         self.pace.begin_step(step)
 
 
-def host_masters(store) -> dict[str, torch.Tensor]:
-    """A CPU-served store's pinned host masters (a paged store keeps them in its pager)."""
-    return store.pager.host if isinstance(store, PagedExperts) else store.host
-
-
 class HybridExperts(CpuServed, PagedExperts):
     mode = "hybrid"
 
     def __init__(self, host: dict[str, torch.Tensor], capacity: int, device: torch.device, costs: HybridCosts,
                  staging: StagingBuffers | None = None, cpu_kernel: str | None = None, pace: CpuPace | None = None):
         super().__init__(host, capacity, device, staging)
-        self._serve_with_cpu(device, costs, cpu_kernel, pace)
+        self._serve_with_cpu(host, device, costs, cpu_kernel, pace)
 
     def _step(self, hidden, topk_ids, topk_weights, order: list[int], counts: list[int]) -> torch.Tensor:
         pager = self.pager
@@ -132,7 +129,7 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
     def __init__(self, host: dict[str, torch.Tensor], device: torch.device, costs: HybridCosts,
                  staging: StagingBuffers | None = None, cpu_kernel: str | None = None, pace: CpuPace | None = None):
         super().__init__(host, device, staging)
-        self._serve_with_cpu(device, costs, cpu_kernel, pace)
+        self._serve_with_cpu(host, device, costs, cpu_kernel, pace)
 
     def _in_place_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
         split = self._split([(e, counts[e]) for e in distinct])
