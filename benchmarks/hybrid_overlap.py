@@ -22,7 +22,8 @@ import time
 import torch
 
 from wisp.core.experts import PagedExperts
-from wisp.core.hybrid_experts import HybridExperts, plain_expert_mlp
+from wisp.core.cpu_expert_kernels import plain_expert_mlp
+from wisp.core.hybrid_experts import HybridExperts
 from wisp.core.hybrid_probe import probe_hybrid_costs
 from wisp.core.kernels import moe_kernels
 from wisp.models.presets import preset

@@ -257,7 +257,7 @@ class EngineConfig:
     enforce_eager: bool = False  # never replay CUDA graphs (they need both Triton backends)
     cuda_graph_max_batch: int = 8  # decode graphs for batch sizes 1..min(this, max_concurrency)
     hybrid_costs: HybridCosts | None = None  # hybrid mode's copy / CPU costs; None: probed at load
-    hybrid_cpu_kernel: str | None = None  # hybrid's CPU kernel, "plain" or "reference"; None: plain with a GPU
+    hybrid_cpu_kernel: str | None = None  # hybrid's CPU kernel (HYBRID_CPU_KERNELS); None: native (else plain) with a GPU
     prefetch: bool = False  # copy each next layer's predicted experts ahead (wisp.core.prefetch; eager, paged only)
 
     def __post_init__(self) -> None:

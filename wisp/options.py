@@ -3,8 +3,8 @@ budget's default, in one torch-free place: the engine's config and the command l
 so `wisp --help` can list them without loading torch."""
 
 MODES = ("paged", "resident", "offload", "zero-copy", "hybrid")
-SCRATCH_MODES = ("paged", "hybrid")
-HYBRID_CPU_KERNELS = ("plain", "reference")  # hybrid mode's CPU kernels (wisp.core.hybrid_experts)  # modes with a C-slot expert scratch per layer (hybrid: paged + CPU misses)
+SCRATCH_MODES = ("paged", "hybrid")  # modes with a C-slot expert scratch per layer (hybrid: paged + CPU misses)
+HYBRID_CPU_KERNELS = ("native", "plain", "reference")  # hybrid mode's CPU kernels (wisp.core.cpu_expert_kernels)
 MOE_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch on the CPU
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")

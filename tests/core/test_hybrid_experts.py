@@ -10,7 +10,8 @@ import torch
 from tests.core.test_experts import make
 from wisp.core.experts import PagedExperts, ResidentExperts, ZeroCopyExperts
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers
-from wisp.core.hybrid_experts import HybridExperts, ZeroCopyHybridExperts, plain_expert_mlp
+from wisp.core.cpu_expert_kernels import plain_expert_mlp
+from wisp.core.hybrid_experts import HybridExperts, ZeroCopyHybridExperts
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.moe import expert_mlp
 from wisp.core.hybrid_split import HybridCosts
@@ -169,7 +170,7 @@ def test_zero_copy_hybrid_with_a_free_link_is_zero_copy_exactly():
 
 
 def test_the_cpu_kernel_names_are_the_options_names():
-    from wisp.core.hybrid_experts import CPU_EXPERT_KERNELS
+    from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS
     from wisp.options import HYBRID_CPU_KERNELS
 
     assert tuple(CPU_EXPERT_KERNELS) == HYBRID_CPU_KERNELS

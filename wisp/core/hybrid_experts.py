@@ -3,18 +3,13 @@
 Each step, after the routing is read (the one host read paged mode also makes), the layer's missing experts
 are divided by `wisp.core.hybrid_split.split_misses` between copies into slots (cached, LRU, exactly as
 `PagedExperts` does) and the CPU, which computes its experts' (token, k) pairs straight from the pinned host
-masters (`CPU_EXPERT_KERNELS`, below) and caches nothing. The GPU's work is
+masters (`wisp.core.cpu_expert_kernels`) and caches nothing. The GPU's work is
 enqueued first, all of it asynchronous: the hits and the copied experts, expert-major
 (`wisp.core.expert_major.expert_major_pairs`: hits first, then each copy's pairs once it lands on a side
 stream). Then this thread computes the CPU's pairs while the GPU runs, writes them into the same [T*K, D]
 pair outputs, and everything is summed over k in routing order, as every mode does. (Not a worker thread: a
 second thread calling torch's CPU kernels brings a second OpenMP team onto the same cores; on the H200's
 host that made one OLMoE expert 2.5 ms instead of 0.8.)
-
-The CPU kernel: "plain" (the default with a GPU) is torch's GEMM on exactly the routed rows; "reference" is
-`wisp.core.moe.expert_mlp`, the device's own row-invariant kernel, whose fixed 16-row tiles cost 13x more at
-one row on a 2-core AVX2 host (11.9 against 0.9 ms for an OLMoE expert in bf16) but give the device's bits on
-the CPU (the default for a CPU-only run, where nothing could be gained anyway).
 
 Invariants:
 - a step whose split sends nothing to the CPU is a paged step: the same decision, bytes and output;
@@ -35,13 +30,12 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.nn.functional as F
 
 from wisp.core.counters import ExpertCounters
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
 from wisp.core.experts import PagedExperts, ZeroCopyExperts
-from wisp.core.expert_extras import SILU, Activation, ExpertExtras, extras_at, extras_of
-from wisp.core.quantized_weights import dequantize_expert
+from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, default_cpu_kernel
+from wisp.core.expert_extras import SILU, Activation, extras_at, extras_of
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
 from wisp.core.kernels import MoEKernels
@@ -149,24 +143,6 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
             return per_k
 
         return self._step_with_cpu(hidden, topk_ids, topk_weights, split, gpu_pairs)
-
-
-def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                     extras: ExpertExtras | None = None, activation: Activation = SILU) -> torch.Tensor:
-    """One expert on exactly the rows x [M, D] with torch's own GEMM (not row-invariant): [M, D]. Quantized
-    weights (FP8 or MXFP4 scales in `extras`) are dequantized to x's dtype first; biases are added."""
-    w_gate_up, w_down = dequantize_expert(w_gate_up, w_down, extras, x.dtype)
-    b_gate_up, b_down = (None, None) if extras is None else (extras.gate_up_bias, extras.down_bias)
-    gate, up = F.linear(x, w_gate_up, b_gate_up).chunk(2, dim=-1)  # [M, I] each
-    h = F.silu(gate) * up if activation == SILU else activation(gate, up)
-    return F.linear(h, w_down, b_down)
-
-
-CPU_EXPERT_KERNELS = {"plain": plain_expert_mlp, "reference": expert_mlp}  # wisp.options.HYBRID_CPU_KERNELS
-
-
-def default_cpu_kernel(device: torch.device) -> str:
-    return "reference" if device.type == "cpu" else "plain"
 
 
 def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, torch.Tensor], experts, top_k: int,

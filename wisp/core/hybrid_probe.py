@@ -2,7 +2,7 @@
 
 - copy_s: one expert copied from its pinned host master into a device tensor (the median of `repeats`);
 - cpu_s_at_rows: one expert's pairs computed on the CPU from the host master with the CPU kernel the layer
-  will use (`wisp.core.hybrid_experts.CPU_EXPERT_KERNELS`) for each row count, the median of `repeats`, then a running maximum so the
+  will use (`wisp.core.cpu_expert_kernels.CPU_EXPERT_KERNELS`) for each row count, the median of `repeats`, then a running maximum so the
   curve never falls with rows (a timing dip would break `split_misses`' exactness argument);
 - cpu_overhead_s: one step's fixed cost of using the CPU at all: the hidden rows to the host and one row
   back to the device.
@@ -21,7 +21,7 @@ import torch
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.expert_extras import SILU, Activation, extras_at, extras_of
 from wisp.core.hybrid_split import HybridCosts
-from wisp.core.hybrid_experts import CPU_EXPERT_KERNELS, default_cpu_kernel
+from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, default_cpu_kernel
 
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 

@@ -35,6 +35,7 @@ from wisp.core.experts import (
     ResidentExperts,
     ZeroCopyExperts,
 )
+from wisp.core.cpu_expert_kernels import native_kernel_error
 from wisp.core.expert_major import StagingBuffers
 from wisp.core.fp8_blocks import FP8, dequantize_blocks, scale_key
 from wisp.core.hybrid_experts import HybridExperts, ZeroCopyHybridExperts
@@ -315,6 +316,8 @@ def _make_store(engine: EngineConfig, cfg: ModelConfig, bank: dict[str, torch.Te
     if mode == "hybrid":
         shared.staging = shared.staging or StagingBuffers(bank, device)
         if shared.hybrid_costs is None:  # every layer has the same shapes: probe once
+            if engine.hybrid_cpu_kernel == "native" and (why := native_kernel_error()) is not None:
+                raise WispError(f"hybrid CPU kernel 'native' could not be built here ({why}); choose plain or reference")
             shared.hybrid_costs = engine.hybrid_costs or probe_hybrid_costs(
                 bank, device, engine.hybrid_cpu_kernel, dtype=cfg.dtype, activation=cfg.expert_activation)
         if cap == 0:

@@ -1,0 +1,73 @@
+// out[m, n] = sum_k x[m, k] * w[n, k]: float32 rows x [M, K] against bf16 weights w [N, K], float32 out [M, N].
+// Hybrid mode's CPU expert kernel (wisp.core.cpu_matmul). At a decode step's few rows it is bound by
+// reading w, so it reads each weight once for all M rows, kBlock weight rows at a time (independent
+// streams and sums: on the H200's 16-core host 4 rows read an OLMoE expert at 71 GB/s, one row at 56,
+// torch's bf16 GEMV at 44; a software prefetch only slowed it). Threads come from ATen's pool
+// (at::parallel_for; the library links the OpenMP runtime torch loaded), the same team as torch's own
+// CPU kernels. Each sum over k runs in 16 lanes (lane l takes k = l mod 16) folded pairwise (8, 4, 2, 1)
+// at the end, compiled without contraction into FMAs: the bits are the same on every x86 CPU whatever its
+// SIMD width.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int64_t kLanes = 16, kBlock = 4;
+
+inline float bf16_to_float(uint16_t bits) {
+  uint32_t word = uint32_t(bits) << 16;
+  float value;
+  std::memcpy(&value, &word, sizeof(value));
+  return value;
+}
+
+inline float fold(float* acc) {
+  for (int64_t half = kLanes / 2; half > 0; half /= 2)
+    for (int64_t l = 0; l < half; ++l) acc[l] += acc[l + half];
+  return acc[0];
+}
+
+// rows [n, n + count) of out, count <= kBlock, for one x row
+inline void block_dot(const uint16_t* w, const float* x, int64_t depth, int64_t count, float* out) {
+  float acc[kBlock][kLanes] = {};
+  for (int64_t k = 0; k < depth; k += kLanes) {
+    for (int64_t r = 0; r < count; ++r) {
+      const uint16_t* wr = w + r * depth + k;
+      for (int64_t l = 0; l < kLanes; ++l) acc[r][l] += bf16_to_float(wr[l]) * x[k + l];
+    }
+  }
+  for (int64_t r = 0; r < count; ++r) out[r] = fold(acc[r]);
+}
+
+at::Tensor bf16_rows_matmul(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [M, K] and w [N, K] expected");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kBFloat16, "float32 x, bfloat16 w expected");
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && w.size(1) % kLanes == 0, "contiguous, K a multiple of 16");
+  const int64_t rows = x.size(0), n_out = w.size(0), depth = w.size(1);
+  at::Tensor out = at::empty({rows, n_out}, x.options());
+  const float* xs = x.data_ptr<float>();
+  const uint16_t* ws = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  float* outs = out.data_ptr<float>();
+  const int64_t blocks = (n_out + kBlock - 1) / kBlock;
+  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+    float tile[kBlock];
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t n = b * kBlock, count = std::min(kBlock, n_out - n);
+      for (int64_t m = 0; m < rows; ++m) {
+        block_dot(ws + n * depth, xs + m * depth, depth, count, tile);
+        for (int64_t r = 0; r < count; ++r) outs[m * n_out + n + r] = tile[r];
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(wisp_cpu, m) { m.def("bf16_rows_matmul(Tensor x, Tensor w) -> Tensor"); }
+TORCH_LIBRARY_IMPL(wisp_cpu, CPU, m) { m.impl("bf16_rows_matmul", &bf16_rows_matmul); }
