@@ -2,7 +2,8 @@
 
 Every expert mode, bfloat16, several requests at once so the batch size changes while they run; the
 graph engine must have replayed graphs and the eager engine none; a request's logits must not depend
-on its batch; paged counters at batch 1 equal the host pager's.
+on its batch; paged counters at batch 1 equal the host pager's; a step replayed as pieces (hybrid mode's
+CPU-helped steps) equals the whole graph when the same experts run between the pieces.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from wisp.config import EngineConfig
+from wisp.engine.cuda_graphs import DecodeGraphs
 from wisp.engine.engine import LLMEngine
 from wisp.engine.sampling import SamplingParams
 
@@ -70,3 +72,20 @@ def test_plan_resize_recaptures_graphs():
     assert eng.runner.graphs is not None
     after = run(eng, PROMPTS[:1], (8,))[0]
     assert all(torch.equal(x, y) for x, y in zip(before, after))
+
+
+@pytest.mark.parametrize("mode,cap", [("resident", None), ("zero-copy", None), ("paged", 4)])
+def test_a_step_replayed_as_pieces_equals_the_whole_graph(mode, cap):
+    eng = engine(mode, cap, False)
+    model, blocks = eng.model, eng.pool.allocate(3)
+    graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True)
+    moe_layers = sum(lw.router is not None for lw in model.layers)
+    assert set(graphs.pieces) == {1, 2} and len(graphs.pieces[2]) == moe_layers + 1
+    tables = [[blocks[0]], [blocks[1]]]
+    for position in range(6):
+        tokens = [7 + position, 100 + 3 * position]
+        whole = graphs.run(tokens, [position] * 2, tables).clone()
+        pieces = graphs.run_pieces(tokens, [position] * 2, tables, lambda p: model.routed_experts(p, graph_safe=True))
+        assert torch.equal(whole, pieces), position
+        one = graphs.run_pieces(tokens[:1], [position], tables[:1], lambda p: model.routed_experts(p, graph_safe=True))
+        assert torch.equal(one[0], whole[0]), position  # and batch invariant

@@ -90,7 +90,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         "batch": batch, "decode_tokens": timed.decode_steps(batch), "temperature": temperature,
         "load_s": round(load_s, 2), **_measures(timed, batch),
         "peak_gpu_bytes_load": peak_load, "peak_gpu_bytes": _peak(device), "device": str(device),
-        "graph_steps": timed.stats["graph_steps"], "routing": "router",
+        "graph_steps": timed.stats["graph_steps"], "piece_steps": timed.stats["piece_steps"], "routing": "router",
         **({"hybrid_costs": timed.stats["hybrid_costs"], "hybrid_cpu_factor": timed.stats["hybrid_cpu_factor"],
             "hybrid_cpu_steps": timed.stats["hybrid_cpu_steps"],
             "experts_on_cpu": timed.stats["expert_cpu_computed"]}

@@ -269,6 +269,7 @@ class LLMEngine:
             "tokens_prefilled": runner.tokens_prefilled,
             "tokens_decoded": runner.tokens_decoded,
             "graph_steps": runner.graph_steps,
+            "piece_steps": runner.piece_steps,  # hybrid decode steps replayed as pieces, the CPU helping between
             "expert_device_bytes": sum(s.device_bytes for s in stores.values()),
             "expert_staging_bytes": _staging_bytes(stores.values()),  # wide steps' two buffers, shared by layers
             **self._kv_stats(),

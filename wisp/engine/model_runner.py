@@ -20,7 +20,8 @@ Sampling is per request: a sequence whose sampler raises gets a `RequestFailure`
 Invariants: a step samples exactly the sequences whose tokens this step reach their end (a prefill
 chunk short of its prompt's end only writes KV); a decode batch replays a graph only when graphs exist,
 it fits `graph_max_batch`, and no observer is registered (and, in hybrid mode, where the CPU could help
-a step, only when `StepKindChooser` measured graph steps faster); capture writes only a block it holds from the
+a step, only when `StepKindChooser` measured graph steps faster; otherwise it replays the graph's pieces
+with the experts run eagerly between them, `DecodeGraphs.run_pieces`); capture writes only a block it holds from the
 pool meanwhile (so it may run while requests hold KV), and `capture_graphs` re-captures after the KV
 tensors or an expert scratch are reallocated.
 """
@@ -83,7 +84,7 @@ class ModelRunner:
         self.reset_counters()
 
     def reset_counters(self) -> None:
-        self.tokens_prefilled = self.tokens_decoded = self.graph_steps = 0
+        self.tokens_prefilled = self.tokens_decoded = self.graph_steps = self.piece_steps = 0
 
     # -- extension points -------------------------------------------------------------------------------
     def add_routing_observer(self, observer: RoutingObserver) -> ObserverHandle:
@@ -174,7 +175,7 @@ class ModelRunner:
             if self._capture_stream is None:
                 self._capture_stream = torch.cuda.Stream(device=self.device)
             self.graphs = DecodeGraphs(self.model, self.kv, self.graph_max_batch(), width, scratch_block,
-                                       self._capture_stream)
+                                       self._capture_stream, piecewise=self.config.mode == "hybrid")
         finally:
             self.model.routing_hook = hook
         sync_all_counters(stores)
@@ -200,12 +201,25 @@ class ModelRunner:
         if self.model.graph_step_ok(b):  # nothing an eager step could do better
             return self._run_graph_step(batch)
         kind, start = self.step_kinds.pick(b), time.perf_counter()  # hybrid: both kinds measured, the faster run
-        out = self._run_graph_step(batch) if kind == GRAPH else self._run_eager_step(batch)
+        out = self._run_graph_step(batch) if kind == GRAPH else self._run_pieces_step(batch)
         self.step_kinds.record(b, kind, time.perf_counter() - start)
         return out
 
     def _run_graph_step(self, batch: Batch) -> list[int | RequestFailure]:
         return self._sample(batch.seqs, self._run_graph(batch.seqs))
+
+    def _run_pieces_step(self, batch: Batch) -> list[int | RequestFailure]:
+        """A decode step the CPU may help: the graphs' pieces with each MoE layer's experts run eagerly
+        between them (eagerly throughout where no pieces were captured)."""
+        if not self.graphs.pieces:
+            return self._run_eager_step(batch)
+        self.model.use_paging_side("host")  # the experts run on the host's LRU state, as in an eager step
+        seqs = batch.seqs
+        logits = self.graphs.run_pieces([s.token_ids[s.num_computed] for s in seqs], [s.num_computed for s in seqs],
+                                        [s.block_table for s in seqs], self.model.routed_experts)
+        self.piece_steps += 1
+        self.tokens_decoded += len(seqs)
+        return self._sample(seqs, logits)
 
     def _run_eager_step(self, batch: Batch) -> list[int | RequestFailure | None]:
         if self.graphs is not None:

@@ -108,6 +108,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+@dataclass
+class Piece:
+    """Where a piece of a forward stopped (`MoEDecoder.forward_piece`): the residual stream x [T, D] (final
+    and normed when layer is None), the rotation, and at MoE layer `layer` its experts' input [T, D] and
+    routing [T, K]."""
+
+    x: torch.Tensor
+    rope: tuple[torch.Tensor, torch.Tensor]
+    layer: int | None = None
+    hidden: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    topk_weights: torch.Tensor | None = None
+
+
 class MoEDecoder:
     def __init__(
         self,
@@ -136,7 +150,7 @@ class MoEDecoder:
         if config.norm_weight_float32:
             self.rms_norm = rows.rms_norm_float32_weight
         self.apply_rope = apply_rope
-        self.route = None  # "triton": softmax + top-k + renormalise in one launch
+        self.route_kernel = None  # "triton": softmax + top-k + renormalise in one launch
         if backend == "triton":
             from wisp.core.triton_norm import triton_rms_norm
             from wisp.core.triton_rope import triton_rope
@@ -145,7 +159,7 @@ class MoEDecoder:
             if not config.norm_weight_float32:
                 self.rms_norm = triton_rms_norm
             if config.routing == "softmax_topk":
-                self.route = triton_route
+                self.route_kernel = triton_route
             if config.rope_dim & (config.rope_dim - 1) == 0:  # the Triton rotation needs a power of two
                 self.apply_rope = triton_rope
         self.inv_freq = config.rope.inv_freq(config.rope_dim).to(self.device)
@@ -176,7 +190,8 @@ class MoEDecoder:
         out = kv.write_attend(li, q, k, v, cfg.window_of(li), w.sinks)  # [T, H, hd]
         return rows.linear(out.reshape(t, h * hd), w.o, w.o_bias)
 
-    def moe(self, li: int, x: torch.Tensor, graph_safe: bool = False) -> torch.Tensor:
+    def route(self, li: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A MoE layer's routing of x [T, D]: expert ids and their weights, [T, K] each."""
         cfg, lw = self.config, self.layers[li]
         logits = rows.linear(x.float() if cfg.router_float32 else x, lw.router, lw.router_bias)  # [T, N]
         weight_dtype = self.router_dtype or x.dtype
@@ -186,8 +201,8 @@ class MoEDecoder:
                 topk_ids = self.routing_override.ids(li, topk_ids)
                 top = logits.gather(1, topk_ids)
             topk_weights = F.softmax(top.float(), dim=-1).to(weight_dtype)
-        elif self.route is not None and self.routing_override is None:
-            topk_weights, topk_ids = self.route(logits, cfg.top_k, cfg.norm_topk_prob, weight_dtype)  # [T, K]
+        elif self.route_kernel is not None and self.routing_override is None:
+            topk_weights, topk_ids = self.route_kernel(logits, cfg.top_k, cfg.norm_topk_prob, weight_dtype)  # [T, K]
         else:
             probs = F.softmax(logits, dim=-1, dtype=torch.float32)
             topk_ids = torch.topk(probs, cfg.top_k, dim=-1).indices  # [T, K]
@@ -203,14 +218,23 @@ class MoEDecoder:
             self.routing_hook(li, topk_ids, topk_weights)
         if self.routing_log is not None:
             self.routing_log.record(li, topk_ids)
-        store = self.experts[li]
-        out = store.forward_graph_safe(x, topk_ids, topk_weights) if graph_safe else store.forward(x, topk_ids, topk_weights)
-        if lw.shared is not None:
-            shared = mlp(x, lw.shared)
-            if lw.shared_gate is not None:  # Qwen2-MoE's sigmoid gate; DeepSeek's shared experts are ungated
-                shared = rows.pointwise(torch.sigmoid, rows.linear(x, lw.shared_gate)) * shared  # [T, 1] * [T, D]
-            out = out + shared
-        return out
+        return topk_ids, topk_weights
+
+    def routed_experts(self, piece: "Piece", graph_safe: bool = False) -> torch.Tensor:
+        """The routed experts' output [T, D] at the MoE layer `piece` stopped at (its store's forward)."""
+        store = self.experts[piece.layer]
+        forward = store.forward_graph_safe if graph_safe else store.forward
+        return forward(piece.hidden, piece.topk_ids, piece.topk_weights)
+
+    def with_shared(self, li: int, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        """A MoE layer's output: the routed experts' `routed` [T, D] plus its shared expert of x, if any."""
+        lw = self.layers[li]
+        if lw.shared is None:
+            return routed
+        shared = mlp(x, lw.shared)
+        if lw.shared_gate is not None:  # Qwen2-MoE's sigmoid gate; DeepSeek's shared experts are ungated
+            shared = rows.pointwise(torch.sigmoid, rows.linear(x, lw.shared_gate)) * shared  # [T, 1] * [T, D]
+        return routed + shared
 
     # -- whole model --------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, chunks: Sequence[Chunk]) -> torch.Tensor:
@@ -219,18 +243,37 @@ class MoEDecoder:
         return self.forward_batch(tokens, positions, ChunkedKV(chunks))
 
     def forward_batch(self, tokens: torch.Tensor, positions: torch.Tensor, kv, graph_safe: bool = False) -> torch.Tensor:
-        """tokens [T] at positions [T], attention through `kv.write_attend` -> final hidden [T, D].
+        """tokens [T] at positions [T], attention through `kv.write_attend` -> final hidden [T, D]: the pieces
+        between MoE layers' experts, each layer's experts run between them.
         graph_safe: MoE stores run `forward_graph_safe` (no host sync: the body of a CUDA-graph decode step)."""
         if graph_safe and self.routing_hook is not None:
             raise RuntimeError("a routing hook reads routing on the host: it cannot run in a graph-safe (CUDA-graph) step")
-        x = self.embed[tokens]
+        piece = self.forward_piece(tokens, positions, kv)
+        while piece.layer is not None:
+            piece = self.forward_piece(tokens, positions, kv, piece, self.routed_experts(piece, graph_safe))
+        return piece.x
+
+    def forward_piece(self, tokens: torch.Tensor, positions: torch.Tensor, kv, before: "Piece | None" = None,
+                      routed: torch.Tensor | None = None) -> "Piece":
+        """One piece of a forward: from the embedding (before=None), or on from `before`'s MoE layer whose
+        routed experts output `routed` [T, D]; runs layers until the next MoE layer is routed (a Piece at
+        that layer) or through the last layer and the final norm (a Piece with layer None and x final).
+        Every piece is graph-safe: only the routed experts between pieces may read routing on the host
+        (piecewise CUDA graphs, `wisp.engine.cuda_graphs`)."""
         eps = self.config.rms_norm_eps
-        rope = self.rope(positions)  # once per forward, shared by every layer
-        for li, lw in enumerate(self.layers):
+        if before is None:
+            x, rope, start = self.embed[tokens], self.rope(positions), 0  # the rotation: once per forward
+        else:
+            x, rope, start = before.x + self.with_shared(before.layer, before.hidden, routed), before.rope, before.layer + 1
+        for li in range(start, len(self.layers)):
+            lw = self.layers[li]
             x = x + self.attention(li, self.rms_norm(x, lw.input_norm, eps), rope, kv)
             h = self.rms_norm(x, lw.post_norm, eps)
-            x = x + (self.moe(li, h, graph_safe) if lw.router is not None else mlp(h, lw.dense))
-        return self.rms_norm(x, self.final_norm, eps)
+            if lw.router is None:
+                x = x + mlp(h, lw.dense)
+                continue
+            return Piece(x, rope, li, h, *self.route(li, h))
+        return Piece(self.rms_norm(x, self.final_norm, eps), rope)
 
     def begin_step(self) -> None:
         """Once per step, before it runs: every store hears the step's number (state shared by layers,
