@@ -13,9 +13,11 @@ COSTS = HybridCosts(copy_s=6.5e-3, cpu_rows=(1, 4), cpu_s_at_rows=(5.5e-3, 6.0e-
 
 
 def test_the_factor_is_one_until_measured_then_the_window_median_within_the_clamps():
-    pace = CpuPace(window=3)
+    pace = CpuPace(window=3, min_ratios=2)
     assert pace.factor == 1.0 and pace.costs(COSTS) is COSTS
-    for wall in (2.0, 3.0, 100.0, 2.5):  # the first ratio leaves the window of 3
+    pace.observe(16.0, 1.0)  # one slow step (a cold first one) changes nothing yet
+    assert pace.factor == 1.0 and pace.costs(COSTS) is COSTS
+    for wall in (3.0, 100.0, 2.5):  # the first ratio leaves the window of 3
         pace.observe(wall, 1.0)
     assert pace.factor == 3.0 and max(pace.ratios) == MAX_FACTOR
     pace.observe(1e-9, 1.0)
@@ -23,13 +25,13 @@ def test_the_factor_is_one_until_measured_then_the_window_median_within_the_clam
     assert pace.factor == MIN_FACTOR
     pace.observe(1.0, 0.0)  # nothing predicted: nothing learnt
     assert len(pace.ratios) == 3
-    fixed = CpuPace(learn=False)
+    fixed = CpuPace(learn=False, min_ratios=1)
     fixed.observe(5.0, 1.0)
     assert fixed.factor == 1.0 and fixed.totals.steps == 1 and fixed.costs(COSTS) is COSTS
 
 
 def test_scaled_costs_scale_the_cpu_side_only():
-    pace = CpuPace()
+    pace = CpuPace(min_ratios=1)
     pace.observe(2.0, 1.0)
     scaled = pace.costs(COSTS)
     assert scaled.copy_s == COSTS.copy_s and scaled.cpu_rows == COSTS.cpu_rows
@@ -40,7 +42,8 @@ def test_scaled_costs_scale_the_cpu_side_only():
 
 def test_every_explore_every_th_step_uses_the_probe_and_starts_a_fresh_window():
     pace = CpuPace(explore_every=4)
-    pace.observe(10.0, 1.0)
+    for _ in range(pace.min_ratios):
+        pace.observe(10.0, 1.0)
     for step in (1, 2, 3):
         pace.begin_step(step)
         pace.begin_step(step)  # every layer calls it: one step
@@ -49,9 +52,9 @@ def test_every_explore_every_th_step_uses_the_probe_and_starts_a_fresh_window():
     pace.begin_step(4)
     assert pace.exploring and not pace.ratios and pace.costs(COSTS) is COSTS
     assert pace.cpu_can_help(COSTS, 2) and not pace.graph_step_ok(COSTS, 2)
-    pace.observe(1.0, 1.0)
+    pace.observe(4.0, 1.0)
     pace.begin_step(5)
-    assert not pace.exploring and pace.factor == 1.0
+    assert not pace.exploring and pace.factor == 1.0  # one ratio in the fresh window: not yet used
 
 
 @settings(max_examples=200, deadline=None)
@@ -61,7 +64,7 @@ def test_every_explore_every_th_step_uses_the_probe_and_starts_a_fresh_window():
 def test_cpu_can_help_is_exact(copy_ms, cpu_ms, overhead_ms, factor, max_misses, rows):
     cpu = sorted(cpu_ms)
     costs = HybridCosts(copy_ms / 1e3, tuple(range(1, len(cpu) + 1)), tuple(c / 1e3 for c in cpu), overhead_ms / 1e3)
-    pace = CpuPace()
+    pace = CpuPace(min_ratios=1)
     pace.observe(factor, 1.0)
     scaled = pace.costs(costs)
     used = [split_misses(list(enumerate(rows[:n])), scaled).to_cpu for n in range(1, max_misses + 1)]
@@ -70,3 +73,13 @@ def test_cpu_can_help_is_exact(copy_ms, cpu_ms, overhead_ms, factor, max_misses,
         assert not any(used) and not one_row_each  # a graph step loses nothing
     else:
         assert one_row_each  # the lightest such step uses the CPU
+
+
+def test_the_window_needs_min_ratios_and_refuses_impossible_ones():
+    pace = CpuPace(window=4, min_ratios=3)
+    for i, wall in enumerate((8.0, 1.0, 1.2)):
+        assert pace.factor == 1.0, i
+        pace.observe(wall, 1.0)
+    assert pace.factor == 1.2  # the median of three: the cold first step outvoted
+    with pytest.raises(ValueError, match="min_ratios"):
+        CpuPace(window=2, min_ratios=3)

@@ -6,8 +6,9 @@ host memory with the copies in flight and pays the rows' trips both ways, and a 
 while a copy ran). So every hybrid step that uses the CPU measures its wall time, from the split until
 the CPU's rows are on the device (that write waits for the GPU's side of the step as well: no extra
 sync), and records wall / predicted. The split then multiplies the CPU's costs by `factor`, the median
-of the last WINDOW ratios: a CPU slower in practice than in the probe gets fewer experts, and one that
-cannot help gets none.
+of the last WINDOW ratios once there are MIN_RATIOS of them: a CPU slower in practice than in the probe
+gets fewer experts, and one that cannot help gets none. (Not from one ratio: on the H200 a process's first
+CPU step took 49 ms against 1 predicted, and one ratio of 16 shut the CPU out until the next exploration.)
 
 Where the CPU cannot help any step of a batch (with the scaled costs, one CPU expert of one row plus
 the overhead is no faster than the copies it would leave: `cpu_can_help`), the step is a paged step, so
@@ -15,7 +16,7 @@ it may run as paged mode's CUDA graph (`graph_step_ok`). Every EXPLORE_EVERY ste
 probe's costs unscaled and a cleared window (`begin_step`), eagerly, so a CPU that was slow for a while
 (start-up, a noisy neighbour) is measured again.
 
-Invariants: `factor` is 1 until a ratio is recorded and always within [MIN_FACTOR, MAX_FACTOR]; an
+Invariants: `factor` is 1 until MIN_RATIOS ratios are recorded and always within [MIN_FACTOR, MAX_FACTOR]; an
 exploring step uses the probe's costs as they are; one `CpuPace` serves every layer of a model (one host).
 """
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 from wisp.core.hybrid_split import HybridCosts
 
 WINDOW = 16  # ratios kept (across layers: a Mixtral token gives up to one per layer)
+MIN_RATIOS = 3  # ratios the window needs before it scales anything (a median of three outvotes one outlier)
 EXPLORE_EVERY = 128  # steps between re-measurements with the probe's costs
 MIN_FACTOR, MAX_FACTOR = 0.5, 16.0
 
@@ -43,14 +45,15 @@ class PaceTotals:
 
 
 class CpuPace:
-    def __init__(self, window: int = WINDOW, explore_every: int = EXPLORE_EVERY, learn: bool = True):
+    def __init__(self, window: int = WINDOW, explore_every: int = EXPLORE_EVERY, learn: bool = True,
+                 min_ratios: int = MIN_RATIOS):
         """learn=False: record totals but keep the probe's costs as they are (a policy at fixed costs, as
         `wisp.plan.hybrid_cost` replays it)."""
-        if window < 1 or explore_every < 1:
-            raise ValueError("window and explore_every must be positive")
-        self.learn = learn
+        if window < 1 or explore_every < 1 or not 1 <= min_ratios <= window:
+            raise ValueError("window and explore_every must be positive, and 1 <= min_ratios <= window")
+        self.learn, self.min_ratios = learn, min_ratios
         self.ratios: deque[float] = deque(maxlen=window)
-        self._factor = 1.0  # median(ratios), or 1 while empty
+        self._factor = 1.0  # median(ratios), or 1 while fewer than min_ratios
         self.explore_every = explore_every
         self.step = 0  # the last step number begun
         self.exploring = False
@@ -59,7 +62,8 @@ class CpuPace:
 
     @property
     def factor(self) -> float:
-        """The median of the window (1 when empty), kept as the window changes: every layer asks each step."""
+        """The median of the window (1 while it holds fewer than min_ratios), kept as the window changes: every
+        layer asks each step."""
         return self._factor
 
     def begin_step(self, step: int) -> None:
@@ -82,7 +86,8 @@ class CpuPace:
         t.kernel_s += kernel_s
         if self.learn and predicted_s > 0:
             self.ratios.append(min(MAX_FACTOR, max(MIN_FACTOR, wall_s / predicted_s)))
-            self._factor = statistics.median(self.ratios)
+            if len(self.ratios) >= self.min_ratios:
+                self._factor = statistics.median(self.ratios)
 
     def costs(self, probed: HybridCosts) -> HybridCosts:
         """The costs a split should use now: the probe's, with the CPU's times scaled by `factor` (as probed

@@ -55,6 +55,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pieces: dict[int, list[tuple[torch.cuda.CUDAGraph, Piece, torch.Tensor | None]]] = {}
+        self._piece_kv: dict[int, DecodeBatchKV] = {}
         self.routed = torch.zeros((max_batch, model.config.hidden_size), dtype=model.dtype, device=dev)  # experts' out
         pool = None
         model.use_paging_side("device")
@@ -88,21 +89,23 @@ class DecodeGraphs:
 
     def _capture_pieces(self, b: int, pool):
         """One graph per piece of a b-sequence step; each replayed once after capture, so that the next
-        piece's warm-up reads real values (the experts' buffer between them stays zero)."""
-        kv = DecodeBatchKV(self.cache, self.tables[:b], self.positions[:b])
+        piece's warm-up reads real values (the experts' buffer between them stays zero). The first piece
+        also computes the step's KV indices (`DecodeBatchKV`), which the later pieces read."""
         tokens, positions, routed = self.tokens[:b], self.positions[:b], self.routed[:b]
-        pieces, before = [], None
+        pieces, before, kv = [], None, None
         while before is None or before.layer is not None:
-            def body(before=before):
+            def body(before=before, kv=kv):
+                kv = kv or DecodeBatchKV(self.cache, self.tables[:b], positions)
                 piece = self.model.forward_piece(tokens, positions, kv, before, None if before is None else routed)
-                return piece, (self.model.logits(piece.x) if piece.layer is None else None)
+                return piece, (self.model.logits(piece.x) if piece.layer is None else None), kv
 
-            graph, (piece, logits) = self._graph_of(body, pool)
+            graph, (piece, logits, kv) = self._graph_of(body, pool)
             pool = graph.pool()
             graph.replay()
             pieces.append((graph, piece, logits))
             before = piece
         self.pieces[b] = pieces
+        self._piece_kv[b] = kv  # its index tensors live in the pool, written by the first piece
         return pool
 
     def run(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
