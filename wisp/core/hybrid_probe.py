@@ -2,7 +2,8 @@
 
 - copy_s: one expert copied from its pinned host master into a device tensor (the median of `repeats`);
 - cpu_s_at_rows: one expert's pairs computed on the CPU from the host master with the CPU kernel the layer
-  will use (`wisp.core.cpu_expert_kernels.CPU_EXPERT_KERNELS`) for each row count, the fastest of `repeats`
+  will use (`wisp.core.cpu_expert_kernels.CPU_EXPERT_KERNELS`) for each row count, the fastest of `repeats` + 2
+  after three warm-up calls
   (what the CPU can do: `CpuPace` scales it by what steps measure; a median let one busy moment at load,
   12 ms for a 0.24 ms OLMoE expert on the H200's host, shut the CPU out for good), then a running maximum
   so the curve never falls with rows (a timing dip would break `split_misses`' exactness argument);
@@ -33,8 +34,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_s(fn, device: torch.device, repeats: int, pick=statistics.median) -> float:
-    fn()  # warm-up
+def _timed_s(fn, device: torch.device, repeats: int, pick=statistics.median, warm_ups: int = 1) -> float:
+    for _ in range(warm_ups):
+        fn()
     times = []
     for _ in range(repeats):
         _sync(device)
@@ -76,7 +78,7 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
             e = next(turn) % num_experts
             expert_fn(x, host[GATE_UP][e], host[DOWN][e], extras_at(extras, e), activation)
 
-        cpu_s.append(_timed_s(cpu_one, torch.device("cpu"), repeats, pick=min))
+        cpu_s.append(_timed_s(cpu_one, torch.device("cpu"), repeats + 2, pick=min, warm_ups=3))
     for i in range(1, len(cpu_s)):
         cpu_s[i] = max(cpu_s[i], cpu_s[i - 1])
     hidden = torch.zeros((1, d), dtype=dtype, device=device)

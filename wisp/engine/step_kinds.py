@@ -6,7 +6,8 @@ the step's kernel launches. As paged mode's CUDA graph, it has no CPU help but n
 is faster depends on the model and the cap, not on one step: on the H200 with the real Mixtral trace the
 CPU's help was worth 51 ms a token at C = 2 (eager 251 ms against the graph's 302) and less than the
 graph's saving at C = 4 and 6 (201 against 179, 110 against 87); on OLMoE-1B-7B the graph always won.
-So the runner measures both, per batch size, by the wall time of whole steps, and runs the faster.
+So the runner measures both, per batch size, by the wall time of whole steps, and runs the faster. (Where
+graphs exist, the CPU-helped kind replays the graph's pieces with the experts eager between them.)
 
 For each batch size: the first `sample` decode steps run eagerly, the next `sample` as graphs; after that
 the kind with the lower median step time runs, except that the first `sample` steps of every
@@ -51,6 +52,11 @@ class StepKindChooser:
         if any(len(t) < self.sample for t in times.values()):
             return None
         return min((GRAPH, EAGER), key=lambda kind: statistics.median(times[kind]))
+
+    def medians(self) -> dict[str, dict[str, float]]:
+        """Per batch size (as a string: JSON keys), each kind's median step time in its window so far."""
+        return {str(b): {kind: round(statistics.median(t), 6) for kind, t in times.items() if t}
+                for b, times in sorted(self.times.items())}
 
     def record(self, batch_size: int, kind: str, seconds: float) -> None:
         self._times(batch_size)[kind].append(seconds)
