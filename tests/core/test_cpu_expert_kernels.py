@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wisp.core.cpu_expert_kernels import (LANES, applies, bf16_rows_matmul, native_expert_mlp, native_kernel_error,
+from wisp.core.cpu_expert_kernels import (CPU_EXPERT_KERNELS, LANES, applies, bf16_grouped_rows_matmul,
+                                          bf16_rows_matmul, native_experts_mlp, native_kernel_error, one_at_a_time,
                                           plain_expert_mlp)
 from wisp.core.expert_extras import Activation, ExpertExtras
 
@@ -61,8 +62,10 @@ def test_the_native_kernels_bits_do_not_depend_on_the_thread_count():
 
 def test_the_native_kernel_refuses_what_it_cannot_read():
     x, w = torch.randn(1, 32), torch.randn(8, 32).to(torch.bfloat16)
-    with pytest.raises(RuntimeError, match="float32 x, bfloat16 w"):
+    with pytest.raises(RuntimeError, match="float32 x"):
         bf16_rows_matmul(x.to(torch.bfloat16), w)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        bf16_rows_matmul(x, w.float())
     with pytest.raises(RuntimeError, match="multiple of 16"):
         bf16_rows_matmul(torch.randn(1, 24), torch.randn(8, 24).to(torch.bfloat16))
 
@@ -79,7 +82,7 @@ def test_a_native_expert_is_close_to_torchs_plain_one(activation, biased):
         extras = ExpertExtras(gate_up_bias=torch.randn(2 * i, generator=g).to(torch.bfloat16),
                               down_bias=torch.randn(d, generator=g).to(torch.bfloat16))
     x = torch.randn((3, d), generator=g).to(torch.bfloat16)
-    out = native_expert_mlp(x, w_gate_up, w_down, extras, activation)
+    out = native_experts_mlp(x, [3], [w_gate_up], [w_down], [extras], activation)
     assert out.dtype == torch.float32  # the activation and both sums in float32
     ref = plain_expert_mlp(x.float(), w_gate_up.float(), w_down.float(),
                            None if extras is None else ExpertExtras(gate_up_bias=extras.gate_up_bias.float(),
@@ -90,8 +93,38 @@ def test_a_native_expert_is_close_to_torchs_plain_one(activation, biased):
 def test_weights_it_does_not_read_go_to_torchs_kernel():
     x, w_gate_up, w_down = torch.randn(2, 32), torch.randn(64, 32), torch.randn(32, 32)
     assert not applies(w_gate_up, w_down, None)  # float32 weights
-    assert torch.equal(native_expert_mlp(x, w_gate_up, w_down), plain_expert_mlp(x, w_gate_up, w_down))
+    assert torch.equal(native_experts_mlp(x, [2], [w_gate_up], [w_down], [None]), plain_expert_mlp(x, w_gate_up, w_down))
     assert not applies(w_gate_up.to(torch.bfloat16)[:, :24], w_down.to(torch.bfloat16), None)  # K = 24
+
+
+def test_a_layers_experts_at_once_give_each_experts_bits_alone():
+    g = torch.Generator().manual_seed(4)
+    d, i, counts = 64, 32, [2, 0, 1, 3]
+    gate_ups = [torch.randn((2 * i, d), generator=g).to(torch.bfloat16) for _ in counts]
+    downs = [torch.randn((d, i), generator=g).to(torch.bfloat16) for _ in counts]
+    extras = [ExpertExtras(gate_up_bias=torch.randn(2 * i, generator=g), down_bias=torch.randn(d, generator=g))
+              for _ in counts]
+    x = torch.randn((sum(counts), d), generator=g)
+    together = native_experts_mlp(x, counts, gate_ups, downs, extras)
+    alone = one_at_a_time(lambda *a: native_experts_mlp(a[0], [a[0].shape[0]], [a[1]], [a[2]], [a[3]], a[4]))
+    assert torch.equal(together, alone(x, counts, gate_ups, downs, extras))
+    h = bf16_grouped_rows_matmul(x, gate_ups, counts)
+    assert torch.equal(h[2:3], bf16_rows_matmul(x[2:3], gate_ups[2]))  # row 2: the third expert's one row
+    with pytest.raises(RuntimeError, match="offsets"):
+        bf16_grouped_rows_matmul(x, gate_ups, [1, 1, 1, 1])  # rows left over
+
+
+def test_every_kernel_takes_a_layers_experts_and_agrees_with_the_reference():
+    g = torch.Generator().manual_seed(5)
+    d, i, counts = 32, 16, [1, 3]
+    gate_ups = [(torch.randn((2 * i, d), generator=g) / d ** 0.5).to(torch.bfloat16) for _ in counts]
+    downs = [(torch.randn((d, i), generator=g) / i ** 0.5).to(torch.bfloat16) for _ in counts]
+    x = torch.randn((4, d), generator=g).to(torch.bfloat16)
+    ref = CPU_EXPERT_KERNELS["reference"](x, counts, gate_ups, downs, [None, None])
+    for name, kernel in CPU_EXPERT_KERNELS.items():
+        out = kernel(x, counts, gate_ups, downs, [None, None])
+        assert out.shape == (4, d) and out.dtype == torch.float32
+        torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2, msg=name)
 
 
 SHARED_RUNTIME = """

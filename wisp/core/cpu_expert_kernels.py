@@ -18,14 +18,18 @@ Invariants:
   lanes, folded in a fixed order, with no contraction into FMAs (tested against itself at 1 and 2
   threads, and against a float64 reference within float32's rounding);
 - the kernel is only called where it applies (bf16 weights, no quantization scales, K a multiple of 16);
-  `native_expert_mlp` hands anything else to torch's plain kernel.
+  `native_experts_mlp` hands anything else to torch's plain kernel;
+- every kernel here takes a layer's CPU experts at once (`ExpertsKernel`); the native one computes each
+  output exactly as it would for that expert alone (one thread's sum, in the same order).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +53,7 @@ def _build() -> str | None:
         cpp_extension.load(name="wisp_cpu", sources=[str(SOURCE)], is_python_module=False,
                            extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
                            extra_ldflags=["-fopenmp"])  # links libgomp.so.1: the runtime torch already loaded
-        torch.ops.wisp_cpu.bf16_rows_matmul  # noqa: B018 (registered, or raises)
+        torch.ops.wisp_cpu.bf16_grouped_rows_matmul  # noqa: B018 (registered, or raises)
     except Exception as exc:  # no compiler, no ninja, a build error: say why, once
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
         log.warning("hybrid mode's native CPU kernel did not build (%s); using torch's", reason)
@@ -62,11 +66,18 @@ def native_kernel_error() -> str | None:
     return _build()
 
 
-def bf16_rows_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float32, w [N, K] bf16 (both contiguous, on the CPU) -> x @ w.T [M, N] float32."""
+def bf16_grouped_rows_matmul(x: torch.Tensor, weights: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
+    """x [M, K] float32 in groups of `counts` rows, group g against weights[g] [N, K] bf16 (all contiguous, on
+    the CPU) -> [M, N] float32, in one parallel region."""
     if (reason := _build()) is not None:
         raise RuntimeError(f"the native CPU kernel is not available: {reason}")
-    return torch.ops.wisp_cpu.bf16_rows_matmul(x, w)
+    offsets = [0, *itertools.accumulate(counts)]
+    return torch.ops.wisp_cpu.bf16_grouped_rows_matmul(x, weights, offsets)
+
+
+def bf16_rows_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32, w [N, K] bf16 -> x @ w.T [M, N] float32 (one group)."""
+    return bf16_grouped_rows_matmul(x, [w], [x.shape[0]])
 
 
 def applies(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None) -> bool:
@@ -76,21 +87,45 @@ def applies(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras 
             and w_gate_up.shape[-1] % LANES == 0 and w_down.shape[-1] % LANES == 0)
 
 
-def native_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                      extras: ExpertExtras | None = None, activation: Activation = SILU) -> torch.Tensor:
-    """One expert on the rows x [M, D] (bf16 weights [2I, D] and [D, I]): [M, D] float32, the
-    activation taken in float32; biases added in float32. Other weights: torch's plain kernel."""
-    if not applies(w_gate_up, w_down, extras):
-        return plain_expert_mlp(x, w_gate_up, w_down, extras, activation)
-    h = bf16_rows_matmul(x.float().contiguous(), w_gate_up.contiguous())  # [M, 2I]
-    if extras is not None and extras.gate_up_bias is not None:
-        h = h + extras.gate_up_bias.float()
+ExpertsKernel = Callable[..., torch.Tensor]
+"""`kernel(x, counts, gate_ups, downs, extras, activation)`: a layer's CPU experts at once. x [M, D] holds each
+expert's rows in turn (`counts` of them), gate_ups / downs / extras are per expert; returns [M, D] float32."""
+
+
+def one_at_a_time(expert_fn) -> ExpertsKernel:
+    """The experts kernel that runs the one-expert kernel `expert_fn(x, w_gate_up, w_down, extras, activation)`
+    on each expert's rows in turn."""
+    def experts(x: torch.Tensor, counts: list[int], gate_ups, downs, extras, activation: Activation = SILU):
+        outs, start = [], 0
+        for n, w_gate_up, w_down, ex in zip(counts, gate_ups, downs, extras):
+            outs.append(expert_fn(x[start : start + n], w_gate_up, w_down, ex, activation).float())
+            start += n
+        return torch.cat(outs) if outs else x.new_zeros((0, x.shape[1]), dtype=torch.float32)
+
+    return experts
+
+
+def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.Tensor], downs: list[torch.Tensor],
+                       extras: list[ExpertExtras | None], activation: Activation = SILU) -> torch.Tensor:
+    """A layer's CPU experts with the native kernel: both GEMVs of every expert in one parallel region each,
+    the activation in float32 between, biases added in float32 ([M, D] float32). Where some expert's weights
+    are not plain bf16: torch's plain kernel, one expert at a time."""
+    if not all(applies(gu, dn, ex) for gu, dn, ex in zip(gate_ups, downs, extras)):
+        return one_at_a_time(plain_expert_mlp)(x, counts, gate_ups, downs, extras, activation)
+    h = bf16_grouped_rows_matmul(x.float().contiguous(), [w.contiguous() for w in gate_ups], counts)  # [M, 2I]
+    if any(ex is not None and ex.gate_up_bias is not None for ex in extras):
+        h = h + _bias_rows([ex.gate_up_bias for ex in extras], counts)
     gate, up = h.chunk(2, dim=-1)  # [M, I] each
     a = F.silu(gate) * up if activation == SILU else activation(gate, up)
-    out = bf16_rows_matmul(a.contiguous(), w_down.contiguous())  # [M, D]
-    if extras is not None and extras.down_bias is not None:
-        out = out + extras.down_bias.float()
+    out = bf16_grouped_rows_matmul(a.contiguous(), [w.contiguous() for w in downs], counts)  # [M, D]
+    if any(ex is not None and ex.down_bias is not None for ex in extras):
+        out = out + _bias_rows([ex.down_bias for ex in extras], counts)
     return out
+
+
+def _bias_rows(biases: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
+    """Each expert's bias repeated over its rows, float32 [M, N]."""
+    return torch.cat([b.float().expand(n, -1) for b, n in zip(biases, counts)])
 
 
 def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
@@ -104,8 +139,8 @@ def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Ten
     return F.linear(h, w_down, b_down)
 
 
-CPU_EXPERT_KERNELS = {"native": native_expert_mlp, "plain": plain_expert_mlp,
-                      "reference": expert_mlp}  # wisp.options.HYBRID_CPU_KERNELS
+CPU_EXPERT_KERNELS: dict[str, ExpertsKernel] = {  # wisp.options.HYBRID_CPU_KERNELS
+    "native": native_experts_mlp, "plain": one_at_a_time(plain_expert_mlp), "reference": one_at_a_time(expert_mlp)}
 
 
 def default_cpu_kernel(device: torch.device) -> str:

@@ -34,12 +34,11 @@ import torch
 from wisp.core.counters import ExpertCounters
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
 from wisp.core.experts import PagedExperts, ZeroCopyExperts
-from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, default_cpu_kernel
+from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, ExpertsKernel, default_cpu_kernel
 from wisp.core.expert_extras import SILU, Activation, extras_at, extras_of
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
 from wisp.core.kernels import MoEKernels
-from wisp.core.moe import expert_mlp
 
 
 class CpuServed:
@@ -55,7 +54,7 @@ class CpuServed:
         self.costs = costs  # as probed
         self.pace = pace or CpuPace()
         self.cpu_kernel = cpu_kernel or default_cpu_kernel(torch.device(device))
-        self.cpu_expert = CPU_EXPERT_KERNELS[self.cpu_kernel]
+        self.cpu_experts = CPU_EXPERT_KERNELS[self.cpu_kernel]
         self.last_split: MissSplit | None = None
 
     def _split(self, misses: list[tuple[int, int]]) -> MissSplit:
@@ -70,7 +69,7 @@ class CpuServed:
         hidden_host, ids_host = hidden.cpu(), topk_ids.cpu()
         per_k = gpu_pairs()  # enqueued
         kernel_start = time.perf_counter()
-        pairs, rows = cpu_pair_rows(hidden_host, ids_host, self.cpu_host, split.to_cpu, k, self.cpu_expert,
+        pairs, rows = cpu_pair_rows(hidden_host, ids_host, self.cpu_host, split.to_cpu, k, self.cpu_experts,
                                     self.kernels.activation)  # meanwhile
         kernel_s = time.perf_counter() - kernel_start
         per_k[pairs.to(per_k.device)] = rows.to(per_k.device)  # waits for the GPU's side too
@@ -146,15 +145,15 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
 
 
 def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, torch.Tensor], experts, top_k: int,
-                  expert_fn=expert_mlp, activation: Activation = SILU) -> tuple[torch.Tensor, torch.Tensor]:
+                  experts_fn: ExpertsKernel = CPU_EXPERT_KERNELS["reference"],
+                  activation: Activation = SILU) -> tuple[torch.Tensor, torch.Tensor]:
     """On the CPU: the flat (token, k) pair indices routed to `experts` and their float32 outputs
-    ([M], [M, D]), each expert's pairs in token order, computed from the host masters."""
+    ([M], [M, D]), each expert's pairs in token order, computed from the host masters in one call of
+    `experts_fn` (`wisp.core.cpu_expert_kernels`)."""
     flat = topk_ids.reshape(-1)
     extras = extras_of(host)
-    pairs, rows = [], []
-    for expert in experts:
-        routed = (flat == expert).nonzero().squeeze(1)  # [m] ascending: token order
-        pairs.append(routed)
-        rows.append(expert_fn(hidden[routed // top_k], host[GATE_UP][expert], host[DOWN][expert],
-                              extras_at(extras, expert), activation).float())
-    return torch.cat(pairs), torch.cat(rows)
+    routed = [(flat == expert).nonzero().squeeze(1) for expert in experts]  # [m] each, ascending: token order
+    pairs = torch.cat(routed)
+    rows = experts_fn(hidden[pairs // top_k], [len(r) for r in routed], [host[GATE_UP][e] for e in experts],
+                      [host[DOWN][e] for e in experts], [extras_at(extras, e) for e in experts], activation)
+    return pairs, rows

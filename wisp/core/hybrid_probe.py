@@ -57,7 +57,7 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
     dtype = dtype or host[GATE_UP].dtype
     if not dtype.is_floating_point:
         raise ValueError(f"quantized experts ({dtype}) need the model's compute dtype to be probed")
-    expert_fn = CPU_EXPERT_KERNELS[cpu_kernel or default_cpu_kernel(device)]
+    experts_fn = CPU_EXPERT_KERNELS[cpu_kernel or default_cpu_kernel(device)]
     num_experts = host[GATE_UP].shape[0]
     extras = extras_of(host)
     dest = {name: torch.empty(t.shape[1:], dtype=t.dtype, device=device) for name, t in host.items()}
@@ -76,7 +76,7 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
 
         def cpu_one(x=x):
             e = next(turn) % num_experts
-            expert_fn(x, host[GATE_UP][e], host[DOWN][e], extras_at(extras, e), activation)
+            experts_fn(x, [n], [host[GATE_UP][e]], [host[DOWN][e]], [extras_at(extras, e)], activation)
 
         cpu_s.append(_timed_s(cpu_one, torch.device("cpu"), repeats + 2, pick=min, warm_ups=3))
     for i in range(1, len(cpu_s)):

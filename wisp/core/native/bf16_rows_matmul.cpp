@@ -1,5 +1,6 @@
-// out[m, n] = sum_k x[m, k] * w[n, k]: float32 rows x [M, K] against bf16 weights w [N, K], float32 out [M, N].
-// Hybrid mode's CPU expert kernel (wisp.core.cpu_matmul). At a decode step's few rows it is bound by
+// out[m, n] = sum_k x[m, k] * w[n, k]: float32 rows x [M, K] against bf16 weights w [N, K], float32 out [M, N],
+// for groups of rows each against its own w (a layer's CPU experts).
+// Hybrid mode's CPU expert kernel (wisp.core.cpu_expert_kernels). At a decode step's few rows it is bound by
 // reading w, so it reads each weight once for all M rows, kBlock weight rows at a time (independent
 // streams and sums: on the H200's 16-core host 4 rows read an OLMoE expert at 71 GB/s, one row at 56,
 // torch's bf16 GEMV at 44; a software prefetch only slowed it). Threads come from ATen's pool
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -44,22 +46,32 @@ inline void block_dot(const uint16_t* w, const float* x, int64_t depth, int64_t 
   for (int64_t r = 0; r < count; ++r) out[r] = fold(acc[r]);
 }
 
-at::Tensor bf16_rows_matmul(const at::Tensor& x, const at::Tensor& w) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [M, K] and w [N, K] expected");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kBFloat16, "float32 x, bfloat16 w expected");
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && w.size(1) % kLanes == 0, "contiguous, K a multiple of 16");
-  const int64_t rows = x.size(0), n_out = w.size(0), depth = w.size(1);
-  at::Tensor out = at::empty({rows, n_out}, x.options());
+// Expert e's rows x[offsets[e] : offsets[e + 1]] against its weights ws[e] [N, K], all in one parallel
+// region (one wake-up of the team for a layer's CPU experts, not one per expert and GEMV).
+at::Tensor bf16_grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::IntArrayRef offsets) {
+  TORCH_CHECK(!ws.empty() && offsets.size() == ws.size() + 1, "one weight per group, offsets [groups + 1]");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "float32 x [M, K] expected");
+  const int64_t n_out = ws[0].size(0), depth = ws[0].size(1);
+  TORCH_CHECK(x.size(1) == depth && depth % kLanes == 0, "x [M, K], K a multiple of 16");
+  TORCH_CHECK(offsets[0] == 0 && offsets.back() == x.size(0), "offsets must run from 0 to M");
+  std::vector<const uint16_t*> weights;
+  for (size_t e = 0; e < ws.size(); ++e) {
+    const at::Tensor& w = ws[e];
+    TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.dim() == 2 && w.size(0) == n_out &&
+                w.size(1) == depth, "every w: contiguous bfloat16 [N, K], the same shape");
+    TORCH_CHECK(offsets[e] <= offsets[e + 1], "offsets must not decrease");
+    weights.push_back(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()));
+  }
+  at::Tensor out = at::empty({x.size(0), n_out}, x.options());
   const float* xs = x.data_ptr<float>();
-  const uint16_t* ws = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   float* outs = out.data_ptr<float>();
   const int64_t blocks = (n_out + kBlock - 1) / kBlock;
-  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, blocks * int64_t(ws.size()), 8, [&](int64_t begin, int64_t end) {
     float tile[kBlock];
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t n = b * kBlock, count = std::min(kBlock, n_out - n);
-      for (int64_t m = 0; m < rows; ++m) {
-        block_dot(ws + n * depth, xs + m * depth, depth, count, tile);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t e = item / blocks, n = (item % blocks) * kBlock, count = std::min(kBlock, n_out - n);
+      for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
+        block_dot(weights[e] + n * depth, xs + m * depth, depth, count, tile);
         for (int64_t r = 0; r < count; ++r) outs[m * n_out + n + r] = tile[r];
       }
     }
@@ -69,5 +81,5 @@ at::Tensor bf16_rows_matmul(const at::Tensor& x, const at::Tensor& w) {
 
 }  // namespace
 
-TORCH_LIBRARY(wisp_cpu, m) { m.def("bf16_rows_matmul(Tensor x, Tensor w) -> Tensor"); }
-TORCH_LIBRARY_IMPL(wisp_cpu, CPU, m) { m.impl("bf16_rows_matmul", &bf16_rows_matmul); }
+TORCH_LIBRARY(wisp_cpu, m) { m.def("bf16_grouped_rows_matmul(Tensor x, Tensor[] ws, int[] offsets) -> Tensor"); }
+TORCH_LIBRARY_IMPL(wisp_cpu, CPU, m) { m.impl("bf16_grouped_rows_matmul", &bf16_grouped_rows_matmul); }
