@@ -102,3 +102,13 @@ def test_where_the_cpu_could_help_graph_and_eager_steps_are_both_measured(hf_che
         assert stats["expert_cpu_computed"] > 0
     else:
         assert not runner.step_kinds.picks and stats["graph_steps"] == stats["piece_steps"] == 0
+
+
+@pytest.mark.parametrize("mode, cap", [("hybrid", 0), ("zero-copy", None)])
+def test_a_plan_for_an_engine_without_slots_says_it_has_none(hf_checkpoints, mode, cap):
+    from wisp.errors import WispError
+
+    llm = LLM(str(hf_checkpoints["mixtral"]), device="cpu", mode=mode, expert_cap=cap, dtype="float32",
+              hybrid_costs=CPU_CHEAP if mode == "hybrid" else None)
+    with pytest.raises(WispError, match=f"runs {mode} with no slots"):
+        llm.engine.apply_plan([2] * len(llm.engine.model.experts), llm.engine.pool.num_blocks)

@@ -232,11 +232,12 @@ class LLMEngine:
         excepted: what is resident decides what the CPU computes, which rounds differently). Returns how long each part
         took (the device synchronised between parts)."""
         self.check_floor(kv_blocks)
+        paged = {li: s for li, s in self.model.experts.items() if isinstance(s, PagedExperts)}
+        if len(paged) != len(self.model.experts):
+            raise WispError("a plan's expert caps resize expert slots: --mode paged, or hybrid with --expert-cap 1 or "
+                            f"more (this engine runs {self.config.mode} with no slots)")
         cfg = EngineConfig(**{**self.config.__dict__, "per_layer_caps": tuple(expert_caps), "expert_cap": None})
         caps = dict(zip(self.model_config.moe_layer_ids, cfg.resolve_layer_caps(self.model_config)))
-        paged = {li: s for li, s in self.model.experts.items() if isinstance(s, PagedExperts)}
-        if len(paged) != len(caps):
-            raise WispError("a plan's expert caps apply to --mode paged or hybrid only")
         clock = ResizeClock(self.device)
         self.runner.drop_graphs()  # they point at the old scratches and KV tensors
         kv_shrinks, kv_s = kv_blocks < self.pool.num_blocks, 0.0

@@ -61,7 +61,7 @@ class LiveSplit:
     def __init__(self, engine, controller: SplitController):
         stores = engine.model.experts
         if not all(isinstance(s, PagedExperts) for s in stores.values()):
-            raise ValueError("the live split controller needs --mode paged or hybrid")
+            raise ValueError("the live split controller resizes expert slots: it needs --mode paged, or hybrid with slots")
         self.engine, self.controller = engine, controller
         self.layers = list(stores)
         self.expert_stacks = ExpertStacks(len(self.layers), engine.model_config.num_experts)

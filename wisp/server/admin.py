@@ -5,7 +5,7 @@ left out of the OpenAPI document. Body: `{"expert_cap": C, "kv_blocks": N}`, eit
 the current size). It runs `LLMEngine.apply_plan([C] * moe_layers, N)` on the engine thread between two steps
 (`AsyncEngine.call`), requests running or not; with only `kv_blocks` (any mode) `resize_kv`. Answers the new
 sizes and how long the resize held the engine. A size the engine refuses (a cap outside top_k..num_experts, KV
-blocks under the admission floor, a cap in a mode without a scratch: not paged or hybrid) is a 400 and changes nothing. With
+blocks under the admission floor, a cap in a mode without expert slots: not paged, nor hybrid with slots) is a 400 and changes nothing. With
 `--api-key` the route needs the bearer key too.
 """
 
