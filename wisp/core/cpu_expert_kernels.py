@@ -14,9 +14,11 @@ computes the rest; a step's CPU side is bound by how fast the CPU reads those ex
 Invariants:
 - one OpenMP runtime: the library links the one torch loaded, so its threads are torch's team, never a
   second team contending for the same cores;
-- bits do not depend on the CPU or the thread count: each output is one thread's sum over k in 16 fixed
-  lanes, folded in a fixed order, with no contraction into FMAs (tested against itself at 1 and 2
-  threads, and against a float64 reference within float32's rounding);
+- the GEMV's bits do not depend on the CPU or the thread count: each output is one thread's sum over k in
+  16 fixed lanes, folded in a fixed order, with no contraction into FMAs (tested against that order spelled
+  out in torch, and at 1 and 2 threads); the activation between the two GEMVs is torch's, whose CPU code
+  may differ with the CPU's SIMD width, so a whole expert is not promised the same bits on every CPU;
+- built once per Python, torch and CPU instruction set (`-march=native`), in its own build folder;
 - the kernel is only called where it applies (bf16 weights, no quantization scales, K a multiple of 16);
   `native_experts_mlp` hands anything else to torch's plain kernel;
 - every kernel here takes a layer's CPU experts at once (`ExpertsKernel`); the native one computes each
@@ -26,8 +28,14 @@ Invariants:
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import logging
+import os
+import platform
+import shutil
+import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -44,13 +52,51 @@ SOURCE = Path(__file__).with_name("native") / "bf16_rows_matmul.cpp"
 LANES = 16  # the kernel's sum runs in 16 lanes: K must be a multiple
 
 
+STALE_LOCK_S = 600  # a build takes under a minute: an older lock file is a killed build's
+
+
+def _cpu_tag() -> str:
+    """This CPU's instruction sets, hashed: a build compiled with -march=native is loaded only by a CPU with
+    the same ones (a shared or baked-in build folder could otherwise hand an AVX-512 build to a CPU without)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return hashlib.sha1(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
+
+
+def _build_directory(name: str) -> Path:
+    """Where the kernel is built: torch's extension folder (TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions),
+    one subfolder per Python, torch and CPU; a lock left by a killed build (torch waits on it for ever) removed."""
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    folder = root / f"{name}_py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}".replace("+", "_")
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+        lock.unlink(missing_ok=True)
+    return folder
+
+
+def _ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH; the ninja this package installs sits beside the interpreter,
+    which is not on PATH when a virtual environment is used without activating it."""
+    if shutil.which("ninja") is None:
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
 @functools.cache
 def _build() -> str | None:
     """Build and load the kernel once per process: None when it loaded, else why it could not."""
     try:
         from torch.utils import cpp_extension
 
-        cpp_extension.load(name="wisp_cpu", sources=[str(SOURCE)], is_python_module=False,
+        _ninja_on_path()
+        name = f"wisp_cpu_{_cpu_tag()}"
+        cpp_extension.load(name=name, sources=[str(SOURCE)], is_python_module=False,
+                           build_directory=str(_build_directory(name)),
                            extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
                            extra_ldflags=["-fopenmp"])  # links libgomp.so.1: the runtime torch already loaded
         torch.ops.wisp_cpu.bf16_grouped_rows_matmul  # noqa: B018 (registered, or raises)
@@ -114,18 +160,18 @@ def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.
         return one_at_a_time(plain_expert_mlp)(x, counts, gate_ups, downs, extras, activation)
     h = bf16_grouped_rows_matmul(x.float().contiguous(), [w.contiguous() for w in gate_ups], counts)  # [M, 2I]
     if any(ex is not None and ex.gate_up_bias is not None for ex in extras):
-        h = h + _bias_rows([ex.gate_up_bias for ex in extras], counts)
+        h = h + _bias_rows([None if ex is None else ex.gate_up_bias for ex in extras], counts, h.shape[1])
     gate, up = h.chunk(2, dim=-1)  # [M, I] each
     a = F.silu(gate) * up if activation == SILU else activation(gate, up)
     out = bf16_grouped_rows_matmul(a.contiguous(), [w.contiguous() for w in downs], counts)  # [M, D]
     if any(ex is not None and ex.down_bias is not None for ex in extras):
-        out = out + _bias_rows([ex.down_bias for ex in extras], counts)
+        out = out + _bias_rows([None if ex is None else ex.down_bias for ex in extras], counts, out.shape[1])
     return out
 
 
-def _bias_rows(biases: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
-    """Each expert's bias repeated over its rows, float32 [M, N]."""
-    return torch.cat([b.float().expand(n, -1) for b, n in zip(biases, counts)])
+def _bias_rows(biases: list[torch.Tensor | None], counts: list[int], width: int) -> torch.Tensor:
+    """Each expert's bias (zeros where it has none) repeated over its rows, float32 [M, width]."""
+    return torch.cat([torch.zeros((n, width)) if b is None else b.float().expand(n, -1) for b, n in zip(biases, counts)])
 
 
 def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,

@@ -9,7 +9,8 @@ graph's saving at C = 4 and 6 (201 against 179, 110 against 87); on OLMoE-1B-7B 
 So the runner measures both, per batch size, by the wall time of whole steps, and runs the faster. (Where
 graphs exist, the CPU-helped kind replays the graph's pieces with the experts eager between them.)
 
-For each batch size: the first `sample` decode steps run eagerly, the next `sample` as graphs; after that
+For each batch size: the first `sample` decode steps run with the CPU's help (EAGER: the graph's pieces with
+the experts eager between, where captured), the next `sample` as whole graphs; after that
 the kind with the lower median step time runs, except that the first `sample` steps of every
 `explore_every` re-measure the other kind (routing and the host change). Only consulted where both kinds
 are possible and the model says the CPU could help a step (`MoEDecoder.graph_step_ok` is false); where
