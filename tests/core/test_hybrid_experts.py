@@ -85,12 +85,14 @@ def test_each_cpu_step_is_measured_and_a_cpu_measured_slow_gets_nothing_more():
     _, hidden, ids, weights = make(n, 1, k, 1, torch.float32)
     hybrid.forward(hidden, ids, weights)
     paged.forward(hidden, ids, weights)
+    hybrid.begin_step(2)  # the next step begins: the first one's ratio is recorded
     assert hybrid.last_split.to_cpu and len(pace.ratios) == 1  # one step, one measurement
     assert pace.totals.steps == 1 and 0 < pace.totals.kernel_s <= pace.totals.wall_s
     assert pace.totals.predicted_s == hybrid.last_split.predicted_s
     assert not hybrid.graph_step_ok(2)
     for _ in range(pace.ratios.maxlen):
         pace.observe(100.0, 1.0)  # the CPU took far longer than predicted
+        pace.end_step()
     assert hybrid.graph_step_ok(2)
     on_cpu = hybrid.counters.cpu_computed
     for step, t in enumerate(STEPS):

@@ -9,30 +9,36 @@ from hypothesis import given, settings, strategies as st
 from wisp.core.hybrid_pace import MAX_FACTOR, MIN_FACTOR, CpuPace
 from wisp.core.hybrid_split import HybridCosts, split_misses
 
+
+def step(pace: CpuPace, wall_s: float, predicted_s: float) -> None:
+    """One model step whose CPU layers took wall_s against predicted_s."""
+    pace.observe(wall_s, predicted_s)
+    pace.end_step()
+
 COSTS = HybridCosts(copy_s=6.5e-3, cpu_rows=(1, 4), cpu_s_at_rows=(5.5e-3, 6.0e-3), cpu_overhead_s=1e-4)
 
 
 def test_the_factor_is_one_until_measured_then_the_window_median_within_the_clamps():
     pace = CpuPace(window=3, min_ratios=2)
     assert pace.factor == 1.0 and pace.costs(COSTS) is COSTS
-    pace.observe(16.0, 1.0)  # one slow step (a cold first one) changes nothing yet
+    step(pace, 16.0, 1.0)  # one slow step (a cold first one) changes nothing yet
     assert pace.factor == 1.0 and pace.costs(COSTS) is COSTS
     for wall in (3.0, 100.0, 2.5):  # the first ratio leaves the window of 3
-        pace.observe(wall, 1.0)
+        step(pace, wall, 1.0)
     assert pace.factor == 3.0 and max(pace.ratios) == MAX_FACTOR
-    pace.observe(1e-9, 1.0)
-    pace.observe(1e-9, 1.0)
+    step(pace, 1e-9, 1.0)
+    step(pace, 1e-9, 1.0)
     assert pace.factor == MIN_FACTOR
-    pace.observe(1.0, 0.0)  # nothing predicted: nothing learnt
+    step(pace, 1.0, 0.0)  # nothing predicted: nothing learnt
     assert len(pace.ratios) == 3
     fixed = CpuPace(learn=False, min_ratios=1)
-    fixed.observe(5.0, 1.0)
+    step(fixed, 5.0, 1.0)
     assert fixed.factor == 1.0 and fixed.totals.steps == 1 and fixed.costs(COSTS) is COSTS
 
 
 def test_scaled_costs_scale_the_cpu_side_only():
     pace = CpuPace(min_ratios=1)
-    pace.observe(2.0, 1.0)
+    step(pace, 2.0, 1.0)
     scaled = pace.costs(COSTS)
     assert scaled.copy_s == COSTS.copy_s and scaled.cpu_rows == COSTS.cpu_rows
     assert scaled.cpu_s_at_rows == pytest.approx([2 * s for s in COSTS.cpu_s_at_rows])
@@ -43,17 +49,17 @@ def test_scaled_costs_scale_the_cpu_side_only():
 def test_every_explore_every_th_step_uses_the_probe_and_starts_a_fresh_window():
     pace = CpuPace(explore_every=4)
     for _ in range(pace.min_ratios):
-        pace.observe(10.0, 1.0)
-    for step in (1, 2, 3):
-        pace.begin_step(step)
-        pace.begin_step(step)  # every layer calls it: one step
+        step(pace, 10.0, 1.0)
+    for number in (1, 2, 3):
+        pace.begin_step(number)
+        pace.begin_step(number)  # every layer calls it: one step
         assert not pace.exploring and pace.costs(COSTS) is not COSTS
     assert not pace.cpu_can_help(COSTS, 2) and pace.graph_step_ok(COSTS, 2)  # 10x slower: no use for the CPU
     pace.begin_step(4)
     assert pace.exploring and not pace.ratios and pace.costs(COSTS) is COSTS
     assert pace.cpu_can_help(COSTS, 2) and not pace.graph_step_ok(COSTS, 2)
     pace.observe(4.0, 1.0)
-    pace.begin_step(5)
+    pace.begin_step(5)  # closes step 4
     assert not pace.exploring and pace.factor == 1.0  # one ratio in the fresh window: not yet used
 
 
@@ -65,7 +71,7 @@ def test_cpu_can_help_is_exact(copy_ms, cpu_ms, overhead_ms, factor, max_misses,
     cpu = sorted(cpu_ms)
     costs = HybridCosts(copy_ms / 1e3, tuple(range(1, len(cpu) + 1)), tuple(c / 1e3 for c in cpu), overhead_ms / 1e3)
     pace = CpuPace(min_ratios=1)
-    pace.observe(factor, 1.0)
+    step(pace, factor, 1.0)
     scaled = pace.costs(costs)
     used = [split_misses(list(enumerate(rows[:n])), scaled).to_cpu for n in range(1, max_misses + 1)]
     one_row_each = split_misses([(e, 1) for e in range(max_misses)], scaled).to_cpu
@@ -75,11 +81,18 @@ def test_cpu_can_help_is_exact(copy_ms, cpu_ms, overhead_ms, factor, max_misses,
         assert one_row_each  # the lightest such step uses the CPU
 
 
-def test_the_window_needs_min_ratios_and_refuses_impossible_ones():
+def test_the_window_needs_min_ratios_of_whole_steps_and_refuses_impossible_ones():
     pace = CpuPace(window=4, min_ratios=3)
-    for i, wall in enumerate((8.0, 1.0, 1.2)):
-        assert pace.factor == 1.0, i
+    pace.begin_step(1)
+    for layer in range(16):  # a cold first step: every layer slow, one ratio
+        pace.observe(8.0, 1.0)
+        assert pace.factor == 1.0 and not pace.ratios
+    for number, wall in ((2, 1.0), (3, 1.2)):
+        pace.begin_step(number)
+        assert pace.factor == 1.0
         pace.observe(wall, 1.0)
-    assert pace.factor == 1.2  # the median of three: the cold first step outvoted
+        pace.observe(wall, 1.0)  # a step's layers: their sums make its ratio
+    pace.begin_step(4)
+    assert list(pace.ratios) == [8.0, 1.0, 1.2] and pace.factor == 1.2  # the cold step outvoted
     with pytest.raises(ValueError, match="min_ratios"):
         CpuPace(window=2, min_ratios=3)

@@ -5,10 +5,11 @@ host memory with the copies in flight and pays the rows' trips both ways, and a 
 (on the H200's host one Mixtral expert took 6.4-9.5 ms on the CPU from one run to the next, and 7.8 ms
 while a copy ran). So every hybrid step that uses the CPU measures its wall time, from the split until
 the CPU's rows are on the device (that write waits for the GPU's side of the step as well: no extra
-sync), and records wall / predicted. The split then multiplies the CPU's costs by `factor`, the median
-of the last WINDOW ratios once there are MIN_RATIOS of them: a CPU slower in practice than in the probe
-gets fewer experts, and one that cannot help gets none. (Not from one ratio: on the H200 a process's first
-CPU step took 49 ms against 1 predicted, and one ratio of 16 shut the CPU out until the next exploration.)
+sync); when the model's next step begins, the step's ratio, its layers' wall over their predicted
+times, joins the window. The split then multiplies the CPU's costs by `factor`, the median of the last
+WINDOW steps' ratios once there are MIN_RATIOS of them: a CPU slower in practice than in the probe gets
+fewer experts, and one that cannot help gets none. (Not from one step: on the H200 a process's first CPU
+steps took 8-16x their prediction, and one layer's ratio of 16 shut the CPU out until the next exploration.)
 
 Where the CPU cannot help any step of a batch (with the scaled costs, one CPU expert of one row plus
 the overhead is no faster than the copies it would leave: `cpu_can_help`), the step is a paged step, so
@@ -16,8 +17,9 @@ it may run as paged mode's CUDA graph (`graph_step_ok`). Every EXPLORE_EVERY ste
 probe's costs unscaled and a cleared window (`begin_step`), eagerly, so a CPU that was slow for a while
 (start-up, a noisy neighbour) is measured again.
 
-Invariants: `factor` is 1 until MIN_RATIOS ratios are recorded and always within [MIN_FACTOR, MAX_FACTOR]; an
-exploring step uses the probe's costs as they are; one `CpuPace` serves every layer of a model (one host).
+Invariants: `factor` is 1 until MIN_RATIOS steps' ratios are recorded, changes only between steps, and is always
+within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as they are; one `CpuPace` serves
+every layer of a model (one host).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from dataclasses import dataclass, replace
 
 from wisp.core.hybrid_split import HybridCosts
 
-WINDOW = 16  # ratios kept (across layers: a Mixtral token gives up to one per layer)
-MIN_RATIOS = 3  # ratios the window needs before it scales anything (a median of three outvotes one outlier)
+WINDOW = 16  # steps' ratios kept
+MIN_RATIOS = 3  # steps the window needs before it scales anything (a median of three outvotes one cold step)
 EXPLORE_EVERY = 128  # steps between re-measurements with the probe's costs
 MIN_FACTOR, MAX_FACTOR = 0.5, 16.0
 
@@ -54,6 +56,7 @@ class CpuPace:
         self.learn, self.min_ratios = learn, min_ratios
         self.ratios: deque[float] = deque(maxlen=window)
         self._factor = 1.0  # median(ratios), or 1 while fewer than min_ratios
+        self._open = [0.0, 0.0]  # the current step's CPU layers so far: wall, predicted
         self.explore_every = explore_every
         self.step = 0  # the last step number begun
         self.exploring = False
@@ -67,10 +70,11 @@ class CpuPace:
         return self._factor
 
     def begin_step(self, step: int) -> None:
-        """Before model step number `step` runs (called by every layer; acts once per number): every
-        explore_every-th step explores."""
+        """Before model step number `step` runs (called by every layer; acts once per number): the previous
+        step's ratio joins the window, and every explore_every-th step explores."""
         if step == self.step:
             return
+        self.end_step()
         self.step = step
         self.exploring = step % self.explore_every == 0
         if self.exploring:
@@ -78,12 +82,20 @@ class CpuPace:
             self._factor = 1.0
 
     def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0) -> None:
-        """One CPU step: its wall time, the split's prediction, and the CPU kernels' share of the wall."""
+        """One layer's CPU step: its wall time, the split's prediction, and the CPU kernels' share of the wall."""
         t = self.totals
         t.steps += 1
         t.wall_s += wall_s
         t.predicted_s += predicted_s
         t.kernel_s += kernel_s
+        self._open[0] += wall_s
+        self._open[1] += predicted_s
+
+    def end_step(self) -> None:
+        """The current step's CPU layers are done: their wall over predicted joins the window (nothing if the
+        step predicted nothing, or while not learning)."""
+        wall_s, predicted_s = self._open
+        self._open = [0.0, 0.0]
         if self.learn and predicted_s > 0:
             self.ratios.append(min(MAX_FACTOR, max(MIN_FACTOR, wall_s / predicted_s)))
             if len(self.ratios) >= self.min_ratios:
