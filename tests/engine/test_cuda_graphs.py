@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from wisp.config import EngineConfig
+from wisp.core.hybrid_split import HybridCosts
 from wisp.engine.cuda_graphs import DecodeGraphs
 from wisp.engine.engine import LLMEngine
+from wisp.engine.kv_cache import DecodeBatchKV
 from wisp.engine.sampling import SamplingParams
 
 if not torch.cuda.is_available():
@@ -89,3 +91,21 @@ def test_a_step_replayed_as_pieces_equals_the_whole_graph(mode, cap):
         assert torch.equal(whole, pieces), position
         one = graphs.run_pieces(tokens[:1], [position], tables[:1], lambda p: model.routed_experts(p, graph_safe=True))
         assert torch.equal(one[0], whole[0]), position  # and batch invariant
+
+
+def test_a_hybrid_step_replayed_as_pieces_equals_its_eager_step():
+    """Hybrid with no slots (stateless: the split depends only on the routing and the costs, fixed here):
+    the pieces with the experts between them, the CPU computing most, equal the same step run eagerly."""
+    cpu_cheap = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))
+    eng = engine("hybrid", 0, False, hybrid_costs=cpu_cheap)
+    model, blocks = eng.model, eng.pool.allocate(3)
+    next(iter(model.experts.values())).pace.learn = False  # one pace for every layer: the costs stay as given
+    graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True)
+    tables = [[blocks[0]], [blocks[1]]]
+    for position in range(6):
+        tokens = [7 + position, 100 + 3 * position]
+        pieces = graphs.run_pieces(tokens, [position] * 2, tables, model.routed_experts).clone()
+        assert all(store.last_split.to_cpu for store in model.experts.values())  # the CPU helped every layer
+        kv = DecodeBatchKV(eng.kv, graphs.tables[:2], graphs.positions[:2])  # the same staged inputs
+        eager = model.logits(model.forward_batch(graphs.tokens[:2], graphs.positions[:2], kv))
+        assert torch.equal(pieces, eager), position
