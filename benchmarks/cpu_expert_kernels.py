@@ -1,0 +1,118 @@
+"""How fast does each hybrid CPU kernel compute one expert, alone and while the GPU reads other experts in place?
+
+Hybrid mode with no slots splits a decode step's experts between the CPU (`wisp.core.cpu_expert_kernels`)
+and the GPU's kernel reading the rest straight from the same pinned host memory. On the H200 the native
+kernel read an OLMoE expert at about 71 GB/s alone, but inside a step it took about 1 ms (13 GB/s). This
+separates the suspects: for each kernel and thread count it times one expert at `--rows` rows, cycling over
+the bank so no cache helps (GB/s of weights read, median), alone and, on CUDA, while a side stream keeps the
+Triton MoE kernel reading the other half of the experts in place (`pairs_by_map`, top-k of them a launch;
+its rate alone is reported too).
+
+    python benchmarks/cpu_expert_kernels.py --threads 16,8 --out cpu_expert_kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, native_kernel_error
+from wisp.core.expert_major import DOWN, GATE_UP
+
+
+def expert_rate(kernel, bank: dict[str, torch.Tensor], experts: range, rows: int, repeats: int) -> float:
+    """GB/s of weights one expert's call reads, the median over `repeats` calls on experts in turn."""
+    d = bank[DOWN].shape[1]
+    x = torch.randn((rows, d)).to(bank[GATE_UP].dtype)
+    nbytes = bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes
+    times = []
+    for i in range(repeats + 3):
+        e = experts[(i * 7) % len(experts)]
+        start = time.perf_counter()
+        kernel(x, [rows], [bank[GATE_UP][e]], [bank[DOWN][e]], [None])
+        if i >= 3:  # three warm-ups
+            times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times) / 1e9
+
+
+class InPlaceReads:
+    """The GPU's side of a no-slot hybrid step, on a loop: the Triton kernel reading `top_k` experts of
+    `experts` in place per launch, on a side stream, until stopped."""
+
+    def __init__(self, bank: dict[str, torch.Tensor], experts: range, top_k: int):
+        from wisp.core.kernels import moe_kernels
+
+        self.bank, self.kernels = bank, moe_kernels("triton")
+        d, n = bank[DOWN].shape[1], bank[GATE_UP].shape[0]
+        self.hidden = torch.randn((1, d), device="cuda").to(bank[GATE_UP].dtype)
+        self.ids = torch.tensor([[experts[i % len(experts)] for i in range(top_k)]], device="cuda")
+        self.expert_map = torch.arange(n, dtype=torch.int32, device="cuda")
+        self.out = torch.zeros((top_k, d), dtype=torch.float32, device="cuda")
+        self.stream = torch.cuda.Stream()
+        self.nbytes = top_k * (bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes)
+
+    def launch(self, times: int) -> None:
+        with torch.cuda.stream(self.stream):
+            for _ in range(times):
+                self.kernels.pairs_by_map(self.out, self.hidden, self.bank[GATE_UP], self.bank[DOWN], self.ids,
+                                          self.expert_map)
+
+    def rate(self, launches: int) -> float:
+        self.stream.synchronize()
+        start = time.perf_counter()
+        self.launch(launches)
+        self.stream.synchronize()
+        return launches * self.nbytes / (time.perf_counter() - start) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=2048, help="D (OLMoE-1B-7B: 2048)")
+    ap.add_argument("--intermediate", type=int, default=1024, help="I (OLMoE-1B-7B: 1024)")
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--threads", default=str(torch.get_num_threads()), help="comma-separated torch thread counts")
+    ap.add_argument("--repeats", type=int, default=48)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    n, d, i = args.experts, args.hidden, args.intermediate
+    bank = {GATE_UP: torch.empty((n, 2 * i, d), dtype=torch.bfloat16, pin_memory=cuda),
+            DOWN: torch.empty((n, d, i), dtype=torch.bfloat16, pin_memory=cuda)}
+    for t in bank.values():
+        t.copy_(torch.randn(t.shape) / d ** 0.5)
+    cpu_experts, gpu_experts = range(n // 2), range(n // 2, n)
+    kernels = [k for k in CPU_EXPERT_KERNELS if k != "native" or native_kernel_error() is None]
+    rec = {"shape": {"hidden": d, "intermediate": i, "experts": n, "rows": args.rows}, "cpu_kernels": kernels,
+           "native_error": native_kernel_error(), "gpu": torch.cuda.get_device_name() if cuda else None, "alone": {}}
+    gpu = InPlaceReads(bank, gpu_experts, args.top_k) if cuda else None
+    if gpu is not None:
+        gpu.rate(5)  # compiles the kernel
+        rec["gpu_in_place_gbps_alone"] = round(gpu.rate(50), 1)
+        rec["beside_gpu"] = {}
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads)
+        rec["alone"][threads] = {k: round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows,
+                                                        args.repeats), 1) for k in kernels}
+        if gpu is not None:
+            beside, launch_s = {}, gpu.nbytes / (rec["gpu_in_place_gbps_alone"] * 1e9)
+            for k in kernels:  # enough launches to outlast the CPU's calls four times over
+                cpu_s = (args.repeats + 3) * (bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes) / (rec["alone"][threads][k] * 1e9)
+                gpu.launch(int(4 * cpu_s / launch_s) + 10)
+                beside[k] = round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows, args.repeats), 1)
+                torch.cuda.synchronize()
+            rec["beside_gpu"][threads] = beside
+        print(threads, rec["alone"][threads], rec.get("beside_gpu", {}).get(threads), flush=True)
+    print(json.dumps(rec, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rec, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
