@@ -14,12 +14,12 @@ its rate alone is reported too).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
+from wisp.bench.records import print_and_save
 from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, native_kernel_error
 from wisp.core.expert_major import DOWN, GATE_UP
 
@@ -108,10 +108,7 @@ def main() -> None:
                 torch.cuda.synchronize()
             rec["beside_gpu"][threads] = beside
         print(threads, rec["alone"][threads], rec.get("beside_gpu", {}).get(threads), flush=True)
-    print(json.dumps(rec, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rec, f, indent=1)
+    print_and_save(rec, args.out)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,12 @@ rate clears X * Y, the most a perfect split could reach.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
+
+from wisp.bench.records import print_and_save
 
 
 def read_seconds(buf: torch.Tensor) -> float:
@@ -86,10 +87,7 @@ def main() -> None:
         need = args.peer_gbps * args.target
         rec["verdict"] = {"peer_gbps": args.peer_gbps, "target": args.target, "needed_gbps": need,
                           "reachable": rec["combined_gbps"] >= need}
-    print(json.dumps(rec, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rec, f, indent=1)
+    print_and_save(rec, args.out)
 
 
 if __name__ == "__main__":

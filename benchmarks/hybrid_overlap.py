@@ -15,12 +15,12 @@ Measures on the machine it runs on (a CUDA device), each the median over --repea
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
+from wisp.bench.records import print_and_save
 from wisp.core.experts import PagedExperts
 from wisp.core.cpu_expert_kernels import plain_expert_mlp
 from wisp.core.hybrid_experts import HybridExperts
@@ -109,10 +109,7 @@ def main() -> None:
 
         with torch.inference_mode():
             rec["step_ms"][name] = timed(step, args.steps)
-    print(json.dumps(rec, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rec, f, indent=1)
+    print_and_save(rec, args.out)
 
 
 if __name__ == "__main__":
