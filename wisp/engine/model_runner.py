@@ -215,8 +215,7 @@ class ModelRunner:
             return self._run_eager_step(batch)
         self.model.use_paging_side("host")  # the experts run on the host's LRU state, as in an eager step
         seqs = batch.seqs
-        logits = self.graphs.run_pieces([s.token_ids[s.num_computed] for s in seqs], [s.num_computed for s in seqs],
-                                        [s.block_table for s in seqs], self.model.routed_experts)
+        logits = self.graphs.run_pieces(*self._graph_inputs(seqs), self.model.routed_experts)
         self.piece_steps += 1
         self.tokens_decoded += len(seqs)
         return self._sample(seqs, logits)
@@ -234,9 +233,13 @@ class ModelRunner:
         return (batch.is_decode and self.graphs is not None and len(batch.seqs) <= self.graphs.max_batch
                 and not self.observers)
 
+    @staticmethod
+    def _graph_inputs(seqs: list[Sequence]) -> tuple[list[int], list[int], list[list[int]]]:
+        """A decode step's inputs as the graphs take them: each sequence's next token, its position, its blocks."""
+        return [s.token_ids[s.num_computed] for s in seqs], [s.num_computed for s in seqs], [s.block_table for s in seqs]
+
     def _run_graph(self, seqs: list[Sequence]) -> torch.Tensor:
-        logits = self.graphs.run([s.token_ids[s.num_computed] for s in seqs], [s.num_computed for s in seqs],
-                                 [s.block_table for s in seqs])
+        logits = self.graphs.run(*self._graph_inputs(seqs))
         self.graph_steps += 1
         self.tokens_decoded += len(seqs)
         return logits
