@@ -5,8 +5,8 @@ and the GPU's kernel reading the rest straight from the same pinned host memory.
 kernel read an OLMoE expert at about 71 GB/s alone, but inside a step it took about 1 ms (13 GB/s). This
 separates the suspects: for each kernel and thread count it times one expert at `--rows` rows, cycling over
 the bank so no cache helps (GB/s of weights read, median), alone and, on CUDA, while a side stream keeps the
-Triton MoE kernel reading the other half of the experts in place (`pairs_by_map`, top-k of them a launch;
-its rate alone is reported too).
+Triton MoE kernel reading the other half of the experts in place (`pairs_by_map`, top-k of them a launch),
+and while it copies them to the GPU instead (pinned cudaMemcpyAsync); each side's rate alone is reported too.
 
     python benchmarks/cpu_expert_kernels.py --threads 16,8 --out cpu_expert_kernels.json
 """
@@ -62,11 +62,29 @@ class InPlaceReads:
                                           self.expert_map)
 
     def rate(self, launches: int) -> float:
+        """GB/s this side reads over `launches` launches (of `nbytes` each)."""
         self.stream.synchronize()
         start = time.perf_counter()
         self.launch(launches)
         self.stream.synchronize()
         return launches * self.nbytes / (time.perf_counter() - start) / 1e9
+
+
+class PinnedCopies(InPlaceReads):
+    """The link busy the other way a step could use it: plain copies of `top_k` experts' weights from the
+    pinned bank to the GPU per launch (cudaMemcpyAsync, as paged mode's slot loads), on a side stream."""
+
+    def __init__(self, bank: dict[str, torch.Tensor], experts: range, top_k: int):
+        super().__init__(bank, experts, top_k)
+        self.targets = [(bank[GATE_UP][0].to("cuda"), bank[DOWN][0].to("cuda")) for _ in range(top_k)]
+        self.sources = [experts[i % len(experts)] for i in range(top_k)]
+
+    def launch(self, times: int) -> None:
+        with torch.cuda.stream(self.stream):
+            for _ in range(times):
+                for (gate_up, down), e in zip(self.targets, self.sources):
+                    gate_up.copy_(self.bank[GATE_UP][e], non_blocking=True)
+                    down.copy_(self.bank[DOWN][e], non_blocking=True)
 
 
 def main() -> None:
@@ -90,24 +108,26 @@ def main() -> None:
     kernels = [k for k in CPU_EXPERT_KERNELS if k != "native" or native_kernel_error() is None]
     rec = {"shape": {"hidden": d, "intermediate": i, "experts": n, "rows": args.rows}, "cpu_kernels": kernels,
            "native_error": native_kernel_error(), "gpu": torch.cuda.get_device_name() if cuda else None, "alone": {}}
-    gpu = InPlaceReads(bank, gpu_experts, args.top_k) if cuda else None
-    if gpu is not None:
-        gpu.rate(5)  # compiles the kernel
-        rec["gpu_in_place_gbps_alone"] = round(gpu.rate(50), 1)
-        rec["beside_gpu"] = {}
+    sides = {"in_place": InPlaceReads(bank, gpu_experts, args.top_k),
+             "pinned_copies": PinnedCopies(bank, gpu_experts, args.top_k)} if cuda else {}
+    for name, side in sides.items():
+        side.rate(5)  # compiles the kernel, warms the copies
+        rec[f"gpu_{name}_gbps_alone"] = round(side.rate(50), 1)
+        rec[f"beside_gpu_{name}"] = {}
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         rec["alone"][threads] = {k: round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows,
                                                         args.repeats), 1) for k in kernels}
-        if gpu is not None:
-            beside, launch_s = {}, gpu.nbytes / (rec["gpu_in_place_gbps_alone"] * 1e9)
+        for name, side in sides.items():
+            beside, launch_s = {}, side.nbytes / (rec[f"gpu_{name}_gbps_alone"] * 1e9)
             for k in kernels:  # enough launches to outlast the CPU's calls four times over
                 cpu_s = (args.repeats + 3) * (bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes) / (rec["alone"][threads][k] * 1e9)
-                gpu.launch(int(4 * cpu_s / launch_s) + 10)
+                side.launch(int(4 * cpu_s / launch_s) + 10)
                 beside[k] = round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows, args.repeats), 1)
                 torch.cuda.synchronize()
-            rec["beside_gpu"][threads] = beside
-        print(threads, rec["alone"][threads], rec.get("beside_gpu", {}).get(threads), flush=True)
+            rec[f"beside_gpu_{name}"][threads] = beside
+        print(threads, {key: value[threads] for key, value in rec.items() if key == "alone" or key.startswith("beside")},
+              flush=True)
     print_and_save(rec, args.out)
 
 

@@ -109,3 +109,34 @@ def test_a_hybrid_step_replayed_as_pieces_equals_its_eager_step():
         kv = DecodeBatchKV(eng.kv, graphs.tables[:2], graphs.positions[:2])  # the same staged inputs
         eager = model.logits(model.forward_batch(graphs.tokens[:2], graphs.positions[:2], kv))
         assert torch.equal(pieces, eager), position
+
+
+def test_a_split_step_replayed_equals_the_same_split_run_eagerly():
+    """Hybrid with no slots replays the CPU's share of ranks between the graphs (`run_split`): for each share,
+    the same as each layer's RankSplit run eagerly between eager pieces, and a token's logits do not
+    depend on its batch."""
+    eng = engine("hybrid", 0, False, hybrid_costs=HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4)))
+    model, blocks = eng.model, eng.pool.allocate(3)
+    graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True)
+    assert set(graphs.splits) == set(model.experts) and graphs.split_graphs[1] and graphs.split_graphs[2]
+    tables, top_k = [[blocks[0]], [blocks[1]]], model.config.top_k
+    for position in range(2 * top_k):
+        share = position % (top_k + 1)
+        for split in graphs.splits.values():
+            split.set_share(share)
+        tokens = [7 + position, 100 + 3 * position]
+        replayed = graphs.run_split(tokens, [position] * 2, tables).clone()
+        alone = graphs.run_split(tokens[:1], [position], tables[:1])[0].clone()
+        kv = DecodeBatchKV(eng.kv, graphs.tables[:2], graphs.positions[:2])
+        piece = model.forward_piece(graphs.tokens[:2], graphs.positions[:2], kv)
+        while piece.layer is not None:
+            split = graphs.splits[piece.layer]
+            split.send(piece.hidden, piece.topk_ids)
+            per_k = split.gpu_pairs(piece.hidden, piece.topk_ids)
+            torch.cuda.synchronize()
+            split.serve(2, None, None)
+            piece = model.forward_piece(graphs.tokens[:2], graphs.positions[:2], kv, piece,
+                                        split.merge(per_k, piece.topk_weights, model.dtype))
+        eager = model.logits(piece.x)
+        assert torch.equal(replayed, eager), (position, share)
+        assert torch.equal(alone, replayed[0]), (position, share)

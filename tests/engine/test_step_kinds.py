@@ -18,7 +18,7 @@ def drive(chooser: StepKindChooser, steps: int, seconds: dict[str, float], batch
 
 @pytest.mark.parametrize("faster", [GRAPH, EAGER])
 def test_measures_both_then_runs_the_faster_and_re_measures_the_other(faster):
-    chooser = StepKindChooser(sample=3, explore_every=20)
+    chooser = StepKindChooser(sample=3, explore_every=20, warmup=0)
     seconds = {GRAPH: 2.0, EAGER: 1.0} if faster == EAGER else {GRAPH: 1.0, EAGER: 2.0}
     kinds = drive(chooser, 40, seconds)
     assert kinds[:6] == [EAGER] * 3 + [GRAPH] * 3 and chooser.best(1) == faster
@@ -28,13 +28,25 @@ def test_measures_both_then_runs_the_faster_and_re_measures_the_other(faster):
 
 
 def test_batch_sizes_are_measured_apart_and_a_changed_speed_is_followed():
-    chooser = StepKindChooser(sample=2, explore_every=10)
+    chooser = StepKindChooser(sample=2, explore_every=10, warmup=0)
     drive(chooser, 10, {GRAPH: 1.0, EAGER: 2.0}, batch=1)
     assert chooser.best(1) == GRAPH and chooser.best(2) is None
     drive(chooser, 1, {GRAPH: 1.0, EAGER: 0.5}, batch=2)
     assert chooser.medians() == {"1": {GRAPH: 1.0, EAGER: 2.0}, "2": {EAGER: 0.5}}  # what stats report
     drive(chooser, 20, {GRAPH: 3.0, EAGER: 2.0}, batch=1)  # graph steps got slower: its window refills
     assert chooser.best(1) == EAGER
+
+
+def test_cold_steps_of_each_kind_are_run_but_not_timed():
+    chooser = StepKindChooser(sample=2, explore_every=20, warmup=2)
+    kinds = []
+    for i in range(8):
+        kind = chooser.pick(1)
+        kinds.append(kind)
+        cold = kinds.count(kind) <= 2
+        chooser.record(1, kind, 100.0 if cold else {GRAPH: 2.0, EAGER: 1.0}[kind])
+    assert kinds == [EAGER] * 4 + [GRAPH] * 4
+    assert chooser.medians() == {"1": {GRAPH: 2.0, EAGER: 1.0}} and chooser.best(1) == EAGER
 
 
 def test_bad_settings_are_refused():

@@ -73,6 +73,11 @@ class ExpertStore(ABC):
     def begin_step(self, step: int) -> None:
         """Called by the model before step number `step` runs (hybrid's pace counts steps)."""
 
+    def _read_routing(self, hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> tuple[list[int], list[int]]:
+        """An eager step's one host read: pairs routed to each expert and each expert's last token (hybrid
+        mode brings the step's hidden rows to the host in the same read)."""
+        return routed_counts_and_last_token(topk_ids, num_experts)
+
     def _weights(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         raise NotImplementedError
 
@@ -165,7 +170,7 @@ class PagedExperts(ExpertStore):
     slots_read = None  # CUDA event: the last kernel that read the slots is done
 
     def forward(self, hidden, topk_ids, topk_weights):
-        counts, last_token = routed_counts_and_last_token(topk_ids, self.pager.num_experts)
+        counts, last_token = self._read_routing(hidden, topk_ids, self.pager.num_experts)
         distinct = order_by_last_token(last_token)  # the step's touch order (wisp.core.recency)
         if self.slots_ready is not None:
             torch.cuda.current_stream(hidden.device).wait_event(self.slots_ready)
@@ -273,7 +278,7 @@ class ZeroCopyExperts(ExpertStore):
     def forward(self, hidden, topk_ids, topk_weights):
         c = self.counters
         c.steps += 1
-        counts, last_token = routed_counts_and_last_token(topk_ids, self.expert_map.numel())
+        counts, last_token = self._read_routing(hidden, topk_ids, self.expert_map.numel())
         distinct = order_by_last_token(last_token)
         if self.staging is not None and topk_ids.numel() >= self.STREAM_REUSE * len(distinct):
             c.misses += len(distinct)

@@ -11,6 +11,11 @@ pair outputs, and everything is summed over k in routing order, as every mode do
 second thread calling torch's CPU kernels brings a second OpenMP team onto the same cores; on the H200's
 host that made one OLMoE expert 2.5 ms instead of 0.8.)
 
+The host trips go through pinned buffers (`wisp.core.host_exchange`): a decode-sized step's routing read
+brings its hidden rows in the same wait, and the CPU's pair outputs go back with non-blocking copies. (With
+`.cpu()` and pageable `.to()` each trip was a sync of its own: on the H200's host a layer spent about as
+long in them and the launches around them as in its CPU experts.)
+
 Invariants:
 - a step whose split sends nothing to the CPU is a paged step: the same decision, bytes and output;
 - every pair is computed exactly once, by the GPU or by the CPU, and the sum over k runs in routing order;
@@ -33,11 +38,12 @@ import torch
 
 from wisp.core.counters import ExpertCounters
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
-from wisp.core.experts import PagedExperts, ZeroCopyExperts
+from wisp.core.experts import PagedExperts, ZeroCopyExperts, routed_counts_and_last_token
 from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, ExpertsKernel, default_cpu_kernel
 from wisp.core.expert_extras import SILU, Activation, extras_at, extras_of
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
+from wisp.core.host_exchange import HostExchange
 from wisp.core.kernels import MoEKernels
 
 
@@ -47,6 +53,7 @@ class CpuServed:
 
     counters: ExpertCounters
     kernels: MoEKernels
+    ROWS_WITH_ROUTING = 64  # steps of at most this many tokens (decode) bring their hidden rows with the routing
 
     def _serve_with_cpu(self, host: dict[str, torch.Tensor], device, costs: HybridCosts, cpu_kernel: str | None,
                         pace: CpuPace | None) -> None:
@@ -56,6 +63,18 @@ class CpuServed:
         self.cpu_kernel = cpu_kernel or default_cpu_kernel(torch.device(device))
         self.cpu_experts = CPU_EXPERT_KERNELS[self.cpu_kernel]
         self.last_split: MissSplit | None = None
+        self.exchange = HostExchange(device)  # the step's trips to the host and back, through pinned buffers
+        self._rows_read: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's (hidden, ids) on the host
+
+    def _read_routing(self, hidden, topk_ids, num_experts):
+        """The routing read, with the hidden rows in the same trip for a decode-sized step (its CPU experts
+        need them)."""
+        if topk_ids.shape[0] <= self.ROWS_WITH_ROUTING:
+            self._rows_read = hidden_host, ids_host = self.exchange.to_host(hidden, topk_ids)
+        else:
+            self._rows_read = None
+            (ids_host,) = self.exchange.to_host(topk_ids)
+        return routed_counts_and_last_token(ids_host, num_experts)
 
     def _split(self, misses: list[tuple[int, int]]) -> MissSplit:
         self.last_split = split_misses(misses, self.pace.costs(self.costs))
@@ -63,16 +82,22 @@ class CpuServed:
 
     def _step_with_cpu(self, hidden, topk_ids, topk_weights, split: MissSplit, gpu_pairs) -> torch.Tensor:
         """`gpu_pairs()` enqueues the GPU's pairs and returns the [T*K, D] float32 pair outputs (the CPU's
-        pairs left zero); meanwhile this thread computes `split.to_cpu`'s pairs, then all are summed."""
+        pairs left zero); meanwhile this thread computes `split.to_cpu`'s pairs, then all are summed. The
+        wall time the pace learns from runs to the later of the two sides."""
         start = time.perf_counter()
         t, k = topk_ids.shape
-        hidden_host, ids_host = hidden.cpu(), topk_ids.cpu()
+        rows_read, self._rows_read = self._rows_read, None
+        hidden_host, ids_host = rows_read or self.exchange.to_host(hidden, topk_ids)
         per_k = gpu_pairs()  # enqueued
+        gpu_done = torch.cuda.current_stream(hidden.device).record_event() if self.exchange.cuda else None
         kernel_start = time.perf_counter()
         pairs, rows = cpu_pair_rows(hidden_host, ids_host, self.cpu_host, split.to_cpu, k, self.cpu_experts,
                                     self.kernels.activation)  # meanwhile
         kernel_s = time.perf_counter() - kernel_start
-        per_k[pairs.to(per_k.device)] = rows.to(per_k.device)  # waits for the GPU's side too
+        if gpu_done is not None:
+            gpu_done.synchronize()
+        pairs_dev, rows_dev = self.exchange.to_device(pairs, rows)
+        per_k[pairs_dev] = rows_dev
         self.pace.observe(time.perf_counter() - start, split.predicted_s, kernel_s)
         c = self.counters
         c.misses += len(split.to_cpu)
@@ -131,8 +156,9 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
         c = self.counters
         c.misses += len(split.to_copy)
         c.bytes_h2d += sum(counts[e] for e in split.to_copy) * self.expert_bytes
-        gpu_map = self.expert_map.clone()
-        gpu_map[torch.tensor(split.to_cpu, device=gpu_map.device)] = -1  # the CPU's experts: no pairs on the GPU
+        host_map = torch.arange(self.expert_map.numel(), dtype=torch.int32)
+        host_map[list(split.to_cpu)] = -1  # the CPU's experts: no pairs on the GPU
+        (gpu_map,) = self.exchange.to_device(host_map)
 
         def gpu_pairs() -> torch.Tensor:
             t, k = topk_ids.shape

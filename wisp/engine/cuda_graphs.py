@@ -21,6 +21,11 @@ keep that saving for the steps the CPU helps. The experts' output goes into a st
 reads; a piece's outputs (the residual stream, the rotation, the routing) stay where the next piece's
 graph was captured to read them.
 
+Hybrid with no slots (every store a `ZeroCopyHybridExperts`) also captures its CPU's share
+(`wisp.core.rank_split`): each piece ends by sending its MoE layer's rows and routing to pinned host
+buffers, and two more graphs per MoE layer hold the GPU's in-place pairs and the merge of the CPU's rows;
+`run_split` replays them with only the CPU's experts and two waits on the host between.
+
 Invariants: a replay computes exactly what the eager engine would (same kernels, same order: tested
 with torch.equal; pieces too, with the same experts between); graphs are captured only while the KV pool holds no data (the warm-up writes block 0)
 and are re-captured whenever the KV tensors or a scratch is reallocated (resize / apply_plan) and
@@ -34,6 +39,8 @@ import torch
 
 from typing import Callable
 
+from wisp.core.hybrid_experts import ZeroCopyHybridExperts
+from wisp.core.rank_split import RankSplit
 from wisp.engine.kv_cache import DecodeBatchKV, KVCache
 from wisp.models.moe_decoder import MoEDecoder, Piece
 
@@ -57,6 +64,12 @@ class DecodeGraphs:
         self.pieces: dict[int, list[tuple[torch.cuda.CUDAGraph, Piece, torch.Tensor | None]]] = {}
         self._piece_kv: dict[int, DecodeBatchKV] = {}
         self.routed = torch.zeros((max_batch, model.config.hidden_size), dtype=model.dtype, device=dev)  # experts' out
+        stores = model.experts
+        split = piecewise and bool(stores) and all(isinstance(s, ZeroCopyHybridExperts) for s in stores.values())
+        self.splits: dict[int, RankSplit] = {li: RankSplit(s, max_batch, model.config.top_k, self.routed)
+                                             for li, s in stores.items()} if split else {}
+        self.split_graphs: dict[int, dict[int, tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]]] = {}
+        self._events = (torch.cuda.Event(), torch.cuda.Event())  # a split layer's routing sent, GPU pairs done
         pool = None
         model.use_paging_side("device")
         with torch.cuda.device(model.device):  # Triton launches on the current device
@@ -90,23 +103,64 @@ class DecodeGraphs:
     def _capture_pieces(self, b: int, pool):
         """One graph per piece of a b-sequence step; each replayed once after capture, so that the next
         piece's warm-up reads real values (the experts' buffer between them stays zero). The first piece
-        also computes the step's KV indices (`DecodeBatchKV`), which the later pieces read."""
+        also computes the step's KV indices (`DecodeBatchKV`), which the later pieces read. With splits,
+        each piece also sends its layer's rows and routing to the host, and the layer's GPU pairs and merge
+        get a graph each."""
         tokens, positions, routed = self.tokens[:b], self.positions[:b], self.routed[:b]
         pieces, before, kv = [], None, None
+        self.split_graphs[b] = {}
         while before is None or before.layer is not None:
             def body(before=before, kv=kv):
                 kv = kv or DecodeBatchKV(self.cache, self.tables[:b], positions)
                 piece = self.model.forward_piece(tokens, positions, kv, before, None if before is None else routed)
+                if piece.layer is not None and self.splits:
+                    self.splits[piece.layer].send(piece.hidden, piece.topk_ids)
                 return piece, (self.model.logits(piece.x) if piece.layer is None else None), kv
 
             graph, (piece, logits, kv) = self._graph_of(body, pool)
             pool = graph.pool()
             graph.replay()
             pieces.append((graph, piece, logits))
+            if piece.layer is not None and self.splits:
+                pool = self._capture_split(b, piece, self.splits[piece.layer], pool)
             before = piece
         self.pieces[b] = pieces
         self._piece_kv[b] = kv  # its index tensors live in the pool, written by the first piece
         return pool
+
+    def _capture_split(self, b: int, piece: Piece, split: RankSplit, pool):
+        gpu, per_k = self._graph_of(lambda: split.gpu_pairs(piece.hidden, piece.topk_ids), pool)
+        gpu.replay()
+        merge, _ = self._graph_of(lambda: self.routed[:b].copy_(split.merge(per_k, piece.topk_weights, self.model.dtype)),
+                                  gpu.pool())
+        self.split_graphs[b][piece.layer] = (gpu, merge)
+        return merge.pool()
+
+    def set_cpu_share(self, b: int) -> int:
+        """Choose the CPU's share of ranks for a b-sequence split step from the paced costs (one pace per
+        model: the first layer's choice is every layer's); returns it."""
+        n = next(iter(self.splits.values())).cpu_share_for(b)
+        for split in self.splits.values():
+            split.set_share(n)
+        return n
+
+    def run_split(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        """Replay a len(tokens)-sequence step's pieces with each MoE layer's share split by rank between the
+        GPU's graph and the CPU (`RankSplit.serve` between); returns the logits [B, V] (valid until the next run)."""
+        b = self._stage(tokens, positions, tables)
+        routed, gpu_done = self._events
+        with torch.cuda.device(self.model.device):
+            for graph, piece, logits in self.pieces[b]:
+                graph.replay()
+                if piece.layer is None:
+                    continue
+                gpu, merge = self.split_graphs[b][piece.layer]
+                routed.record()
+                gpu.replay()
+                gpu_done.record()
+                self.splits[piece.layer].serve(b, routed, gpu_done)
+                merge.replay()
+        return logits
 
     def run(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Replay the graph of len(tokens) sequences; returns its logits [B, V] (valid until the next run)."""

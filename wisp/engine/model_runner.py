@@ -210,12 +210,18 @@ class ModelRunner:
 
     def _run_pieces_step(self, batch: Batch) -> list[int | RequestFailure]:
         """A decode step the CPU may help: the graphs' pieces with each MoE layer's experts run eagerly
-        between them (eagerly throughout where no pieces were captured)."""
+        between them (eagerly throughout where no pieces were captured); with no slots, the pieces with the
+        CPU's share of ranks between them (`DecodeGraphs.run_split`)."""
         if not self.graphs.pieces:
             return self._run_eager_step(batch)
-        self.model.use_paging_side("host")  # the experts run on the host's LRU state, as in an eager step
         seqs = batch.seqs
-        logits = self.graphs.run_pieces(*self._graph_inputs(seqs), self.model.routed_experts)
+        if self.graphs.splits:  # no slots: the CPU's share by rank, inside the graphs
+            if self.graphs.set_cpu_share(len(seqs)) == 0:
+                return self._run_graph_step(batch)
+            logits = self.graphs.run_split(*self._graph_inputs(seqs))
+        else:
+            self.model.use_paging_side("host")  # the experts run on the host's LRU state, as in an eager step
+            logits = self.graphs.run_pieces(*self._graph_inputs(seqs), self.model.routed_experts)
         self.piece_steps += 1
         self.tokens_decoded += len(seqs)
         return self._sample(seqs, logits)

@@ -9,7 +9,8 @@ graph's saving at C = 4 and 6 (201 against 179, 110 against 87); on OLMoE-1B-7B 
 So the runner measures both, per batch size, by the wall time of whole steps, and runs the faster. (Where
 graphs exist, the CPU-helped kind replays the graph's pieces with the experts eager between them.)
 
-For each batch size: the first `sample` decode steps run with the CPU's help (EAGER: the graph's pieces with
+For each batch size: after `warmup` untimed steps of each kind (cold: the CPU's pace still learning its
+ratio, first launches), the first `sample` decode steps run with the CPU's help (EAGER: the graph's pieces with
 the experts eager between, where captured), the next `sample` as whole graphs; after that
 the kind with the lower median step time runs, except that the first `sample` steps of every
 `explore_every` re-measure the other kind (routing and the host change). Only consulted where both kinds
@@ -29,10 +30,11 @@ GRAPH, EAGER = "graph", "eager"
 
 
 class StepKindChooser:
-    def __init__(self, sample: int = 8, explore_every: int = 256):
-        if sample < 1 or explore_every <= 2 * sample:
-            raise ValueError("need sample >= 1 and explore_every > 2 x sample")
-        self.sample, self.explore_every = sample, explore_every
+    def __init__(self, sample: int = 8, explore_every: int = 256, warmup: int = 3):
+        if sample < 1 or explore_every <= 2 * (sample + warmup) or warmup < 0:
+            raise ValueError("need sample >= 1, warmup >= 0 and explore_every > 2 x (sample + warmup)")
+        self.sample, self.explore_every, self.warmup = sample, explore_every, warmup
+        self.untimed: dict[tuple[int, str], int] = {}  # (batch size, kind): warm-up steps seen
         self.times: dict[int, dict[str, deque[float]]] = {}
         self.picks: dict[int, int] = {}  # per batch size: decisions made
 
@@ -60,6 +62,10 @@ class StepKindChooser:
                 for b, times in sorted(self.times.items())}
 
     def record(self, batch_size: int, kind: str, seconds: float) -> None:
+        seen = self.untimed.get((batch_size, kind), 0)
+        if seen < self.warmup:  # a cold step: not what this kind costs
+            self.untimed[(batch_size, kind)] = seen + 1
+            return
         self._times(batch_size)[kind].append(seconds)
 
     def _times(self, batch_size: int) -> dict[str, deque[float]]:

@@ -1,0 +1,67 @@
+"""RankSplit: the CPU's share of a no-slot hybrid step by routing rank. Run eagerly here (the graphs are
+tests/engine/test_cuda_graphs.py's): it equals the eager hybrid step that sends the same experts to the CPU,
+bit for bit; it is batch invariant for a fixed share; its counters and choice of share add up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.core.test_experts import make
+from tests.core.test_hybrid_experts import CPU_CHEAP, zero_copy_pair
+from wisp.core.hybrid_split import HybridCosts, MissSplit
+from wisp.core.rank_split import RankSplit
+
+
+def split_step(split: RankSplit, hidden, ids, weights, n: int) -> torch.Tensor:
+    """One layer of a split step as the graphs run it, eagerly."""
+    split.set_share(n)
+    split.send(hidden, ids)
+    events = [torch.cuda.current_stream().record_event() for _ in range(2)] if hidden.is_cuda else [None, None]
+    per_k = split.gpu_pairs(hidden, ids)
+    split.serve(hidden.shape[0], *events)
+    return split.merge(per_k, weights, hidden.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [0, 1, 3, 4])
+def test_a_split_step_equals_the_eager_step_with_the_same_experts_on_the_cpu(device, dtype, n):
+    host, _, _, _ = make(16, 1, 4, 31, dtype)
+    hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
+    eager, _ = zero_copy_pair(device, host, CPU_CHEAP)
+    split = RankSplit(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=dtype, device=device))
+    for step in range(4):
+        hidden, ids, weights = (x.to(device) for x in make(16, 1, 4, 700 + step, dtype)[1:])
+        row = ids[0].tolist()
+        eager._split = lambda misses, row=row: MissSplit(tuple(row[n:]), tuple(row[:n]), 0.0)
+        out = split_step(split, hidden, ids, weights, n)
+        ref = eager.forward(hidden, ids, weights)
+        assert torch.equal(out, ref), (n, step)
+    c = hybrid.counters
+    assert (c.steps, c.misses, c.cpu_computed) == (4, 16, 4 * n)
+    assert c.bytes_h2d == 4 * (4 - n) * hybrid.expert_bytes  # the GPU reads its pairs in place
+
+
+def test_a_token_gets_the_same_bits_alone_and_in_a_batch(device):
+    """For a fixed share, which server computes a pair depends on its rank alone: batch invariant."""
+    host, hidden, ids, weights = make(8, 3, 4, 41, torch.bfloat16)
+    hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
+    split = RankSplit(hybrid, 4, 4, hidden.to(device))
+    hidden, ids, weights = hidden.to(device), ids.to(device), weights.to(device)
+    batch = split_step(split, hidden, ids, weights, 2).clone()
+    for t in range(3):
+        alone = split_step(split, hidden[t : t + 1], ids[t : t + 1], weights[t : t + 1], 2)
+        assert torch.equal(alone[0], batch[t]), t
+
+
+def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
+    host = make(8, 1, 4, 5, torch.float32)[0]
+    link_slow = HybridCosts(copy_s=3.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # a pair read in place: 3 CPU experts
+    hybrid, _ = zero_copy_pair(device, host, link_slow)
+    split = RankSplit(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1]), device=device))
+    assert split.cpu_share_for(1) == 3  # max(3 x 1, 1 x 3) = 3 beats 2 x 3 and 4 x 1
+    assert split.predicted_s(1, 3) == 3.0 and split.predicted_s(1, 0) == 12.0
+    hybrid.costs = HybridCosts(copy_s=0.5, cpu_rows=(1,), cpu_s_at_rows=(4.0,))  # the CPU slower than the link
+    assert split.cpu_share_for(1) == 0
+    with pytest.raises(ValueError, match="0..4"):
+        split.set_share(5)

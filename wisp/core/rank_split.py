@@ -1,0 +1,140 @@
+"""`RankSplit`: hybrid mode's CPU share of a decode step without slots, by routing rank, inside CUDA graphs.
+
+The eager hybrid step (`wisp.core.hybrid_experts`) splits a layer's experts by their measured costs, so it
+needs the routing on the host before it can launch anything for the GPU: per layer a host read, a Python
+split, the launches, a write back. On the H200's host that is about as long as the CPU's experts take.
+Here the share is fixed by rank instead: of each token's top-k pairs, those of rank k < n (`cpu_share`,
+a device scalar) are the CPU's and the rest the GPU's. Which experts those are no longer matters to the
+GPU's side, so it can be captured (`wisp.engine.cuda_graphs`):
+- `send` (end of a piece's graph): the experts' input rows and the routing go to pinned host buffers;
+- `gpu_pairs` (a graph): the GPU reads its pairs' experts in place (the CPU's ranks get a placeholder id,
+  N, that the map sends nowhere) into the [T*K, D] float32 pair outputs;
+- `serve` (the host, between graphs): waits for the routing, computes its pairs from the pinned masters
+  with the CPU kernel, waits for the GPU's side, sends its rows back to a device buffer;
+- `merge` (a graph): the CPU's rows take their ranks' places, and the pairs are summed over k in routing
+  order, as every mode does.
+n is chosen per step from the probed costs as the pace corrects them (`cpu_share_for`): the smallest n
+with the least predicted time, max(CPU's experts, GPU's in-place pairs).
+
+Invariants:
+- every (token, k) pair is computed once: by the CPU iff k < n; the sum over k runs in routing order;
+- for a fixed n a pair's output depends only on its token's row and its expert (which server computes
+  it depends on its rank alone, not on the batch): the step is batch invariant for a fixed n, and equal
+  to the eager hybrid step that sends the same experts to the CPU (for distinct experts), bit for bit;
+- counters as hybrid's eager step: each routed expert a miss, the CPU's also `cpu_computed`, bytes for
+  the pairs the GPU reads in place;
+- the host buffers are rewritten only after the stream has passed the copies that read them (`serve`
+  waits for this layer's routing, which the stream sends after the previous layer's rows have landed).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from wisp.core.cpu_expert_kernels import ExpertsKernel
+from wisp.core.expert_extras import extras_of
+from wisp.core.expert_major import DOWN, GATE_UP
+from wisp.core.hybrid_experts import cpu_pair_rows
+from wisp.core.hybrid_split import split_time
+
+
+class RankSplit:
+    def __init__(self, store, max_batch: int, top_k: int, hidden: torch.Tensor):
+        """`store`: a `ZeroCopyHybridExperts` (its masters, kernels, CPU kernel, costs, pace, counters);
+        `hidden`: a row like the experts' input (its width, dtype and device)."""
+        self.store, self.top_k = store, top_k
+        device, d = hidden.device, hidden.shape[-1]
+        pinned = device.type == "cuda"
+        n = store.expert_map.numel()
+        self.cpu_share = torch.zeros((), dtype=torch.int64, device=device)  # n: ranks below it are the CPU's
+        self._share = 0  # its value, as last set
+        self.expert_map = torch.cat([store.expert_map, torch.full((1,), -1, dtype=torch.int32, device=device)])  # [N+1]
+        self.placeholder = n  # the CPU's pairs' id on the GPU: no slot
+        self.ranks = torch.arange(top_k, device=device)  # [K]
+        self.hidden_host = torch.zeros((max_batch, d), dtype=hidden.dtype, pin_memory=pinned)
+        self.ids_host = torch.zeros((max_batch, top_k), dtype=torch.int64, pin_memory=pinned)
+        self.rows_host = torch.zeros((max_batch, top_k, d), dtype=torch.float32, pin_memory=pinned)
+        self.rows = torch.zeros((max_batch, top_k, d), dtype=torch.float32, device=device)  # the CPU's, on the device
+
+    # -- captured (graph-safe) --------------------------------------------------------------------------
+    def send(self, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        """The experts' input rows [B, D] and the routing [B, K] to the host buffers (no wait)."""
+        b = hidden.shape[0]
+        self.hidden_host[:b].copy_(hidden, non_blocking=True)
+        self.ids_host[:b].copy_(topk_ids, non_blocking=True)
+
+    def gpu_pairs(self, hidden: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """The GPU's pairs (rank >= n), read in place: [B*K, D] float32, the CPU's ranks left zero."""
+        b, k = topk_ids.shape
+        ids = torch.where(self.ranks < self.cpu_share, self.placeholder, topk_ids)  # [B, K]
+        per_k = torch.zeros((b * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [B*K, D]
+        host = self.store.host
+        self.store.kernels.pairs_by_map(per_k, hidden, host[GATE_UP], host[DOWN], ids, self.expert_map,
+                                        extras=extras_of(host))
+        return per_k
+
+    def merge(self, per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The CPU's rows in their ranks' places, then the sum over k in routing order: [B, D]."""
+        b, k = topk_weights.shape
+        on_cpu = (self.ranks < self.cpu_share).view(1, k, 1)
+        per = torch.where(on_cpu, self.rows[:b], per_k.view(b, k, -1))  # [B, K, D]
+        return self.store.kernels.combine(per, topk_weights, dtype)
+
+    # -- the host's side --------------------------------------------------------------------------------
+    def set_share(self, n: int) -> None:
+        """Ranks below n go to the CPU from the next step on (one fill launch when it changes)."""
+        if not 0 <= n <= self.top_k:
+            raise ValueError(f"cpu share must be within 0..{self.top_k}, got {n}")
+        if n != self._share:
+            self.cpu_share.fill_(n)
+            self._share = n
+
+    def serve(self, b: int, routed: "torch.cuda.Event | None", gpu_done: "torch.cuda.Event | None") -> None:
+        """Between the graphs: wait for the routing (`routed`), compute the CPU's pairs, wait for the GPU's
+        (`gpu_done`), send the rows to the device buffer `merge` reads; count and pace as the eager step."""
+        if routed is not None:
+            routed.synchronize()
+        start = time.perf_counter()
+        n, store, k = self._share, self.store, self.top_k
+        ids = self.ids_host[:b]
+        cpu_ids = ids[:, :n].reshape(-1)
+        experts = sorted(set(cpu_ids.tolist()))
+        kernel_start = time.perf_counter()
+        if experts:
+            rows = cpu_rows_by_pair(self.hidden_host[:b], cpu_ids, n, store.cpu_host, experts, store.cpu_experts,
+                                    store.kernels.activation)  # [B*n, D]
+            self.rows_host[:b, :n] = rows.view(b, n, -1)
+        kernel_s = time.perf_counter() - kernel_start
+        if gpu_done is not None:
+            gpu_done.synchronize()
+        predicted = self.predicted_s(b, n)
+        if experts:
+            store.pace.observe(time.perf_counter() - start, predicted, kernel_s)
+            self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
+        c = store.counters
+        c.steps += 1
+        c.misses += len(set(ids.reshape(-1).tolist()))
+        c.cpu_computed += len(experts)
+        c.bytes_h2d += b * (k - n) * store.expert_bytes
+
+    def predicted_s(self, b: int, n: int) -> float:
+        """A layer's predicted time with n ranks of b tokens on the CPU: at most b x n experts of one row each
+        there, b x (K - n) pairs read in place (each a whole expert over the link)."""
+        costs = self.store.pace.costs(self.store.costs)
+        return split_time(b * (self.top_k - n), [1] * (b * n), costs)
+
+    def cpu_share_for(self, b: int) -> int:
+        """The n with the least predicted time for a b-token step (the smallest such)."""
+        return min(range(self.top_k + 1), key=lambda n: (self.predicted_s(b, n), n))
+
+
+def cpu_rows_by_pair(hidden: torch.Tensor, ids: torch.Tensor, per_token: int, host: dict[str, torch.Tensor],
+                     experts: list[int], experts_fn: ExpertsKernel, activation) -> torch.Tensor:
+    """The float32 outputs [M, D] of the M pairs `ids` [M] (per_token of them per row of hidden [B, D],
+    token-major), grouped by expert for one call of `experts_fn` and returned in pair order."""
+    pairs, rows = cpu_pair_rows(hidden, ids.view(-1, per_token), host, experts, per_token, experts_fn, activation)
+    out = torch.empty_like(rows)
+    out[pairs] = rows
+    return out
