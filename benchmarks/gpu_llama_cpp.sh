@@ -13,6 +13,9 @@
 #         trace; `uniform` for models no trace of ours fits), and cold TTFT at 512 / 2048 tokens in the
 #         placement's first mode, for each prefill chunk in PREFILL_CHUNKS (default 2048; "2048 512" to add
 #         llama.cpp's micro-batch, which needs less VRAM).
+#   paired: hybrid with no slots (our best mode at llama.cpp's all-CPU footprint), then the peer stage at that
+#         placement alone, then hybrid again: both sides on the same host minutes apart (the host's memory
+#         bandwidth varies between machines and processes). About 6 minutes with the build.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -32,6 +35,15 @@ peer)
     --gguf "$gguf" --model "$model" --placements "${PLACEMENTS:-all-cpu,half,all-gpu}" --prompts 512,2048 \
     --decode-tokens 64 --repetitions 2 --extra "-t 16" --out "$out/llama_cpp_${model}_${type}.json" 2>&1 | tail -6
   rm -f "$gguf" ;;
+paired)
+  peak=benchmarks/llama_cpp/gpu_peak.py
+  for run in before peer after; do
+    if [ $run = peer ]; then PLACEMENTS=all-cpu PEER_TIMEOUT=${PEER_TIMEOUT:-200} STAGE=peer bash "$0" 2>&1 | tail -3; continue; fi
+    python3 $peak --out "$out/smi_decode_hybrid_c0_$run.json" -- python3 -m wisp bench decode --load-format dummy \
+      --model "$model" --mode hybrid --expert-cap 0 --prompt-len 512 --decode-tokens "${TOKENS:-128}" \
+      --routing-trace "${ROUTING:-.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl}" \
+      --out "$out/decode_hybrid_c0_$run.json" 2>"$out/decode_hybrid_c0_$run.log" | tail -2
+  done ;;
 wisp)
   wmodel=${WISP_MODEL:-$model}
   routing=${ROUTING:-.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl}
