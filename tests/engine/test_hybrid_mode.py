@@ -89,17 +89,19 @@ def test_steps_the_cpu_cannot_help_are_paged_steps_and_replay_cuda_graphs(hf_che
     assert not cheap.engine.model.graph_step_ok(1)  # the CPU can help a batch of one: eager, split on the host
 
 
+@pytest.mark.parametrize("cap", [2, 0])  # 0: no slots, the CPU's share by rank inside the graphs (RankSplit)
 def test_where_the_cpu_could_help_graph_and_eager_steps_are_both_measured(hf_checkpoints, device, moe_backend,
-                                                                        attention_backend):
+                                                                        attention_backend, cap):
     path = hf_checkpoints["mixtral"]
     llm = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="hybrid",
-              expert_cap=2, dtype="float32", hybrid_costs=CPU_CHEAP)
+              expert_cap=cap, dtype="float32", hybrid_costs=CPU_CHEAP)
     runner = llm.engine.runner
     llm.generate([LONG_PROMPT], SamplingParams(max_tokens=24, ignore_eos=True))
     stats = llm.stats()
     if runner.graphs_enabled():  # 8 CPU-helped steps (the graph's pieces), 8 graph steps, then the faster
         assert runner.step_kinds.best(1) is not None and stats["graph_steps"] >= 8 and stats["piece_steps"] >= 8
         assert stats["expert_cpu_computed"] > 0
+        assert bool(runner.graphs.splits) == (cap == 0)
     else:
         assert not runner.step_kinds.picks and stats["graph_steps"] == stats["piece_steps"] == 0
 
