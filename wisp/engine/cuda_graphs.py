@@ -102,7 +102,8 @@ class DecodeGraphs:
 
     def _capture_pieces(self, b: int, pool):
         """One graph per piece of a b-sequence step; each replayed once after capture, so that the next
-        piece's warm-up reads real values (the experts' buffer between them stays zero). The first piece
+        piece's warm-up reads real values (the experts' buffer between them stays zero, or with splits holds
+        what the merge's warm-up wrote). The first piece
         also computes the step's KV indices (`DecodeBatchKV`), which the later pieces read. With splits,
         each piece also sends its layer's rows and routing to the host, and the layer's GPU pairs and merge
         get a graph each."""
