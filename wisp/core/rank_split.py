@@ -33,10 +33,8 @@ import time
 
 import torch
 
-from wisp.core.cpu_expert_kernels import ExpertsKernel
-from wisp.core.expert_extras import extras_of
+from wisp.core.expert_extras import extras_at, extras_of
 from wisp.core.expert_major import DOWN, GATE_UP
-from wisp.core.hybrid_experts import cpu_pair_rows
 from wisp.core.hybrid_split import split_time
 
 
@@ -50,9 +48,13 @@ class RankSplit:
         n = store.expert_map.numel()
         self.cpu_share = torch.zeros((), dtype=torch.int64, device=device)  # n: ranks below it are the CPU's
         self._share = 0  # its value, as last set
+        self._predicted_s: float | None = None  # a layer's predicted time at that share (the pace's reference)
         self.expert_map = torch.cat([store.expert_map, torch.full((1,), -1, dtype=torch.int32, device=device)])  # [N+1]
         self.placeholder = n  # the CPU's pairs' id on the GPU: no slot
         self.ranks = torch.arange(top_k, device=device)  # [K]
+        host = store.cpu_host  # the CPU's views of each expert, made once (a view per call costs microseconds)
+        self.cpu_gate_ups, self.cpu_downs = host[GATE_UP].unbind(0), host[DOWN].unbind(0)
+        self.cpu_extras = [extras_at(extras_of(host), e) for e in range(n)]
         self.hidden_host = torch.zeros((max_batch, d), dtype=hidden.dtype, pin_memory=pinned)
         self.ids_host = torch.zeros((max_batch, top_k), dtype=torch.int64, pin_memory=pinned)
         self.rows_host = torch.zeros((max_batch, top_k, d), dtype=torch.float32, pin_memory=pinned)
@@ -83,40 +85,48 @@ class RankSplit:
         return self.store.kernels.combine(per, topk_weights, dtype)
 
     # -- the host's side --------------------------------------------------------------------------------
-    def set_share(self, n: int) -> None:
-        """Ranks below n go to the CPU from the next step on (one fill launch when it changes)."""
+    def set_share(self, n: int, predicted_s: float | None = None) -> None:
+        """Ranks below n go to the CPU from the next step on (one fill launch when it changes). The pace
+        compares each layer's CPU step with `predicted_s`, the step's `predicted_s(b, n)` worked out once
+        by the caller (the costs hold for a step); None: each layer works it out."""
         if not 0 <= n <= self.top_k:
             raise ValueError(f"cpu share must be within 0..{self.top_k}, got {n}")
         if n != self._share:
             self.cpu_share.fill_(n)
             self._share = n
+        self._predicted_s = predicted_s
 
     def serve(self, b: int, routed: "torch.cuda.Event | None", gpu_done: "torch.cuda.Event | None") -> None:
         """Between the graphs: wait for the routing (`routed`), compute the CPU's pairs, wait for the GPU's
-        (`gpu_done`), send the rows to the device buffer `merge` reads; count and pace as the eager step."""
+        (`gpu_done`), send the rows to the device buffer `merge` reads; count and pace as the eager step.
+        (Lean on purpose: it runs once per MoE layer on the step's critical path.)"""
         if routed is not None:
             routed.synchronize()
         start = time.perf_counter()
         n, store, k = self._share, self.store, self.top_k
-        ids = self.ids_host[:b]
-        cpu_ids = ids[:, :n].reshape(-1)
-        experts = sorted(set(cpu_ids.tolist()))
-        kernel_start = time.perf_counter()
-        if experts:
-            rows = cpu_rows_by_pair(self.hidden_host[:b], cpu_ids, n, store.cpu_host, experts, store.cpu_experts,
-                                    store.kernels.activation)  # [B*n, D]
-            self.rows_host[:b, :n] = rows.view(b, n, -1)
-        kernel_s = time.perf_counter() - kernel_start
+        flat = self.ids_host[:b].view(-1).tolist()  # [B*K] token-major
+        pairs_of: dict[int, list[int]] = {}  # the CPU's experts -> their pairs, ascending (token order)
+        for pair, expert in enumerate(flat):
+            if pair % k < n:
+                pairs_of.setdefault(expert, []).append(pair)
+        if pairs_of:
+            experts = sorted(pairs_of)
+            pairs = torch.tensor([p for e in experts for p in pairs_of[e]])  # [M]
+            rows = store.cpu_experts(self.hidden_host[:b][pairs // k], [len(pairs_of[e]) for e in experts],
+                                     [self.cpu_gate_ups[e] for e in experts], [self.cpu_downs[e] for e in experts],
+                                     [self.cpu_extras[e] for e in experts], store.kernels.activation)  # [M, D]
+            self.rows_host[:b].view(b * k, -1).index_copy_(0, pairs, rows)
+        kernel_s = time.perf_counter() - start
         if gpu_done is not None:
             gpu_done.synchronize()
-        predicted = self.predicted_s(b, n)
-        if experts:
+        if pairs_of:
+            predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
             store.pace.observe(time.perf_counter() - start, predicted, kernel_s)
             self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
         c = store.counters
         c.steps += 1
-        c.misses += len(set(ids.reshape(-1).tolist()))
-        c.cpu_computed += len(experts)
+        c.misses += len(set(flat))
+        c.cpu_computed += len(pairs_of)
         c.bytes_h2d += b * (k - n) * store.expert_bytes
 
     def predicted_s(self, b: int, n: int) -> float:
@@ -129,12 +139,3 @@ class RankSplit:
         """The n with the least predicted time for a b-token step (the smallest such)."""
         return min(range(self.top_k + 1), key=lambda n: (self.predicted_s(b, n), n))
 
-
-def cpu_rows_by_pair(hidden: torch.Tensor, ids: torch.Tensor, per_token: int, host: dict[str, torch.Tensor],
-                     experts: list[int], experts_fn: ExpertsKernel, activation) -> torch.Tensor:
-    """The float32 outputs [M, D] of the M pairs `ids` [M] (per_token of them per row of hidden [B, D],
-    token-major), grouped by expert for one call of `experts_fn` and returned in pair order."""
-    pairs, rows = cpu_pair_rows(hidden, ids.view(-1, per_token), host, experts, per_token, experts_fn, activation)
-    out = torch.empty_like(rows)
-    out[pairs] = rows
-    return out

@@ -140,9 +140,11 @@ class DecodeGraphs:
     def set_cpu_share(self, b: int) -> int:
         """Choose the CPU's share of ranks for a b-sequence split step from the paced costs (one pace per
         model: the first layer's choice is every layer's); returns it."""
-        n = next(iter(self.splits.values())).cpu_share_for(b)
+        first = next(iter(self.splits.values()))
+        n = first.cpu_share_for(b)
+        predicted = first.predicted_s(b, n)
         for split in self.splits.values():
-            split.set_share(n)
+            split.set_share(n, predicted)
         return n
 
     def run_split(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
