@@ -24,6 +24,8 @@ def test_a_second_send_does_not_rewrite_the_first_in_flight(device):
     exchange = HostExchange(torch.device(device))
     first = torch.arange(1 << 20, dtype=torch.float32)
     second = -first
+    if device == "cuda":
+        torch.cuda._sleep(100_000_000)  # the stream busy: the first copy waits while the host goes on
     (a,) = exchange.to_device(first)
     (b,) = exchange.to_device(second)
     assert torch.equal(a.cpu(), first) and torch.equal(b.cpu(), second)

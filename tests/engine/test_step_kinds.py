@@ -52,3 +52,7 @@ def test_cold_steps_of_each_kind_are_run_but_not_timed():
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError):
         StepKindChooser(sample=4, explore_every=8)
+    with pytest.raises(ValueError):  # 2 x (4 + 3) = 14: the exploring windows would not fit
+        StepKindChooser(sample=4, explore_every=14, warmup=3)
+    with pytest.raises(ValueError):
+        StepKindChooser(sample=4, explore_every=40, warmup=-1)

@@ -23,8 +23,9 @@ Invariants:
   to the eager hybrid step that sends the same experts to the CPU (for distinct experts), bit for bit;
 - counters as hybrid's eager step: each routed expert a miss, the CPU's also `cpu_computed`, bytes for
   the pairs the GPU reads in place;
-- the host buffers are rewritten only after the stream has passed the copies that read them (`serve`
-  waits for this layer's routing, which the stream sends after the previous layer's rows have landed).
+- the host buffers are rewritten only after the stream has passed the copies that read them: each layer
+  has its own, and `serve` waits for this layer's routing, which the stream sends only after this layer's
+  rows of the step before have landed (and `send` runs after `serve` returned).
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ buffers, and two more graphs per MoE layer hold the GPU's in-place pairs and the
 `run_split` replays them with only the CPU's experts and two waits on the host between.
 
 Invariants: a replay computes exactly what the eager engine would (same kernels, same order: tested
-with torch.equal; pieces too, with the same experts between); graphs are captured only while the KV pool holds no data (the warm-up writes block 0)
+with torch.equal; pieces too, with the same experts between; a split replay what the same split run
+eagerly computes, though not what the eager hybrid store does, which picks the CPU's experts by cost, not
+by rank); graphs are captured only while the KV pool holds no data (the warm-up writes block 0)
 and are re-captured whenever the KV tensors or a scratch is reallocated (resize / apply_plan) and
 whenever a routing replay is set or cleared (a graph reads what was there at capture): the
 `ModelRunner` owns them and does both.

@@ -37,7 +37,7 @@ import torch
 from wisp.config import EngineConfig
 from wisp.core.experts import PagedExperts, sync_all_counters
 from wisp.engine.block_pool import BlockPool
-from wisp.engine.step_kinds import GRAPH, StepKindChooser
+from wisp.engine.step_kinds import EAGER, GRAPH, StepKindChooser
 from wisp.engine.cuda_graphs import DecodeGraphs
 from wisp.engine.kv_cache import BlockTableKV, KVCache
 from wisp.engine.request_failure import SAMPLING, RequestFailure
@@ -201,6 +201,8 @@ class ModelRunner:
         if self.model.graph_step_ok(b):  # nothing an eager step could do better
             return self._run_graph_step(batch)
         kind, start = self.step_kinds.pick(b), time.perf_counter()  # hybrid: both kinds measured, the faster run
+        if kind == EAGER and self.graphs.splits and self.graphs.set_cpu_share(b) == 0:
+            kind = GRAPH  # no rank is worth the CPU's while: the whole graph, timed as what it is
         out = self._run_graph_step(batch) if kind == GRAPH else self._run_pieces_step(batch)
         self.step_kinds.record(b, kind, time.perf_counter() - start)
         return out
@@ -215,9 +217,7 @@ class ModelRunner:
         if not self.graphs.pieces:
             return self._run_eager_step(batch)
         seqs = batch.seqs
-        if self.graphs.splits:  # no slots: the CPU's share by rank, inside the graphs
-            if self.graphs.set_cpu_share(len(seqs)) == 0:
-                return self._run_graph_step(batch)
+        if self.graphs.splits:  # no slots: the CPU's share by rank (set by `run`), inside the graphs
             logits = self.graphs.run_split(*self._graph_inputs(seqs))
         else:
             self.model.use_paging_side("host")  # the experts run on the host's LRU state, as in an eager step
