@@ -42,7 +42,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from wisp.core.expert_extras import SILU, Activation, ExpertExtras
+from wisp.core.expert_extras import SILU, Activation, ExpertExtras, extras_at, extras_of
+from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.moe import expert_mlp
 from wisp.core.quantized_weights import dequantize_expert
 
@@ -187,6 +188,24 @@ def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Ten
 
 CPU_EXPERT_KERNELS: dict[str, ExpertsKernel] = {  # wisp.options.HYBRID_CPU_KERNELS
     "native": native_experts_mlp, "plain": one_at_a_time(plain_expert_mlp), "reference": one_at_a_time(expert_mlp)}
+
+
+class CpuExperts:
+    """A layer's experts as the CPU computes them: its kernel and the pinned masters' per-expert views,
+    made once (a view per call costs microseconds, and hybrid's CPU side sits on a step's critical path)."""
+
+    def __init__(self, host: dict[str, torch.Tensor], kernel: ExpertsKernel):
+        self.kernel = kernel
+        self.gate_ups, self.downs = host[GATE_UP].unbind(0), host[DOWN].unbind(0)  # [N] views each
+        extras = extras_of(host)
+        self.extras = [extras_at(extras, e) for e in range(len(self.gate_ups))]
+
+    def rows(self, hidden: torch.Tensor, pairs: torch.Tensor, counts: list[int], experts: list[int], top_k: int,
+             activation: Activation = SILU) -> torch.Tensor:
+        """The float32 outputs [M, D] of the flat (token, k) pairs [M] (token-major indices into [T*K]), given
+        expert by expert (`experts`, `counts` pairs each, in turn), in one kernel call on hidden [T, D]'s rows."""
+        return self.kernel(hidden[pairs // top_k], counts, [self.gate_ups[e] for e in experts],
+                           [self.downs[e] for e in experts], [self.extras[e] for e in experts], activation)
 
 
 def default_cpu_kernel(device: torch.device) -> str:

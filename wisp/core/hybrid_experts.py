@@ -39,8 +39,8 @@ import torch
 from wisp.core.counters import ExpertCounters
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
 from wisp.core.experts import PagedExperts, ZeroCopyExperts, routed_counts_and_last_token
-from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, ExpertsKernel, default_cpu_kernel
-from wisp.core.expert_extras import SILU, Activation, extras_at, extras_of
+from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, CpuExperts, default_cpu_kernel
+from wisp.core.expert_extras import SILU, Activation, extras_of
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
 from wisp.core.host_exchange import HostExchange
@@ -57,11 +57,10 @@ class CpuServed:
 
     def _serve_with_cpu(self, host: dict[str, torch.Tensor], device, costs: HybridCosts, cpu_kernel: str | None,
                         pace: CpuPace | None) -> None:
-        self.cpu_host = host  # the pinned masters the CPU computes from
         self.costs = costs  # as probed
         self.pace = pace or CpuPace()
         self.cpu_kernel = cpu_kernel or default_cpu_kernel(torch.device(device))
-        self.cpu_experts = CPU_EXPERT_KERNELS[self.cpu_kernel]
+        self.cpu_experts = CpuExperts(host, CPU_EXPERT_KERNELS[self.cpu_kernel])  # from the pinned masters
         self.last_split: MissSplit | None = None
         self.exchange = HostExchange(device)  # the step's trips to the host and back, through pinned buffers
         self._rows_read: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's (hidden, ids) on the host
@@ -91,7 +90,7 @@ class CpuServed:
         per_k = gpu_pairs()  # enqueued
         gpu_done = torch.cuda.current_stream(hidden.device).record_event() if self.exchange.cuda else None
         kernel_start = time.perf_counter()
-        pairs, rows = cpu_pair_rows(hidden_host, ids_host, self.cpu_host, split.to_cpu, k, self.cpu_experts,
+        pairs, rows = cpu_pair_rows(hidden_host, ids_host, self.cpu_experts, split.to_cpu, k,
                                     self.kernels.activation)  # meanwhile
         kernel_s = time.perf_counter() - kernel_start
         if gpu_done is not None:
@@ -170,16 +169,11 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
         return self._step_with_cpu(hidden, topk_ids, topk_weights, split, gpu_pairs)
 
 
-def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, host: dict[str, torch.Tensor], experts, top_k: int,
-                  experts_fn: ExpertsKernel = CPU_EXPERT_KERNELS["reference"],
+def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, cpu_experts: CpuExperts, experts, top_k: int,
                   activation: Activation = SILU) -> tuple[torch.Tensor, torch.Tensor]:
     """On the CPU: the flat (token, k) pair indices routed to `experts` and their float32 outputs
-    ([M], [M, D]), each expert's pairs in token order, computed from the host masters in one call of
-    `experts_fn` (`wisp.core.cpu_expert_kernels`)."""
+    ([M], [M, D]), each expert's pairs in token order, computed from the host masters in one kernel call."""
     flat = topk_ids.reshape(-1)
-    extras = extras_of(host)
     routed = [(flat == expert).nonzero().squeeze(1) for expert in experts]  # [m] each, ascending: token order
     pairs = torch.cat(routed)
-    rows = experts_fn(hidden[pairs // top_k], [len(r) for r in routed], [host[GATE_UP][e] for e in experts],
-                      [host[DOWN][e] for e in experts], [extras_at(extras, e) for e in experts], activation)
-    return pairs, rows
+    return pairs, cpu_experts.rows(hidden, pairs, [len(r) for r in routed], list(experts), top_k, activation)

@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from wisp.core.expert_extras import extras_at, extras_of
+from wisp.core.expert_extras import extras_of
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.hybrid_split import split_time
 
@@ -53,9 +53,6 @@ class RankSplit:
         self.expert_map = torch.cat([store.expert_map, torch.full((1,), -1, dtype=torch.int32, device=device)])  # [N+1]
         self.placeholder = n  # the CPU's pairs' id on the GPU: no slot
         self.ranks = torch.arange(top_k, device=device)  # [K]
-        host = store.cpu_host  # the CPU's views of each expert, made once (a view per call costs microseconds)
-        self.cpu_gate_ups, self.cpu_downs = host[GATE_UP].unbind(0), host[DOWN].unbind(0)
-        self.cpu_extras = [extras_at(extras_of(host), e) for e in range(n)]
         self.hidden_host = torch.zeros((max_batch, d), dtype=hidden.dtype, pin_memory=pinned)
         self.ids_host = torch.zeros((max_batch, top_k), dtype=torch.int64, pin_memory=pinned)
         self.rows_host = torch.zeros((max_batch, top_k, d), dtype=torch.float32, pin_memory=pinned)
@@ -113,9 +110,8 @@ class RankSplit:
         if pairs_of:
             experts = sorted(pairs_of)
             pairs = torch.tensor([p for e in experts for p in pairs_of[e]])  # [M]
-            rows = store.cpu_experts(self.hidden_host[:b][pairs // k], [len(pairs_of[e]) for e in experts],
-                                     [self.cpu_gate_ups[e] for e in experts], [self.cpu_downs[e] for e in experts],
-                                     [self.cpu_extras[e] for e in experts], store.kernels.activation)  # [M, D]
+            rows = store.cpu_experts.rows(self.hidden_host[:b], pairs, [len(pairs_of[e]) for e in experts], experts,
+                                          k, store.kernels.activation)  # [M, D]
             self.rows_host[:b].view(b * k, -1).index_copy_(0, pairs, rows)
         kernel_s = time.perf_counter() - start
         if gpu_done is not None:
