@@ -4,10 +4,11 @@ The start-up probe (`wisp.core.hybrid_probe`) times the CPU kernel alone. In a s
 host memory with the copies in flight and pays the rows' trips both ways, and a host's speed drifts
 (on the H200's host one Mixtral expert took 6.4-9.5 ms on the CPU from one run to the next, and 7.8 ms
 while a copy ran). So every hybrid step that uses the CPU measures its wall time, from the split until
-both sides are done (the CPU's rows computed, then a wait on the GPU's side); when the model's next step begins, the step's ratio, its layers' wall over their predicted
-times, joins the window. The split then multiplies the CPU's costs by `factor`, the median of the last
-WINDOW steps' ratios once there are MIN_RATIOS of them: a CPU slower in practice than in the probe gets
-fewer experts, and one that cannot help gets none. (Not from one step: on the H200 a process's first CPU
+both sides are done (the CPU's rows computed, then a wait on the GPU's side); when the model's next
+step begins, the step's ratio, its layers' wall over their predicted times, joins the window. The split
+then multiplies the CPU's costs by `factor`, the median of the last WINDOW steps' ratios once there are
+MIN_RATIOS of them: a CPU slower in practice than in the probe gets fewer experts, and one that cannot
+help gets none. (Not from one step: on the H200 a process's first CPU
 steps took 8-16x their prediction, and one layer's ratio of 16 shut the CPU out until the next exploration.)
 
 Where the CPU cannot help any step of a batch (with the scaled costs, one CPU expert of one row plus
