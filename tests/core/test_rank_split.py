@@ -40,6 +40,10 @@ def test_a_split_step_equals_the_eager_step_with_the_same_experts_on_the_cpu(dev
     c = hybrid.counters
     assert (c.steps, c.misses, c.cpu_computed) == (4, 16, 4 * n)
     assert c.bytes_h2d == 4 * (4 - n) * hybrid.expert_bytes  # the GPU reads its pairs in place
+    t = hybrid.pace.totals  # a layer with CPU pairs is paced; its wall is its rows, then the wait on the GPU
+    assert t.steps == (4 if n else 0)
+    assert t.kernel_s >= 0 and t.gpu_wait_s >= 0 and t.routing_wait_s >= 0
+    assert t.wall_s == pytest.approx(t.kernel_s + t.gpu_wait_s, abs=1e-9) and (t.wall_s > 0) == (n > 0)
 
 
 def test_a_token_gets_the_same_bits_alone_and_in_a_batch(device):

@@ -27,6 +27,25 @@ def test_measures_both_then_runs_the_faster_and_re_measures_the_other(faster):
     assert kinds.count(faster) == 40 - 7
 
 
+def test_a_clear_cut_difference_decides_after_the_least_steps_and_ends_an_exploration_early():
+    chooser = StepKindChooser(sample=8, explore_every=40, warmup=0, least=3)
+    kinds = drive(chooser, 80, {GRAPH: 2.0, EAGER: 1.0})
+    assert kinds[:6] == [EAGER] * 3 + [GRAPH] * 3 and set(kinds[6:39]) == {EAGER}
+    assert [i + 1 for i, k in enumerate(kinds) if k == GRAPH][3:] == [40, 41, 42, 80]  # 3 of sample's 8
+
+
+def test_overlapping_times_are_measured_up_to_the_sample_and_compared_by_median():
+    chooser = StepKindChooser(sample=4, explore_every=40, warmup=0, least=2)
+    noisy = iter([1.0, 3.0, 2.0, 2.5, 1.1, 1.2, 2.4, 2.6] + [1.0] * 40)  # eager 1, 3 | graph 2, 2.5 overlap
+    kinds = []
+    for _ in range(12):
+        kind = chooser.pick(1)
+        chooser.record(1, kind, next(noisy))
+        kinds.append(kind)
+    assert kinds[:8] == [EAGER] * 2 + [GRAPH] * 2 + [EAGER] * 2 + [GRAPH] * 2
+    assert chooser.best(1) == EAGER and set(kinds[8:]) == {EAGER}  # median 1.15 against 2.45
+
+
 def test_batch_sizes_are_measured_apart_and_a_changed_speed_is_followed():
     chooser = StepKindChooser(sample=2, explore_every=10, warmup=0)
     drive(chooser, 10, {GRAPH: 1.0, EAGER: 2.0}, batch=1)

@@ -44,6 +44,8 @@ class PaceTotals:
     wall_s: float = 0.0  # split to the CPU's rows on the device
     predicted_s: float = 0.0  # what the splits predicted
     kernel_s: float = 0.0  # the CPU kernels alone
+    routing_wait_s: float = 0.0  # rank split only: the host waiting for a layer's routing (the piece's GPU time)
+    gpu_wait_s: float = 0.0  # rank split only: the host, its rows done, waiting for the GPU's pairs
 
 
 class CpuPace:
@@ -81,13 +83,17 @@ class CpuPace:
             self.ratios.clear()
             self._factor = 1.0
 
-    def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0) -> None:
-        """One layer's CPU step: its wall time, the split's prediction, and the CPU kernels' share of the wall."""
+    def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0, routing_wait_s: float = 0.0,
+                gpu_wait_s: float = 0.0) -> None:
+        """One layer's CPU step: its wall time, the split's prediction, the CPU kernels' share of the wall, and
+        (stats only) the host's waits before it and, within it, on the GPU's side."""
         t = self.totals
         t.steps += 1
         t.wall_s += wall_s
         t.predicted_s += predicted_s
         t.kernel_s += kernel_s
+        t.routing_wait_s += routing_wait_s
+        t.gpu_wait_s += gpu_wait_s
         self._open[0] += wall_s
         self._open[1] += predicted_s
 

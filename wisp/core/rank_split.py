@@ -98,6 +98,7 @@ class RankSplit:
         """Between the graphs: wait for the routing (`routed`), compute the CPU's pairs, wait for the GPU's
         (`gpu_done`), send the rows to the device buffer `merge` reads; count and pace as the eager step.
         (Lean on purpose: it runs once per MoE layer on the step's critical path.)"""
+        waited = time.perf_counter()
         if routed is not None:
             routed.synchronize()
         start = time.perf_counter()
@@ -113,12 +114,13 @@ class RankSplit:
             rows = store.cpu_experts.rows(self.hidden_host[:b], pairs, [len(pairs_of[e]) for e in experts], experts,
                                           k, store.kernels.activation)  # [M, D]
             self.rows_host[:b].view(b * k, -1).index_copy_(0, pairs, rows)
-        kernel_s = time.perf_counter() - start
+        done = time.perf_counter()
         if gpu_done is not None:
             gpu_done.synchronize()
         if pairs_of:
             predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
-            store.pace.observe(time.perf_counter() - start, predicted, kernel_s)
+            end = time.perf_counter()
+            store.pace.observe(end - start, predicted, done - start, start - waited, end - done)
             self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
         c = store.counters
         c.steps += 1

@@ -10,12 +10,15 @@ So the runner measures both, per batch size, by the wall time of whole steps, an
 graphs exist, the CPU-helped kind replays the graph's pieces with the experts eager between them.)
 
 For each batch size: after `warmup` untimed steps of each kind (cold: the CPU's pace still learning its
-ratio, first launches), the first `sample` decode steps run with the CPU's help (EAGER: the graph's pieces with
-the experts eager between, where captured), the next `sample` as whole graphs; after that
-the kind with the lower median step time runs, except that the first `sample` steps of every
-`explore_every` re-measure the other kind (routing and the host change). Only consulted where both kinds
-are possible and the model says the CPU could help a step (`MoEDecoder.graph_step_ok` is false); where
-it cannot, the graph runs.
+ratio, first launches), the first `least` decode steps run with the CPU's help (EAGER: the graph's pieces with
+the experts eager between, where captured), the next `least` as whole graphs. If every step of one kind was
+faster than every step of the other, that kind runs from then on; otherwise each kind is measured up to
+`sample` steps and the one with the lower median runs. Every `explore_every` steps the other kind is measured
+again for up to `sample` steps (routing and the host change), fewer when its first `least` are again all
+slower than every step in the runner's window. (Each step of the slower kind costs the difference: on
+OLMoE-1B-7B with no slots on the H200 a graph step took 33 ms against a CPU-helped 20.) Only consulted
+where both kinds are possible and the model says the CPU could help a step (`MoEDecoder.graph_step_ok`
+is false); where it cannot, the graph runs.
 
 Invariant: the choice changes which steps use the CPU, never a token beyond the CPU's rounding (both
 kinds compute the same experts' pairs; the graph's are paged mode's, bit for bit).
@@ -30,10 +33,12 @@ GRAPH, EAGER = "graph", "eager"
 
 
 class StepKindChooser:
-    def __init__(self, sample: int = 8, explore_every: int = 256, warmup: int = 3):
-        if sample < 1 or explore_every <= 2 * (sample + warmup) or warmup < 0:
-            raise ValueError("need sample >= 1, warmup >= 0 and explore_every > 2 x (sample + warmup)")
+    def __init__(self, sample: int = 8, explore_every: int = 256, warmup: int = 3, least: int = 3):
+        """`least`: the steps of each kind after which a clear-cut difference decides (at most `sample`)."""
+        if sample < 1 or explore_every <= 2 * (sample + warmup) or warmup < 0 or least < 1:
+            raise ValueError("need sample >= 1, least >= 1, warmup >= 0 and explore_every > 2 x (sample + warmup)")
         self.sample, self.explore_every, self.warmup = sample, explore_every, warmup
+        self.least = min(least, sample)
         self.untimed: dict[tuple[int, str], int] = {}  # (batch size, kind): warm-up steps seen
         self.times: dict[int, dict[str, deque[float]]] = {}
         self.picks: dict[int, int] = {}  # per batch size: decisions made
@@ -41,18 +46,31 @@ class StepKindChooser:
     def pick(self, batch_size: int) -> str:
         times = self._times(batch_size)
         n = self.picks[batch_size] = self.picks.get(batch_size, 0) + 1
-        for kind in (EAGER, GRAPH):  # first measure both
-            if len(times[kind]) < self.sample:
-                return kind
         best = self.best(batch_size)
-        if n % self.explore_every < self.sample:  # refresh the other kind's window now and then
-            return GRAPH if best == EAGER else EAGER
+        if best is None:  # measure both: `least` steps each, then up to `sample` unless that decided
+            for count in (self.least, self.sample):
+                for kind in (EAGER, GRAPH):
+                    if len(times[kind]) < count:
+                        return kind
+        other = GRAPH if best == EAGER else EAGER
+        explored = n % self.explore_every  # this exploration's steps so far (from 0 at its start)
+        if explored < self.sample and not (explored >= self.least and _all_slower(
+                list(times[other])[-self.least:], times[best])):
+            return other  # refresh the other kind's window now and then
         return best
 
     def best(self, batch_size: int) -> str | None:
-        """The kind with the lower median step time, once both were measured (None before)."""
+        """The kind to run: once both kinds have `least` steps, the one whose every step beat every step of the
+        other's; once both have `sample`, the one with the lower median; None before either."""
         times = self._times(batch_size)
-        if any(len(t) < self.sample for t in times.values()):
+        eager, graph = times[EAGER], times[GRAPH]
+        if min(len(eager), len(graph)) < self.least:
+            return None
+        if _all_slower(graph, eager):
+            return EAGER
+        if _all_slower(eager, graph):
+            return GRAPH
+        if min(len(eager), len(graph)) < self.sample:
             return None
         return min((GRAPH, EAGER), key=lambda kind: statistics.median(times[kind]))
 
@@ -72,3 +90,8 @@ class StepKindChooser:
         if batch_size not in self.times:
             self.times[batch_size] = {GRAPH: deque(maxlen=self.sample), EAGER: deque(maxlen=self.sample)}
         return self.times[batch_size]
+
+
+def _all_slower(slow, fast) -> bool:
+    """Whether every time in `slow` is above every time in `fast` (both non-empty)."""
+    return bool(slow) and bool(fast) and min(slow) > max(fast)

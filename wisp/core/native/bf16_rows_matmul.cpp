@@ -5,7 +5,7 @@
 // streams and sums: on the H200's 16-core host 4 rows read an OLMoE expert at 71 GB/s, one row at 56,
 // torch's bf16 GEMV at 44; a software prefetch only slowed it). Threads come from ATen's pool
 // (at::parallel_for; the library links the OpenMP runtime torch loaded), the same team as torch's own
-// CPU kernels. Each sum over k runs in 16 lanes (lane l takes k = l mod 16) folded pairwise (8, 4, 2, 1)
+// CPU kernels; they claim the work a few blocks at a time rather than in fixed shares. Each sum over k runs in 16 lanes (lane l takes k = l mod 16) folded pairwise (8, 4, 2, 1)
 // at the end, compiled without contraction into FMAs: the bits are the same on every x86 CPU whatever its
 // SIMD width.
 #include <ATen/Parallel.h>
@@ -13,13 +13,14 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kLanes = 16, kBlock = 4;
+constexpr int64_t kLanes = 16, kBlock = 4, kClaim = 4;  // kClaim blocks of kBlock weight rows a claim
 
 inline float bf16_to_float(uint16_t bits) {
   uint32_t word = uint32_t(bits) << 16;
@@ -65,14 +66,19 @@ at::Tensor bf16_grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::
   at::Tensor out = at::empty({x.size(0), n_out}, x.options());
   const float* xs = x.data_ptr<float>();
   float* outs = out.data_ptr<float>();
-  const int64_t blocks = (n_out + kBlock - 1) / kBlock;
-  at::parallel_for(0, blocks * int64_t(ws.size()), 8, [&](int64_t begin, int64_t end) {
+  const int64_t blocks = (n_out + kBlock - 1) / kBlock, items = blocks * int64_t(ws.size());
+  // Each thread of the team claims kClaim items at a time until none are left: a thread the OS delays, or
+  // one sharing its core with the CUDA driver, holds up only its last claim, not a fixed share of the work.
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     float tile[kBlock];
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t e = item / blocks, n = (item % blocks) * kBlock, count = std::min(kBlock, n_out - n);
-      for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
-        block_dot(weights[e] + n * depth, xs + m * depth, depth, count, tile);
-        for (int64_t r = 0; r < count; ++r) outs[m * n_out + n + r] = tile[r];
+    for (int64_t begin; (begin = next.fetch_add(kClaim, std::memory_order_relaxed)) < items;) {
+      for (int64_t item = begin; item < std::min(begin + kClaim, items); ++item) {
+        const int64_t e = item / blocks, n = (item % blocks) * kBlock, count = std::min(kBlock, n_out - n);
+        for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
+          block_dot(weights[e] + n * depth, xs + m * depth, depth, count, tile);
+          for (int64_t r = 0; r < count; ++r) outs[m * n_out + n + r] = tile[r];
+        }
       }
     }
   });
