@@ -224,7 +224,7 @@ def test_oom_at_load_names_the_bytes_and_the_flags(ckpt, monkeypatch, where):
 
 
 def _non_expert_tensors(model):
-    seen = {id(model.embed): model.embed, id(model.lm_head): model.lm_head, id(model.final_norm): model.final_norm}
+    seen = {id(model.embed.table): model.embed.table, id(model.lm_head): model.lm_head, id(model.final_norm): model.final_norm}
     for layer in model.layers:
         for part in (layer, layer.attn, layer.shared, layer.dense):
             for value in (vars(part).values() if part is not None else ()):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from wisp.bench.args import add_parser as add_bench_parser
 from wisp.cli_args import (
-    DTYPES, Parser, add_engine_args, fail, parse_port, parse_positive_int, parse_size, parse_token_ids,
+    DTYPES, Parser, add_engine_args, backend_options, fail, parse_port, parse_positive_int, parse_size, parse_token_ids,
 )
 from wisp.errors import WispError
 from wisp.plan.args import add_parsers as add_plan_parsers
@@ -99,9 +99,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
     )
-    llm = LLM(args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, dtype=args.dtype,
-              moe_backend=args.moe_backend, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = LLM(args.model, mode=args.mode, expert_cap=args.expert_cap, dtype=args.dtype,
+              max_num_batched_tokens=args.max_num_batched_tokens, **backend_options(args))
     recorder = _recorder(llm.engine, args.model, args.record_routing) if args.record_routing else None
     out = llm.generate([args.prompt if args.prompt is not None else args.prompt_ids], params)[0]
     stats = llm.stats()
@@ -186,10 +185,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sock = _bind(args.host, args.port)
     try:
         engine = LLMEngine(EngineConfig(
-            model=args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, kv_blocks=args.kv_blocks,
+            model=args.model, mode=args.mode, expert_cap=args.expert_cap, kv_blocks=args.kv_blocks,
             kv_bytes=args.kv_bytes, max_concurrency=args.max_concurrency, max_model_len=args.max_model_len,
-            moe_backend=args.moe_backend, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-            max_num_batched_tokens=args.max_num_batched_tokens, load_format=args.load_format,
+            max_num_batched_tokens=args.max_num_batched_tokens, load_format=args.load_format, **backend_options(args),
         ))
         if args.plan or args.vram_budget:
             from wisp.engine.warmup import plan_from_file, plan_from_warmup

@@ -16,7 +16,7 @@ import re
 import sys
 from typing import NoReturn
 
-from wisp.options import ATTENTION_BACKENDS, CACHE_POLICIES, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS
+from wisp.options import ATTENTION_BACKENDS, CACHE_POLICIES, EMBEDDINGS, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS
 from wisp.options import DTYPE_NAMES as DTYPES
 
 
@@ -86,13 +86,23 @@ def parse_size(text: str) -> int:
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:
-    """Where and how the engine runs: --device, the two kernel backends, --enforce-eager (every command)."""
+    """Where and how the engine runs: --device, the two kernel backends, --enforce-eager, --embedding (every
+    command; `backend_options` hands them to the engine's config)."""
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--moe-backend", choices=MOE_BACKENDS, default="auto",
                    help="fused-MoE implementation (auto: triton on CUDA, torch on the CPU)")
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                    help="paged attention (auto: triton on CUDA, torch on the CPU)")
     p.add_argument("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
+    p.add_argument("--embedding", choices=EMBEDDINGS, default="auto",
+                   help="where the token embedding table lives: host (pinned, each token's row read in place: "
+                        "vocab x hidden bytes of VRAM freed) or device (auto: host on CUDA unless it is also the LM head)")
+
+
+def backend_options(args: argparse.Namespace) -> dict:
+    """The `add_backend_args` options as EngineConfig fields."""
+    return {"device": args.device, "moe_backend": args.moe_backend, "attention_backend": args.attention_backend,
+            "enforce_eager": args.enforce_eager, "embedding": args.embedding}
 
 
 def add_engine_args(p: argparse.ArgumentParser, record_help: str) -> None:

@@ -22,8 +22,8 @@ from wisp.errors import WispError
 from wisp.models.families import Family, family_for_architecture
 from wisp.models.mla import MlaShape
 from wisp.models.rope import RopeScaling
-from wisp.options import (ATTENTION_BACKENDS, DTYPE_NAMES, HYBRID_CPU_KERNELS, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS,
-                          SCRATCH_MODES)
+from wisp.options import (ATTENTION_BACKENDS, DTYPE_NAMES, EMBEDDINGS, HYBRID_CPU_KERNELS, MAX_NUM_BATCHED_TOKENS, MODES,
+                          MOE_BACKENDS, SCRATCH_MODES)
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -259,6 +259,7 @@ class EngineConfig:
     hybrid_costs: HybridCosts | None = None  # hybrid mode's copy / CPU costs; None: probed at load
     hybrid_cpu_kernel: str | None = None  # hybrid's CPU kernel (HYBRID_CPU_KERNELS); None: native (else plain) with a GPU
     prefetch: bool = False  # copy each next layer's predicted experts ahead (wisp.core.prefetch; eager, paged only)
+    embedding: str = "auto"  # the token embedding table: "host" (pinned, read in place), "device"; auto: host on CUDA when untied
 
     def __post_init__(self) -> None:
         if self.kv_blocks is not None and self.kv_bytes is not None:
@@ -278,6 +279,8 @@ class EngineConfig:
             raise WispError(f"unknown attention backend {self.attention_backend!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
         if self.hybrid_cpu_kernel not in (None, *HYBRID_CPU_KERNELS):
             raise WispError(f"unknown hybrid CPU kernel {self.hybrid_cpu_kernel!r}; choose one of: {', '.join(HYBRID_CPU_KERNELS)}")
+        if self.embedding not in EMBEDDINGS:
+            raise WispError(f"unknown embedding placement {self.embedding!r}; choose one of: {', '.join(EMBEDDINGS)}")
         if self.prefetch and self.mode != "paged":
             raise WispError(f"--prefetch fills paged mode's expert slots: it needs --mode paged, not {self.mode}")
         if self.cuda_graph_max_batch < 0:

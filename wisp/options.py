@@ -7,6 +7,7 @@ SCRATCH_MODES = ("paged", "hybrid")  # modes with a C-slot expert scratch per la
 HYBRID_CPU_KERNELS = ("native", "plain", "reference")  # hybrid mode's CPU kernels (wisp.core.cpu_expert_kernels)
 MOE_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch on the CPU
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+EMBEDDINGS = ("auto", "device", "host")  # where the token embedding table lives (auto: host on CUDA when untied)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 CACHE_POLICIES = ("lru", "opt", "lfu", "lrfu", "arc", "static")  # the replacement policies `wisp sim` replays
 MAX_NUM_BATCHED_TOKENS = 2048  # tokens per engine step (decodes, then prefill chunks)

@@ -39,6 +39,7 @@ from wisp.bench.agent_arms import ArmSpec, arm_specs, parse_arms
 from wisp.bench.agent_sessions import Session, load_sessions, train_session_tokenizer
 from wisp.bench.decode import _git_commit, _peak, _reset_peak, model_config_for, probe_h2d_gbps
 from wisp.bench.routing import routing_for, uniform_trace
+from wisp.cli_args import backend_options
 from wisp.config import EngineConfig, ModelConfig, resolve_device
 from wisp.engine.engine import LLMEngine
 from wisp.engine.sampling import SamplingParams
@@ -133,11 +134,10 @@ def session_kv_trace(sessions: list[Session], concurrency: int, block_size: int)
 
 def _engine(args, cfg: ModelConfig, spec: ArmSpec) -> LLMEngine:
     caps = {"per_layer_caps": spec.expert_caps} if spec.expert_caps else {}
-    return LLMEngine(EngineConfig(model=args.model, device=args.device, mode=spec.mode, load_format=args.load_format,
+    return LLMEngine(EngineConfig(model=args.model, mode=spec.mode, load_format=args.load_format,
                                   kv_blocks=spec.kv_blocks, max_concurrency=args.concurrency,
-                                  max_model_len=args.max_model_len, moe_backend=args.moe_backend,
-                                  attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-                                  max_num_batched_tokens=args.max_num_batched_tokens, **caps))
+                                  max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
+                                  **backend_options(args), **caps))
 
 
 def _warm_up(engine: LLMEngine, length: int) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from wisp.bench.routing import routing_for
+from wisp.cli_args import backend_options
 from wisp.config import MODES, EngineConfig, ModelConfig, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
@@ -91,6 +92,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         "load_s": round(load_s, 2), **_measures(timed, batch),
         "peak_gpu_bytes_load": peak_load, "peak_gpu_bytes": _peak(device), "device": str(device),
         "graph_steps": timed.stats["graph_steps"], "piece_steps": timed.stats["piece_steps"], "routing": "router",
+        "embedding": timed.stats["embedding"],
         **({"hybrid_costs": timed.stats["hybrid_costs"], "hybrid_cpu_factor": timed.stats["hybrid_cpu_factor"],
             "hybrid_cpu_steps": timed.stats["hybrid_cpu_steps"], "hybrid_step_kinds": timed.stats["hybrid_step_kinds"],
             "experts_on_cpu": timed.stats["expert_cpu_computed"]}
@@ -204,9 +206,7 @@ def bench_decode(args) -> list[dict]:
 
 
 def _engine_options(args) -> dict:
-    opts = {"device": args.device, "load_format": args.load_format, "moe_backend": args.moe_backend,
-            "attention_backend": args.attention_backend, "enforce_eager": args.enforce_eager,
-            **({"prefetch": True} if args.prefetch else {})}
+    opts = {"load_format": args.load_format, **backend_options(args), **({"prefetch": True} if args.prefetch else {})}
     if args.dtype:
         opts["dtype"] = args.dtype
     return opts

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from wisp.bench.decode import _git_commit, _peak, probe_h2d_gbps
+from wisp.cli_args import backend_options
 from wisp.config import MODES, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
@@ -99,7 +100,7 @@ def _measure_prefill(llm: LLM, union: RoutedUnion, p: int, load_s: float) -> dic
         "distinct_routed_per_layer": round(float(union.seen.sum()) / n_layers, 2),
         "expert_bytes": cfg.expert_bytes, "expert_device_bytes": s["expert_device_bytes"],
         "peak_gpu_bytes": _peak(device), "device": str(device),
-        "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+        "max_num_batched_tokens": engine.config.max_num_batched_tokens, "embedding": s["embedding"],
     }
 
 
@@ -116,9 +117,8 @@ def _time_to_first_token(engine, rid: str, prompt: list[int]) -> tuple[float, in
 
 
 def bench_prefill(args) -> list[dict]:
-    opts = {"device": args.device, "load_format": args.load_format, "moe_backend": args.moe_backend,
-            "attention_backend": args.attention_backend, "enforce_eager": args.enforce_eager,
-            "max_num_batched_tokens": args.max_num_batched_tokens}
+    opts = {"load_format": args.load_format, "max_num_batched_tokens": args.max_num_batched_tokens,
+            **backend_options(args)}
     caps = [int(c) for c in args.expert_cap.split(",")] if args.expert_cap else [None]
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]

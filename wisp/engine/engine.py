@@ -43,6 +43,7 @@ from wisp.errors import WispError
 from wisp.models.loader import CheckpointReader, HostMemory, load_model
 from wisp.models.random_checkpoint import RandomWeights
 from wisp.models.source import model_source
+from wisp.models.token_embedding import embedding_on_host
 
 
 @dataclass
@@ -100,7 +101,8 @@ class LLMEngine:
             cause = " ".join(str(exc).split())[:200]
         # outside the handler, so the traceback no longer holds the partly loaded tensors
         self.model = self.kv = self.runner = None
-        need = DeviceBytes.of(cfg, config, num_blocks, self.floor_blocks, self.block_bytes)
+        need = DeviceBytes.of(cfg, config, num_blocks, self.floor_blocks, self.block_bytes,
+                              embedding_on_host(config.embedding, self.device, cfg.tie_word_embeddings))
         raise WispError(oom_message(cfg, config, need, usable_bytes(self.device), stage, cause))
 
     def _build_pools(self, num_blocks: int) -> None:
@@ -299,6 +301,7 @@ class LLMEngine:
         return {
             "mode": self.config.mode,
             "expert_cap": self.expert_cap,
+            "embedding": "host" if self.model.embed.on_host else "device",
             "expert_caps": {str(li): s.pager.capacity for li, s in stores.items() if isinstance(s, PagedExperts)},
             "expert_hits": total.hits,
             "expert_misses": total.misses,

@@ -40,8 +40,8 @@ class DeviceBytes:
         return self.weights + self.experts + self.kv
 
     @classmethod
-    def of(cls, cfg: ModelConfig, config: EngineConfig, num_blocks: int, floor_blocks: int, block_bytes: int
-           ) -> "DeviceBytes":
+    def of(cls, cfg: ModelConfig, config: EngineConfig, num_blocks: int, floor_blocks: int, block_bytes: int,
+           embedding_on_host: bool = False) -> "DeviceBytes":
         element = torch.empty((), dtype=cfg.dtype).element_size()
         layers, e = len(cfg.moe_layer_ids), cfg.expert_bytes
         slot = 0
@@ -53,7 +53,7 @@ class DeviceBytes:
             experts = cfg.num_experts * e
         else:  # zero-copy reads the host masters in place; a prefill chunk streams through two staging buffers
             experts = 2 * e
-        return cls(non_expert_params(cfg) * element, experts, num_blocks * block_bytes, floor_blocks * block_bytes,
+        return cls(non_expert_params(cfg, embedding_on_host) * element, experts, num_blocks * block_bytes, floor_blocks * block_bytes,
                    slot)
 
 

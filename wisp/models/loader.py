@@ -49,6 +49,7 @@ from wisp.models.families import get_family
 from wisp.models.mla import load_mla_weights
 from wisp.models.weight_names import WeightNames
 from wisp.models.moe_decoder import AttentionWeights, LayerWeights, MLPWeights, MoEDecoder
+from wisp.models.token_embedding import TokenEmbedding, embedding_on_host
 
 log = logging.getLogger("wisp.models")
 
@@ -201,14 +202,34 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
         def opt(key: str) -> torch.Tensor | None:
             return dev(key) if key in reader else None
 
-        embed = dev("model.embed_tokens.weight")
-        lm_head = embed if model_cfg.tie_word_embeddings or "lm_head.weight" not in reader else dev("lm_head.weight")
+        tied = model_cfg.tie_word_embeddings or "lm_head.weight" not in reader
+        embed = _embedding(reader, model_cfg, engine, device, dev, tied)
+        lm_head = embed.table if tied else dev("lm_head.weight")
         layers = [_load_layer(i, model_cfg, names, dev, opt) for i in range(model_cfg.num_layers)]
         experts = _load_experts(reader, model_cfg, engine, names, device, host)
         return MoEDecoder(model_cfg, embed, dev("model.norm.weight"), lm_head, layers, experts,
                           backend=engine.resolve_backend("moe", device))
     finally:
         reader.close()
+
+
+def _embedding(reader, model_cfg: ModelConfig, engine: EngineConfig, device: torch.device, dev,
+               tied: bool) -> TokenEmbedding:
+    """The token embedding table: in pinned host memory where `--embedding` puts it there (never through the
+    device: its bytes would stay in the allocator's cache), else on the device like the other weights."""
+    key = "model.embed_tokens.weight"
+    if engine.embedding == "host" and tied:
+        raise WispError("--embedding host: this model's embedding is also its LM head, which reads all of it every "
+                        "step; keep it on the device (--embedding auto or device)")
+    if not embedding_on_host(engine.embedding, device, tied):
+        return TokenEmbedding(dev(key), device)
+    table = plain_tensor(reader, key, model_cfg.fp8_block)
+    host = torch.empty(table.shape, dtype=model_cfg.dtype, pin_memory=True)
+    host.copy_(table)
+    del table
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # a table made on the device (dummy weights): give its bytes back
+    return TokenEmbedding(host, device)
 
 
 def plain_tensor(reader, key: str, fp8_block: tuple[int, int] | None) -> torch.Tensor:

@@ -24,6 +24,7 @@ from wisp.core.experts import ExpertStore
 from wisp.core.pager import use_host_many
 from wisp.models.families import get_family
 from wisp.models.mla import MlaWeights, mla_attention
+from wisp.models.token_embedding import TokenEmbedding
 
 
 class KVStorage(Protocol):
@@ -126,7 +127,7 @@ class MoEDecoder:
     def __init__(
         self,
         config: ModelConfig,
-        embed: torch.Tensor,
+        embed: TokenEmbedding,
         final_norm: torch.Tensor,
         lm_head: torch.Tensor,
         layers: list[LayerWeights],
@@ -144,7 +145,7 @@ class MoEDecoder:
         self.routing_hook = None  # called as hook(layer, topk_ids, topk_weights) when set (trace recording)
         self.routing_override = None  # .ids(layer, topk_ids) -> replayed ids (benchmarks only)
         self.routing_log = None  # .record(layer, topk_ids): device-side, graph-safe (wisp.engine.routing_log)
-        self.device = embed.device
+        self.device = final_norm.device
         self.dtype = embed.dtype
         self.rms_norm = rows.rms_norm  # "triton": one row-invariant kernel per norm / rotation (CUDA)
         if config.norm_weight_float32:
@@ -262,7 +263,7 @@ class MoEDecoder:
         experts between pieces may sync (piecewise CUDA graphs, `wisp.engine.cuda_graphs`)."""
         eps = self.config.rms_norm_eps
         if before is None:
-            x, rope, start = self.embed[tokens], self.rope(positions), 0  # the rotation: once per forward
+            x, rope, start = self.embed(tokens), self.rope(positions), 0  # the rotation: once per forward
         else:
             x, rope, start = before.x + self.with_shared(before.layer, before.hidden, routed), before.rope, before.layer + 1
         for li in range(start, len(self.layers)):

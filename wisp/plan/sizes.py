@@ -77,11 +77,12 @@ def _mlp_params(cfg: ModelConfig, moe: bool) -> int:
     return params
 
 
-def non_expert_params(cfg: ModelConfig) -> int:
-    """Parameters outside the routed experts: every layer's attention and MLP, embeddings, the final norm."""
+def non_expert_params(cfg: ModelConfig, embedding_on_host: bool = False) -> int:
+    """Parameters outside the routed experts: every layer's attention and MLP, embeddings, the final norm
+    (on the device: without the token embedding table where it lives in host memory, `--embedding`)."""
     d = cfg.hidden_size
     layers = sum(_attention_params(cfg) + _mlp_params(cfg, moe) for moe in cfg.moe_layers)
-    embed = cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2)
+    embed = cfg.vocab_size * d * (1 if cfg.tie_word_embeddings or embedding_on_host else 2)
     return layers + embed + d
 
 
