@@ -13,9 +13,10 @@
 #         trace; `uniform` for models no trace of ours fits), and cold TTFT at 512 / 2048 tokens in the
 #         placement's first mode, for each prefill chunk in PREFILL_CHUNKS (default 2048; "2048 512" to add
 #         llama.cpp's micro-batch, which needs less VRAM).
-#   paired: hybrid with no slots (our best mode at llama.cpp's all-CPU footprint), then the peer stage at that
-#         placement alone, then hybrid again: both sides on the same host minutes apart (the host's memory
-#         bandwidth varies between machines and processes). About 6 minutes with the build.
+#   paired: hybrid with no slots (our best mode at llama.cpp's all-CPU footprint: decode, then cold TTFT at 512 and
+#         2048 tokens in CHUNK-token prefill steps, default 512 as llama.cpp's micro-batch), then the peer stage at
+#         that placement alone, then hybrid again: both sides on the same host minutes apart (the host's memory
+#         bandwidth varies between machines and processes). About 7.5 minutes with the build.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -43,6 +44,9 @@ paired)
       --model "$model" --mode hybrid --expert-cap 0 --prompt-len 512 --decode-tokens "${TOKENS:-128}" \
       --routing-trace "${ROUTING:-.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl}" \
       --out "$out/decode_hybrid_c0_$run.json" 2>"$out/decode_hybrid_c0_$run.log" | tail -2
+    python3 $peak --out "$out/smi_prefill_hybrid_c0_$run.json" -- python3 -m wisp bench prefill --load-format dummy \
+      --model "$model" --mode hybrid --expert-cap 0 --prompt-len 512,2048 --max-num-batched-tokens "${CHUNK:-512}" \
+      --out "$out/prefill_hybrid_c0_$run.json" 2>"$out/prefill_hybrid_c0_$run.log" | tail -3
   done ;;
 wisp)
   wmodel=${WISP_MODEL:-$model}
