@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.cli_runner import run_many, run_wisp
+from wisp.config import ModelConfig
+from wisp.models.random_checkpoint import DEMO_CONFIG
 from wisp.plan.miss_curves import expert_miss_curve
 from wisp.trace.format import RoutingTrace
 
@@ -47,10 +49,14 @@ def test_plan_is_deterministic_and_complete_and_sim_matches_the_curve(recorded, 
         "a": ("--out", tmp_path / "a.json", "--plot", tmp_path / "a.png", *args),
         "b": ("--out", tmp_path / "b.json", *args),
         "tiny": ("--out", tmp_path / "c.json", *args[:3], "4MiB", *args[4:]),
+        "host": ("--out", tmp_path / "h.json", *args, "--embedding", "host"),  # the table not budgeted
     }, cache, command="plan")
     assert runs["a"].returncode == 0 and runs["b"].returncode == 0, runs["a"].stderr
     a, b = json.loads((tmp_path / "a.json").read_text()), json.loads((tmp_path / "b.json").read_text())
     assert a == b and PLAN_FIELDS <= set(a)
+    host = json.loads((tmp_path / "h.json").read_text())
+    demo = ModelConfig.from_hf(DEMO_CONFIG)
+    assert a["non_expert_bytes"] - host["non_expert_bytes"] == demo.vocab_size * demo.hidden_size * 4  # float32
     assert (tmp_path / "a.png").stat().st_size > 10_000
     assert a["kv_blocks"] >= a["admission_floor_blocks"] == 4 * 512 // 16
     assert a["expert_bytes"] + a["kv_bytes"] <= a["pageable_bytes"]

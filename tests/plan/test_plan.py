@@ -108,3 +108,15 @@ def test_a_bad_hybrid_advice_names_the_key(change, fragment):
     assert Plan.from_json({**POOLS, "hybrid": hybrid}).hybrid.mode == "hybrid"
     with pytest.raises(WispError, match=fragment):
         Plan.from_json({**POOLS, "hybrid": change(hybrid)}, "plan p.json")
+
+
+def test_an_embedding_table_in_host_memory_leaves_its_bytes_to_the_split():
+    cfg = ModelConfig.from_hf(preset("qwen3-30b-a3b"))  # untied: 151936 x 2048 bf16, 622 MB
+    trace = RoutingTrace.load(DOCS / "traces" / "qwen3_shape_random_8layer_trace.npz")
+    inputs = PlanInputs(20 << 30, 4, 4096, seconds_per_byte=1.8e-11, recompute_seconds_per_token=2.3e-5)
+    on_device = make_plan(cfg, inputs, trace, None, torch.device("cpu")).report
+    on_host = make_plan(cfg, replace(inputs, embedding_on_host=True), trace, None, torch.device("cpu")).report
+    table = cfg.vocab_size * cfg.hidden_size * 2
+    assert on_device.non_expert_bytes - on_host.non_expert_bytes == table
+    assert on_host.pageable_bytes - on_device.pageable_bytes == table
+    assert on_host.expert_bytes + on_host.kv_bytes > on_device.expert_bytes + on_device.kv_bytes  # spent, not left

@@ -43,6 +43,7 @@ from wisp.cli_args import backend_options
 from wisp.config import EngineConfig, ModelConfig, resolve_device
 from wisp.engine.engine import LLMEngine
 from wisp.engine.sampling import SamplingParams
+from wisp.models.token_embedding import embedding_on_host
 from wisp.plan.controller import ControllerConfig, SplitController
 from wisp.plan.planner import PlanInputs, make_plan
 from wisp.trace.format import RoutingTrace
@@ -214,7 +215,8 @@ def bench_agent(args) -> list[dict]:
     trace, routing = routing_for(args.routing_trace, cfg, max(8192, len(sessions) * args.max_model_len))
     gbps = probe_h2d_gbps(device)
     inputs = PlanInputs(vram_budget=args.vram_budget, max_concurrency=args.concurrency, max_model_len=args.max_model_len,
-                        seconds_per_byte=None if device.type == "cuda" else 1e-10)
+                        seconds_per_byte=None if device.type == "cuda" else 1e-10,
+                        embedding_on_host=embedding_on_host(args.embedding, device, cfg.tie_word_embeddings))
     plan_trace = trace if trace is not None else uniform_trace(cfg, 512)
     plan = make_plan(cfg, inputs, plan_trace, session_kv_trace(sessions, args.concurrency, 16), device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -32,6 +32,7 @@ from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
 from wisp.engine.sequence import Sequence
 from wisp.errors import WispError
+from wisp.models.token_embedding import embedding_on_host
 from wisp.options import SCRATCH_MODES
 from wisp.plan.probes import probe_seconds_per_byte
 from wisp.plan.sizes import cap_for_budget
@@ -221,7 +222,8 @@ def _runs(args) -> list[tuple[str, int | None, int]]:
         raise WispError(f"unknown mode {bad[0]!r}; choose from: {', '.join((*MODES, 'accelerate'))}")
     if args.vram_budget:
         cfg = model_config_for(args.model, args.load_format)
-        caps = [cap_for_budget(cfg, args.vram_budget, args.prompt_len + args.decode_tokens + 8)]
+        on_host = embedding_on_host(args.embedding, resolve_device(args.device), cfg.tie_word_embeddings)
+        caps = [cap_for_budget(cfg, args.vram_budget, args.prompt_len + args.decode_tokens + 8, embedding_on_host=on_host)]
     batches = [int(b) for b in str(args.batch).split(",")]
     return [(m, c, b) for b in batches for m in sorted(modes, key=lambda m: m != "resident")
             for c in (caps if m in SCRATCH_MODES else [None])]

@@ -51,7 +51,7 @@ def plan_from_warmup(engine: LLMEngine, vram_budget: int, tokens: int = 32) -> P
     finally:
         recorder.detach(engine)
     inputs = PlanInputs(vram_budget, engine.config.max_concurrency, engine.max_model_len, engine.config.kv_block_size,
-                        recompute_seconds_per_token=recompute)
+                        recompute_seconds_per_token=recompute, embedding_on_host=engine.model.embed.on_host)
     plan = make_plan(cfg, inputs, recorder.trace(), None, engine.device)
     engine.reset_stats()
     return plan

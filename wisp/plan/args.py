@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from wisp.cli_args import CACHE_POLICIES, parse_size
+from wisp.options import EMBEDDINGS
 from wisp.models.presets import PRESETS
 
 
@@ -24,6 +25,9 @@ def add_budget_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--reserve", type=parse_size, default=1 << 29, help="activations/workspace reserve (default 512MiB)")
     p.add_argument("--tokens-per-request", type=int, default=None)
     p.add_argument("--device", default="auto", help="where to probe the costs: auto, cpu or cuda")
+    p.add_argument("--embedding", choices=EMBEDDINGS, default="auto",
+                   help="where the served model keeps its token embedding table (auto: host memory on CUDA when it "
+                        "is not also the LM head): a host table is not budgeted")
 
 
 def add_parsers(sub) -> None:

@@ -52,7 +52,9 @@ def load_traces(args) -> tuple:
     return trace, kv
 
 
-def _plan_inputs(args):
+def _plan_inputs(args, cfg: ModelConfig):
+    """--embedding host plans for a served model that keeps its table in host memory, wherever `wisp plan` runs."""
+    from wisp.models.token_embedding import embedding_on_host
     from wisp.plan.plan_file import read_hybrid_costs
     from wisp.plan.planner import PlanInputs
 
@@ -63,14 +65,16 @@ def _plan_inputs(args):
     return PlanInputs(args.vram_budget, args.max_concurrency, args.max_model_len, args.block_size,
                       seconds_per_byte=args.t_byte, recompute_seconds_per_token=args.recompute_cost,
                       reserve_bytes=args.reserve, tokens_per_request=args.tokens_per_request,
-                      hybrid_costs=read_hybrid_costs(costs_file) if costs_file else None)
+                      hybrid_costs=read_hybrid_costs(costs_file) if costs_file else None,
+                      embedding_on_host=not cfg.tie_word_embeddings and (args.embedding == "host" or embedding_on_host(
+                          args.embedding, resolve_device(args.device), cfg.tie_word_embeddings)))
 
 
 def _make_plan(args, cfg: ModelConfig, trace, kv):
     """The plan the command line asks for."""
     from wisp.plan.planner import make_plan
 
-    return make_plan(cfg, _plan_inputs(args), trace, kv, resolve_device(args.device))
+    return make_plan(cfg, _plan_inputs(args, cfg), trace, kv, resolve_device(args.device))
 
 
 def cmd_plan(args) -> int:

@@ -54,6 +54,7 @@ class PlanInputs:
     reserve_bytes: int = DEFAULT_RESERVE_BYTES
     tokens_per_request: int | None = None
     hybrid_costs: HybridCosts | None = None  # given: the plan carries a HybridAdvice
+    embedding_on_host: bool = False  # the token embedding table in pinned host memory (--embedding): not budgeted
 
     @property
     def admission_floor_blocks(self) -> int:
@@ -64,7 +65,7 @@ class PlanInputs:
 def make_plan(cfg: ModelConfig, inputs: PlanInputs, trace: RoutingTrace, kv: KVTrace | None,
               device: torch.device) -> Plan:
     """The plan for `inputs` (see the module docstring); WispError when the budget cannot meet the floor."""
-    sizes = ModelSizes.of(cfg, inputs.block_size)
+    sizes = ModelSizes.of(cfg, inputs.block_size, inputs.embedding_on_host)
     costs = cost_model(cfg, inputs, sizes, kv, device)
     per_layer = layer_curves(trace, cfg)
     curves = PlanCurves.of(np.sum(per_layer, axis=0), kv_curve_per_request(kv, inputs.admission_floor_blocks),

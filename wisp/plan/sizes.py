@@ -30,11 +30,12 @@ class ModelSizes:
     block_bytes: int  # one KV block across layers
 
     @classmethod
-    def of(cls, cfg: ModelConfig, block_size: int) -> "ModelSizes":
+    def of(cls, cfg: ModelConfig, block_size: int, embedding_on_host: bool = False) -> "ModelSizes":
+        """embedding_on_host: the token embedding table lives in pinned host memory (`--embedding`), not in VRAM."""
         element = torch.empty((), dtype=cfg.dtype).element_size()
         staging = 2 * cfg.expert_bytes  # paged mode's two staging buffers for wide steps (`wisp.core.expert_major`)
         kv_block = cfg.kv_tensors * cfg.num_layers * cfg.num_kv_heads * block_size * cfg.head_dim * element  # MLA: 1
-        return cls(non_expert_params(cfg) * element + staging, cfg.expert_bytes,
+        return cls(non_expert_params(cfg, embedding_on_host) * element + staging, cfg.expert_bytes,
                    len(cfg.moe_layer_ids) * cfg.expert_bytes, kv_block)
 
 
@@ -86,10 +87,11 @@ def non_expert_params(cfg: ModelConfig, embedding_on_host: bool = False) -> int:
     return layers + embed + d
 
 
-def cap_for_budget(cfg: ModelConfig, budget: int, max_model_len: int, block_size: int = 16) -> int:
+def cap_for_budget(cfg: ModelConfig, budget: int, max_model_len: int, block_size: int = 16,
+                   embedding_on_host: bool = False) -> int:
     """The largest paged cap whose scratch fits `budget` beside the non-expert weights, a batch-1 KV pool
     and the planner's reserve (clamped to [top_k, num_experts])."""
-    sizes = ModelSizes.of(cfg, block_size)
+    sizes = ModelSizes.of(cfg, block_size, embedding_on_host)
     kv = -(-max_model_len // block_size) * sizes.block_bytes
     cap = (budget - sizes.non_expert_bytes - kv - DEFAULT_RESERVE_BYTES) // sizes.slot_bytes
     return int(min(max(cap, cfg.top_k), cfg.num_experts))
