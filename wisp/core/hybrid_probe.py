@@ -5,8 +5,13 @@
   will use (`wisp.core.cpu_expert_kernels.CPU_EXPERT_KERNELS`) for each row count, the fastest of `repeats` + 2
   after three warm-up calls
   (what the CPU can do: `CpuPace` scales it by what steps measure; a median let one busy moment at load,
-  12 ms for a 0.24 ms OLMoE expert on the H200's host, shut the CPU out for good), then a running maximum
-  so the curve never falls with rows (a timing dip would break `split_misses`' exactness argument);
+  12 ms for a 0.24 ms OLMoE expert on the H200's host, shut the CPU out for good), then each row count's
+  time capped by the next larger one's, so the curve never falls with rows (a dip would break
+  `split_misses`' exactness argument) and a stall while timing a few rows is clipped rather than spread
+  to every row count (it was a running maximum: one load on the H200 timed one row at 16 ms against 0.24
+  ms in the run before, every row count inherited it, and the CPU got nothing for the whole process;
+  erring low is the safe side: `CpuPace` corrects a CPU slower than probed once steps use it, while one
+  probed too slow is never used, so never measured again);
 - cpu_overhead_s: one step's fixed cost of using the CPU at all: the hidden rows to the host and one row
   back to the device.
 
@@ -79,8 +84,8 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
             experts_fn(x, [n], [host[GATE_UP][e]], [host[DOWN][e]], [extras_at(extras, e)], activation)
 
         cpu_s.append(_timed_s(cpu_one, torch.device("cpu"), repeats + 2, pick=min, warm_ups=3))
-    for i in range(1, len(cpu_s)):
-        cpu_s[i] = max(cpu_s[i], cpu_s[i - 1])
+    for i in reversed(range(len(cpu_s) - 1)):  # a smaller step is never dearer than a larger one
+        cpu_s[i] = min(cpu_s[i], cpu_s[i + 1])
     hidden = torch.zeros((1, d), dtype=dtype, device=device)
     overhead_s = _timed_s(lambda: hidden.cpu().to(device), device, repeats)
     return HybridCosts(copy_s, tuple(rows), tuple(cpu_s), overhead_s)
