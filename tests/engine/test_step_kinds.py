@@ -52,6 +52,7 @@ def test_batch_sizes_are_measured_apart_and_a_changed_speed_is_followed():
     assert chooser.best(1) == GRAPH and chooser.best(2) is None
     drive(chooser, 1, {GRAPH: 1.0, EAGER: 0.5}, batch=2)
     assert chooser.medians() == {"1": {GRAPH: 1.0, EAGER: 2.0}, "2": {EAGER: 0.5}}  # what stats report
+    assert chooser.windows() == {"1": {GRAPH: [1.0, 1.0], EAGER: [2.0, 2.0]}, "2": {EAGER: [0.5]}}
     drive(chooser, 20, {GRAPH: 3.0, EAGER: 2.0}, batch=1)  # graph steps got slower: its window refills
     assert chooser.best(1) == EAGER
 

@@ -96,6 +96,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         "embedding": timed.stats["embedding"],
         **({"hybrid_costs": timed.stats["hybrid_costs"], "hybrid_cpu_factor": timed.stats["hybrid_cpu_factor"],
             "hybrid_cpu_steps": timed.stats["hybrid_cpu_steps"], "hybrid_step_kinds": timed.stats["hybrid_step_kinds"],
+            "hybrid_step_windows": timed.stats["hybrid_step_windows"],
             "experts_on_cpu": timed.stats["expert_cpu_computed"]}
            if "hybrid_costs" in timed.stats else {}),
         **({"prefetch": True, "experts_prefetched": timed.stats["expert_prefetched"]} if opts.get("prefetch") else {}),

@@ -79,6 +79,12 @@ class StepKindChooser:
         return {str(b): {kind: round(statistics.median(t), 6) for kind, t in times.items() if t}
                 for b, times in sorted(self.times.items())}
 
+    def windows(self) -> dict[str, dict[str, list[float]]]:
+        """Per batch size (as a string), each kind's timed steps in its window, oldest first (why a choice
+        was made: a clear-cut difference, or the medians)."""
+        return {str(b): {kind: [round(s, 6) for s in t] for kind, t in times.items() if t}
+                for b, times in sorted(self.times.items())}
+
     def record(self, batch_size: int, kind: str, seconds: float) -> None:
         seen = self.untimed.get((batch_size, kind), 0)
         if seen < self.warmup:  # a cold step: not what this kind costs
