@@ -11,14 +11,15 @@ graphs exist, the CPU-helped kind replays the graph's pieces with the experts ea
 
 For each batch size: after `warmup` untimed steps of each kind (cold: the CPU's pace still learning its
 ratio, first launches), the first `least` decode steps run with the CPU's help (EAGER: the graph's pieces with
-the experts eager between, where captured), the next `least` as whole graphs. If every step of one kind was
-faster than every step of the other, that kind runs from then on; otherwise each kind is measured up to
-`sample` steps and the one with the lower median runs. Every `explore_every` steps the other kind is measured
-again for up to `sample` steps (routing and the host change), fewer when its first `least` are again all
-slower than every step in the runner's window. (Each step of the slower kind costs the difference: on
-OLMoE-1B-7B with no slots on the H200 a graph step took 33 ms against a CPU-helped 20.) Only consulted
-where both kinds are possible and the model says the CPU could help a step (`MoEDecoder.graph_step_ok`
-is false); where it cannot, the graph runs.
+the experts eager between, where captured), the next `least` as whole graphs. As soon as the last `least`
+steps of one kind all beat the last `least` of the other, that kind runs; until then the CPU-helped kind,
+then the graph, is measured up to `sample` steps, and the one with the lower median runs. (Recent steps, not
+all: a process's first CPU-helped steps can be slow, and comparing all of them kept the graph running for
+its whole sample on the H200, 8 steps of 33.7 ms against 21-22.) Every `explore_every` steps the other kind
+is measured again for up to `sample` steps (routing and the host change), fewer when its first `least` are
+again all slower than every step in the runner's window. Only consulted where both kinds are possible and
+the model says the CPU could help a step (`MoEDecoder.graph_step_ok` is false); where it cannot, the graph
+runs.
 
 Invariant: the choice changes which steps use the CPU, never a token beyond the CPU's rounding (both
 kinds compute the same experts' pairs; the graph's are paged mode's, bit for bit).
@@ -60,15 +61,16 @@ class StepKindChooser:
         return best
 
     def best(self, batch_size: int) -> str | None:
-        """The kind to run: once both kinds have `least` steps, the one whose every step beat every step of the
-        other's; once both have `sample`, the one with the lower median; None before either."""
+        """The kind to run: once both kinds have `least` steps, the one whose last `least` steps all beat the
+        other's last `least`; once both have `sample`, the one with the lower median; None before either."""
         times = self._times(batch_size)
         eager, graph = times[EAGER], times[GRAPH]
         if min(len(eager), len(graph)) < self.least:
             return None
-        if _all_slower(graph, eager):
+        recent_eager, recent_graph = list(eager)[-self.least:], list(graph)[-self.least:]
+        if _all_slower(recent_graph, recent_eager):
             return EAGER
-        if _all_slower(eager, graph):
+        if _all_slower(recent_eager, recent_graph):
             return GRAPH
         if min(len(eager), len(graph)) < self.sample:
             return None
