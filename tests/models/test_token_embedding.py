@@ -69,3 +69,25 @@ def test_a_tied_table_asked_for_in_host_memory_is_one_clear_error(tmp_path, devi
     with pytest.raises(WispError, match="also its LM head"):
         LLM(str(tmp_path), device=device, embedding="host")
     assert LLM(str(tmp_path), device=device).stats()["embedding"] == "device"  # auto keeps it where the head is
+
+
+def test_a_table_that_cannot_be_pinned_stays_on_the_device_unless_host_was_asked_for(monkeypatch):
+    from wisp.config import EngineConfig
+    from wisp.models import loader
+    from wisp.models.random_checkpoint import DEMO_CONFIG, RandomWeights
+
+    cfg = ModelConfig.from_hf(DEMO_CONFIG)
+    reader = RandomWeights(cfg)
+
+    def no_pinning(*args, **kwargs):
+        raise RuntimeError("cudaHostAlloc failed: out of memory")
+
+    monkeypatch.setattr(loader, "_allocate", no_pinning)
+    on_device = lambda key: torch.empty((cfg.vocab_size, cfg.hidden_size), device="meta")  # noqa: E731 (a GPU's stand-in)
+    cuda = torch.device("cuda")
+    table = loader._embedding(reader, cfg, EngineConfig(model="x"), cuda, on_device, tied=False)
+    assert not table.on_host and table.table.device.type == "meta"
+    with pytest.raises(WispError, match="could not pin"):
+        loader._embedding(reader, cfg, EngineConfig(model="x", embedding="host"), cuda, on_device, tied=False)
+    unpinned = EngineConfig(model="x", pin_memory=False)  # pageable masters: the table stays too
+    assert not loader._embedding(reader, cfg, unpinned, cuda, on_device, tied=False).on_host

@@ -27,7 +27,7 @@ class TokenEmbedding:
     def __init__(self, table: torch.Tensor, device: torch.device):
         """`table` [V, D]: on `device`, or pinned in host memory (read in place by a kernel on `device`)."""
         self.table, self.device = table, torch.device(device)
-        self.on_host = table.device.type != self.device.type
+        self.on_host = table.device.type == "cpu" and self.device.type != "cpu"
         if self.on_host and not table.is_pinned():
             raise ValueError("a host embedding table must be pinned: the GPU reads it in place")
 
