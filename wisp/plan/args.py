@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from wisp.cli_args import CACHE_POLICIES, parse_size
-from wisp.options import EMBEDDINGS
+from wisp.cli_args import CACHE_POLICIES, EMBEDDINGS, parse_size
 from wisp.models.presets import PRESETS
 
 
