@@ -88,3 +88,13 @@ def test_bad_settings_are_refused():
         StepKindChooser(sample=4, explore_every=14, warmup=3)
     with pytest.raises(ValueError):
         StepKindChooser(sample=4, explore_every=40, warmup=-1)
+
+
+def test_one_slow_step_of_the_winner_does_not_reopen_the_measuring():
+    """Decided early (the loser's window still short), a hiccup of the winner keeps the winner running."""
+    chooser = StepKindChooser(sample=8, explore_every=100, warmup=0, least=3)
+    kinds = drive(chooser, 16, {GRAPH: 33.0, EAGER: 22.0})  # the CPU-helped window full, the graph's at 3
+    assert kinds == [EAGER] * 3 + [GRAPH] * 3 + [EAGER] * 10 and chooser.best(1) == EAGER
+    kinds = drive(chooser, 1, {GRAPH: 33.0, EAGER: 34.0})  # one slow CPU-helped step: no clear cut now
+    kinds += drive(chooser, 20, {GRAPH: 33.0, EAGER: 22.0})
+    assert kinds == [EAGER] * 21 and chooser.best(1) == EAGER

@@ -54,6 +54,7 @@ def test_a_host_table_must_be_pinned():
 
 
 def test_outputs_do_not_depend_on_where_the_table_lives(hf_checkpoints, device, moe_backend, attention_backend):
+    """On a GPU (`--wisp-device cuda`) host against device; on the CPU both stay on the device, as asserted."""
     path = str(hf_checkpoints["olmoe"])
     opts = dict(device=device, mode="paged", expert_cap=4, moe_backend=moe_backend, attention_backend=attention_backend)
     host, on_device = LLM(path, embedding="auto", **opts), LLM(path, embedding="device", **opts)
@@ -82,12 +83,17 @@ def test_a_table_that_cannot_be_pinned_stays_on_the_device_unless_host_was_asked
     def no_pinning(*args, **kwargs):
         raise RuntimeError("cudaHostAlloc failed: out of memory")
 
-    monkeypatch.setattr(loader, "_allocate", no_pinning)
+    def never(*args, **kwargs):
+        raise AssertionError("no pinned allocation was to be tried")
+
     on_device = lambda key: torch.empty((cfg.vocab_size, cfg.hidden_size), device="meta")  # noqa: E731 (a GPU's stand-in)
     cuda = torch.device("cuda")
+    monkeypatch.setattr(loader, "_allocate", never)  # pageable masters (pin_memory off): the table stays too
+    assert not loader._embedding(reader, cfg, EngineConfig(model="x", pin_memory=False), cuda, on_device, False).on_host
+    with pytest.raises(WispError, match="needs pinned host memory"):
+        loader._embedding(reader, cfg, EngineConfig(model="x", pin_memory=False, embedding="host"), cuda, on_device, False)
+    monkeypatch.setattr(loader, "_allocate", no_pinning)
     table = loader._embedding(reader, cfg, EngineConfig(model="x"), cuda, on_device, tied=False)
     assert not table.on_host and table.table.device.type == "meta"
-    with pytest.raises(WispError, match="could not pin"):
+    with pytest.raises(WispError, match=f"could not pin {cfg.vocab_size * cfg.hidden_size * 4} bytes"):
         loader._embedding(reader, cfg, EngineConfig(model="x", embedding="host"), cuda, on_device, tied=False)
-    unpinned = EngineConfig(model="x", pin_memory=False)  # pageable masters: the table stays too
-    assert not loader._embedding(reader, cfg, unpinned, cuda, on_device, tied=False).on_host

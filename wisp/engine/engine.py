@@ -102,7 +102,7 @@ class LLMEngine:
         # outside the handler, so the traceback no longer holds the partly loaded tensors
         self.model = self.kv = self.runner = None
         need = DeviceBytes.of(cfg, config, num_blocks, self.floor_blocks, self.block_bytes,
-                              embedding_on_host(config.embedding, self.device, cfg.tie_word_embeddings))
+                              embedding_on_host(config.embedding, self.device, cfg.tie_word_embeddings, config.pin_memory))
         raise WispError(oom_message(cfg, config, need, usable_bytes(self.device), stage, cause))
 
     def _build_pools(self, num_blocks: int) -> None:

@@ -43,6 +43,7 @@ class StepKindChooser:
         self.untimed: dict[tuple[int, str], int] = {}  # (batch size, kind): warm-up steps seen
         self.times: dict[int, dict[str, deque[float]]] = {}
         self.picks: dict[int, int] = {}  # per batch size: decisions made
+        self.chosen: dict[int, str] = {}  # per batch size: the kind last decided on
 
     def pick(self, batch_size: int) -> str:
         times = self._times(batch_size)
@@ -62,19 +63,23 @@ class StepKindChooser:
 
     def best(self, batch_size: int) -> str | None:
         """The kind to run: once both kinds have `least` steps, the one whose last `least` steps all beat the
-        other's last `least`; once both have `sample`, the one with the lower median; None before either."""
+        other's last `least`; once both have `sample`, the one with the lower median; in between, the kind
+        decided last (one slow step of the winner does not reopen the measuring); None before any decision."""
         times = self._times(batch_size)
         eager, graph = times[EAGER], times[GRAPH]
         if min(len(eager), len(graph)) < self.least:
             return None
         recent_eager, recent_graph = list(eager)[-self.least:], list(graph)[-self.least:]
         if _all_slower(recent_graph, recent_eager):
-            return EAGER
-        if _all_slower(recent_eager, recent_graph):
-            return GRAPH
-        if min(len(eager), len(graph)) < self.sample:
-            return None
-        return min((GRAPH, EAGER), key=lambda kind: statistics.median(times[kind]))
+            best = EAGER
+        elif _all_slower(recent_eager, recent_graph):
+            best = GRAPH
+        elif min(len(eager), len(graph)) >= self.sample:
+            best = min((GRAPH, EAGER), key=lambda kind: statistics.median(times[kind]))
+        else:
+            return self.chosen.get(batch_size)
+        self.chosen[batch_size] = best
+        return best
 
     def medians(self) -> dict[str, dict[str, float]]:
         """Per batch size (as a string: JSON keys), each kind's median step time in its window so far."""

@@ -221,14 +221,18 @@ def _embedding(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
     if engine.embedding == "host" and tied:
         raise WispError("--embedding host: this model's embedding is also its LM head, which reads all of it every "
                         "step; keep it on the device (--embedding auto or device)")
-    if not embedding_on_host(engine.embedding, device, tied) or not engine.pin_memory:
-        return TokenEmbedding(dev(key), device)  # the GPU can read only pinned host memory in place
+    if engine.embedding == "host" and device.type == "cuda" and not engine.pin_memory:
+        raise WispError("--embedding host needs pinned host memory (the GPU reads the table in place), and "
+                        "pin_memory is off; use --embedding device")
+    if not embedding_on_host(engine.embedding, device, tied, engine.pin_memory):
+        return TokenEmbedding(dev(key), device)
     table = plain_tensor(reader, key, model_cfg.fp8_block)
     try:
         host = _allocate(tuple(table.shape), model_cfg.dtype, pin=True)
     except RuntimeError as exc:
         if engine.embedding == "host":
-            raise WispError(f"--embedding host: could not pin {table.numel() * table.element_size()} bytes of host "
+            nbytes = table.numel() * torch.empty((), dtype=model_cfg.dtype).element_size()
+            raise WispError(f"--embedding host: could not pin {nbytes} bytes of host "
                             f"memory for the token embedding table ({_first_line(exc)}); use --embedding device") from None
         log.warning("could not pin host memory for the token embedding table (%s); keeping it on the device",
                     _first_line(exc))

@@ -9,7 +9,8 @@ its token embeddings on the CPU) and a Triton kernel reads each token's row in p
 step: it stays on the device.
 
 Invariants: the rows are copies, bit for bit, wherever the table lives; a host table is pinned (the kernel
-reads it through unified virtual addressing) and is never on the device.
+reads it through unified virtual addressing) and is never on the device. Token ids are checked where requests
+enter the engine: an id outside the table gives a row of zeros from a host table (the device's index raises).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from __future__ import annotations
 import torch
 
 
-def embedding_on_host(choice: str, device: torch.device, tied: bool) -> bool:
+def embedding_on_host(choice: str, device: torch.device, tied: bool, pinned: bool = True) -> bool:
     """Whether the table goes to pinned host memory, for `choice` in `wisp.options.EMBEDDINGS` (auto: on
-    CUDA when untied). Host memory is only worth it beside a GPU; a tied table (the LM head) stays."""
-    return device.type == "cuda" and not tied and choice in ("auto", "host")
+    CUDA when untied). Host memory is only worth it beside a GPU; a tied table (the LM head) stays, and so
+    does every table where host memory is not pinned (`pinned`: the engine's pin_memory; the GPU reads
+    only pinned memory in place). The loader places the table by this, and every byte count follows it."""
+    return device.type == "cuda" and not tied and pinned and choice in ("auto", "host")
 
 
 class TokenEmbedding:

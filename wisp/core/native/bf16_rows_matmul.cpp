@@ -13,7 +13,10 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#if defined(__x86_64__) && defined(__AVX512F__)
 #include <immintrin.h>
+#define WISP_AVX512_WIDEN 1
+#endif
 
 #include <atomic>
 #include <cstdint>
@@ -30,7 +33,7 @@ typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
 typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
 
 inline Lanes load_bf16(const uint16_t* w) {  // 16 bf16 weights widened to float32 (exact: the top 16 bits)
-#ifdef __AVX512F__  // one load and one widening (GCC's generic lowering takes five instructions)
+#ifdef WISP_AVX512_WIDEN  // one load and one widening (GCC's generic lowering takes five instructions)
   return (Lanes)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)w)), 16));
 #else
   Halves h;
