@@ -38,11 +38,6 @@ class TokenEmbedding:
     def dtype(self) -> torch.dtype:
         return self.table.dtype
 
-    @property
-    def device_bytes(self) -> int:
-        """What the table holds on the device (0 in host memory)."""
-        return 0 if self.on_host else self.table.numel() * self.table.element_size()
-
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] (on the device) -> their rows [T, D] on the device."""
         if not self.on_host:
