@@ -34,7 +34,10 @@ def lanes_in_order(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return acc[..., 0]
 
 
-@pytest.mark.parametrize("m, n, k", [(1, 64, 32), (3, 37, 48), (5, 130, 256)])
+# rows shorter than a page (one block's rows strided P apart), exactly a page (P = 1), 1.5 KB (P = 2 with a
+# remainder); matrices of whole spans, a remainder, or only a remainder
+@pytest.mark.parametrize("m, n, k", [(1, 64, 32), (3, 37, 48), (5, 130, 256), (2, 40, 2048), (1, 35, 1024),
+                                     (2, 24, 768)])
 def test_the_native_kernel_computes_its_documented_order_bit_for_bit(m, n, k):
     g = torch.Generator().manual_seed(m * 1000 + n)
     x = torch.randn((m, k), generator=g)

@@ -1,13 +1,18 @@
 // out[m, n] = sum_k x[m, k] * w[n, k]: float32 rows x [M, K] against bf16 weights w [N, K], float32 out [M, N],
 // for groups of rows each against its own w (a layer's CPU experts).
 // Hybrid mode's CPU expert kernel (wisp.core.cpu_expert_kernels). At a decode step's few rows it is bound by
-// reading w, so it reads each weight once for all M rows, kBlock weight rows at a time (independent
-// streams and sums: on the H200's 16-core host 4 rows read an OLMoE expert at 71 GB/s, one row at 56,
-// torch's bf16 GEMV at 44; a software prefetch only slowed it). Threads come from ATen's pool
-// (at::parallel_for; the library links the OpenMP runtime torch loaded), the same team as torch's own
-// CPU kernels; they claim the work a few blocks at a time rather than in fixed shares. Each sum over k runs in 16 lanes (lane l takes k = l mod 16) folded pairwise (8, 4, 2, 1)
-// at the end, compiled without contraction into FMAs: the bits are the same on every x86 CPU whatever its
-// SIMD width.
+// reading w, so it reads each weight once for all M rows, kBlock weight rows at a time (independent streams
+// and sums in registers). The kBlock rows of a block lie in kBlock different 4 KB pages wherever a row is
+// shorter than a page: rows n, n + P, n + 2P, ... with P rows to a page, the block's P passes covering the
+// P x kBlock rows between. The CPU's L2 prefetcher follows one stream a page; two rows of one page read
+// side by side defeat it. Measured on the H200's 16-core host (one row against 4 OLMoE experts at once):
+// OLMoE's down [2048, 1024] read at 61 GB/s with 4 adjacent rows a block and 108 page-strided with 8,
+// its gate_up [2048, 2048] 102 against 123, Qwen3-30B-A3B's down [2048, 768] 53 against 129; a software
+// prefetch only slowed it. Threads come from ATen's pool (at::parallel_for; the library links the OpenMP
+// runtime torch loaded), the same team as torch's own CPU kernels; they claim the work a few blocks at a
+// time rather than in fixed shares. Each sum over k runs in 16 lanes (lane l takes k = l mod 16) folded
+// pairwise (8, 4, 2, 1) at the end, compiled without contraction into FMAs: the bits are the same on every
+// x86 CPU whatever its SIMD width, and whichever rows share a block (an output is one row's sum alone).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -18,6 +23,7 @@
 #define WISP_AVX512_WIDEN 1
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -25,7 +31,12 @@
 
 namespace {
 
-constexpr int64_t kLanes = 16, kBlock = 4, kClaim = 4;  // kClaim blocks of kBlock weight rows a claim
+constexpr int64_t kLanes = 16, kClaim = 4, kPage = 4096;  // kClaim blocks a claim
+#ifdef __AVX512F__
+constexpr int64_t kBlock = 8;  // 8 sums of 16 lanes: 8 of the 32 vector registers
+#else
+constexpr int64_t kBlock = 4;  // 16 lanes are two registers of 8 here: 8 sums would spill
+#endif
 
 // 16 lanes as one value: GCC lowers it to one AVX-512 register or two AVX2 ones, lane by lane alike
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
@@ -59,20 +70,20 @@ inline float fold(Lanes acc) {  // lanes (l, l + half) summed, half = 8, 4, 2, 1
   return lanes[0];
 }
 
-// rows [n, n + Count) of out for one x row: Count weight rows streamed at once, their sums in registers
+// Count rows of out for one x row: weight rows w, w + stride rows, ... streamed at once, their sums in registers
 template <int64_t Count>
-inline void block_dot(const uint16_t* w, const float* x, int64_t depth, float* out) {
+inline void block_dot(const uint16_t* w, int64_t stride, const float* x, int64_t depth, float* out) {
   Lanes acc[Count] = {};
   for (int64_t k = 0; k < depth; k += kLanes) {
     const Lanes xs = load_float(x + k);
-    for (int64_t r = 0; r < Count; ++r) acc[r] += load_bf16(w + r * depth + k) * xs;
+    for (int64_t r = 0; r < Count; ++r) acc[r] += load_bf16(w + r * stride * depth + k) * xs;
   }
-  for (int64_t r = 0; r < Count; ++r) out[r] = fold(acc[r]);
+  for (int64_t r = 0; r < Count; ++r) out[r * stride] = fold(acc[r]);
 }
 
-// the last rows of a matrix whose row count is no multiple of kBlock
-inline void block_dot_tail(const uint16_t* w, const float* x, int64_t depth, int64_t count, float* out) {
-  for (int64_t r = 0; r < count; ++r) block_dot<1>(w + r * depth, x, depth, out + r);
+// rows [n, n + count) of out one at a time (the last rows of a matrix whose row count is no multiple of a span)
+inline void rows_dot(const uint16_t* w, const float* x, int64_t depth, int64_t count, float* out) {
+  for (int64_t r = 0; r < count; ++r) block_dot<1>(w + r * depth, 1, x, depth, out + r);
 }
 
 // Expert e's rows x[offsets[e] : offsets[e + 1]] against its weights ws[e] [N, K], all in one parallel
@@ -94,19 +105,26 @@ at::Tensor bf16_grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::
   at::Tensor out = at::empty({x.size(0), n_out}, x.options());
   const float* xs = x.data_ptr<float>();
   float* outs = out.data_ptr<float>();
-  const int64_t blocks = (n_out + kBlock - 1) / kBlock, items = blocks * int64_t(ws.size());
+  // an item: a span of P x kBlock rows (P passes of kBlock page-strided rows), or a matrix's last rows
+  const int64_t per_page = std::max<int64_t>(1, kPage / (depth * int64_t(sizeof(uint16_t))));
+  const int64_t span = per_page * kBlock, spans = n_out / span, rest = n_out - spans * span;
+  const int64_t per_matrix = spans + (rest > 0), items = per_matrix * int64_t(ws.size());
   // Each thread of the team claims kClaim items at a time until none are left: a thread the OS delays, or
   // one sharing its core with the CUDA driver, holds up only its last claim, not a fixed share of the work.
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    float tile[kBlock];
     for (int64_t begin; (begin = next.fetch_add(kClaim, std::memory_order_relaxed)) < items;) {
       for (int64_t item = begin; item < std::min(begin + kClaim, items); ++item) {
-        const int64_t e = item / blocks, n = (item % blocks) * kBlock, count = std::min(kBlock, n_out - n);
+        const int64_t e = item / per_matrix, n = (item % per_matrix) * span;
+        const uint16_t* w = weights[e] + n * depth;
         for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
-          if (count == kBlock) block_dot<kBlock>(weights[e] + n * depth, xs + m * depth, depth, tile);
-          else block_dot_tail(weights[e] + n * depth, xs + m * depth, depth, count, tile);
-          for (int64_t r = 0; r < count; ++r) outs[m * n_out + n + r] = tile[r];
+          float* o = outs + m * n_out + n;
+          if (n + span > n_out) {
+            rows_dot(w, xs + m * depth, depth, rest, o);
+            continue;
+          }
+          for (int64_t pass = 0; pass < per_page; ++pass)
+            block_dot<kBlock>(w + pass * depth, per_page, xs + m * depth, depth, o + pass);
         }
       }
     }
