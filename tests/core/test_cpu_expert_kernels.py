@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from wisp.core.cpu_expert_kernels import (CPU_EXPERT_KERNELS, LANES, applies, bf16_grouped_rows_matmul,
-                                          bf16_rows_matmul, native_experts_mlp, native_kernel_error, one_at_a_time,
+from wisp.core.cpu_expert_kernels import (CPU_EXPERT_KERNELS, LANES, applies, bf16_experts_mlp,
+                                          bf16_grouped_rows_matmul, bf16_rows_matmul, native_experts_mlp, native_kernel_error, one_at_a_time,
                                           plain_expert_mlp)
 from wisp.core.expert_extras import Activation, ExpertExtras
 
@@ -48,6 +49,51 @@ def test_the_native_kernel_computes_its_documented_order_bit_for_bit(m, n, k):
     exact = (x.double() @ w.double().T)
     bound = (x.double().abs() @ w.double().abs().T) * k * 2 ** -23  # float32 summation's error bound
     assert ((out.double() - exact).abs() <= bound).all()
+
+
+def f32(value: float) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32)
+
+
+def silu_mul_in_order(h: torch.Tensor) -> torch.Tensor:
+    """The native activation spelled out one float32 operation at a time: silu(g) * u = g / (1 + exp(-g)) * u,
+    exp(x) = 2^k p(r), k = round(x log2 e), r = (x - k ln2_hi) - k ln2_lo, p Taylor's of degree 7 by Horner."""
+    g, u = h.chunk(2, dim=-1)
+    x = (-g).clamp(-87.0, 88.0)
+    k = torch.round(x * f32(1.44269504))
+    r = (x - k * f32(0.693145752)) - k * f32(1.42860677e-6)
+    p = torch.full_like(r, 1.98412698e-4)
+    for c in (1.38888889e-3, 8.33333333e-3, 4.16666667e-2, 1.66666667e-1, 0.5, 1.0, 1.0):
+        p = p * r + f32(c)
+    scale = ((k.to(torch.int32) + 127) << 23).view(torch.float32)
+    return g / (f32(1.0) + p * scale) * u
+
+
+def test_the_native_activation_is_its_documented_order_and_within_a_few_ulp_of_silu():
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn((5, 2 * 160), generator=g) * 6
+    h[0, :8] = torch.tensor([0.0, -0.0, 100.0, -100.0, 88.5, -88.5, 1e-30, -1e-30])  # past the clamp, tiny
+    a = torch.ops.wisp_cpu.silu_mul(h)
+    assert torch.equal(a, silu_mul_in_order(h))
+    exact = (F.silu(h[:, :160].double()) * h[:, 160:].double())
+    assert ((a.double() - exact).abs() <= 4 * 2 ** -23 * exact.abs() + 1e-30).all()  # the clamp: |x| < 1e-30 where exp(-g) > e^87
+
+
+@pytest.mark.parametrize("counts", [[1], [2, 1], [1, 1, 1, 1]])
+def test_a_native_silu_expert_is_its_documented_order_bit_for_bit(counts):
+    """Both GEMVs in the lanes' order and the activation between, in one native call per layer's experts."""
+    g = torch.Generator().manual_seed(len(counts))
+    d, i = 48, 32
+    x = torch.randn((sum(counts), d), generator=g)
+    gate_ups = [torch.randn((2 * i, d), generator=g).bfloat16() for _ in counts]
+    downs = [torch.randn((d, i), generator=g).bfloat16() for _ in counts]
+    out = bf16_experts_mlp(x, gate_ups, downs, counts)
+    start = 0
+    for n, gate_up, down in zip(counts, gate_ups, downs):
+        rows = x[start : start + n]
+        assert torch.equal(out[start : start + n], lanes_in_order(silu_mul_in_order(lanes_in_order(rows, gate_up)), down))
+        start += n
+    assert torch.equal(native_experts_mlp(x, counts, gate_ups, downs, [None] * len(counts)), out)
 
 
 def test_the_native_kernels_bits_do_not_depend_on_the_thread_count():

@@ -90,3 +90,32 @@ def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
     assert split.cpu_share_for(1) == 0
     with pytest.raises(ValueError, match="0..4"):
         split.set_share(5)
+
+
+def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
+    """With the native kernel and SiLU bf16 experts the host's side is one native call (`rank_split_rows`): the
+    same rows, bit for bit, and the same counters as grouping the pairs in Python and calling the kernel."""
+    from wisp.core.hybrid_experts import ZeroCopyHybridExperts, StagingBuffers
+
+    g = torch.Generator().manual_seed(51)
+    d, i = 32, 16  # the native kernel reads multiples of 16
+    host = {"gate_up": torch.randn((8, 2 * i, d), generator=g).bfloat16(),
+            "down": torch.randn((8, d, i), generator=g).bfloat16()}
+    hidden = torch.randn((3, d), generator=g).bfloat16()
+    ids = torch.tensor([[5, 1, 7, 2], [1, 5, 0, 3], [6, 1, 5, 4]])  # experts shared across tokens and ranks
+    stores = [ZeroCopyHybridExperts(host, torch.device("cpu"), CPU_CHEAP, StagingBuffers(host, torch.device("cpu")),
+                                    cpu_kernel="native") for _ in range(2)]
+    native, python = (RankSplit(store, 3, 4, hidden) for store in stores)
+    assert native._native
+    python._native = False
+    for n in (1, 2, 3):
+        for split in (native, python):
+            split.set_share(n)
+            split.rows_host.fill_(float("nan"))
+            split.send(hidden, ids)
+            split.serve(3, None, None)
+        cpu = (torch.arange(4) < n).expand(3, 4)  # the CPU's ranks: the only rows written
+        assert torch.equal(native.rows_host[cpu], python.rows_host[cpu]), n
+        assert native.rows_host[~cpu].isnan().all()
+    a, b = (store.counters for store in stores)
+    assert (a.steps, a.misses, a.cpu_computed) == (b.steps, b.misses, b.cpu_computed) == (3, 3 * 8, 3 + 3 + 5)

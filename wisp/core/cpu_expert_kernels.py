@@ -16,8 +16,12 @@ Invariants:
   second team contending for the same cores;
 - the GEMV's bits do not depend on the CPU or the thread count: each output is one thread's sum over k in
   16 fixed lanes, folded in a fixed order, with no contraction into FMAs (tested against that order spelled
-  out in torch, and at 1 and 2 threads); the activation between the two GEMVs is torch's, whose CPU code
-  may differ with the CPU's SIMD width, so a whole expert is not promised the same bits on every CPU;
+  out in torch, and at 1 and 2 threads);
+- a SiLU-gated expert without biases runs whole in the native code (`bf16_experts_mlp`: both GEMVs and the
+  activation between, whose exp is a fixed sequence of float32 operations, not a library's), so its bits do
+  not depend on the CPU either (the activation tested against the same sequence spelled out in torch, within
+  2 ulp of torch's silu); other activations and biases are torch's between the native GEMVs, whose CPU code
+  may differ with the SIMD width;
 - built once per Python, torch and CPU instruction set (`-march=native`), in its own build folder;
 - the kernel is only called where it applies (bf16 weights, no quantization scales, K a multiple of 16);
   `native_experts_mlp` hands anything else to torch's plain kernel;
@@ -122,9 +126,36 @@ def bf16_grouped_rows_matmul(x: torch.Tensor, weights: list[torch.Tensor], count
     return torch.ops.wisp_cpu.bf16_grouped_rows_matmul(x, weights, offsets)
 
 
+def bf16_experts_mlp(x: torch.Tensor, gate_ups: list[torch.Tensor], downs: list[torch.Tensor],
+                     counts: list[int]) -> torch.Tensor:
+    """SiLU-gated experts without biases: x [M, D] float32 in groups of `counts` rows, group g through
+    gate_ups[g] [2I, D] (gate rows first) and downs[g] [D, I] bf16 -> [M, D] float32, in one native call."""
+    if (reason := _build()) is not None:
+        raise RuntimeError(f"the native CPU kernel is not available: {reason}")
+    return torch.ops.wisp_cpu.bf16_experts_mlp(x, gate_ups, downs, [0, *itertools.accumulate(counts)])
+
+
+def rank_split_rows(ids: torch.Tensor, cpu_ranks: int, hidden: torch.Tensor, gate_up_bank: torch.Tensor,
+                    down_bank: torch.Tensor, rows: torch.Tensor) -> tuple[int, int]:
+    """Hybrid's rank split on the host, in one native call: each pair (b, k) of the routing ids [B, K] with
+    k < cpu_ranks gets rows[b, k] = its expert's SiLU-gated MLP of hidden[b] (bf16 [B, D]) from the banks
+    (gate_up [N, 2I, D], down [N, D, I], plain bf16), exactly as `bf16_experts_mlp` computes it; the other rows
+    stay as they are. Returns (distinct experts computed, distinct experts routed)."""
+    if (reason := _build()) is not None:
+        raise RuntimeError(f"the native CPU kernel is not available: {reason}")
+    computed, routed = torch.ops.wisp_cpu.rank_split_rows(ids, cpu_ranks, hidden, gate_up_bank, down_bank, rows)
+    return computed, routed
+
+
 def bf16_rows_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32, w [N, K] bf16 -> x @ w.T [M, N] float32 (one group)."""
     return bf16_grouped_rows_matmul(x, [w], [x.shape[0]])
+
+
+def whole_in_native(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None,
+                    activation: Activation) -> bool:
+    """Whether the native code computes this expert whole (`bf16_experts_mlp`, `rank_split_rows`)."""
+    return applies(w_gate_up, w_down, extras) and extras is None and activation == SILU
 
 
 def applies(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None) -> bool:
@@ -155,10 +186,13 @@ def one_at_a_time(expert_fn) -> ExpertsKernel:
 def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.Tensor], downs: list[torch.Tensor],
                        extras: list[ExpertExtras | None], activation: Activation = SILU) -> torch.Tensor:
     """A layer's CPU experts with the native kernel: both GEMVs of every expert in one parallel region each,
-    the activation in float32 between, biases added in float32 ([M, D] float32). Where some expert's weights
-    are not plain bf16: torch's plain kernel, one expert at a time."""
+    the activation in float32 between, biases added in float32 ([M, D] float32); SiLU experts without biases
+    in one native call (`bf16_experts_mlp`). Where some expert's weights are not plain bf16: torch's plain
+    kernel, one expert at a time."""
     if not all(applies(gu, dn, ex) for gu, dn, ex in zip(gate_ups, downs, extras)):
         return one_at_a_time(plain_expert_mlp)(x, counts, gate_ups, downs, extras, activation)
+    if all(whole_in_native(gu, dn, ex, activation) for gu, dn, ex in zip(gate_ups, downs, extras)):
+        return bf16_experts_mlp(x.float().contiguous(), gate_ups, downs, counts)
     h = bf16_grouped_rows_matmul(x.float().contiguous(), [w.contiguous() for w in gate_ups], counts)  # [M, 2I]
     if any(ex is not None and ex.gate_up_bias is not None for ex in extras):
         h = h + _bias_rows([None if ex is None else ex.gate_up_bias for ex in extras], counts, h.shape[1])

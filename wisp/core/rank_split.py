@@ -10,7 +10,8 @@ GPU's side, so it can be captured (`wisp.engine.cuda_graphs`):
 - `gpu_pairs` (a graph): the GPU reads its pairs' experts in place (the CPU's ranks get a placeholder id,
   N, that the map sends nowhere) into the [T*K, D] float32 pair outputs;
 - `serve` (the host, between graphs): waits for the routing, computes its pairs from the pinned masters
-  with the CPU kernel, waits for the GPU's side, sends its rows back to a device buffer;
+  with the CPU kernel (the native kernel's SiLU experts: grouping, kernels and rows in one native call,
+  `rank_split_rows`), waits for the GPU's side, sends its rows back to a device buffer;
 - `merge` (a graph): the CPU's rows take their ranks' places, and the pairs are summed over k in routing
   order, as every mode does.
 n is chosen per step from the probed costs as the pace corrects them (`cpu_share_for`): the smallest n
@@ -34,6 +35,7 @@ import time
 
 import torch
 
+from wisp.core.cpu_expert_kernels import native_experts_mlp, rank_split_rows, whole_in_native
 from wisp.core.expert_extras import extras_of
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.hybrid_split import split_time
@@ -57,6 +59,10 @@ class RankSplit:
         self.ids_host = torch.zeros((max_batch, top_k), dtype=torch.int64, pin_memory=pinned)
         self.rows_host = torch.zeros((max_batch, top_k, d), dtype=torch.float32, pin_memory=pinned)
         self.rows = torch.zeros((max_batch, top_k, d), dtype=torch.float32, device=device)  # the CPU's, on the device
+        host = store.host
+        self._native = (store.cpu_experts.kernel is native_experts_mlp and hidden.dtype == torch.bfloat16
+                        and all(host[key].is_contiguous() for key in (GATE_UP, DOWN))
+                        and whole_in_native(host[GATE_UP][0], host[DOWN][0], extras_of(host), store.kernels.activation))
 
     # -- captured (graph-safe) --------------------------------------------------------------------------
     def send(self, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
@@ -102,6 +108,30 @@ class RankSplit:
         if routed is not None:
             routed.synchronize()
         start = time.perf_counter()
+        computed, routed_experts = (self._native_rows(b) if self._native else self._rows(b))
+        done = time.perf_counter()
+        if gpu_done is not None:
+            gpu_done.synchronize()
+        store, n, k = self.store, self._share, self.top_k
+        if computed:
+            predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
+            end = time.perf_counter()
+            store.pace.observe(end - start, predicted, done - start, start - waited, end - done)
+            self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
+        c = store.counters
+        c.steps += 1
+        c.misses += routed_experts
+        c.cpu_computed += computed
+        c.bytes_h2d += b * (k - n) * store.expert_bytes
+
+    def _native_rows(self, b: int) -> tuple[int, int]:
+        """The CPU's pairs into the host rows in one native call; (experts computed, experts routed)."""
+        host = self.store.host
+        return rank_split_rows(self.ids_host[:b], self._share, self.hidden_host[:b], host[GATE_UP], host[DOWN],
+                               self.rows_host[:b])
+
+    def _rows(self, b: int) -> tuple[int, int]:
+        """The same with the store's CPU kernel (any kernel, any weights)."""
         n, store, k = self._share, self.store, self.top_k
         flat = self.ids_host[:b].view(-1).tolist()  # [B*K] token-major
         pairs_of: dict[int, list[int]] = {}  # the CPU's experts -> their pairs, ascending (token order)
@@ -114,19 +144,7 @@ class RankSplit:
             rows = store.cpu_experts.rows(self.hidden_host[:b], pairs, [len(pairs_of[e]) for e in experts], experts,
                                           k, store.kernels.activation)  # [M, D]
             self.rows_host[:b].view(b * k, -1).index_copy_(0, pairs, rows)
-        done = time.perf_counter()
-        if gpu_done is not None:
-            gpu_done.synchronize()
-        if pairs_of:
-            predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
-            end = time.perf_counter()
-            store.pace.observe(end - start, predicted, done - start, start - waited, end - done)
-            self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
-        c = store.counters
-        c.steps += 1
-        c.misses += len(set(flat))
-        c.cpu_computed += len(pairs_of)
-        c.bytes_h2d += b * (k - n) * store.expert_bytes
+        return len(pairs_of), len(set(flat))
 
     def predicted_s(self, b: int, n: int) -> float:
         """A layer's predicted time with n ranks of b tokens on the CPU: at most b x n experts of one row each

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -86,29 +87,14 @@ inline void rows_dot(const uint16_t* w, const float* x, int64_t depth, int64_t c
   for (int64_t r = 0; r < count; ++r) block_dot<1>(w + r * depth, 1, x, depth, out + r);
 }
 
-// Expert e's rows x[offsets[e] : offsets[e + 1]] against its weights ws[e] [N, K], all in one parallel
-// region (one wake-up of the team for a layer's CPU experts, not one per expert and GEMV).
-at::Tensor bf16_grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::IntArrayRef offsets) {
-  TORCH_CHECK(!ws.empty() && offsets.size() == ws.size() + 1, "one weight per group, offsets [groups + 1]");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "float32 x [M, K] expected");
-  const int64_t n_out = ws[0].size(0), depth = ws[0].size(1);
-  TORCH_CHECK(x.size(1) == depth && depth % kLanes == 0, "x [M, K], K a multiple of 16");
-  TORCH_CHECK(offsets[0] == 0 && offsets.back() == x.size(0), "offsets must run from 0 to M");
-  std::vector<const uint16_t*> weights;
-  for (size_t e = 0; e < ws.size(); ++e) {
-    const at::Tensor& w = ws[e];
-    TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.dim() == 2 && w.size(0) == n_out &&
-                w.size(1) == depth, "every w: contiguous bfloat16 [N, K], the same shape");
-    TORCH_CHECK(offsets[e] <= offsets[e + 1], "offsets must not decrease");
-    weights.push_back(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()));
-  }
-  at::Tensor out = at::empty({x.size(0), n_out}, x.options());
-  const float* xs = x.data_ptr<float>();
-  float* outs = out.data_ptr<float>();
+// Group e's rows x[offsets[e] : offsets[e + 1]] [., depth] against its weights weights[e] [n_out, depth] into
+// out's same rows [., n_out], in one parallel region (one wake-up of the team for all groups).
+void grouped_rows(const float* xs, const std::vector<const uint16_t*>& weights, const std::vector<int64_t>& offsets,
+                  int64_t n_out, int64_t depth, float* outs) {
   // an item: a span of P x kBlock rows (P passes of kBlock page-strided rows), or a matrix's last rows
   const int64_t per_page = std::max<int64_t>(1, kPage / (depth * int64_t(sizeof(uint16_t))));
   const int64_t span = per_page * kBlock, spans = n_out / span, rest = n_out - spans * span;
-  const int64_t per_matrix = spans + (rest > 0), items = per_matrix * int64_t(ws.size());
+  const int64_t per_matrix = spans + (rest > 0), items = per_matrix * int64_t(weights.size());
   // Each thread of the team claims kClaim items at a time until none are left: a thread the OS delays, or
   // one sharing its core with the CUDA driver, holds up only its last claim, not a fixed share of the work.
   std::atomic<int64_t> next{0};
@@ -129,10 +115,168 @@ at::Tensor bf16_grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::
       }
     }
   });
+}
+
+// exp(x) in float32 operations only, in a fixed order (no library call, no FMA): x = k ln2 + r with ln2 in two
+// parts (Cody-Waite), exp(r) by its Taylor polynomial of degree 7 (|r| <= ln2 / 2: within 2 ulp), times 2^k.
+inline float exp_fixed(float x) {
+  if (!(x == x)) return x;  // NaN
+  x = std::min(std::max(x, -87.0f), 88.0f);  // 2^k stays a normal float
+  const float k = std::nearbyint(x * 1.44269504f);
+  const float r = (x - k * 0.693145752f) - k * 1.42860677e-6f;
+  float p = 1.98412698e-4f;  // 1/7!
+  p = p * r + 1.38888889e-3f;
+  p = p * r + 8.33333333e-3f;
+  p = p * r + 4.16666667e-2f;
+  p = p * r + 1.66666667e-1f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const uint32_t bits = uint32_t(int32_t(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// a [M, inter] = silu(h[:, :inter]) * h[:, inter:], silu(g) = g / (1 + exp(-g)), from h [M, 2 inter]
+void silu_mul(const float* h, int64_t rows, int64_t inter, float* a) {
+  at::parallel_for(0, rows * inter, 1 << 15, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t m = i / inter, j = i - m * inter;
+      const float g = h[m * 2 * inter + j], u = h[m * 2 * inter + inter + j];
+      a[i] = g / (1.0f + exp_fixed(-g)) * u;
+    }
+  });
+}
+
+// A SiLU-gated expert per group, on its rows: out = (silu(x W_gate^T) * (x W_up^T)) W_down^T in float32, gate_up
+// [2I, D] (gate rows first), down [D, I]; both GEMVs in one parallel region each, the activation between.
+void experts_mlp(const float* xs, int64_t rows, const std::vector<const uint16_t*>& gate_ups,
+                 const std::vector<const uint16_t*>& downs, const std::vector<int64_t>& offsets, int64_t hidden,
+                 int64_t inter, float* outs) {
+  std::vector<float> h(size_t(rows * 2 * inter)), a(size_t(rows * inter));
+  grouped_rows(xs, gate_ups, offsets, 2 * inter, hidden, h.data());
+  silu_mul(h.data(), rows, inter, a.data());
+  grouped_rows(a.data(), downs, offsets, hidden, inter, outs);
+}
+
+at::Tensor silu_mul_op(const at::Tensor& h) {  // h [M, 2I] float32 -> [M, I] (tests read the activation alone)
+  TORCH_CHECK(h.dim() == 2 && h.scalar_type() == at::kFloat && h.is_contiguous() && h.size(1) % 2 == 0,
+              "float32 h [M, 2I] expected");
+  at::Tensor a = at::empty({h.size(0), h.size(1) / 2}, h.options());
+  silu_mul(h.data_ptr<float>(), h.size(0), h.size(1) / 2, a.data_ptr<float>());
+  return a;
+}
+
+std::vector<const uint16_t*> bf16_pointers(at::TensorList ws, int64_t n_out, int64_t depth) {
+  std::vector<const uint16_t*> weights;
+  for (const at::Tensor& w : ws) {
+    TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.dim() == 2 && w.size(0) == n_out &&
+                w.size(1) == depth, "every weight: contiguous bfloat16 [N, K], the same shape");
+    weights.push_back(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()));
+  }
+  return weights;
+}
+
+std::vector<int64_t> checked_offsets(at::IntArrayRef offsets, size_t groups, int64_t rows) {
+  TORCH_CHECK(groups > 0 && offsets.size() == groups + 1, "one weight per group, offsets [groups + 1]");
+  TORCH_CHECK(offsets[0] == 0 && offsets.back() == rows, "offsets must run from 0 to M");
+  for (size_t e = 0; e < groups; ++e) TORCH_CHECK(offsets[e] <= offsets[e + 1], "offsets must not decrease");
+  return offsets.vec();
+}
+
+at::Tensor bf16_grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::IntArrayRef offsets) {
+  TORCH_CHECK(!ws.empty(), "one weight per group");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "float32 x [M, K] expected");
+  const int64_t n_out = ws[0].size(0), depth = ws[0].size(1);
+  TORCH_CHECK(x.size(1) == depth && depth % kLanes == 0, "x [M, K], K a multiple of 16");
+  const std::vector<int64_t> bounds = checked_offsets(offsets, ws.size(), x.size(0));
+  at::Tensor out = at::empty({x.size(0), n_out}, x.options());
+  grouped_rows(x.data_ptr<float>(), bf16_pointers(ws, n_out, depth), bounds, n_out, depth, out.data_ptr<float>());
   return out;
+}
+
+at::Tensor bf16_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::TensorList downs,
+                            at::IntArrayRef offsets) {
+  TORCH_CHECK(!gate_ups.empty() && gate_ups.size() == downs.size(), "a gate_up and a down per group");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "float32 x [M, D] expected");
+  const int64_t hidden = x.size(1), inter = downs[0].size(1);
+  TORCH_CHECK(hidden % kLanes == 0 && inter % kLanes == 0, "D and I multiples of 16");
+  const std::vector<int64_t> bounds = checked_offsets(offsets, gate_ups.size(), x.size(0));
+  at::Tensor out = at::empty({x.size(0), hidden}, x.options());
+  experts_mlp(x.data_ptr<float>(), x.size(0), bf16_pointers(gate_ups, 2 * inter, hidden),
+              bf16_pointers(downs, hidden, inter), bounds, hidden, inter, out.data_ptr<float>());
+  return out;
+}
+
+// Hybrid's rank split on the host (wisp.core.rank_split): of the routing ids [B, K], the pairs of rank k < n are
+// the CPU's; each such pair (b, k) gets rows[b, k] = expert ids[b, k]'s SiLU-gated MLP of hidden[b] (bf16 [B, D]
+// widened exactly), from the banks gate_up [N, 2I, D] and down [N, D, I]; the other rows are left as they are.
+// The experts are taken in ascending id, each with its pairs in token order, exactly as bf16_experts_mlp is
+// given them by the eager step. Returns {distinct experts the CPU computed, distinct experts routed}.
+std::vector<int64_t> rank_split_rows(const at::Tensor& ids, int64_t cpu_ranks, const at::Tensor& hidden_rows,
+                                     const at::Tensor& gate_up_bank, const at::Tensor& down_bank, const at::Tensor& rows) {
+  TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong && ids.is_contiguous(), "int64 ids [B, K] expected");
+  const int64_t batch = ids.size(0), top_k = ids.size(1), experts = gate_up_bank.size(0);
+  const int64_t hidden = gate_up_bank.size(2), inter = down_bank.size(2);
+  TORCH_CHECK(hidden_rows.scalar_type() == at::kBFloat16 && hidden_rows.is_contiguous() &&
+              hidden_rows.sizes() == at::IntArrayRef({batch, hidden}), "bfloat16 hidden [B, D] expected");
+  TORCH_CHECK(gate_up_bank.scalar_type() == at::kBFloat16 && gate_up_bank.is_contiguous() &&
+              gate_up_bank.size(1) == 2 * inter && down_bank.scalar_type() == at::kBFloat16 &&
+              down_bank.is_contiguous() && down_bank.sizes() == at::IntArrayRef({experts, hidden, inter}),
+              "banks: contiguous bfloat16 gate_up [N, 2I, D] and down [N, D, I]");
+  TORCH_CHECK(rows.scalar_type() == at::kFloat && rows.is_contiguous() &&
+              rows.sizes() == at::IntArrayRef({batch, top_k, hidden}), "float32 rows [B, K, D] expected");
+  TORCH_CHECK(hidden % kLanes == 0 && inter % kLanes == 0, "D and I multiples of 16");
+  TORCH_CHECK(0 <= cpu_ranks && cpu_ranks <= top_k, "cpu_ranks within 0..K");
+  const int64_t* id = ids.data_ptr<int64_t>();
+  std::vector<std::vector<int64_t>> pairs_of(size_t(experts) + 1);
+  std::vector<bool> routed(size_t(experts) + 1, false);
+  for (int64_t pair = 0; pair < batch * top_k; ++pair) {
+    TORCH_CHECK(0 <= id[pair] && id[pair] < experts, "expert id out of range");
+    routed[id[pair]] = true;
+    if (pair % top_k < cpu_ranks) pairs_of[id[pair]].push_back(pair);
+  }
+  std::vector<const uint16_t*> gate_ups, downs;
+  std::vector<int64_t> offsets{0}, order;
+  const uint16_t* gu = reinterpret_cast<const uint16_t*>(gate_up_bank.data_ptr<at::BFloat16>());
+  const uint16_t* dn = reinterpret_cast<const uint16_t*>(down_bank.data_ptr<at::BFloat16>());
+  for (int64_t e = 0; e < experts; ++e) {
+    if (pairs_of[e].empty()) continue;
+    gate_ups.push_back(gu + e * 2 * inter * hidden);
+    downs.push_back(dn + e * hidden * inter);
+    order.insert(order.end(), pairs_of[e].begin(), pairs_of[e].end());
+    offsets.push_back(int64_t(order.size()));
+  }
+  const int64_t routed_count = std::count(routed.begin(), routed.end(), true);
+  if (order.empty()) return {0, routed_count};
+  const int64_t m = int64_t(order.size());
+  std::vector<float> xs(size_t(m * hidden)), outs(size_t(m * hidden));
+  const uint16_t* hid = reinterpret_cast<const uint16_t*>(hidden_rows.data_ptr<at::BFloat16>());
+  for (int64_t i = 0; i < m; ++i)  // bf16 -> float32: the top 16 bits, exact
+    for (int64_t d = 0; d < hidden; ++d) {
+      const uint32_t bits = uint32_t(hid[(order[i] / top_k) * hidden + d]) << 16;
+      std::memcpy(&xs[size_t(i * hidden + d)], &bits, sizeof(float));
+    }
+  experts_mlp(xs.data(), m, gate_ups, downs, offsets, hidden, inter, outs.data());
+  float* out = rows.data_ptr<float>();
+  for (int64_t i = 0; i < m; ++i)
+    std::memcpy(out + order[i] * hidden, &outs[size_t(i * hidden)], size_t(hidden) * sizeof(float));
+  return {int64_t(gate_ups.size()), routed_count};
 }
 
 }  // namespace
 
-TORCH_LIBRARY(wisp_cpu, m) { m.def("bf16_grouped_rows_matmul(Tensor x, Tensor[] ws, int[] offsets) -> Tensor"); }
-TORCH_LIBRARY_IMPL(wisp_cpu, CPU, m) { m.impl("bf16_grouped_rows_matmul", &bf16_grouped_rows_matmul); }
+TORCH_LIBRARY(wisp_cpu, m) {
+  m.def("bf16_grouped_rows_matmul(Tensor x, Tensor[] ws, int[] offsets) -> Tensor");
+  m.def("bf16_experts_mlp(Tensor x, Tensor[] gate_ups, Tensor[] downs, int[] offsets) -> Tensor");
+  m.def("silu_mul(Tensor h) -> Tensor");
+  m.def("rank_split_rows(Tensor ids, int cpu_ranks, Tensor hidden, Tensor gate_up_bank, Tensor down_bank, "
+        "Tensor(a!) rows) -> int[]");
+}
+TORCH_LIBRARY_IMPL(wisp_cpu, CPU, m) {
+  m.impl("bf16_grouped_rows_matmul", &bf16_grouped_rows_matmul);
+  m.impl("bf16_experts_mlp", &bf16_experts_mlp);
+  m.impl("silu_mul", &silu_mul_op);
+  m.impl("rank_split_rows", &rank_split_rows);
+}
