@@ -46,25 +46,6 @@ def test_scaled_costs_scale_the_cpu_side_only():
     assert pace.costs(COSTS) is scaled  # made once per factor
 
 
-def test_sides_timed_apart_scale_each_their_own_cost():
-    """The rank split's observations: the CPU's ratio from its own side (not the wall, which includes waiting for
-    the GPU), and the link's from the GPU's side where given; exploration clears both."""
-    pace = CpuPace(min_ratios=1, explore_every=4)
-    pace.observe(3.0, 1.0, cpu=(1.5, 1.0), link=(3.0, 2.0))  # a layer that waited for a slow link
-    pace.observe(1.0, 1.0, cpu=(1.5, 1.0))  # one where the CPU finished last: no link time
-    pace.end_step()
-    assert pace.factor == pytest.approx(1.5) and pace.link_factor == pytest.approx(1.5)
-    scaled = pace.costs(COSTS)
-    assert scaled.copy_s == pytest.approx(1.5 * COSTS.copy_s)
-    assert scaled.cpu_s_at_rows == pytest.approx([1.5 * s for s in COSTS.cpu_s_at_rows])
-    assert pace.totals.wall_s == 4.0 and pace.totals.steps == 2  # the stats keep the walls
-    pace.observe(1.0, 1.0, cpu=(1.5, 1.0))  # a step with no link time leaves the link's factor as it was
-    pace.end_step()
-    assert pace.link_factor == pytest.approx(1.5) and len(pace.link_ratios) == 1
-    pace.begin_step(4)
-    assert pace.exploring and not pace.link_ratios and pace.costs(COSTS) is COSTS
-
-
 def test_every_explore_every_th_step_uses_the_probe_and_starts_a_fresh_window():
     pace = CpuPace(explore_every=4)
     for _ in range(pace.min_ratios):

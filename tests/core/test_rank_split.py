@@ -79,22 +79,6 @@ def test_the_hosts_waits_are_recorded_where_they_happen():
     assert t.wall_s == pytest.approx(t.kernel_s + t.gpu_wait_s)  # the routing wait is before the wall starts
 
 
-def test_the_pace_times_the_cpu_side_alone_and_the_link_only_where_the_gpu_finished_last():
-    host, hidden, ids, _ = make(8, 1, 4, 11, torch.float32)
-    hybrid, _ = zero_copy_pair("cpu", host, CPU_CHEAP)
-    split = RankSplit(hybrid, 1, 4, hidden)
-    split.set_share(2)
-    split.send(hidden, ids)
-    split.serve(1, None, SlowEvent(0.03))  # the GPU's two pairs finished 30 ms after the CPU's side
-    pace = hybrid.pace
-    (cpu_s, cpu_predicted), (link_s, link_predicted) = pace._open, pace._open_link
-    assert cpu_s < 0.03 <= link_s  # the CPU's ratio leaves the wait out; the link's includes it
-    assert cpu_predicted == pytest.approx(CPU_CHEAP.cpu_overhead_s + 2 * CPU_CHEAP.cpu_s(1))  # the probe's costs
-    assert link_predicted == pytest.approx(2 * CPU_CHEAP.copy_s)
-    split.serve(1, None, None)  # the GPU was done first: no link time
-    assert pace._open_link[0] == link_s
-
-
 def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
     host = make(8, 1, 4, 5, torch.float32)[0]
     link_slow = HybridCosts(copy_s=3.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # a pair read in place: 3 CPU experts

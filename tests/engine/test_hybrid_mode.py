@@ -27,7 +27,6 @@ def test_hybrid_equals_resident_on_the_cpu_and_is_close_on_a_gpu(hf_checkpoints,
         assert stats["mode"] == "hybrid" and stats["expert_cpu_computed"] > 0
         assert stats["hybrid_costs"]["copy_s"] == CPU_CHEAP.copy_s  # what `wisp plan --hybrid-costs` can read
         assert stats["hybrid_cpu_steps"]["steps"] > 0 and stats["hybrid_cpu_factor"] > 0
-        assert stats["hybrid_link_factor"] > 0
         if cap:
             assert stats["expert_misses"] == stats["expert_loads"] + stats["expert_cpu_computed"]
         else:  # every routed expert is a miss; prefill chunks stream theirs through the staging buffers

@@ -17,13 +17,8 @@ it may run as paged mode's CUDA graph (`graph_step_ok`). Every EXPLORE_EVERY ste
 probe's costs unscaled and a cleared window (`begin_step`), eagerly, so a CPU that was slow for a while
 (start-up, a noisy neighbour) is measured again.
 
-The rank split (`wisp.core.rank_split`) times its two sides apart, so its steps give the CPU's ratio from the
-CPU side alone, at the probe's costs (a ratio against scaled costs would undo the scaling it measures), and,
-where the GPU's in-place side finished last, a ratio for the link (`link_factor`, scaling `copy_s`): on one
-H200 run a slow link (0.3 ms of waiting a layer for the GPU) read as a slow CPU and took work off the CPU.
-
-Invariants: `factor` and `link_factor` are 1 until MIN_RATIOS steps' ratios are recorded, change only between
-steps, and are always within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as they are; one `CpuPace` serves
+Invariants: `factor` is 1 until MIN_RATIOS steps' ratios are recorded, changes only between steps, and is always
+within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as they are; one `CpuPace` serves
 every layer of a model (one host).
 """
 
@@ -64,13 +59,10 @@ class CpuPace:
         self.ratios: deque[float] = deque(maxlen=window)
         self._factor = 1.0  # median(ratios), or 1 while fewer than min_ratios
         self._open = [0.0, 0.0]  # the current step's CPU layers so far: wall, predicted
-        self.link_ratios: deque[float] = deque(maxlen=window)  # the GPU's in-place side, where it finished last
-        self._link_factor = 1.0
-        self._open_link = [0.0, 0.0]
         self.explore_every = explore_every
         self.step = 0  # the last step number begun
         self.exploring = False
-        self._scaled: tuple[int, tuple[float, float], HybridCosts] | None = None  # (id of costs, factors, scaled)
+        self._scaled: tuple[int, float, HybridCosts] | None = None  # (id of costs, factor, scaled costs)
         self.totals = PaceTotals()
 
     @property
@@ -89,18 +81,12 @@ class CpuPace:
         self.exploring = step % self.explore_every == 0
         if self.exploring:
             self.ratios.clear()
-            self.link_ratios.clear()
-            self._factor = self._link_factor = 1.0
+            self._factor = 1.0
 
     def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0, routing_wait_s: float = 0.0,
-                gpu_wait_s: float = 0.0, *, cpu: tuple[float, float] | None = None,
-                link: tuple[float, float] | None = None) -> None:
+                gpu_wait_s: float = 0.0) -> None:
         """One layer's CPU step: its wall time, the split's prediction, the CPU kernels' share of the wall, and
-        (stats only) the host's waits before it and, within it, on the GPU's side.
-        Where the two sides are timed apart (the rank split), `cpu` is (the CPU side's time, its prediction at
-        the probe's costs), which the CPU's ratio uses instead of the wall; `link` is (the GPU side's time,
-        its prediction at the probe's copy cost), given only where the GPU finished last (else its time is
-        unknown), for the link's ratio, which scales `copy_s`. So a slow link no longer reads as a slow CPU."""
+        (stats only) the host's waits before it and, within it, on the GPU's side."""
         t = self.totals
         t.steps += 1
         t.wall_s += wall_s
@@ -108,47 +94,30 @@ class CpuPace:
         t.kernel_s += kernel_s
         t.routing_wait_s += routing_wait_s
         t.gpu_wait_s += gpu_wait_s
-        mine = cpu or (wall_s, predicted_s)
-        self._open[0] += mine[0]
-        self._open[1] += mine[1]
-        if link is not None:
-            self._open_link[0] += link[0]
-            self._open_link[1] += link[1]
+        self._open[0] += wall_s
+        self._open[1] += predicted_s
 
     def end_step(self) -> None:
         """The current step's CPU layers are done: their wall over predicted joins the window (nothing if the
         step predicted nothing, or while not learning)."""
-        self._factor = self._close(self._open, self.ratios, self._factor)
-        self._link_factor = self._close(self._open_link, self.link_ratios, self._link_factor)
-
-    def _close(self, open_: list[float], ratios: deque[float], factor: float) -> float:
-        """A step's observed over predicted joins `ratios`; returns the factor it gives (`factor` as it was
-        until the window holds min_ratios)."""
-        observed_s, predicted_s = open_
-        open_[:] = [0.0, 0.0]
+        wall_s, predicted_s = self._open
+        self._open = [0.0, 0.0]
         if self.learn and predicted_s > 0:
-            ratios.append(min(MAX_FACTOR, max(MIN_FACTOR, observed_s / predicted_s)))
-            if len(ratios) >= self.min_ratios:
-                return statistics.median(ratios)
-        return factor
-
-    @property
-    def link_factor(self) -> float:
-        """The GPU's in-place side's median ratio (1 until the rank split has timed it min_ratios steps)."""
-        return self._link_factor
+            self.ratios.append(min(MAX_FACTOR, max(MIN_FACTOR, wall_s / predicted_s)))
+            if len(self.ratios) >= self.min_ratios:
+                self._factor = statistics.median(self.ratios)
 
     def costs(self, probed: HybridCosts) -> HybridCosts:
-        """The costs a split should use now: the probe's, with the CPU's times scaled by `factor` and the copy's
-        by `link_factor` (as probed while exploring)."""
-        factors = (1.0, 1.0) if self.exploring else (self._factor, self._link_factor)
-        if factors == (1.0, 1.0):
+        """The costs a split should use now: the probe's, with the CPU's times scaled by `factor` (as probed
+        while exploring)."""
+        factor = 1.0 if self.exploring else self.factor
+        if factor == 1.0:
             return probed
         cached = self._scaled
-        if cached is None or cached[0] != id(probed) or cached[1] != factors:
-            factor, link = factors
+        if cached is None or cached[0] != id(probed) or cached[1] != factor:
             scaled = replace(probed, cpu_s_at_rows=tuple(s * factor for s in probed.cpu_s_at_rows),
-                             cpu_overhead_s=probed.cpu_overhead_s * factor, copy_s=probed.copy_s * link)
-            self._scaled = cached = (id(probed), factors, scaled)
+                             cpu_overhead_s=probed.cpu_overhead_s * factor)
+            self._scaled = cached = (id(probed), factor, scaled)
         return cached[2]
 
     def cpu_can_help(self, probed: HybridCosts, max_misses: int) -> bool:

@@ -15,8 +15,7 @@ GPU's side, so it can be captured (`wisp.engine.cuda_graphs`):
 - `merge` (a graph): the CPU's rows take their ranks' places, and the pairs are summed over k in routing
   order, as every mode does.
 n is chosen per step from the probed costs as the pace corrects them (`cpu_share_for`): the smallest n
-with the least predicted time, max(CPU's experts, GPU's in-place pairs). `serve` times the two sides apart
-for the pace: the CPU's side alone, and the GPU's where the host waited for it (`CpuPace.observe`).
+with the least predicted time, max(CPU's experts, GPU's in-place pairs).
 
 Invariants:
 - every (token, k) pair is computed once: by the CPU iff k < n; the sum over k runs in routing order;
@@ -40,8 +39,6 @@ from wisp.core.cpu_expert_kernels import native_experts_mlp, rank_split_rows, wh
 from wisp.core.expert_extras import extras_of
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.hybrid_split import split_time
-
-GPU_LAST_S = 20e-6  # a wait on the GPU's side longer than this: it finished last, so its time is known
 
 
 class RankSplit:
@@ -119,10 +116,7 @@ class RankSplit:
         if computed:
             predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
             end = time.perf_counter()
-            probed = store.costs  # each side against its prediction at the probe's costs
-            link = (end - start, b * (k - n) * probed.copy_s) if end - done > GPU_LAST_S and n < k else None
-            store.pace.observe(end - start, predicted, done - start, start - waited, end - done,
-                               cpu=(done - start, split_time(0, [1] * (b * n), probed)), link=link)
+            store.pace.observe(end - start, predicted, done - start, start - waited, end - done)
             self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
         c = store.counters
         c.steps += 1

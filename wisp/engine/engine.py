@@ -317,14 +317,13 @@ class LLMEngine:
 
     def _hybrid_stats(self) -> dict:
         """Hybrid mode only: the costs its layers split misses by, as probed at load (what `wisp plan
-        --hybrid-costs` reads), the factors the CPU's costs and the copy's are multiplied by now (`CpuPace`), and the median
+        --hybrid-costs` reads), the factor the CPU's costs are multiplied by now (`CpuPace`), and the median
         decode step time of each kind the runner chose between, per batch size, and the times behind it
         (`StepKindChooser`)."""
         store = next((s for s in self.model.experts.values() if isinstance(s, CpuServed)), None)
         if store is None:
             return {}
         return {"hybrid_costs": asdict(store.costs), "hybrid_cpu_factor": round(store.pace.factor, 4),
-                "hybrid_link_factor": round(store.pace.link_factor, 4),
                 "hybrid_cpu_steps": asdict(store.pace.totals), "hybrid_step_kinds": self.runner.step_kinds.medians(),
                 "hybrid_step_windows": self.runner.step_kinds.windows()}
 
