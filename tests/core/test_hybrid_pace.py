@@ -46,6 +46,13 @@ def test_scaled_costs_scale_the_cpu_side_only():
     assert pace.costs(COSTS) is scaled  # made once per factor
 
 
+def test_a_side_timed_apart_gives_the_ratio_instead_of_the_wall():
+    pace = CpuPace(min_ratios=1)
+    pace.observe(3.0, 1.0, cpu=(1.5, 1.0))  # a layer that waited 1.5 for the GPU's side
+    pace.end_step()
+    assert pace.factor == pytest.approx(1.5) and pace.totals.wall_s == 3.0  # the stats keep the wall
+
+
 def test_every_explore_every_th_step_uses_the_probe_and_starts_a_fresh_window():
     pace = CpuPace(explore_every=4)
     for _ in range(pace.min_ratios):

@@ -15,7 +15,8 @@ GPU's side, so it can be captured (`wisp.engine.cuda_graphs`):
 - `merge` (a graph): the CPU's rows take their ranks' places, and the pairs are summed over k in routing
   order, as every mode does.
 n is chosen per step from the probed costs as the pace corrects them (`cpu_share_for`): the smallest n
-with the least predicted time, max(CPU's experts, GPU's in-place pairs).
+with the least predicted time, max(CPU's experts, GPU's in-place pairs). The pace learns from the CPU's
+side alone (`CpuPace.observe`'s `cpu`), not from the wall, which includes the wait for the GPU's side.
 
 Invariants:
 - every (token, k) pair is computed once: by the CPU iff k < n; the sum over k runs in routing order;
@@ -116,7 +117,8 @@ class RankSplit:
         if computed:
             predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
             end = time.perf_counter()
-            store.pace.observe(end - start, predicted, done - start, start - waited, end - done)
+            store.pace.observe(end - start, predicted, done - start, start - waited, end - done,
+                               cpu=(done - start, split_time(0, [1] * (b * n), store.costs)))  # the probe's costs
             self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
         c = store.counters
         c.steps += 1
