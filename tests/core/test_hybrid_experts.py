@@ -14,7 +14,7 @@ from wisp.core.cpu_expert_kernels import plain_expert_mlp
 from wisp.core.hybrid_experts import HybridExperts, ZeroCopyHybridExperts
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.moe import expert_mlp
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.hybrid_split import HybridCosts, split_time
 
 CPU_CHEAP = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))  # the CPU serves light experts
 LINK_FREE = HybridCosts(copy_s=0.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # every miss copied: paged mode
@@ -176,3 +176,20 @@ def test_the_cpu_kernel_names_are_the_options_names():
     from wisp.options import HYBRID_CPU_KERNELS
 
     assert tuple(CPU_EXPERT_KERNELS) == HYBRID_CPU_KERNELS
+
+
+def test_an_eager_cpu_steps_ratio_is_taken_against_the_probes_costs():
+    """The split uses the scaled costs, the pace's ratio the same split's time at the probe's (against the scaled
+    ones the factor would settle at the square root of the CPU's real slowness)."""
+    host = make(8, 1, 2, 0, torch.float32)[0]
+    pace = CpuPace(min_ratios=1)
+    costs = HybridCosts(copy_s=0.15, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))
+    hybrid = HybridExperts(host, 2, torch.device("cpu"), costs, pace=pace)
+    pace.observe(2.0, 1.0)
+    pace.end_step()
+    assert pace.factor == 2.0  # the CPU measured 2x slower than probed
+    _, hidden, ids, weights = make(8, 1, 2, 1, torch.float32)
+    hybrid.forward(hidden, ids, weights)
+    split = hybrid.last_split  # one copy beside one CPU expert: max(0.15, 2 x 0.1)
+    assert len(split.to_cpu) == 1 and split.predicted_s == pytest.approx(0.2)
+    assert pace._open[1] == pytest.approx(split_time(1, [1], costs)) == pytest.approx(0.15)

@@ -42,7 +42,7 @@ from wisp.core.experts import PagedExperts, ZeroCopyExperts, routed_counts_and_l
 from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, CpuExperts, default_cpu_kernel
 from wisp.core.expert_extras import SILU, Activation, extras_of
 from wisp.core.hybrid_pace import CpuPace
-from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
+from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses, split_time
 from wisp.core.host_exchange import HostExchange
 from wisp.core.kernels import MoEKernels
 
@@ -64,6 +64,7 @@ class CpuServed:
         self.last_split: MissSplit | None = None
         self.exchange = HostExchange(device)  # the step's trips to the host and back, through pinned buffers
         self._rows_read: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's (hidden, ids) on the host
+        self._at_probe_s = 0.0  # the last split's predicted time at the probe's costs
 
     def _read_routing(self, hidden, topk_ids, num_experts):
         """The routing read, with the hidden rows in the same trip for a decode-sized step (its CPU experts
@@ -76,8 +77,10 @@ class CpuServed:
         return routed_counts_and_last_token(ids_host, num_experts)
 
     def _split(self, misses: list[tuple[int, int]]) -> MissSplit:
-        self.last_split = split_misses(misses, self.pace.costs(self.costs))
-        return self.last_split
+        self.last_split = split = split_misses(misses, self.pace.costs(self.costs))
+        rows = dict(misses)  # the same split at the probe's costs: what the pace's ratio is taken against
+        self._at_probe_s = split_time(len(split.to_copy), [rows[e] for e in split.to_cpu], self.costs)
+        return split
 
     def _step_with_cpu(self, hidden, topk_ids, topk_weights, split: MissSplit, gpu_pairs) -> torch.Tensor:
         """`gpu_pairs()` enqueues the GPU's pairs and returns the [T*K, D] float32 pair outputs (the CPU's
@@ -97,7 +100,8 @@ class CpuServed:
             gpu_done.synchronize()
         pairs_dev, rows_dev = self.exchange.to_device(pairs, rows)
         per_k[pairs_dev] = rows_dev
-        self.pace.observe(time.perf_counter() - start, split.predicted_s, kernel_s)
+        wall_s = time.perf_counter() - start
+        self.pace.observe(wall_s, split.predicted_s, kernel_s, ratio=(wall_s, self._at_probe_s))
         c = self.counters
         c.misses += len(split.to_cpu)
         c.cpu_computed += len(split.to_cpu)

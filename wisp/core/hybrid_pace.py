@@ -17,10 +17,11 @@ it may run as paged mode's CUDA graph (`graph_step_ok`). Every EXPLORE_EVERY ste
 probe's costs unscaled and a cleared window (`begin_step`), eagerly, so a CPU that was slow for a while
 (start-up, a noisy neighbour) is measured again.
 
-The rank split (`wisp.core.rank_split`) times its CPU side apart from its wait for the GPU, so its steps give
-the ratio of the CPU side alone at the probe's costs (a ratio against the scaled costs would undo the
-scaling it measures; one against the wall would charge the CPU for a slow link: on one H200 run a 0.3 ms
-wait a layer for the GPU's side raised the CPU's factor and moved work off the CPU onto the slow side).
+Each ratio is taken against the prediction at the probe's costs, not the scaled costs the split used: against
+those it would measure what is left after the scaling, and the factor would settle at the square root of the
+CPU's real slowness. The rank split (`wisp.core.rank_split`) times its CPU side apart from its wait for the
+GPU and gives the CPU side alone (against the wall it charged the CPU for a slow link: on one H200 run a
+0.3 ms wait a layer for the GPU's side raised the factor and moved work off the CPU onto the slow side).
 
 Invariants: `factor` is 1 until MIN_RATIOS steps' ratios are recorded, changes only between steps, and is always
 within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as they are; one `CpuPace` serves
@@ -89,11 +90,11 @@ class CpuPace:
             self._factor = 1.0
 
     def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0, routing_wait_s: float = 0.0,
-                gpu_wait_s: float = 0.0, *, cpu: tuple[float, float] | None = None) -> None:
-        """One layer's CPU step: its wall time, the split's prediction, the CPU kernels' share of the wall, and
-        (stats only) the host's waits before it and, within it, on the GPU's side. Where the two sides are
-        timed apart (the rank split), `cpu` is (the CPU side's own time, its prediction at the probe's costs),
-        which the ratio uses instead of the wall: a wait for a slow GPU side is not the CPU's slowness."""
+                gpu_wait_s: float = 0.0, *, ratio: tuple[float, float] | None = None) -> None:
+        """One layer's CPU step: its wall time, the split's prediction (at the costs it was split with), the CPU
+        kernels' share of the wall, and (stats only) the host's waits before it and, within it, on the GPU's
+        side. `ratio`: (observed, predicted at the probe's costs), what the step's ratio is made of; without
+        it, the wall against `predicted_s` (a caller that splits at the probe's costs)."""
         t = self.totals
         t.steps += 1
         t.wall_s += wall_s
@@ -101,9 +102,9 @@ class CpuPace:
         t.kernel_s += kernel_s
         t.routing_wait_s += routing_wait_s
         t.gpu_wait_s += gpu_wait_s
-        mine = cpu or (wall_s, predicted_s)
-        self._open[0] += mine[0]
-        self._open[1] += mine[1]
+        observed_s, at_probe_s = ratio or (wall_s, predicted_s)
+        self._open[0] += observed_s
+        self._open[1] += at_probe_s
 
     def end_step(self) -> None:
         """The current step's CPU layers are done: their wall over predicted joins the window (nothing if the

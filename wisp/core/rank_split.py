@@ -16,7 +16,7 @@ GPU's side, so it can be captured (`wisp.engine.cuda_graphs`):
   order, as every mode does.
 n is chosen per step from the probed costs as the pace corrects them (`cpu_share_for`): the smallest n
 with the least predicted time, max(CPU's experts, GPU's in-place pairs). The pace learns from the CPU's
-side alone (`CpuPace.observe`'s `cpu`), not from the wall, which includes the wait for the GPU's side.
+side alone (`CpuPace.observe`'s `ratio`), not from the wall, which includes the wait for the GPU's side.
 
 Invariants:
 - every (token, k) pair is computed once: by the CPU iff k < n; the sum over k runs in routing order;
@@ -118,7 +118,7 @@ class RankSplit:
             predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
             end = time.perf_counter()
             store.pace.observe(end - start, predicted, done - start, start - waited, end - done,
-                               cpu=(done - start, split_time(0, [1] * (b * n), store.costs)))  # the probe's costs
+                               ratio=(done - start, split_time(0, [1] * (b * n), store.costs)))  # the probe's costs
             self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
         c = store.counters
         c.steps += 1
