@@ -79,11 +79,12 @@ def test_the_native_activation_is_its_documented_order_and_within_a_few_ulp_of_s
     assert ((a.double() - exact).abs() <= 4 * 2 ** -23 * exact.abs() + 1e-30).all()  # the clamp: |x| < 1e-30 where exp(-g) > e^87
 
 
+# (48, 32): matrices of remainders only; (1024, 32): page-strided spans in both GEMVs
+@pytest.mark.parametrize("d, i", [(48, 32), (1024, 32)])
 @pytest.mark.parametrize("counts", [[1], [2, 1], [1, 1, 1, 1]])
-def test_a_native_silu_expert_is_its_documented_order_bit_for_bit(counts):
+def test_a_native_silu_expert_is_its_documented_order_bit_for_bit(counts, d, i):
     """Both GEMVs in the lanes' order and the activation between, in one native call per layer's experts."""
     g = torch.Generator().manual_seed(len(counts))
-    d, i = 48, 32
     x = torch.randn((sum(counts), d), generator=g)
     gate_ups = [torch.randn((2 * i, d), generator=g).bfloat16() for _ in counts]
     downs = [torch.randn((d, i), generator=g).bfloat16() for _ in counts]
@@ -94,6 +95,8 @@ def test_a_native_silu_expert_is_its_documented_order_bit_for_bit(counts):
         assert torch.equal(out[start : start + n], lanes_in_order(silu_mul_in_order(lanes_in_order(rows, gate_up)), down))
         start += n
     assert torch.equal(native_experts_mlp(x, counts, gate_ups, downs, [None] * len(counts)), out)
+    transposed = [w.T.contiguous().T for w in downs]  # the same values, not contiguous: copied, not refused
+    assert torch.equal(native_experts_mlp(x, counts, gate_ups, transposed, [None] * len(counts)), out)
 
 
 def test_the_native_kernels_bits_do_not_depend_on_the_thread_count():
@@ -117,6 +120,8 @@ def test_the_native_kernel_refuses_what_it_cannot_read():
         bf16_rows_matmul(x, w.float())
     with pytest.raises(RuntimeError, match="multiple of 16"):
         bf16_rows_matmul(torch.randn(1, 24), torch.randn(8, 24).to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="positive multiple of 16"):  # (a division by its depth, not a crash)
+        bf16_rows_matmul(torch.randn(1, 0), torch.randn(8, 0).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("activation", [Activation(), Activation("clamped_swiglu")])

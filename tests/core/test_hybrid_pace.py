@@ -46,15 +46,11 @@ def test_scaled_costs_scale_the_cpu_side_only():
     assert pace.costs(COSTS) is scaled  # made once per factor
 
 
-def test_the_factor_reaches_the_cpus_real_slowness_in_closed_loop():
-    """Each step splits at the scaled costs but gives its ratio against the probe's (`ratio`): a CPU 4x slower
-    than probed settles at factor 4 (against the scaled prediction it would settle at 2, the square root)."""
-    pace = CpuPace()
-    for _ in range(40):
-        probed_s = 1.0  # a CPU-bound layer's predicted time at the probe's costs
-        pace.observe(4.0 * probed_s, probed_s * pace.factor, ratio=(4.0 * probed_s, probed_s))
-        pace.end_step()
-    assert pace.factor == pytest.approx(4.0) and pace.totals.predicted_s > 40  # the stats keep the scaled predictions
+def test_a_steps_ratio_is_what_observe_is_given_as_ratio_not_the_wall():
+    pace = CpuPace(min_ratios=1)
+    pace.observe(3.0, 1.0, ratio=(1.5, 0.5))  # a wall of 3 against 1 predicted; its CPU side 1.5 against 0.5
+    pace.end_step()
+    assert pace.factor == pytest.approx(3.0) and pace.totals.wall_s == 3.0  # the stats keep the wall
 
 
 def test_every_explore_every_th_step_uses_the_probe_and_starts_a_fresh_window():

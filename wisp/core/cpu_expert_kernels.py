@@ -162,6 +162,7 @@ def applies(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras 
     """Whether the native kernel computes this expert (else torch's plain kernel does)."""
     return (w_gate_up.dtype == torch.bfloat16 and w_down.dtype == torch.bfloat16
             and (extras is None or extras.scales is None)
+            and w_gate_up.shape[-1] > 0 and w_down.shape[-1] > 0
             and w_gate_up.shape[-1] % LANES == 0 and w_down.shape[-1] % LANES == 0)
 
 
@@ -192,7 +193,8 @@ def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.
     if not all(applies(gu, dn, ex) for gu, dn, ex in zip(gate_ups, downs, extras)):
         return one_at_a_time(plain_expert_mlp)(x, counts, gate_ups, downs, extras, activation)
     if all(whole_in_native(gu, dn, ex, activation) for gu, dn, ex in zip(gate_ups, downs, extras)):
-        return bf16_experts_mlp(x.float().contiguous(), gate_ups, downs, counts)
+        return bf16_experts_mlp(x.float().contiguous(), [w.contiguous() for w in gate_ups],
+                                [w.contiguous() for w in downs], counts)
     h = bf16_grouped_rows_matmul(x.float().contiguous(), [w.contiguous() for w in gate_ups], counts)  # [M, 2I]
     if any(ex is not None and ex.gate_up_bias is not None for ex in extras):
         h = h + _bias_rows([None if ex is None else ex.gate_up_bias for ex in extras], counts, h.shape[1])

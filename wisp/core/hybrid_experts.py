@@ -64,7 +64,7 @@ class CpuServed:
         self.last_split: MissSplit | None = None
         self.exchange = HostExchange(device)  # the step's trips to the host and back, through pinned buffers
         self._rows_read: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's (hidden, ids) on the host
-        self._at_probe_s = 0.0  # the last split's predicted time at the probe's costs
+        self._cpu_at_probe_s = 0.0  # the last split's CPU side at the probe's costs
 
     def _read_routing(self, hidden, topk_ids, num_experts):
         """The routing read, with the hidden rows in the same trip for a decode-sized step (its CPU experts
@@ -78,14 +78,15 @@ class CpuServed:
 
     def _split(self, misses: list[tuple[int, int]]) -> MissSplit:
         self.last_split = split = split_misses(misses, self.pace.costs(self.costs))
-        rows = dict(misses)  # the same split at the probe's costs: what the pace's ratio is taken against
-        self._at_probe_s = split_time(len(split.to_copy), [rows[e] for e in split.to_cpu], self.costs)
+        rows = dict(misses)  # the CPU side's time at the probe's costs: what the pace's ratio is taken against
+        self._cpu_at_probe_s = split_time(0, [rows[e] for e in split.to_cpu], self.costs)
         return split
 
     def _step_with_cpu(self, hidden, topk_ids, topk_weights, split: MissSplit, gpu_pairs) -> torch.Tensor:
         """`gpu_pairs()` enqueues the GPU's pairs and returns the [T*K, D] float32 pair outputs (the CPU's
-        pairs left zero); meanwhile this thread computes `split.to_cpu`'s pairs, then all are summed. The
-        wall time the pace learns from runs to the later of the two sides."""
+        pairs left zero); meanwhile this thread computes `split.to_cpu`'s pairs, then all are summed. The pace
+        learns from the CPU side alone (the rows' trip to the host and the kernels) against its time at the
+        probe's costs; the wall, which runs to the later of the two sides, goes to its stats."""
         start = time.perf_counter()
         t, k = topk_ids.shape
         rows_read, self._rows_read = self._rows_read, None
@@ -95,13 +96,14 @@ class CpuServed:
         kernel_start = time.perf_counter()
         pairs, rows = cpu_pair_rows(hidden_host, ids_host, self.cpu_experts, split.to_cpu, k,
                                     self.kernels.activation)  # meanwhile
-        kernel_s = time.perf_counter() - kernel_start
+        cpu_done = time.perf_counter()
+        kernel_s = cpu_done - kernel_start
         if gpu_done is not None:
             gpu_done.synchronize()
         pairs_dev, rows_dev = self.exchange.to_device(pairs, rows)
         per_k[pairs_dev] = rows_dev
         wall_s = time.perf_counter() - start
-        self.pace.observe(wall_s, split.predicted_s, kernel_s, ratio=(wall_s, self._at_probe_s))
+        self.pace.observe(wall_s, split.predicted_s, kernel_s, ratio=(cpu_done - start, self._cpu_at_probe_s))
         c = self.counters
         c.misses += len(split.to_cpu)
         c.cpu_computed += len(split.to_cpu)

@@ -17,11 +17,12 @@ it may run as paged mode's CUDA graph (`graph_step_ok`). Every EXPLORE_EVERY ste
 probe's costs unscaled and a cleared window (`begin_step`), eagerly, so a CPU that was slow for a while
 (start-up, a noisy neighbour) is measured again.
 
-Each ratio is taken against the prediction at the probe's costs, not the scaled costs the split used: against
-those it would measure what is left after the scaling, and the factor would settle at the square root of the
-CPU's real slowness. The rank split (`wisp.core.rank_split`) times its CPU side apart from its wait for the
-GPU and gives the CPU side alone (against the wall it charged the CPU for a slow link: on one H200 run a
-0.3 ms wait a layer for the GPU's side raised the factor and moved work off the CPU onto the slow side).
+Each ratio is the CPU side's own time (the hybrid steps give it through `observe`'s `ratio`) against its
+time at the probe's costs. Not against the scaled costs the split used: the ratio would measure what is left
+after the scaling, and the factor would settle at the square root of the CPU's real slowness. Not the wall
+either: at the split's optimum the copies' side is as long as the CPU's, so the wall measures the link, and
+a slow link read as a slow CPU (on one H200 run a 0.3 ms wait a layer for the GPU's side raised the factor
+and moved work off the CPU onto the slow side).
 
 Invariants: `factor` is 1 until MIN_RATIOS steps' ratios are recorded, changes only between steps, and is always
 within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as they are; one `CpuPace` serves

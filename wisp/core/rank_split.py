@@ -117,8 +117,9 @@ class RankSplit:
         if computed:
             predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
             end = time.perf_counter()
+            probed = store.costs  # the CPU side against its time at the probe's costs
             store.pace.observe(end - start, predicted, done - start, start - waited, end - done,
-                               ratio=(done - start, split_time(0, [1] * (b * n), store.costs)))  # the probe's costs
+                               ratio=(done - start, probed.cpu_overhead_s + b * n * probed.cpu_s(1)))
             self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
         c = store.counters
         c.steps += 1
