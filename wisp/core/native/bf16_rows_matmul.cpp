@@ -118,10 +118,12 @@ void grouped_rows(const float* xs, const std::vector<const uint16_t*>& weights, 
 }
 
 // exp(x) in float32 operations only, in a fixed order (no library call, no FMA): x = k ln2 + r with ln2 in two
-// parts (Cody-Waite), exp(r) by its Taylor polynomial of degree 7 (|r| <= ln2 / 2: within 2 ulp), times 2^k.
+// parts (Cody-Waite), exp(r) by its Taylor polynomial of degree 7 (|r| <= ln2 / 2: within 2 ulp), times 2^k;
+// inf above 88 (float32's largest is e^88.7), 0 below -87 (2^k would leave the normal floats).
 inline float exp_fixed(float x) {
   if (!(x == x)) return x;  // NaN
-  x = std::min(std::max(x, -87.0f), 88.0f);  // 2^k stays a normal float
+  if (x > 88.0f) return INFINITY;
+  if (x < -87.0f) return 0.0f;
   const float k = std::nearbyint(x * 1.44269504f);
   const float r = (x - k * 0.693145752f) - k * 1.42860677e-6f;
   float p = 1.98412698e-4f;  // 1/7!
