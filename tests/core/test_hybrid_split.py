@@ -39,9 +39,10 @@ def test_a_free_link_copies_everything_and_a_dear_one_sends_light_experts_to_the
     misses = [(3, 1), (5, 8), (9, 1), (11, 2)]
     assert split_misses(misses, HybridCosts(0.0, (1,), (1.0,))).to_cpu == ()
     split = split_misses(misses, costs)  # copying all 4: 4 s; 2 light ones on the CPU: max(2, 2) = 2 s
-    assert split.to_cpu == (3, 9) and split.to_copy == (5, 11) and split.predicted_s == 2.0
+    assert split.to_cpu == (3, 9) and split.to_copy == (5, 11) and split.predicted_s == 2.0 and split.cpu_rows == (1, 1)
     slow_link = split_misses(misses, HybridCosts(100.0, (1, 8), (1.0, 8.0)))  # the CPU takes all but one copy
     assert slow_link.to_copy == (5,) and slow_link.predicted_s == 100.0
+    assert slow_link.to_cpu == (3, 9, 11) and slow_link.cpu_rows == (1, 1, 2)  # each CPU expert's rows, in order
     lone = split_misses([(4, 1)], HybridCosts(10.0, (1,), (1.0,)))  # a lone miss is copied (cached), however dear
     assert lone.to_copy == (4,) and lone.to_cpu == ()
 

@@ -35,7 +35,7 @@ def test_a_split_step_equals_the_eager_step_with_the_same_experts_on_the_cpu(dev
     for step in range(4):
         hidden, ids, weights = (x.to(device) for x in make(16, 1, 4, 700 + step, dtype)[1:])
         row = ids[0].tolist()
-        eager._split = lambda misses, row=row: MissSplit(tuple(row[n:]), tuple(row[:n]), 0.0)
+        eager._split = lambda misses, row=row: MissSplit(tuple(row[n:]), tuple(row[:n]), 0.0, (1,) * n)
         out = split_step(split, hidden, ids, weights, n)
         ref = eager.forward(hidden, ids, weights)
         assert torch.equal(out, ref), (n, step)

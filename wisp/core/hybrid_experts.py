@@ -64,7 +64,6 @@ class CpuServed:
         self.last_split: MissSplit | None = None
         self.exchange = HostExchange(device)  # the step's trips to the host and back, through pinned buffers
         self._rows_read: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's (hidden, ids) on the host
-        self._cpu_at_probe_s = 0.0  # the last split's CPU side at the probe's costs
 
     def _read_routing(self, hidden, topk_ids, num_experts):
         """The routing read, with the hidden rows in the same trip for a decode-sized step (its CPU experts
@@ -77,10 +76,8 @@ class CpuServed:
         return routed_counts_and_last_token(ids_host, num_experts)
 
     def _split(self, misses: list[tuple[int, int]]) -> MissSplit:
-        self.last_split = split = split_misses(misses, self.pace.costs(self.costs))
-        rows = dict(misses)  # the CPU side's time at the probe's costs: what the pace's ratio is taken against
-        self._cpu_at_probe_s = split_time(0, [rows[e] for e in split.to_cpu], self.costs)
-        return split
+        self.last_split = split_misses(misses, self.pace.costs(self.costs))
+        return self.last_split
 
     def _step_with_cpu(self, hidden, topk_ids, topk_weights, split: MissSplit, gpu_pairs) -> torch.Tensor:
         """`gpu_pairs()` enqueues the GPU's pairs and returns the [T*K, D] float32 pair outputs (the CPU's
@@ -103,7 +100,8 @@ class CpuServed:
         pairs_dev, rows_dev = self.exchange.to_device(pairs, rows)
         per_k[pairs_dev] = rows_dev
         wall_s = time.perf_counter() - start
-        self.pace.observe(wall_s, split.predicted_s, kernel_s, ratio=(cpu_done - start, self._cpu_at_probe_s))
+        at_probe_s = split_time(0, split.cpu_rows, self.costs)  # the CPU side at the probe's costs
+        self.pace.observe(wall_s, split.predicted_s, kernel_s, ratio=(cpu_done - start, at_probe_s))
         c = self.counters
         c.misses += len(split.to_cpu)
         c.cpu_computed += len(split.to_cpu)

@@ -71,6 +71,7 @@ class MissSplit:
     to_copy: tuple[int, ...]  # experts copied into slots (cached)
     to_cpu: tuple[int, ...]  # experts computed on the CPU (not cached)
     predicted_s: float  # the step's predicted miss time under the split
+    cpu_rows: tuple[int, ...]  # the rows routed to each of to_cpu, in its order
 
 
 def split_time(copies: int, cpu_rows: Sequence[int], costs: HybridCosts) -> float:
@@ -92,4 +93,5 @@ def split_misses(misses: Sequence[tuple[int, int]], costs: HybridCosts) -> MissS
             best_n, best_s = n_cpu, s
     to_cpu = tuple(sorted(e for e, _ in by_cpu_cost[:best_n]))
     to_copy = tuple(sorted(e for e, _ in by_cpu_cost[best_n:]))
-    return MissSplit(to_copy, to_cpu, best_s)
+    rows = dict(misses)
+    return MissSplit(to_copy, to_cpu, best_s, tuple(rows[e] for e in to_cpu))

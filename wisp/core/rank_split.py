@@ -39,6 +39,7 @@ import torch
 from wisp.core.cpu_expert_kernels import native_experts_mlp, rank_split_rows, whole_in_native
 from wisp.core.expert_extras import extras_of
 from wisp.core.expert_major import DOWN, GATE_UP
+from wisp.core.hybrid_experts import cpu_pair_rows
 from wisp.core.hybrid_split import split_time
 
 
@@ -134,20 +135,15 @@ class RankSplit:
                                self.rows_host[:b])
 
     def _rows(self, b: int) -> tuple[int, int]:
-        """The same with the store's CPU kernel (any kernel, any weights)."""
-        n, store, k = self._share, self.store, self.top_k
-        flat = self.ids_host[:b].view(-1).tolist()  # [B*K] token-major
-        pairs_of: dict[int, list[int]] = {}  # the CPU's experts -> their pairs, ascending (token order)
-        for pair, expert in enumerate(flat):
-            if pair % k < n:
-                pairs_of.setdefault(expert, []).append(pair)
-        if pairs_of:
-            experts = sorted(pairs_of)
-            pairs = torch.tensor([p for e in experts for p in pairs_of[e]])  # [M]
-            rows = store.cpu_experts.rows(self.hidden_host[:b], pairs, [len(pairs_of[e]) for e in experts], experts,
-                                          k, store.kernels.activation)  # [M, D]
-            self.rows_host[:b].view(b * k, -1).index_copy_(0, pairs, rows)
-        return len(pairs_of), len(set(flat))
+        """The same with the store's CPU kernel (any kernel, any weights), grouped as the eager step groups."""
+        n, store = self._share, self.store
+        ids = self.ids_host[:b]
+        experts = sorted(set(ids[:, :n].reshape(-1).tolist()))
+        if experts:  # pairs index the CPU's ranks [B, n], token-major
+            pairs, rows = cpu_pair_rows(self.hidden_host[:b], ids[:, :n], store.cpu_experts, experts, n,
+                                        store.kernels.activation)
+            self.rows_host[:b, :n][pairs // n, pairs % n] = rows
+        return len(experts), len(set(ids.reshape(-1).tolist()))
 
     def predicted_s(self, b: int, n: int) -> float:
         """A layer's predicted time with n ranks of b tokens on the CPU: at most b x n experts of one row each
