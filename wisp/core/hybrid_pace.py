@@ -54,6 +54,7 @@ class PaceTotals:
     routing_wait_s: float = 0.0  # rank split only: the host waiting for a layer's routing (the piece's GPU time)
     gpu_wait_s: float = 0.0  # rank split only: the host, its rows done, waiting for the GPU's pairs
     cpu_ranks: float = 0.0  # rank split only: the CPU's share of each token's ranks (a shared rank's fraction too)
+    gpu_s: float = 0.0  # rank split under graphs only: the GPU's pairs, timed on the device (CUDA events)
 
 
 class CpuPace:
@@ -92,11 +93,12 @@ class CpuPace:
             self._factor = 1.0
 
     def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0, routing_wait_s: float = 0.0,
-                gpu_wait_s: float = 0.0, *, ratio: tuple[float, float] | None = None, cpu_ranks: float = 0.0) -> None:
+                gpu_wait_s: float = 0.0, *, ratio: tuple[float, float] | None = None, cpu_ranks: float = 0.0,
+                gpu_s: float = 0.0) -> None:
         """One layer's CPU step: its wall time, the split's prediction (at the costs it was split with), the CPU
         kernels' share of the wall, and (stats only) the host's waits before it and, within it, on the GPU's
         side. `ratio`: (observed, predicted at the probe's costs), what the step's ratio is made of; without
-        it, the wall against `predicted_s` (a caller that splits at the probe's costs). `cpu_ranks`: stats only."""
+        it, the wall against `predicted_s` (a caller that splits at the probe's costs). `cpu_ranks`, `gpu_s`: stats only."""
         t = self.totals
         t.steps += 1
         t.wall_s += wall_s
@@ -105,6 +107,7 @@ class CpuPace:
         t.routing_wait_s += routing_wait_s
         t.gpu_wait_s += gpu_wait_s
         t.cpu_ranks += cpu_ranks
+        t.gpu_s += gpu_s
         observed_s, at_probe_s = ratio or (wall_s, predicted_s)
         self._open[0] += observed_s
         self._open[1] += at_probe_s

@@ -132,9 +132,11 @@ class RankSplit:
             self._share, self._cols = n, cols
         self._predicted_s = predicted_s
 
-    def serve(self, b: int, routed: "torch.cuda.Event | None", gpu_done: "torch.cuda.Event | None") -> None:
+    def serve(self, b: int, routed: "torch.cuda.Event | None", gpu_done: "torch.cuda.Event | None",
+              timed: bool = False) -> None:
         """Between the graphs: wait for the routing (`routed`), compute the CPU's pairs, wait for the GPU's
         (`gpu_done`), send the rows to the device buffer `merge` reads; count and pace as the eager step.
+        timed: the events time the GPU's pairs between them (enable_timing), for the stats.
         (Lean on purpose: it runs once per MoE layer on the step's critical path.)"""
         waited = time.perf_counter()
         if routed is not None:
@@ -151,7 +153,7 @@ class RankSplit:
             probed, ranks = store.costs, n + cols / self.inter  # the CPU side against its time at the probe's costs
             store.pace.observe(end - start, predicted, done - start, start - waited, end - done,
                                ratio=(done - start, probed.cpu_overhead_s + b * ranks * probed.cpu_s(1)),
-                               cpu_ranks=ranks)
+                               cpu_ranks=ranks, gpu_s=routed.elapsed_time(gpu_done) / 1e3 if timed else 0.0)
             self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
         c = store.counters
         c.steps += 1

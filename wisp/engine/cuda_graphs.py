@@ -71,7 +71,8 @@ class DecodeGraphs:
         self.splits: dict[int, RankSplit] = {li: RankSplit(s, max_batch, model.config.top_k, self.routed)
                                              for li, s in stores.items()} if split else {}
         self.split_graphs: dict[int, dict[int, tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]]] = {}
-        self._events = (torch.cuda.Event(), torch.cuda.Event())  # a split layer's routing sent, GPU pairs done
+        self._events = (torch.cuda.Event(enable_timing=True),  # a split layer's routing sent, GPU pairs done:
+                        torch.cuda.Event(enable_timing=True))  # between them the GPU's side (stats)
         pool = None
         model.use_paging_side("device")
         with torch.cuda.device(model.device):  # Triton launches on the current device
@@ -163,7 +164,7 @@ class DecodeGraphs:
                 routed.record()
                 gpu.replay()
                 gpu_done.record()
-                self.splits[piece.layer].serve(b, routed, gpu_done)
+                self.splits[piece.layer].serve(b, routed, gpu_done, timed=True)
                 merge.replay()
         return logits
 
