@@ -157,12 +157,13 @@ def _down(h_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, y_ptr, stride_ws, s_ptr, st
     if slot >= 0:  # a pair without a slot is left as it is
         w = w_ptr + slot.to(tl.int64) * stride_ws
         sc = s_ptr + slot.to(tl.int64) * stride_ss
-        first = 0
-        if HAS_FIRST:  # the sum over the pair's columns from its first on
-            first = tl.load(first_ptr + pair)
-        for i0 in range(first, I, BLOCK_I):
+        if HAS_FIRST:  # the sum over the pair's columns from its first on (the columns below are masked
+            first = tl.load(first_ptr + pair)  # off, not skipped: a first of 0 gives the whole pair's bits)
+        for i0 in range(0, I, BLOCK_I):
             cols = i0 + tl.arange(0, BLOCK_I)
             col_ok = cols < I
+            if HAS_FIRST:
+                col_ok = col_ok & (cols >= first)
             h = tl.load(h_ptr + row.to(tl.int64) * I + cols, mask=col_ok, other=0.0)
             mask = row_ok[:, None] & col_ok[None, :]
             wd = _weight_tile(w, sc, rows, cols, mask, I, FMT, FP8_BLOCK, ROUND)
