@@ -77,19 +77,21 @@ def main() -> None:
             steps[arm].append(time.perf_counter() - start)
         for key, value in asdict(pace.totals).items():
             totals[arm][key] = totals[arm].get(key, 0) + value - before[key]
+        totals[arm]["factors"] = (round(pace.factor, 3), round(pace.link_factor, 3))  # the CPU's, the link's
     record = {"model": args.model, "routing": args.routing_trace, "h2d_gbps_probe": round(gbps, 2),
               "gpu": torch.cuda.get_device_name(), "round": args.round, "rounds": args.rounds, "arms": {}}
     for arm in ARMS:
         t, n = totals[arm], max(totals[arm]["steps"], 1)
         record["arms"][arm] = {
             "median_step_s": round(statistics.median(steps[arm]), 6), "tok_s": round(len(steps[arm]) / sum(steps[arm]), 2),
-            "cpu_ranks_per_layer": round(t["cpu_ranks"] / n, 3),
+            "cpu_ranks_per_layer": round(t["cpu_ranks"] / n, 3), "cpu_and_link_factors_at_end": t["factors"],
             **{f"{key}_per_layer_ms": round(1e3 * t[key] / n, 3) for key in ("kernel_s", "gpu_s", "gpu_wait_s", "wall_s")},
             "step_s": [round(s, 5) for s in steps[arm]]}
         a = record["arms"][arm]
         print(f"{arm:7s} median step {1e3 * a['median_step_s']:.2f} ms ({a['tok_s']} tok/s), CPU ranks "
               f"{a['cpu_ranks_per_layer']}, per layer: CPU {a['kernel_s_per_layer_ms']} ms, GPU pairs "
-              f"{a['gpu_s_per_layer_ms']} ms, wait for them {a['gpu_wait_s_per_layer_ms']} ms")
+              f"{a['gpu_s_per_layer_ms']} ms, wait for them {a['gpu_wait_s_per_layer_ms']} ms; factors "
+              f"{a['cpu_and_link_factors_at_end']}")
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
 

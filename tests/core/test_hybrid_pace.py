@@ -53,6 +53,28 @@ def test_a_steps_ratio_is_what_observe_is_given_as_ratio_not_the_wall():
     assert pace.factor == pytest.approx(3.0) and pace.totals.wall_s == 3.0  # the stats keep the wall
 
 
+def test_the_link_factor_scales_the_copy_from_device_timed_gpu_pairs_on_the_same_rules():
+    pace = CpuPace(window=3, min_ratios=2)
+    pace.observe(1.0, 1.0, ratio=(1.0, 1.0), link=(1.3, 1.0))  # the GPU's pairs 1.3x their copy price
+    pace.end_step()
+    assert pace.link_factor == 1.0 and pace.costs(COSTS) is COSTS  # one step: not yet
+    pace.observe(1.0, 1.0, ratio=(1.0, 1.0))  # a step with no GPU pairs adds no link ratio
+    pace.end_step()
+    assert len(pace.link_ratios) == 1
+    for _ in range(2):  # two layers of one step: one ratio of their sums
+        pace.observe(1.0, 1.0, ratio=(1.0, 1.0), link=(0.7, 0.5))
+    pace.end_step()
+    assert pace.link_ratios[-1] == pytest.approx(1.4) and pace.link_factor == pytest.approx(1.35)
+    scaled = pace.costs(COSTS)
+    assert scaled.copy_s == pytest.approx(1.35 * COSTS.copy_s) and scaled.cpu_s_at_rows == COSTS.cpu_s_at_rows
+    pace.observe(1.0, 1.0, ratio=(1.0, 1.0), link=(1e3, 1.0))
+    pace.end_step()
+    assert max(pace.link_ratios) == MAX_FACTOR  # clamped as the CPU's
+    pace.explore_every = 7
+    pace.begin_step(7)
+    assert pace.exploring and not pace.link_ratios and pace.link_factor == 1.0 and pace.costs(COSTS) is COSTS
+
+
 def test_every_explore_every_th_step_uses_the_probe_and_starts_a_fresh_window():
     pace = CpuPace(explore_every=4)
     for _ in range(pace.min_ratios):

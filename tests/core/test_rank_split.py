@@ -81,6 +81,31 @@ def test_the_hosts_waits_are_recorded_where_they_happen():
     assert cpu_s < 0.04 and cpu_predicted == pytest.approx(CPU_CHEAP.cpu_overhead_s + 2 * CPU_CHEAP.cpu_s(1))
 
 
+class DeviceTimedEvent(SlowEvent):
+    """An event pair whose device time between them is `ms` (as CUDA events with timing report it)."""
+
+    def __init__(self, ms: float):
+        super().__init__(0.0)
+        self.ms = ms
+
+    def elapsed_time(self, end) -> float:
+        return self.ms
+
+
+def test_timed_events_give_the_pace_the_gpu_pairs_against_their_copy_price():
+    host, hidden, ids, _ = wide(3)
+    hybrid, _ = zero_copy_pair("cpu", host, CPU_CHEAP)
+    split = RankSplit(hybrid, 1, 4, hidden)
+    split.set_share(2, cols=16)  # 2.25 ranks on the CPU, 1.75 read in place
+    split.send(hidden[:1], ids[:1])
+    split.serve(1, DeviceTimedEvent(3.0), DeviceTimedEvent(0.0), timed=True)
+    assert hybrid.pace._open_link == pytest.approx([3e-3, 1.75 * CPU_CHEAP.copy_s])
+    assert hybrid.pace.totals.gpu_s == pytest.approx(3e-3) and hybrid.pace.totals.cpu_ranks == 2.25
+    split.set_share(4)
+    split.serve(1, DeviceTimedEvent(3.0), DeviceTimedEvent(0.0), timed=True)  # no GPU pairs: no link ratio
+    assert hybrid.pace._open_link == pytest.approx([3e-3, 1.75 * CPU_CHEAP.copy_s])
+
+
 def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
     host = make(8, 1, 4, 5, torch.float32)[0]
     link_slow = HybridCosts(copy_s=3.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # a pair read in place: 3 CPU experts

@@ -95,6 +95,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         "graph_steps": timed.stats["graph_steps"], "piece_steps": timed.stats["piece_steps"], "routing": "router",
         "embedding": timed.stats["embedding"],
         **({"hybrid_costs": timed.stats["hybrid_costs"], "hybrid_cpu_factor": timed.stats["hybrid_cpu_factor"],
+            "hybrid_link_factor": timed.stats["hybrid_link_factor"],
             "hybrid_cpu_steps": timed.stats["hybrid_cpu_steps"], "hybrid_step_kinds": timed.stats["hybrid_step_kinds"],
             "hybrid_step_windows": timed.stats["hybrid_step_windows"],
             "experts_on_cpu": timed.stats["expert_cpu_computed"]}

@@ -24,7 +24,16 @@ either: at the split's optimum the copies' side is as long as the CPU's, so the 
 a slow link read as a slow CPU (on one H200 run a 0.3 ms wait a layer for the GPU's side raised the factor
 and moved work off the CPU onto the slow side).
 
-Invariants: `factor` is 1 until MIN_RATIOS steps' ratios are recorded, changes only between steps, and is always
+The rank split (`wisp.core.rank_split`) reads its GPU's pairs in place, which the probe prices as pinned
+copies; inside a step they ran 15-40% slower on the H200 (the CPU reads the same host memory meanwhile), and
+with a rank shared by columns the split is fine enough for that error to move work onto the slower side
+(one process: 5 CPU ranks balanced both sides at 0.82 ms, the copy's price chose 4.6 and left the GPU 0.1 ms
+late each layer). So that side is paced too: each split layer's GPU pairs, timed on the device between two
+CUDA events (exact, whichever side finished last), against their time at the probed copy price, give the
+step a link ratio, and `copy_s` is scaled by `link_factor`, the median of the window's link ratios, on the
+same rules (MIN_RATIOS, WINDOW, exploration). A step with no GPU pairs adds no link ratio.
+
+Invariants: `factor` and `link_factor` are 1 until MIN_RATIOS steps' ratios are recorded, changes only between steps, and is always
 within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as they are; one `CpuPace` serves
 every layer of a model (one host).
 """
@@ -68,10 +77,13 @@ class CpuPace:
         self.ratios: deque[float] = deque(maxlen=window)
         self._factor = 1.0  # median(ratios), or 1 while fewer than min_ratios
         self._open = [0.0, 0.0]  # the current step's CPU layers so far: wall, predicted
+        self.link_ratios: deque[float] = deque(maxlen=window)
+        self._link_factor = 1.0  # median(link_ratios), or 1 while fewer than min_ratios
+        self._open_link = [0.0, 0.0]  # the current step's GPU pairs so far: device-timed, at the probed copy price
         self.explore_every = explore_every
         self.step = 0  # the last step number begun
         self.exploring = False
-        self._scaled: tuple[int, float, HybridCosts] | None = None  # (id of costs, factor, scaled costs)
+        self._scaled: tuple[int, tuple[float, float], HybridCosts] | None = None  # (id of costs, factors, scaled)
         self.totals = PaceTotals()
 
     @property
@@ -79,6 +91,11 @@ class CpuPace:
         """The median of the window (1 while it holds fewer than min_ratios), kept as the window changes: every
         layer asks each step."""
         return self._factor
+
+    @property
+    def link_factor(self) -> float:
+        """The GPU's in-place pairs against the probed copy price: the median of the window's link ratios."""
+        return self._link_factor
 
     def begin_step(self, step: int) -> None:
         """Before model step number `step` runs (called by every layer; acts once per number): the previous
@@ -91,14 +108,17 @@ class CpuPace:
         if self.exploring:
             self.ratios.clear()
             self._factor = 1.0
+            self.link_ratios.clear()
+            self._link_factor = 1.0
 
     def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0, routing_wait_s: float = 0.0,
                 gpu_wait_s: float = 0.0, *, ratio: tuple[float, float] | None = None, cpu_ranks: float = 0.0,
-                gpu_s: float = 0.0) -> None:
+                gpu_s: float = 0.0, link: tuple[float, float] | None = None) -> None:
         """One layer's CPU step: its wall time, the split's prediction (at the costs it was split with), the CPU
         kernels' share of the wall, and (stats only) the host's waits before it and, within it, on the GPU's
         side. `ratio`: (observed, predicted at the probe's costs), what the step's ratio is made of; without
-        it, the wall against `predicted_s` (a caller that splits at the probe's costs). `cpu_ranks`, `gpu_s`: stats only."""
+        it, the wall against `predicted_s` (a caller that splits at the probe's costs). `link`: (the GPU's pairs timed on the
+        device, their time at the probed copy price), the step's link ratio. `cpu_ranks`, `gpu_s`: stats only."""
         t = self.totals
         t.steps += 1
         t.wall_s += wall_s
@@ -111,28 +131,37 @@ class CpuPace:
         observed_s, at_probe_s = ratio or (wall_s, predicted_s)
         self._open[0] += observed_s
         self._open[1] += at_probe_s
+        if link is not None:
+            self._open_link[0] += link[0]
+            self._open_link[1] += link[1]
 
     def end_step(self) -> None:
         """The current step's CPU layers are done: their wall over predicted joins the window (nothing if the
         step predicted nothing, or while not learning)."""
         wall_s, predicted_s = self._open
-        self._open = [0.0, 0.0]
+        gpu_s, at_copy_s = self._open_link
+        self._open, self._open_link = [0.0, 0.0], [0.0, 0.0]
         if self.learn and predicted_s > 0:
             self.ratios.append(min(MAX_FACTOR, max(MIN_FACTOR, wall_s / predicted_s)))
             if len(self.ratios) >= self.min_ratios:
                 self._factor = statistics.median(self.ratios)
+        if self.learn and at_copy_s > 0:
+            self.link_ratios.append(min(MAX_FACTOR, max(MIN_FACTOR, gpu_s / at_copy_s)))
+            if len(self.link_ratios) >= self.min_ratios:
+                self._link_factor = statistics.median(self.link_ratios)
 
     def costs(self, probed: HybridCosts) -> HybridCosts:
-        """The costs a split should use now: the probe's, with the CPU's times scaled by `factor` (as probed
-        while exploring)."""
-        factor = 1.0 if self.exploring else self.factor
-        if factor == 1.0:
+        """The costs a split should use now: the probe's, with the CPU's times scaled by `factor` and the copy's
+        by `link_factor` (as probed while exploring)."""
+        factors = (1.0, 1.0) if self.exploring else (self.factor, self.link_factor)
+        if factors == (1.0, 1.0):
             return probed
         cached = self._scaled
-        if cached is None or cached[0] != id(probed) or cached[1] != factor:
-            scaled = replace(probed, cpu_s_at_rows=tuple(s * factor for s in probed.cpu_s_at_rows),
-                             cpu_overhead_s=probed.cpu_overhead_s * factor)
-            self._scaled = cached = (id(probed), factor, scaled)
+        if cached is None or cached[0] != id(probed) or cached[1] != factors:
+            cpu, link = factors
+            scaled = replace(probed, cpu_s_at_rows=tuple(s * cpu for s in probed.cpu_s_at_rows),
+                             cpu_overhead_s=probed.cpu_overhead_s * cpu, copy_s=probed.copy_s * link)
+            self._scaled = cached = (id(probed), factors, scaled)
         return cached[2]
 
     def cpu_can_help(self, probed: HybridCosts, max_misses: int) -> bool:

@@ -21,7 +21,8 @@ c columns of each rank-n pair's expert (their gate and up rows, down's first c c
 The share is chosen per step from the probed costs as the pace corrects them (`cpu_share_for`): the smallest
 (n, c), c in steps of about an eighth of an expert, with the least predicted time, max(CPU's part, GPU's
 in-place part), each side's time in proportion to the columns it reads. The pace learns from the CPU's side
-alone (`CpuPace.observe`'s `ratio`), not from the wall, which includes the wait for the GPU's side.
+alone (`CpuPace.observe`'s `ratio`), not from the wall, which includes the wait for the GPU's side; under
+the graphs the GPU's pairs are timed on the device and pace the in-place read's price (`link`).
 
 Invariants:
 - every (token, k) pair is computed once: by the CPU iff k < n, by both (columns below c on the CPU, the
@@ -150,10 +151,12 @@ class RankSplit:
         if computed:
             predicted = self.predicted_s(b, n, cols) if self._predicted_s is None else self._predicted_s
             end = time.perf_counter()
-            probed, ranks = store.costs, n + cols / self.inter  # the CPU side against its time at the probe's costs
+            probed, ranks = store.costs, n + cols / self.inter  # each side against its time at the probe's costs
+            gpu_s = routed.elapsed_time(gpu_done) / 1e3 if timed else 0.0
+            link = (gpu_s, b * (k - ranks) * probed.copy_s) if timed and ranks < k else None
             store.pace.observe(end - start, predicted, done - start, start - waited, end - done,
                                ratio=(done - start, probed.cpu_overhead_s + b * ranks * probed.cpu_s(1)),
-                               cpu_ranks=ranks, gpu_s=routed.elapsed_time(gpu_done) / 1e3 if timed else 0.0)
+                               cpu_ranks=ranks, gpu_s=gpu_s, link=link)
             self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
         c = store.counters
         c.steps += 1

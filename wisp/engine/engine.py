@@ -324,6 +324,7 @@ class LLMEngine:
         if store is None:
             return {}
         return {"hybrid_costs": asdict(store.costs), "hybrid_cpu_factor": round(store.pace.factor, 4),
+                "hybrid_link_factor": round(store.pace.link_factor, 4),
                 "hybrid_cpu_steps": asdict(store.pace.totals), "hybrid_step_kinds": self.runner.step_kinds.medians(),
                 "hybrid_step_windows": self.runner.step_kinds.windows()}
 
