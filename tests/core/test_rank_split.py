@@ -16,8 +16,8 @@ from wisp.core.rank_split import RankSplit
 
 
 def split_step(split: RankSplit, hidden, ids, weights, n: int) -> torch.Tensor:
-    """One layer of a split step as the graphs run it, eagerly (n whole ranks, with the columns already set)."""
-    split.set_share(n, cols=split._cols if split._share == n else 0)
+    """One layer of a split step as the graphs run it, eagerly."""
+    split.set_share(n)
     split.send(hidden, ids)
     events = [torch.cuda.current_stream().record_event() for _ in range(2)] if hidden.is_cuda else [None, None]
     per_k = split.gpu_pairs(hidden, ids)
@@ -93,17 +93,18 @@ class DeviceTimedEvent(SlowEvent):
 
 
 def test_timed_events_give_the_pace_the_gpu_pairs_against_their_copy_price():
-    host, hidden, ids, _ = wide(3)
+    host, hidden, ids, _ = make(8, 1, 4, 13, torch.float32)
     hybrid, _ = zero_copy_pair("cpu", host, CPU_CHEAP)
     split = RankSplit(hybrid, 1, 4, hidden)
-    split.set_share(2, cols=16)  # 2.25 ranks on the CPU, 1.75 read in place
-    split.send(hidden[:1], ids[:1])
+    split.set_share(1)  # 1 rank on the CPU, 3 read in place
+    split.send(hidden, ids)
     split.serve(1, DeviceTimedEvent(3.0), DeviceTimedEvent(0.0), timed=True)
-    assert hybrid.pace._open_link == pytest.approx([3e-3, 1.75 * CPU_CHEAP.copy_s])
-    assert hybrid.pace.totals.gpu_s == pytest.approx(3e-3) and hybrid.pace.totals.cpu_ranks == 2.25
+    assert hybrid.pace._open_link == pytest.approx([3e-3, 3 * CPU_CHEAP.copy_s])
+    assert hybrid.pace.totals.gpu_s == pytest.approx(3e-3) and hybrid.pace.totals.cpu_ranks == 1
     split.set_share(4)
     split.serve(1, DeviceTimedEvent(3.0), DeviceTimedEvent(0.0), timed=True)  # no GPU pairs: no link ratio
-    assert hybrid.pace._open_link == pytest.approx([3e-3, 1.75 * CPU_CHEAP.copy_s])
+    assert hybrid.pace._open_link == pytest.approx([3e-3, 3 * CPU_CHEAP.copy_s])
+    assert hybrid.pace.totals.cpu_ranks == 5
 
 
 def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
@@ -111,93 +112,12 @@ def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
     link_slow = HybridCosts(copy_s=3.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # a pair read in place: 3 CPU experts
     hybrid, _ = zero_copy_pair(device, host, link_slow)
     split = RankSplit(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1]), device=device))
-    assert split.col_step == 0  # I = 8: no column shares
-    assert split.cpu_share_for(1) == (3, 0)  # max(3 x 1, 1 x 3) = 3 beats 2 x 3 and 4 x 1
+    assert split.cpu_share_for(1) == 3  # max(3 x 1, 1 x 3) = 3 beats 2 x 3 and 4 x 1
     assert split.predicted_s(1, 3) == 3.0 and split.predicted_s(1, 0) == 12.0
     hybrid.costs = HybridCosts(copy_s=0.5, cpu_rows=(1,), cpu_s_at_rows=(4.0,))  # the CPU slower than the link
-    assert split.cpu_share_for(1) == (0, 0)
+    assert split.cpu_share_for(1) == 0
     with pytest.raises(ValueError, match="0..4"):
         split.set_share(5)
-    with pytest.raises(ValueError, match="shared columns"):
-        split.set_share(1, cols=16)  # no column shares on this bank
-
-
-def wide(seed: int, experts: int = 8, d: int = 32, inter: int = 64, dtype=torch.bfloat16):
-    """Masters whose intermediate width can be shared (multiples of 16), and a step's rows [3, D] and routing."""
-    g = torch.Generator().manual_seed(seed)
-    host = {"gate_up": (torch.randn((experts, 2 * inter, d), generator=g) * 0.5).to(dtype),
-            "down": (torch.randn((experts, d, inter), generator=g) * 0.5).to(dtype)}
-    hidden = torch.randn((3, d), generator=g).to(dtype)
-    ids = torch.stack([torch.randperm(experts, generator=g)[:4] for _ in range(3)])
-    weights = torch.softmax(torch.randn((3, 4), generator=g), -1).to(dtype)
-    return host, hidden, ids, weights
-
-
-def test_a_shared_rank_balances_the_paced_costs_in_column_steps(device):
-    host = wide(1)[0]
-    hybrid, _ = zero_copy_pair(device, host, HybridCosts(copy_s=1.5, cpu_rows=(1,), cpu_s_at_rows=(1.0,)))
-    split = RankSplit(hybrid, 2, 4, torch.zeros((1, 32), device=device))
-    assert split.col_step == 16  # I = 64: quarters (the kernels' unit is 16 columns)
-    # whole ranks: max(2, 2 x 1.5) = 3 at n = 2; with 2.5 ranks on the CPU: max(2.5, 1.5 x 1.5) = 2.5
-    assert split.cpu_share_for(1) == (2, 32)
-    assert split.predicted_s(1, 2, 32) == 2.5 and split.predicted_s(1, 2) == 3.0
-    for n, cols in [(1, 8), (1, 64), (4, 16), (0, -16)]:
-        with pytest.raises(ValueError, match="shared columns"):
-            split.set_share(n, cols=cols)
-
-
-@pytest.mark.parametrize("n, cols", [(0, 16), (1, 32), (3, 48), (2, 0)])
-def test_a_shared_rank_is_its_cpu_columns_plus_its_gpu_columns(device, n, cols):
-    """Rank n's pairs: the CPU's kernel on the expert's first columns, plus the GPU's on the rest, added in
-    float32; the other ranks as without sharing. Bit for bit against those parts computed one by one."""
-    from wisp.core.cpu_expert_kernels import first_columns, last_columns
-
-    host, hidden, ids, weights = wide(7)
-    hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
-    split = RankSplit(hybrid, 3, 4, hidden.to(device))
-    split.set_share(n, cols=cols)
-    out = split_step(split, hidden.to(device), ids.to(device), weights.to(device), n)
-
-    kernels, cpu = hybrid.kernels, hybrid.cpu_experts.kernel
-    masters = hybrid.host  # pinned on CUDA: the GPU's kernels read them in place
-    per = torch.zeros((3, 4, 32), dtype=torch.float32, device=device)
-    for t in range(3):
-        for k in range(4):
-            e, x = int(ids[t, k]), hidden[t : t + 1]
-            gpu = torch.zeros((4, 32), dtype=torch.float32, device=device)
-            pair = torch.tensor([k], device=device)
-            if k < n:
-                per[t, k] = cpu(x, [1], [host["gate_up"][e]], [host["down"][e]], [None], kernels.activation)[0]
-                continue
-            gate_up, down = (masters["gate_up"][e], masters["down"][e]) if not (k == n and cols) else \
-                (t_.to(device) for t_ in last_columns(host["gate_up"][e], host["down"][e], cols))
-            kernels.pairs_of_one_expert(gpu, x.to(device), gate_up, down, pair, 4)
-            per[t, k] = gpu[k]
-            if k == n and cols:
-                part = cpu(x, [1], *([w] for w in first_columns(host["gate_up"][e], host["down"][e], cols)), [None],
-                           kernels.activation)[0]
-                per[t, k] = gpu[k] + part.to(device)
-    assert torch.equal(out, kernels.combine(per, weights.to(device), hidden.dtype))
-    whole = kernels.fused(hidden.float().to(device), host["gate_up"].float().to(device), host["down"].float().to(device),
-                          ids.to(device), weights.float().to(device))
-    scale = whole.abs().max().item()  # the same experts, however shared (bf16 roundings apart)
-    torch.testing.assert_close(out.float(), whole, rtol=0, atol=0.02 * scale)
-    c = hybrid.counters
-    assert c.cpu_computed == len(set(ids[:, : n + (cols > 0)].reshape(-1).tolist()))
-    assert c.bytes_h2d == 3 * (4 - n) * hybrid.expert_bytes - 3 * hybrid.expert_bytes * cols // 64
-    assert hybrid.pace.totals.cpu_ranks == pytest.approx(n + cols / 64)
-
-
-def test_with_a_shared_rank_a_token_gets_the_same_bits_alone_and_in_a_batch(device):
-    host, hidden, ids, weights = wide(9)
-    hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
-    split = RankSplit(hybrid, 3, 4, hidden.to(device))
-    split.set_share(1, cols=48)
-    hidden, ids, weights = hidden.to(device), ids.to(device), weights.to(device)
-    batch = split_step(split, hidden, ids, weights, 1).clone()
-    for t in range(3):
-        alone = split_step(split, hidden[t : t + 1], ids[t : t + 1], weights[t : t + 1], 1)
-        assert torch.equal(alone[0], batch[t]), t
 
 
 def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
@@ -206,7 +126,7 @@ def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
     from wisp.core.hybrid_experts import ZeroCopyHybridExperts, StagingBuffers
 
     g = torch.Generator().manual_seed(51)
-    d, i = 32, 32  # the native kernel reads multiples of 16
+    d, i = 32, 16  # the native kernel reads multiples of 16
     host = {"gate_up": torch.randn((8, 2 * i, d), generator=g).bfloat16(),
             "down": torch.randn((8, d, i), generator=g).bfloat16()}
     hidden = torch.randn((3, d), generator=g).bfloat16()
@@ -216,14 +136,14 @@ def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
     native, python = (RankSplit(store, 3, 4, hidden) for store in stores)
     assert native._native
     python._native = False
-    for n, cols in ((1, 0), (2, 0), (3, 0), (0, 16), (2, 16)):  # with cols, rank n's first columns too
+    for n in (1, 2, 3):
         for split in (native, python):
-            split.set_share(n, cols=cols)
+            split.set_share(n)
             split.rows_host.fill_(float("nan"))
             split.send(hidden, ids)
             split.serve(3, None, None)
-        cpu = (torch.arange(4) < n + (cols > 0)).expand(3, 4)  # the CPU's ranks: the only rows written
-        assert torch.equal(native.rows_host[cpu], python.rows_host[cpu]), (n, cols)
+        cpu = (torch.arange(4) < n).expand(3, 4)  # the CPU's ranks: the only rows written
+        assert torch.equal(native.rows_host[cpu], python.rows_host[cpu]), n
         assert native.rows_host[~cpu].isnan().all()
     a, b = (store.counters for store in stores)
-    assert (a.steps, a.misses, a.cpu_computed) == (b.steps, b.misses, b.cpu_computed) == (5, 5 * 8, 3 + 3 + 5 + 3 + 5)
+    assert (a.steps, a.misses, a.cpu_computed) == (b.steps, b.misses, b.cpu_computed) == (3, 3 * 8, 3 + 3 + 5)

@@ -102,26 +102,3 @@ def test_cuda_graph_replay_follows_the_map_and_the_scratch():
         graph.replay()
         eager = triton_moe.triton_fused_moe(hidden, gu, dn, static_ids, w, torch.arange(n, dtype=torch.int32, device=CUDA))
         assert torch.equal(out, eager), trial
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_pairs_from_a_first_column_match_the_reference_and_from_zero_are_whole(dtype):
-    """`first_col`: each pair's expert from that intermediate column on (hybrid's shared rank, the GPU's part),
-    against the torch reference; first columns of 0 give the whole pairs' bits; -1 pairs stay untouched."""
-    from wisp.core.moe import pairs_by_map
-
-    t, n, k, d, i = 3, 8, 4, 256, 96  # cuts at 16 and 48: mid-way through a down block of 128 columns
-    hidden, gu, dn, ids, _ = problem(t, n, k, d=d, i=i, dtype=dtype, seed=5)
-    emap = torch.arange(n, dtype=torch.int32, device=CUDA)
-    emap[ids[0, 1]] = -1
-    first = torch.tensor([0, 16, 48, 80] * t, dtype=torch.int32, device=CUDA)
-    got, want = (torch.full((t * k, d), 7.0, device=CUDA) for _ in range(2))
-    triton_moe.triton_pairs_by_map(got, hidden, gu, dn, ids, emap, first_col=first)
-    pairs_by_map(want, hidden, gu, dn, ids, emap, first_col=first)
-    torch.testing.assert_close(got, want, **TOL[dtype])
-    assert (got[ids.reshape(-1) == ids[0, 1]] == 7.0).all()  # no slot: left as it was
-    whole, from_zero = (torch.zeros((t * k, d), device=CUDA) for _ in range(2))
-    triton_moe.triton_pairs_by_map(whole, hidden, gu, dn, ids, emap)
-    triton_moe.triton_pairs_by_map(from_zero, hidden, gu, dn, ids, emap, first_col=torch.zeros_like(first))
-    assert torch.equal(whole, from_zero)
-    assert not torch.allclose(whole[1::4], got[1::4])  # a cut really leaves columns out

@@ -136,31 +136,15 @@ def bf16_experts_mlp(x: torch.Tensor, gate_ups: list[torch.Tensor], downs: list[
 
 
 def rank_split_rows(ids: torch.Tensor, cpu_ranks: int, hidden: torch.Tensor, gate_up_bank: torch.Tensor,
-                    down_bank: torch.Tensor, rows: torch.Tensor, cpu_cols: int = 0) -> tuple[int, int]:
+                    down_bank: torch.Tensor, rows: torch.Tensor) -> tuple[int, int]:
     """Hybrid's rank split on the host, in one native call: each pair (b, k) of the routing ids [B, K] with
     k < cpu_ranks gets rows[b, k] = its expert's SiLU-gated MLP of hidden[b] (bf16 [B, D]) from the banks
-    (gate_up [N, 2I, D], down [N, D, I], plain bf16), exactly as `bf16_experts_mlp` computes it; with cpu_cols
-    (a multiple of 16 below I) each pair of rank cpu_ranks gets the expert's first cpu_cols intermediate columns
-    alone (`bf16_experts_mlp` on the expert cut to them, bit for bit); the other rows stay as they are. Returns
-    (distinct experts computed whole or in part, distinct experts routed)."""
+    (gate_up [N, 2I, D], down [N, D, I], plain bf16), exactly as `bf16_experts_mlp` computes it; the other rows
+    stay as they are. Returns (distinct experts computed, distinct experts routed)."""
     if (reason := _build()) is not None:
         raise RuntimeError(f"the native CPU kernel is not available: {reason}")
-    computed, routed = torch.ops.wisp_cpu.rank_split_rows(ids, cpu_ranks, cpu_cols, hidden, gate_up_bank, down_bank,
-                                                          rows)
+    computed, routed = torch.ops.wisp_cpu.rank_split_rows(ids, cpu_ranks, hidden, gate_up_bank, down_bank, rows)
     return computed, routed
-
-
-def first_columns(w_gate_up: torch.Tensor, w_down: torch.Tensor, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One expert cut to its first `cols` intermediate columns: gate_up [2I, D] -> [2 cols, D] (gate's then up's
-    first cols rows), down [D, I] -> [D, cols]; contiguous copies."""
-    inter = w_down.shape[-1]
-    return torch.cat([w_gate_up[:cols], w_gate_up[inter : inter + cols]]), w_down[:, :cols].contiguous()
-
-
-def last_columns(w_gate_up: torch.Tensor, w_down: torch.Tensor, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rest of that cut: the intermediate columns from `cols` on, as `first_columns` gives them."""
-    inter = w_down.shape[-1]
-    return torch.cat([w_gate_up[cols:inter], w_gate_up[inter + cols :]]), w_down[:, cols:].contiguous()
 
 
 def bf16_rows_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

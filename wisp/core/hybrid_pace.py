@@ -25,17 +25,16 @@ a slow link read as a slow CPU (on one H200 run a 0.3 ms wait a layer for the GP
 and moved work off the CPU onto the slow side).
 
 The rank split (`wisp.core.rank_split`) reads its GPU's pairs in place, which the probe prices as pinned
-copies; inside a step they ran 15-40% slower on the H200 (the CPU reads the same host memory meanwhile), and
-with a rank shared by columns the split is fine enough for that error to move work onto the slower side
-(one process: 5 CPU ranks balanced both sides at 0.82 ms, the copy's price chose 4.6 and left the GPU 0.1 ms
-late each layer). So that side is paced too: each split layer's GPU pairs, timed on the device between two
+copies; inside a step they ran 8-40% slower on the H200 (the CPU reads the same host memory meanwhile), and
+that error moves work onto the slower side (one process on host C chose 4 CPU ranks and waited 0.3 ms a layer
+for the GPU's side). So that side is paced too: each split layer's GPU pairs, timed on the device between two
 CUDA events (exact, whichever side finished last), against their time at the probed copy price, give the
 step a link ratio, and `copy_s` is scaled by `link_factor`, the median of the window's link ratios, on the
 same rules (MIN_RATIOS, WINDOW, exploration). A step with no GPU pairs adds no link ratio.
 
-Invariants: `factor` and `link_factor` are 1 until MIN_RATIOS steps' ratios are recorded, changes only between steps, and is always
-within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as they are; one `CpuPace` serves
-every layer of a model (one host).
+Invariants: `factor` and `link_factor` are 1 until MIN_RATIOS steps' ratios are recorded, change only
+between steps, and are always within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as
+they are; one `CpuPace` serves every layer of a model (one host).
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ class PaceTotals:
     kernel_s: float = 0.0  # the CPU kernels alone
     routing_wait_s: float = 0.0  # rank split only: the host waiting for a layer's routing (the piece's GPU time)
     gpu_wait_s: float = 0.0  # rank split only: the host, its rows done, waiting for the GPU's pairs
-    cpu_ranks: float = 0.0  # rank split only: the CPU's share of each token's ranks (a shared rank's fraction too)
+    cpu_ranks: float = 0.0  # rank split only: the CPU's share of each token's ranks (n)
     gpu_s: float = 0.0  # rank split under graphs only: the GPU's pairs, timed on the device (CUDA events)
 
 

@@ -64,17 +64,8 @@ def pairs_by_map(
     expert_map: torch.Tensor | None,  # [N] logical -> slot or -1 (pair left as it is); None = identity
     extras: ExpertExtras | None = None,  # [S, ...] (see fused_moe)
     activation: Activation = SILU,
-    first_col: torch.Tensor | None = None,  # [T*K] int: each pair's intermediate columns from there on
 ) -> None:
-    """Each routed (token, k) pair's expert output, from the slot `expert_map` gives its expert. With first_col,
-    a pair p's output is its expert's with the intermediate columns below first_col[p] left out (their gate and
-    up rows and down columns: another server computes them, `wisp.core.rank_split`); 0 is the whole expert."""
-    if first_col is not None:
-        check_first_col(first_col, w_down, extras)
-        cut = first_col.reshape(-1).tolist()
-        if any(cut):
-            _pairs_from_columns(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, activation, cut)
-            return
+    """Each routed (token, k) pair's expert output, from the slot `expert_map` gives its expert."""
     k = topk_ids.shape[1]
     flat_ids = topk_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)  # (t, k) pairs grouped by expert, token order inside
@@ -88,26 +79,6 @@ def pairs_by_map(
         if slot >= 0:
             pairs_of_one_expert(per_k, hidden, w_gate_up[slot], w_down[slot], pairs, k, extras_at(extras, slot),
                                 activation)
-
-
-def check_first_col(first_col: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None) -> None:
-    """`pairs_by_map`'s first_col is for plain weights (no scales, no biases), one int per pair."""
-    if extras is not None and (extras.scales is not None or extras.gate_up_bias is not None):
-        raise ValueError("first_col needs plain expert weights (no scales, no biases)")
-    if first_col.dtype.is_floating_point:
-        raise ValueError(f"first_col must be integer, got {first_col.dtype}")
-
-
-def _pairs_from_columns(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, activation, cut: list[int]) -> None:
-    """`pairs_by_map` pair by pair, each expert cut to its columns from cut[pair] on (the reference: slow)."""
-    inter, k = w_down.shape[-1], topk_ids.shape[1]
-    for pair, expert in enumerate(topk_ids.reshape(-1).tolist()):
-        slot = expert if expert_map is None else int(expert_map[expert])
-        if slot < 0:
-            continue
-        c = cut[pair]
-        gate_up = torch.cat([w_gate_up[slot][c:inter], w_gate_up[slot][inter + c :]])
-        per_k[pair] = expert_mlp(hidden[pair // k : pair // k + 1], gate_up, w_down[slot][:, c:], None, activation)[0].float()
 
 
 def pairs_of_one_expert(

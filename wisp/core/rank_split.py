@@ -14,25 +14,18 @@ GPU's side, so it can be captured (`wisp.engine.cuda_graphs`):
   `rank_split_rows`), waits for the GPU's side, sends its rows back to a device buffer;
 - `merge` (a graph): the CPU's rows take their ranks' places, and the pairs are summed over k in routing
   order, as every mode does.
-Whole ranks are coarse: on the H200 with OLMoE, 5 CPU experts a layer left the GPU waiting and 4 the CPU.
-So one more rank, n itself, may be shared by intermediate columns (`cpu_cols`, c): the CPU computes the first
-c columns of each rank-n pair's expert (their gate and up rows, down's first c columns), the GPU the rest
-(`pairs_by_map`'s `first_col`, a device tensor the graph reads), and the merge adds the two float32 parts.
-The share is chosen per step from the probed costs as the pace corrects them (`cpu_share_for`): the smallest
-(n, c), c in steps of about an eighth of an expert, with the least predicted time, max(CPU's part, GPU's
-in-place part), each side's time in proportion to the columns it reads. The pace learns from the CPU's side
-alone (`CpuPace.observe`'s `ratio`), not from the wall, which includes the wait for the GPU's side; under
-the graphs the GPU's pairs are timed on the device and pace the in-place read's price (`link`).
+n is chosen per step from the probed costs as the pace corrects them (`cpu_share_for`): the smallest n
+with the least predicted time, max(CPU's experts, GPU's in-place pairs). The pace learns from the CPU's
+side alone (`CpuPace.observe`'s `ratio`), not from the wall, which includes the wait for the GPU's side; under
+the graphs the GPU's pairs are timed on the device (CUDA events) and pace the in-place read's price (`link`).
 
 Invariants:
-- every (token, k) pair is computed once: by the CPU iff k < n, by both (columns below c on the CPU, the
-  rest on the GPU, the CPU's part added to the GPU's) iff k = n and c > 0; the sum over k runs in routing order;
-- for a fixed (n, c) a pair's output depends only on its token's row and its expert (which server computes
-  what depends on its rank alone, not on the batch): the step is batch invariant for a fixed share, and with
-  c = 0 equal to the eager hybrid step that sends the same experts to the CPU (for distinct experts), bit
-  for bit;
-- counters as hybrid's eager step: each routed expert a miss, the CPU's (whole or in part) also
-  `cpu_computed`, bytes for what the GPU reads in place (a shared pair's columns from c on);
+- every (token, k) pair is computed once: by the CPU iff k < n; the sum over k runs in routing order;
+- for a fixed n a pair's output depends only on its token's row and its expert (which server computes
+  it depends on its rank alone, not on the batch): the step is batch invariant for a fixed n, and equal
+  to the eager hybrid step that sends the same experts to the CPU (for distinct experts), bit for bit;
+- counters as hybrid's eager step: each routed expert a miss, the CPU's also `cpu_computed`, bytes for
+  the pairs the GPU reads in place;
 - the host buffers are rewritten only after the stream has passed the copies that read them: each layer
   has its own, and `serve` waits for this layer's routing, which the stream sends only after this layer's
   rows of the step before have landed (and `send` runs after `serve` returned).
@@ -44,13 +37,11 @@ import time
 
 import torch
 
-from wisp.core.cpu_expert_kernels import first_columns, native_experts_mlp, rank_split_rows, whole_in_native
+from wisp.core.cpu_expert_kernels import native_experts_mlp, rank_split_rows, whole_in_native
 from wisp.core.expert_extras import extras_of
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.hybrid_experts import cpu_pair_rows
 from wisp.core.hybrid_split import split_time
-
-COLUMN_SHARES = 8  # a shared rank's columns go in steps of about I / 8 (multiples of 16, the kernels' unit)
 
 
 class RankSplit:
@@ -63,14 +54,6 @@ class RankSplit:
         n = store.expert_map.numel()
         self.cpu_share = torch.zeros((), dtype=torch.int64, device=device)  # n: ranks below it are the CPU's
         self._share = 0  # its value, as last set
-        host = store.host
-        self.inter = host[DOWN].shape[-1]
-        self._cols = 0  # c: rank n's first c intermediate columns are the CPU's too (0: none shared)
-        self.first_col = torch.zeros((top_k,), dtype=torch.int32, device=device)  # per rank: where the GPU's part starts
-        self.shared_rank = torch.zeros((top_k,), dtype=torch.bool, device=device)  # rank n while c > 0
-        # columns are shared only for plain weights (the kernels' first_col), in multiples of 16 below I
-        self.col_step = (max(16, self.inter // COLUMN_SHARES // 16 * 16)
-                         if extras_of(host) is None and self.inter > 16 and self.inter % 16 == 0 else 0)
         self._predicted_s: float | None = None  # a layer's predicted time at that share (the pace's reference)
         self.expert_map = torch.cat([store.expert_map, torch.full((1,), -1, dtype=torch.int32, device=device)])  # [N+1]
         self.placeholder = n  # the CPU's pairs' id on the GPU: no slot
@@ -79,6 +62,7 @@ class RankSplit:
         self.ids_host = torch.zeros((max_batch, top_k), dtype=torch.int64, pin_memory=pinned)
         self.rows_host = torch.zeros((max_batch, top_k, d), dtype=torch.float32, pin_memory=pinned)
         self.rows = torch.zeros((max_batch, top_k, d), dtype=torch.float32, device=device)  # the CPU's, on the device
+        host = store.host
         self._native = (store.cpu_experts.kernel is native_experts_mlp and hidden.dtype == torch.bfloat16
                         and all(host[key].is_contiguous() for key in (GATE_UP, DOWN))
                         and whole_in_native(host[GATE_UP][0], host[DOWN][0], extras_of(host), store.kernels.activation))
@@ -91,53 +75,39 @@ class RankSplit:
         self.ids_host[:b].copy_(topk_ids, non_blocking=True)
 
     def gpu_pairs(self, hidden: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """The GPU's pairs (rank >= n; rank n's from column c on), read in place: [B*K, D] float32, the CPU's
-        ranks left zero."""
+        """The GPU's pairs (rank >= n), read in place: [B*K, D] float32, the CPU's ranks left zero."""
         b, k = topk_ids.shape
         ids = torch.where(self.ranks < self.cpu_share, self.placeholder, topk_ids)  # [B, K]
         per_k = torch.zeros((b * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [B*K, D]
         host = self.store.host
-        first = {"first_col": self.first_col.expand(b, k).reshape(-1)} if self.col_step else {}  # [B*K]
         self.store.kernels.pairs_by_map(per_k, hidden, host[GATE_UP], host[DOWN], ids, self.expert_map,
-                                        extras=extras_of(host), **first)
+                                        extras=extras_of(host))
         return per_k
 
     def merge(self, per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The CPU's rows in their ranks' places, then the sum over k in routing order: [B, D]."""
         b, k = topk_weights.shape
         on_cpu = (self.ranks < self.cpu_share).view(1, k, 1)
-        per = per_k.view(b, k, -1)  # [B, K, D]
-        if self.col_step:  # the shared rank: the GPU's columns plus the CPU's
-            per = torch.where(self.shared_rank.view(1, k, 1), per + self.rows[:b], per)
-        per = torch.where(on_cpu, self.rows[:b], per)
+        per = torch.where(on_cpu, self.rows[:b], per_k.view(b, k, -1))  # [B, K, D]
         return self.store.kernels.combine(per, topk_weights, dtype)
 
     # -- the host's side --------------------------------------------------------------------------------
-    def set_share(self, n: int, predicted_s: float | None = None, cols: int = 0) -> None:
-        """Ranks below n go to the CPU from the next step on, and rank n's first `cols` intermediate columns
-        (a few fill launches when it changes). The pace compares each layer's CPU step with `predicted_s`, the
-        step's `predicted_s(b, n, cols)` worked out once by the caller (the costs hold for a step); None: each
-        layer works it out."""
+    def set_share(self, n: int, predicted_s: float | None = None) -> None:
+        """Ranks below n go to the CPU from the next step on (one fill launch when it changes). The pace
+        compares each layer's CPU step with `predicted_s`, the step's `predicted_s(b, n)` worked out once
+        by the caller (the costs hold for a step); None: each layer works it out."""
         if not 0 <= n <= self.top_k:
             raise ValueError(f"cpu share must be within 0..{self.top_k}, got {n}")
-        if cols and not (self.col_step and n < self.top_k and 0 < cols < self.inter and cols % 16 == 0):
-            raise ValueError(f"shared columns must be 0, or a multiple of 16 within 1..{self.inter - 1} with a rank "
-                             f"left for them and plain weights; got {cols} at rank {n}")
-        if (n, cols) != (self._share, self._cols):
+        if n != self._share:
             self.cpu_share.fill_(n)
-            self.first_col.zero_()
-            self.shared_rank.zero_()
-            if cols:
-                self.first_col[n].fill_(cols)
-                self.shared_rank[n].fill_(True)
-            self._share, self._cols = n, cols
+            self._share = n
         self._predicted_s = predicted_s
 
     def serve(self, b: int, routed: "torch.cuda.Event | None", gpu_done: "torch.cuda.Event | None",
               timed: bool = False) -> None:
         """Between the graphs: wait for the routing (`routed`), compute the CPU's pairs, wait for the GPU's
         (`gpu_done`), send the rows to the device buffer `merge` reads; count and pace as the eager step.
-        timed: the events time the GPU's pairs between them (enable_timing), for the stats.
+        timed: the events time the GPU's pairs between them (enable_timing): the pace's link ratio.
         (Lean on purpose: it runs once per MoE layer on the step's critical path.)"""
         waited = time.perf_counter()
         if routed is not None:
@@ -147,60 +117,47 @@ class RankSplit:
         done = time.perf_counter()
         if gpu_done is not None:
             gpu_done.synchronize()
-        store, n, cols, k = self.store, self._share, self._cols, self.top_k
+        store, n, k = self.store, self._share, self.top_k
         if computed:
-            predicted = self.predicted_s(b, n, cols) if self._predicted_s is None else self._predicted_s
+            predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
             end = time.perf_counter()
-            probed, ranks = store.costs, n + cols / self.inter  # each side against its time at the probe's costs
+            probed = store.costs  # each side against its time at the probe's costs
             gpu_s = routed.elapsed_time(gpu_done) / 1e3 if timed else 0.0
-            link = (gpu_s, b * (k - ranks) * probed.copy_s) if timed and ranks < k else None
+            link = (gpu_s, b * (k - n) * probed.copy_s) if timed and n < k else None
             store.pace.observe(end - start, predicted, done - start, start - waited, end - done,
-                               ratio=(done - start, probed.cpu_overhead_s + b * ranks * probed.cpu_s(1)),
-                               cpu_ranks=ranks, gpu_s=gpu_s, link=link)
+                               ratio=(done - start, probed.cpu_overhead_s + b * n * probed.cpu_s(1)),
+                               cpu_ranks=n, gpu_s=gpu_s, link=link)
             self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
         c = store.counters
         c.steps += 1
         c.misses += routed_experts
         c.cpu_computed += computed
-        c.bytes_h2d += b * (k - n) * store.expert_bytes - b * store.expert_bytes * cols // self.inter
+        c.bytes_h2d += b * (k - n) * store.expert_bytes
 
     def _native_rows(self, b: int) -> tuple[int, int]:
         """The CPU's pairs into the host rows in one native call; (experts computed, experts routed)."""
         host = self.store.host
         return rank_split_rows(self.ids_host[:b], self._share, self.hidden_host[:b], host[GATE_UP], host[DOWN],
-                               self.rows_host[:b], self._cols)
+                               self.rows_host[:b])
 
     def _rows(self, b: int) -> tuple[int, int]:
         """The same with the store's CPU kernel (any kernel, any weights), grouped as the eager step groups."""
-        n, cols, store = self._share, self._cols, self.store
+        n, store = self._share, self.store
         ids = self.ids_host[:b]
         experts = sorted(set(ids[:, :n].reshape(-1).tolist()))
         if experts:  # pairs index the CPU's ranks [B, n], token-major
             pairs, rows = cpu_pair_rows(self.hidden_host[:b], ids[:, :n], store.cpu_experts, experts, n,
                                         store.kernels.activation)
             self.rows_host[:b, :n][pairs // n, pairs % n] = rows
-        shared = ids[:, n].tolist() if cols else []
-        for t, expert in enumerate(shared):  # the shared rank: each pair's expert cut to its first columns
-            gate_up, down = first_columns(store.host[GATE_UP][expert], store.host[DOWN][expert], cols)
-            self.rows_host[t, n] = store.cpu_experts.kernel(self.hidden_host[t : t + 1], [1], [gate_up], [down],
-                                                            [None], store.kernels.activation)[0]
-        return len(set(experts) | set(shared)), len(set(ids.reshape(-1).tolist()))
+        return len(experts), len(set(ids.reshape(-1).tolist()))
 
-    def predicted_s(self, b: int, n: int, cols: int = 0) -> float:
-        """A layer's predicted time with n ranks of b tokens on the CPU (and rank n's first `cols` columns): at
-        most b x n experts of one row each there, b x (K - n) pairs read in place (each a whole expert over
-        the link); a shared rank's pairs count on each side in proportion to its columns there."""
-        return self._predicted(self.store.pace.costs(self.store.costs), b, n, cols)
+    def predicted_s(self, b: int, n: int) -> float:
+        """A layer's predicted time with n ranks of b tokens on the CPU: at most b x n experts of one row each
+        there, b x (K - n) pairs read in place (each a whole expert over the link)."""
+        costs = self.store.pace.costs(self.store.costs)
+        return split_time(b * (self.top_k - n), [1] * (b * n), costs)
 
-    def _predicted(self, costs, b: int, n: int, cols: int) -> float:
-        if not cols:
-            return split_time(b * (self.top_k - n), [1] * (b * n), costs)
-        ranks = n + cols / self.inter
-        return max(b * (self.top_k - ranks) * costs.copy_s, costs.cpu_overhead_s + b * ranks * costs.cpu_s(1))
-
-    def cpu_share_for(self, b: int) -> tuple[int, int]:
-        """The share (n, cols) with the least predicted time for a b-token step (the smallest such)."""
-        costs, k, step = self.store.pace.costs(self.store.costs), self.top_k, self.col_step
-        shares = [(n, c) for n in range(k + 1) for c in ([0] if n == k or not step else range(0, self.inter, step))]
-        return min(shares, key=lambda s: (self._predicted(costs, b, *s), s))
+    def cpu_share_for(self, b: int) -> int:
+        """The n with the least predicted time for a b-token step (the smallest such)."""
+        return min(range(self.top_k + 1), key=lambda n: (self.predicted_s(b, n), n))
 

@@ -36,7 +36,6 @@ import torch
 import triton
 import triton.language as tl
 
-from wisp.core import moe
 from wisp.core.expert_extras import SILU, Activation, ExpertExtras
 from wisp.core.fp8_blocks import DEFAULT_BLOCK, FP8
 from wisp.core.uva import device_view
@@ -95,9 +94,9 @@ def _weight_tile(w, sc, rows, cols, mask, COLS: tl.constexpr, FMT: tl.constexpr,
 
 @triton.jit
 def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, h_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs,
-                 first_ptr, alpha, limit, K: tl.constexpr, D: tl.constexpr, I: tl.constexpr, BLOCK_I: tl.constexpr,
+                 alpha, limit, K: tl.constexpr, D: tl.constexpr, I: tl.constexpr, BLOCK_I: tl.constexpr,
                  BLOCK_D: tl.constexpr, ONE_EXPERT: tl.constexpr, FMT: tl.constexpr, FP8_BLOCK: tl.constexpr,
-                 ROUND: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, HAS_FIRST: tl.constexpr):
+                 ROUND: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
     row, pair, slot = _pair_and_slot(ids_ptr, map_ptr, pairs_ptr, ONE_EXPERT)
     ib = tl.program_id(1)
     token = pair // K
@@ -105,8 +104,6 @@ def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, h_ptr, stride_ws, s_
     row_ok = rows < I
     gate = tl.zeros((BLOCK_I,), dtype=tl.float32)
     up = tl.zeros((BLOCK_I,), dtype=tl.float32)
-    if HAS_FIRST:  # the pair's columns below its first are another server's: not read (h there is 0)
-        slot = tl.where(ib * BLOCK_I >= tl.load(first_ptr + pair), slot, -1)
     if slot >= 0:
         w = w_ptr + slot.to(tl.int64) * stride_ws
         sc = s_ptr + slot.to(tl.int64) * stride_ss
@@ -145,10 +142,9 @@ def _combine(y_ptr, w_ptr, out_ptr, K: tl.constexpr, D: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
-def _down(h_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, y_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs, first_ptr,
+def _down(h_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, y_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs,
           D: tl.constexpr, I: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, ONE_EXPERT: tl.constexpr,
-          FMT: tl.constexpr, FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr, HAS_BIAS: tl.constexpr,
-          HAS_FIRST: tl.constexpr):
+          FMT: tl.constexpr, FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr, HAS_BIAS: tl.constexpr):
     row, pair, slot = _pair_and_slot(ids_ptr, map_ptr, pairs_ptr, ONE_EXPERT)
     db = tl.program_id(1)
     rows = db * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -157,13 +153,9 @@ def _down(h_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, y_ptr, stride_ws, s_ptr, st
     if slot >= 0:  # a pair without a slot is left as it is
         w = w_ptr + slot.to(tl.int64) * stride_ws
         sc = s_ptr + slot.to(tl.int64) * stride_ss
-        if HAS_FIRST:  # the sum over the pair's columns from its first on (the columns below are masked
-            first = tl.load(first_ptr + pair)  # off, not skipped: a first of 0 gives the whole pair's bits)
         for i0 in range(0, I, BLOCK_I):
             cols = i0 + tl.arange(0, BLOCK_I)
             col_ok = cols < I
-            if HAS_FIRST:
-                col_ok = col_ok & (cols >= first)
             h = tl.load(h_ptr + row.to(tl.int64) * I + cols, mask=col_ok, other=0.0)
             mask = row_ok[:, None] & col_ok[None, :]
             wd = _weight_tile(w, sc, rows, cols, mask, I, FMT, FP8_BLOCK, ROUND)
@@ -190,11 +182,9 @@ def _format(w_gate_up: torch.Tensor, hidden: torch.Tensor, extras: ExpertExtras 
 
 
 def _launch(per_k, hidden, w_gate_up, w_down, ids, emap, pairs, rows: int, top_k: int, one_expert: bool,
-            extras: ExpertExtras | None = None, activation: Activation = SILU,
-            first_col: torch.Tensor | None = None) -> None:
+            extras: ExpertExtras | None = None, activation: Activation = SILU) -> None:
     """The two per-pair kernels over `rows` programs: per_k [T*K, D] float32 gets each pair's output.
-    extras: the bank's (or the one expert's) scales and biases, if any (`wisp.core.expert_extras`);
-    first_col: [T*K] int32 per pair, its output from that intermediate column on (`pairs_by_map`'s)."""
+    extras: the bank's (or the one expert's) scales and biases, if any (`wisp.core.expert_extras`)."""
     d, inter = hidden.shape[1], w_gate_up.shape[0 if one_expert else 1] // 2  # [S,] 2I, D (MXFP4: D/32, 16)
     fmt = _format(w_gate_up, hidden, extras)
     if w_down.dtype != w_gate_up.dtype:
@@ -211,37 +201,32 @@ def _launch(per_k, hidden, w_gate_up, w_down, ids, emap, pairs, rows: int, top_k
         return t.stride(0) if not one_expert else 0
 
     common = dict(ONE_EXPERT=one_expert, FMT=fmt, FP8_BLOCK=DEFAULT_BLOCK[0], ROUND=ROUND_IDS[hidden.dtype],
-                  HAS_BIAS=has_bias, HAS_FIRST=first_col is not None)
-    first = ids if first_col is None else first_col  # unread without HAS_FIRST
+                  HAS_BIAS=has_bias)
     h = torch.empty((rows, inter), dtype=torch.float32, device=dev)
     _gate_up_act[(rows, triton.cdiv(inter, BLOCK_I_GATE_UP))](
         hidden, device_view(w_gate_up, dev), ids, emap, pairs, h, stride0(w_gate_up), device_view(s_gate_up, dev),
-        stride0(s_gate_up), device_view(b_gate_up, dev), stride0(b_gate_up), first, activation.alpha, activation.limit,
+        stride0(s_gate_up), device_view(b_gate_up, dev), stride0(b_gate_up), activation.alpha, activation.limit,
         K=top_k, D=d, I=inter, BLOCK_I=BLOCK_I_GATE_UP, BLOCK_D=BLOCK_D_GATE_UP,
         SWIGLU=activation.kind == "clamped_swiglu", **common,
     )
     _down[(rows, triton.cdiv(d, BLOCK_D_DOWN))](
         h, device_view(w_down, dev), ids, emap, pairs, per_k, stride0(w_down), device_view(s_down, dev),
-        stride0(s_down), device_view(b_down, dev), stride0(b_down), first, D=d, I=inter, BLOCK_D=BLOCK_D_DOWN,
+        stride0(s_down), device_view(b_down, dev), stride0(b_down), D=d, I=inter, BLOCK_D=BLOCK_D_DOWN,
         BLOCK_I=BLOCK_I_DOWN, **common,
     )
 
 
 def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, extras=None,
-                        activation: Activation = SILU, first_col: torch.Tensor | None = None) -> None:
+                        activation: Activation = SILU) -> None:
     """`wisp.core.moe.pairs_by_map` in Triton: per_k [T*K, D] float32 gets every pair whose expert has a
-    slot in expert_map [N] (None: identity); the other pairs are left as they are. first_col [T*K] (a device
-    tensor, so graph-safe; multiples of 16, plain weights): each pair's intermediate columns from there on."""
-    if first_col is not None:
-        moe.check_first_col(first_col, w_down, extras)
-        first_col = first_col.to(torch.int32).contiguous()
+    slot in expert_map [N] (None: identity); the other pairs are left as they are."""
     t, k = topk_ids.shape
     if expert_map is None:
         expert_map = torch.arange(w_gate_up.shape[0], dtype=torch.int32, device=hidden.device)
     ids = topk_ids.reshape(-1).contiguous()  # any integer dtype: the kernels load it as it is
     emap = expert_map.to(torch.int32).contiguous()
     _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), ids, emap, ids, t * k, k, False,
-            extras and extras.contiguous(), activation, first_col)
+            extras and extras.contiguous(), activation)
 
 
 def triton_pairs_of_one_expert(per_k, hidden, w_gate_up, w_down, pairs, top_k: int, extras=None,

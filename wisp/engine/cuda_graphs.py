@@ -140,15 +140,15 @@ class DecodeGraphs:
         self.split_graphs[b][piece.layer] = (gpu, merge)
         return merge.pool()
 
-    def set_cpu_share(self, b: int) -> tuple[int, int]:
-        """Choose the CPU's share for a b-sequence split step from the paced costs (one pace per model: the
-        first layer's choice is every layer's); returns it: (whole ranks, the next rank's columns)."""
+    def set_cpu_share(self, b: int) -> int:
+        """Choose the CPU's share of ranks for a b-sequence split step from the paced costs (one pace per
+        model: the first layer's choice is every layer's); returns it."""
         first = next(iter(self.splits.values()))
-        n, cols = first.cpu_share_for(b)
-        predicted = first.predicted_s(b, n, cols)
+        n = first.cpu_share_for(b)
+        predicted = first.predicted_s(b, n)
         for split in self.splits.values():
-            split.set_share(n, predicted, cols)
-        return n, cols
+            split.set_share(n, predicted)
+        return n
 
     def run_split(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Replay a len(tokens)-sequence step's pieces with each MoE layer's share split by rank between the

@@ -71,30 +71,28 @@ inline float fold(Lanes acc) {  // lanes (l, l + half) summed, half = 8, 4, 2, 1
   return lanes[0];
 }
 
-// Count rows of out for one x row: weight rows w, w + stride rows, ... (rows ld elements apart, the first depth
-// of each read) streamed at once, their sums in registers
+// Count rows of out for one x row: weight rows w, w + stride rows, ... streamed at once, their sums in registers
 template <int64_t Count>
-inline void block_dot(const uint16_t* w, int64_t stride, int64_t ld, const float* x, int64_t depth, float* out) {
+inline void block_dot(const uint16_t* w, int64_t stride, const float* x, int64_t depth, float* out) {
   Lanes acc[Count] = {};
   for (int64_t k = 0; k < depth; k += kLanes) {
     const Lanes xs = load_float(x + k);
-    for (int64_t r = 0; r < Count; ++r) acc[r] += load_bf16(w + r * stride * ld + k) * xs;
+    for (int64_t r = 0; r < Count; ++r) acc[r] += load_bf16(w + r * stride * depth + k) * xs;
   }
   for (int64_t r = 0; r < Count; ++r) out[r * stride] = fold(acc[r]);
 }
 
 // rows [n, n + count) of out one at a time (the last rows of a matrix whose row count is no multiple of a span)
-inline void rows_dot(const uint16_t* w, int64_t ld, const float* x, int64_t depth, int64_t count, float* out) {
-  for (int64_t r = 0; r < count; ++r) block_dot<1>(w + r * ld, 1, ld, x, depth, out + r);
+inline void rows_dot(const uint16_t* w, const float* x, int64_t depth, int64_t count, float* out) {
+  for (int64_t r = 0; r < count; ++r) block_dot<1>(w + r * depth, 1, x, depth, out + r);
 }
 
-// Group e's rows x[offsets[e] : offsets[e + 1]] [., depth] against its weights weights[e] [n_out, depth] (rows ld
-// >= depth elements apart: a matrix's first depth columns) into out's same rows [., n_out], in one parallel
-// region (one wake-up of the team for all groups).
+// Group e's rows x[offsets[e] : offsets[e + 1]] [., depth] against its weights weights[e] [n_out, depth] into
+// out's same rows [., n_out], in one parallel region (one wake-up of the team for all groups).
 void grouped_rows(const float* xs, const std::vector<const uint16_t*>& weights, const std::vector<int64_t>& offsets,
-                  int64_t n_out, int64_t depth, int64_t ld, float* outs) {
+                  int64_t n_out, int64_t depth, float* outs) {
   // an item: a span of P x kBlock rows (P passes of kBlock page-strided rows), or a matrix's last rows
-  const int64_t per_page = std::max<int64_t>(1, kPage / (ld * int64_t(sizeof(uint16_t))));
+  const int64_t per_page = std::max<int64_t>(1, kPage / (depth * int64_t(sizeof(uint16_t))));
   const int64_t span = per_page * kBlock, spans = n_out / span, rest = n_out - spans * span;
   const int64_t per_matrix = spans + (rest > 0), items = per_matrix * int64_t(weights.size());
   // Each thread of the team claims kClaim items at a time until none are left: a thread the OS delays, or
@@ -104,15 +102,15 @@ void grouped_rows(const float* xs, const std::vector<const uint16_t*>& weights, 
     for (int64_t begin; (begin = next.fetch_add(kClaim, std::memory_order_relaxed)) < items;) {
       for (int64_t item = begin; item < std::min(begin + kClaim, items); ++item) {
         const int64_t e = item / per_matrix, n = (item % per_matrix) * span;
-        const uint16_t* w = weights[e] + n * ld;
+        const uint16_t* w = weights[e] + n * depth;
         for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
           float* o = outs + m * n_out + n;
           if (n + span > n_out) {
-            rows_dot(w, ld, xs + m * depth, depth, rest, o);
+            rows_dot(w, xs + m * depth, depth, rest, o);
             continue;
           }
           for (int64_t pass = 0; pass < per_page; ++pass)
-            block_dot<kBlock>(w + pass * ld, per_page, ld, xs + m * depth, depth, o + pass);
+            block_dot<kBlock>(w + pass * depth, per_page, xs + m * depth, depth, o + pass);
         }
       }
     }
@@ -159,33 +157,9 @@ void experts_mlp(const float* xs, int64_t rows, const std::vector<const uint16_t
                  const std::vector<const uint16_t*>& downs, const std::vector<int64_t>& offsets, int64_t hidden,
                  int64_t inter, float* outs) {
   std::vector<float> h(size_t(rows * 2 * inter)), a(size_t(rows * inter));
-  grouped_rows(xs, gate_ups, offsets, 2 * inter, hidden, hidden, h.data());
+  grouped_rows(xs, gate_ups, offsets, 2 * inter, hidden, h.data());
   silu_mul(h.data(), rows, inter, a.data());
-  grouped_rows(a.data(), downs, offsets, hidden, inter, inter, outs);
-}
-
-// The first `cols` intermediate columns of a SiLU-gated expert, one expert per row: out[i] = (silu(x_i G_i^T) *
-// (x_i U_i^T)) W_i^T with G_i, U_i the first cols rows of row i's gate and up and W_i the first cols columns of its
-// down [D, I]: the CPU's part of a pair whose intermediate columns it shares with the GPU (wisp.core.rank_split).
-// Each activation and each output is the sum the whole expert computes over those columns, in the same order.
-void experts_mlp_columns(const float* xs, int64_t rows, const std::vector<const uint16_t*>& gate_ups,
-                         const std::vector<const uint16_t*>& downs, int64_t hidden, int64_t inter, int64_t cols,
-                         float* outs) {
-  std::vector<const uint16_t*> halves;  // row i's gate, then its up: h [2 rows, cols] is [rows, 2 cols]
-  std::vector<int64_t> twice{0}, once{0};
-  std::vector<float> x2(size_t(2 * rows * hidden)), h(size_t(2 * rows * cols)), a(size_t(rows * cols));
-  for (int64_t i = 0; i < rows; ++i) {
-    halves.push_back(gate_ups[size_t(i)]);
-    halves.push_back(gate_ups[size_t(i)] + inter * hidden);
-    for (int64_t copy = 0; copy < 2; ++copy) {
-      std::memcpy(&x2[size_t((2 * i + copy) * hidden)], xs + i * hidden, size_t(hidden) * sizeof(float));
-      twice.push_back(2 * i + copy + 1);
-    }
-    once.push_back(i + 1);
-  }
-  grouped_rows(x2.data(), halves, twice, cols, hidden, hidden, h.data());
-  silu_mul(h.data(), rows, cols, a.data());
-  grouped_rows(a.data(), downs, once, hidden, cols, inter, outs);
+  grouped_rows(a.data(), downs, offsets, hidden, inter, outs);
 }
 
 at::Tensor silu_mul_op(const at::Tensor& h) {  // h [M, 2I] float32 -> [M, I] (tests read the activation alone)
@@ -220,7 +194,7 @@ at::Tensor bf16_grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::
   TORCH_CHECK(x.size(1) == depth && depth > 0 && depth % kLanes == 0, "x [M, K], K a positive multiple of 16");
   const std::vector<int64_t> bounds = checked_offsets(offsets, ws.size(), x.size(0));
   at::Tensor out = at::empty({x.size(0), n_out}, x.options());
-  grouped_rows(x.data_ptr<float>(), bf16_pointers(ws, n_out, depth), bounds, n_out, depth, depth, out.data_ptr<float>());
+  grouped_rows(x.data_ptr<float>(), bf16_pointers(ws, n_out, depth), bounds, n_out, depth, out.data_ptr<float>());
   return out;
 }
 
@@ -241,10 +215,8 @@ at::Tensor bf16_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::Te
 // the CPU's; each such pair (b, k) gets rows[b, k] = expert ids[b, k]'s SiLU-gated MLP of hidden[b] (bf16 [B, D]
 // widened exactly), from the banks gate_up [N, 2I, D] and down [N, D, I]; the other rows are left as they are.
 // The experts are taken in ascending id, each with its pairs in token order, exactly as bf16_experts_mlp is
-// given them by the eager step. With cpu_cols > 0, each pair of rank n = cpu_ranks gets the expert's first cpu_cols
-// intermediate columns alone (experts_mlp_columns; the GPU computes the rest), pairs in token order.
-// Returns {distinct experts the CPU computed (whole or in part), distinct experts routed}.
-std::vector<int64_t> rank_split_rows(const at::Tensor& ids, int64_t cpu_ranks, int64_t cpu_cols, const at::Tensor& hidden_rows,
+// given them by the eager step. Returns {distinct experts the CPU computed, distinct experts routed}.
+std::vector<int64_t> rank_split_rows(const at::Tensor& ids, int64_t cpu_ranks, const at::Tensor& hidden_rows,
                                      const at::Tensor& gate_up_bank, const at::Tensor& down_bank, const at::Tensor& rows) {
   TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong && ids.is_contiguous(), "int64 ids [B, K] expected");
   const int64_t batch = ids.size(0), top_k = ids.size(1), experts = gate_up_bank.size(0);
@@ -259,18 +231,13 @@ std::vector<int64_t> rank_split_rows(const at::Tensor& ids, int64_t cpu_ranks, i
               rows.sizes() == at::IntArrayRef({batch, top_k, hidden}), "float32 rows [B, K, D] expected");
   TORCH_CHECK(hidden > 0 && inter > 0 && hidden % kLanes == 0 && inter % kLanes == 0, "D and I positive multiples of 16");
   TORCH_CHECK(0 <= cpu_ranks && cpu_ranks <= top_k, "cpu_ranks within 0..K");
-  TORCH_CHECK(cpu_cols == 0 || (cpu_ranks < top_k && 0 < cpu_cols && cpu_cols < inter && cpu_cols % kLanes == 0),
-              "cpu_cols: 0, or a multiple of 16 within 1..I-1 with a rank left for it");
   const int64_t* id = ids.data_ptr<int64_t>();
   std::vector<std::vector<int64_t>> pairs_of(size_t(experts) + 1);
-  std::vector<bool> routed(size_t(experts) + 1, false), on_cpu(size_t(experts) + 1, false);
-  std::vector<int64_t> shared;  // the pairs of rank cpu_ranks whose first cpu_cols columns are the CPU's
+  std::vector<bool> routed(size_t(experts) + 1, false);
   for (int64_t pair = 0; pair < batch * top_k; ++pair) {
     TORCH_CHECK(0 <= id[pair] && id[pair] < experts, "expert id out of range");
     routed[id[pair]] = true;
     if (pair % top_k < cpu_ranks) pairs_of[id[pair]].push_back(pair);
-    if (cpu_cols > 0 && pair % top_k == cpu_ranks) shared.push_back(pair);
-    if (pair % top_k < cpu_ranks || (cpu_cols > 0 && pair % top_k == cpu_ranks)) on_cpu[id[pair]] = true;
   }
   std::vector<const uint16_t*> gate_ups, downs;
   std::vector<int64_t> offsets{0}, order;
@@ -284,31 +251,20 @@ std::vector<int64_t> rank_split_rows(const at::Tensor& ids, int64_t cpu_ranks, i
     offsets.push_back(int64_t(order.size()));
   }
   const int64_t routed_count = std::count(routed.begin(), routed.end(), true);
-  const int64_t computed = std::count(on_cpu.begin(), on_cpu.end(), true);
-  const int64_t m = int64_t(order.size()), s = int64_t(shared.size());
-  order.insert(order.end(), shared.begin(), shared.end());  // the whole experts' pairs, then the shared ones
   if (order.empty()) return {0, routed_count};
-  std::vector<float> xs(size_t((m + s) * hidden)), outs(size_t((m + s) * hidden));
+  const int64_t m = int64_t(order.size());
+  std::vector<float> xs(size_t(m * hidden)), outs(size_t(m * hidden));
   const uint16_t* hid = reinterpret_cast<const uint16_t*>(hidden_rows.data_ptr<at::BFloat16>());
-  for (int64_t i = 0; i < m + s; ++i)  // bf16 -> float32: the top 16 bits, exact
+  for (int64_t i = 0; i < m; ++i)  // bf16 -> float32: the top 16 bits, exact
     for (int64_t d = 0; d < hidden; ++d) {
       const uint32_t bits = uint32_t(hid[(order[i] / top_k) * hidden + d]) << 16;
       std::memcpy(&xs[size_t(i * hidden + d)], &bits, sizeof(float));
     }
-  if (m > 0) experts_mlp(xs.data(), m, gate_ups, downs, offsets, hidden, inter, outs.data());
-  if (s > 0) {
-    std::vector<const uint16_t*> shared_gate_ups, shared_downs;
-    for (int64_t pair : shared) {
-      shared_gate_ups.push_back(gu + id[pair] * 2 * inter * hidden);
-      shared_downs.push_back(dn + id[pair] * hidden * inter);
-    }
-    experts_mlp_columns(&xs[size_t(m * hidden)], s, shared_gate_ups, shared_downs, hidden, inter, cpu_cols,
-                        &outs[size_t(m * hidden)]);
-  }
+  experts_mlp(xs.data(), m, gate_ups, downs, offsets, hidden, inter, outs.data());
   float* out = rows.data_ptr<float>();
-  for (int64_t i = 0; i < m + s; ++i)
+  for (int64_t i = 0; i < m; ++i)
     std::memcpy(out + order[i] * hidden, &outs[size_t(i * hidden)], size_t(hidden) * sizeof(float));
-  return {computed, routed_count};
+  return {int64_t(gate_ups.size()), routed_count};
 }
 
 }  // namespace
@@ -317,7 +273,7 @@ TORCH_LIBRARY(wisp_cpu, m) {
   m.def("bf16_grouped_rows_matmul(Tensor x, Tensor[] ws, int[] offsets) -> Tensor");
   m.def("bf16_experts_mlp(Tensor x, Tensor[] gate_ups, Tensor[] downs, int[] offsets) -> Tensor");
   m.def("silu_mul(Tensor h) -> Tensor");
-  m.def("rank_split_rows(Tensor ids, int cpu_ranks, int cpu_cols, Tensor hidden, Tensor gate_up_bank, Tensor down_bank, "
+  m.def("rank_split_rows(Tensor ids, int cpu_ranks, Tensor hidden, Tensor gate_up_bank, Tensor down_bank, "
         "Tensor(a!) rows) -> int[]");
 }
 TORCH_LIBRARY_IMPL(wisp_cpu, CPU, m) {
