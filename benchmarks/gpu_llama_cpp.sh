@@ -16,7 +16,9 @@
 #   paired: hybrid with no slots (our best mode at llama.cpp's all-CPU footprint: decode, then cold TTFT at 512 and
 #         2048 tokens in CHUNK-token prefill steps, default 512 as llama.cpp's micro-batch), then the peer stage at
 #         that placement alone, then hybrid again: both sides on the same host minutes apart (the host's memory
-#         bandwidth varies between machines and processes). About 7.5 minutes with the build.
+#         bandwidth varies between machines and processes). About 7.5 minutes with the build. llama.cpp's decode is
+#         also timed without the nvidia-smi sampler (UNSAMPLED); for wisp's, in one process:
+#         python3 benchmarks/llama_cpp/sampler_cost.py --routing-trace <trace> --out "$OUT/sampler_cost.json" (about 1 min).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -34,12 +36,13 @@ peer)
   wait $writer; tail -4 "$out/gguf.log"; tail -4 "$out/build.txt"; df -h /tmp | tail -1
   timeout "${PEER_TIMEOUT:-300}" python3 benchmarks/llama_cpp/run_peer.py --bench "$bench" \
     --gguf "$gguf" --model "$model" --placements "${PLACEMENTS:-all-cpu,half,all-gpu}" --prompts 512,2048 \
-    --decode-tokens 64 --repetitions 2 --extra "-t 16" --out "$out/llama_cpp_${model}_${type}.json" 2>&1 | tail -6
+    --decode-tokens 64 --repetitions 2 --extra "-t 16" ${UNSAMPLED:+--unsampled-decode} \
+    --out "$out/llama_cpp_${model}_${type}.json" 2>&1 | tail -6
   rm -f "$gguf" ;;
 paired)
   peak=benchmarks/llama_cpp/gpu_peak.py
   for run in before peer after; do
-    if [ $run = peer ]; then PLACEMENTS=all-cpu PEER_TIMEOUT=${PEER_TIMEOUT:-200} STAGE=peer bash "$0" 2>&1 | tail -3; continue; fi
+    if [ $run = peer ]; then UNSAMPLED=1 PLACEMENTS=all-cpu PEER_TIMEOUT=${PEER_TIMEOUT:-200} STAGE=peer bash "$0" 2>&1 | tail -3; continue; fi
     python3 $peak --out "$out/smi_decode_hybrid_c0_$run.json" -- python3 -m wisp bench decode --load-format dummy \
       --model "$model" --mode hybrid --expert-cap 0 --prompt-len 512 --decode-tokens "${TOKENS:-128}" \
       --routing-trace "${ROUTING:-.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl}" \

@@ -9,7 +9,9 @@ Placements (llama.cpp keeps attention, norms and embeddings on the GPU with -ngl
 - all-gpu: everything on the GPU (its resident speed).
 For each, llama-bench runs the prompt lengths (`-p`, prompt processing: TTFT = tokens / its tokens per second,
 cold: llama-bench clears the KV cache between runs) and a decode of `--decode-tokens` (`-n`), `--repetitions`
-times, with `-o json`. The GPU's peak memory is sampled with nvidia-smi every 100 ms while each placement runs.
+times, with `-o json`. The GPU's peak memory is sampled with nvidia-smi every 100 ms while each placement runs;
+`--unsampled-decode` times the decode again with nothing sampling (`decode_tok_s_unsampled`: the sampler starts a
+process every 100 ms, which may slow a decode; benchmarks/llama_cpp/sampler_cost.py measures that for wisp).
 Each record: peer "llama.cpp", the llama.cpp commit (.llama_cpp/COMMIT), the exact command, decode_tok_s,
 ttft_s per prompt length, peak_gpu_bytes, the placement and its flags. Random weights: llama.cpp's CPU experts
 cost the same whatever the routing, while wisp's paged mode depends on it (compare with replayed real routing).
@@ -48,13 +50,16 @@ def run_placement(args, placement: str, cfg: ModelConfig) -> dict:
            "-o", "json", *flags, *shlex.split(args.extra)]
     start = time.perf_counter()
     with PeakGpuMemory() as memory:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        raise SystemExit(f"llama-bench failed ({proc.returncode}): {last}")
-    tests = json.loads(proc.stdout)
+        tests = llama_bench(cmd)
     decode = [t for t in tests if t["n_gen"] > 0 and t["n_prompt"] == 0]
     prompts = [t for t in tests if t["n_prompt"] > 0 and t["n_gen"] == 0]
+    unsampled = {}
+    if args.unsampled_decode:
+        quiet = [args.bench, "-m", args.gguf, "-p", "0", "-n", str(args.decode_tokens), "-r", str(args.repetitions),
+                 "-o", "json", *flags, *shlex.split(args.extra)]
+        rates = [t["avg_ts"] for t in llama_bench(quiet) if t["n_gen"] > 0 and t["n_prompt"] == 0]
+        unsampled = {"decode_tok_s_unsampled": round(rates[0], 3) if rates else None,
+                     "command_unsampled": " ".join(shlex.quote(c) for c in quiet)}
     return {
         "peer": "llama.cpp", "llama_cpp_commit": args.commit, "mode": f"llama.cpp {placement}",
         "placement": placement, "placement_flags": " ".join(flags), "preset": args.model,
@@ -65,8 +70,17 @@ def run_placement(args, placement: str, cfg: ModelConfig) -> dict:
         "peak_gpu_bytes": memory.peak, "weights": tests[0]["model_type"] if tests else None,
         "model_size_bytes": tests[0]["model_size"] if tests else None, "gpu": tests[0]["gpu_info"] if tests else None,
         "n_threads": tests[0]["n_threads"] if tests else None, "routing": "llama.cpp's own (random weights)",
-        "wall_s": round(time.perf_counter() - start, 1), "command": " ".join(shlex.quote(c) for c in cmd),
+        "wall_s": round(time.perf_counter() - start, 1), "command": " ".join(shlex.quote(c) for c in cmd), **unsampled,
     }
+
+
+def llama_bench(cmd: list[str]) -> list[dict]:
+    """llama-bench's JSON tests; a failure is one line and exit status 1."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SystemExit(f"llama-bench failed ({proc.returncode}): {last}")
+    return json.loads(proc.stdout)
 
 
 def main() -> None:
@@ -80,6 +94,7 @@ def main() -> None:
     p.add_argument("--repetitions", type=int, default=2)
     p.add_argument("--extra", default="", help="more llama-bench flags, e.g. '-t 16 -fa 1'")
     p.add_argument("--commit", default=None, help="llama.cpp commit (default: .llama_cpp/COMMIT)")
+    p.add_argument("--unsampled-decode", action="store_true", help="time the decode again without the GPU sampler")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     commit_file = ROOT / ".llama_cpp" / "COMMIT"

@@ -33,10 +33,10 @@ def _fake(tmp_path: Path, fail_at: str = "none") -> tuple[Path, Path]:
     return bench, log
 
 
-def _run(tmp_path: Path, bench: Path, placements: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, bench: Path, placements: str, *more: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(RUN_PEER), "--bench", str(bench), "--gguf", "m.gguf", "--model", "olmoe-1b-7b",
                            "--placements", placements, "--prompts", "512,2048", "--decode-tokens", "8", "--extra", "-t 4",
-                           "--commit", "abc", "--out", str(tmp_path / "peer.json")], capture_output=True, text=True)
+                           "--commit", "abc", "--out", str(tmp_path / "peer.json"), *more], capture_output=True, text=True)
 
 
 def test_each_placement_is_one_llama_bench_run_and_one_record(tmp_path):
@@ -50,6 +50,17 @@ def test_each_placement_is_one_llama_bench_run_and_one_record(tmp_path):
     assert first["ttft_s"] == {"512": round(512 / 1512, 4), "2048": round(2048 / 3048, 4)}
     assert first["command"].endswith("-o json -ngl 99 -ncmoe 16 -t 4") and first["layers"] == 16
     assert len(log.read_text().splitlines()) == 3
+
+
+def test_the_unsampled_decode_is_a_second_decode_only_run(tmp_path):
+    bench, log = _fake(tmp_path)
+    proc = _run(tmp_path, bench, "all-cpu", "--unsampled-decode")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((tmp_path / "peer.json").read_text())[0]
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and "-p 0 -n 8" in calls[1] and calls[1].endswith("-ncmoe 16 -t 4")
+    assert record["decode_tok_s_unsampled"] == 40.0 and record["command_unsampled"].split()[1:] == calls[1].split()
+    assert record["ttft_s"] == {"512": round(512 / 1512, 4), "2048": round(2048 / 3048, 4)}  # from the sampled run
 
 
 def test_a_failed_llama_bench_is_one_clear_line(tmp_path):

@@ -1,0 +1,90 @@
+"""What the nvidia-smi sampler costs a wisp decode, in one process (GPU machine).
+
+The paired runs (`STAGE=paired bash benchmarks/gpu_llama_cpp.sh`) time wisp's decode under `gpu_peak.py`,
+which starts `nvidia-smi` every 100 ms; there a whole run's mean step was about 22 ms against a 17.5 ms
+median, while one-process runs without the sampler had mean and median within 3%. This decodes one request
+and switches the sampler on and off every `--round` tokens, so both arms share the process, the host and the
+routing. Prints and saves per arm: the mean, median and 90th-percentile step and tok/s.
+
+    python benchmarks/llama_cpp/sampler_cost.py --model olmoe-1b-7b --mode hybrid --expert-cap 0 \
+        --routing-trace ../shared/data/layer0_only_vllm_logs/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl --out cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]  # wisp; gpu_peak beside this file
+
+import torch  # noqa: E402
+from gpu_peak import PeakGpuMemory  # noqa: E402
+from wisp.bench.decode import _replay, model_config_for  # noqa: E402
+from wisp.bench.routing import routing_for  # noqa: E402
+from wisp.engine.llm import LLM  # noqa: E402
+from wisp.engine.sampling import SamplingParams  # noqa: E402
+
+ARMS = ("quiet", "sampled")
+
+
+def arm_summary(steps: list[float]) -> dict:
+    ordered = sorted(steps)
+    return {"steps": len(steps), "mean_step_s": round(statistics.fmean(steps), 6),
+            "median_step_s": round(statistics.median(steps), 6),
+            "p90_step_s": round(ordered[int(0.9 * (len(ordered) - 1))], 6),
+            "tok_s": round(len(steps) / sum(steps), 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="olmoe-1b-7b")
+    ap.add_argument("--mode", default="hybrid")
+    ap.add_argument("--expert-cap", type=int, default=0)
+    ap.add_argument("--routing-trace", default=None, help="replayed routing (default: the router's own)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--round", type=int, default=32, help="tokens per arm before switching")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of both arms")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    tokens = 2 * args.round * args.rounds
+    llm = LLM(args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, load_format="dummy",
+              max_concurrency=1, max_model_len=args.prompt_len + tokens + 16)
+    trace = routing_for(args.routing_trace, model_config_for(args.model, "dummy"))[0] if args.routing_trace else None
+    replay = _replay(llm, trace) if trace is not None else None
+    engine = llm.engine
+    llm.generate([[1] * args.prompt_len], SamplingParams(max_tokens=16, ignore_eos=True))  # warm-up, the chooser's too
+    prompt = torch.randint(0, llm.config.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0))
+    engine.add_request("cost", prompt.tolist(), SamplingParams(max_tokens=tokens + 1, ignore_eos=True),
+                       strict_length=False)
+    while engine.requests["cost"].first_token_time is None:
+        engine.step()
+    if replay is not None:
+        replay.active = True
+    steps: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    for r in range(2 * args.rounds):
+        arm = ARMS[r % 2]
+        with PeakGpuMemory() if arm == "sampled" else contextlib.nullcontext():
+            for _ in range(args.round):
+                start = time.perf_counter()
+                engine.step()
+                steps[arm].append(time.perf_counter() - start)
+    record = {"model": args.model, "mode": args.mode, "expert_cap": args.expert_cap, "routing": args.routing_trace,
+              "gpu": torch.cuda.get_device_name() if llm.engine.device.type == "cuda" else "cpu", "round": args.round, "rounds": args.rounds,
+              "arms": {arm: {**arm_summary(steps[arm]), "step_s": [round(s, 5) for s in steps[arm]]} for arm in ARMS}}
+    for arm in ARMS:
+        a = record["arms"][arm]
+        print(f"{arm:8s} mean {1e3 * a['mean_step_s']:.2f} ms, median {1e3 * a['median_step_s']:.2f}, "
+              f"p90 {1e3 * a['p90_step_s']:.2f} ({a['tok_s']} tok/s)")
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
