@@ -1,10 +1,12 @@
 """What the nvidia-smi sampler costs a wisp decode, in one process (GPU machine).
 
 The paired runs (`STAGE=paired bash benchmarks/gpu_llama_cpp.sh`) time wisp's decode under `gpu_peak.py`,
-which starts `nvidia-smi` every 100 ms; there a whole run's mean step was about 22 ms against a 17.5 ms
-median, while one-process runs without the sampler had mean and median within 3%. This decodes one request
-and switches the sampler on and off every `--round` tokens, so both arms share the process, the host and the
-routing. Prints and saves per arm: the mean, median and 90th-percentile step and tok/s.
+whose process starts `nvidia-smi` every 100 ms; there a whole run's mean step was about 22 ms against a
+17.5 ms median, while one-process runs without the sampler had mean and median within 3%. This decodes one
+request and runs the same sampler, in its own process as there, during every other `--round` tokens (in
+ABBA order: quiet, sampled, sampled, quiet, ..., so neither arm always has the shorter context), so both
+arms share the process, the host and the routing. Prints and saves per arm: the mean, median and
+90th-percentile step and tok/s, and the arm of every round in order.
 
     python benchmarks/llama_cpp/sampler_cost.py --model olmoe-1b-7b --mode hybrid --expert-cap 0 \
         --routing-trace ../shared/data/layer0_only_vllm_logs/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl --out cost.json
@@ -16,21 +18,39 @@ import argparse
 import contextlib
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]  # wisp; gpu_peak beside this file
+sys.path[:0] = [str(ROOT)]
 
 import torch  # noqa: E402
-from gpu_peak import PeakGpuMemory  # noqa: E402
-from wisp.bench.decode import _replay, model_config_for  # noqa: E402
+from wisp.bench.decode import model_config_for, replay_routing  # noqa: E402
 from wisp.bench.routing import routing_for  # noqa: E402
 from wisp.engine.llm import LLM  # noqa: E402
 from wisp.engine.sampling import SamplingParams  # noqa: E402
 
 ARMS = ("quiet", "sampled")
+SAMPLER = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+           "from gpu_peak import PeakGpuMemory\nwith PeakGpuMemory():\n    time.sleep(1e9)")
+
+
+@contextlib.contextmanager
+def sampler_process():
+    """gpu_peak.py's sampler in a process of its own while the block runs."""
+    proc = subprocess.Popen([sys.executable, "-c", SAMPLER])
+    try:
+        yield
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def arm_order(rounds: int) -> list[str]:
+    """ABBA: quiet, sampled, sampled, quiet, quiet, ... (2 x rounds entries)."""
+    return [ARMS[(r + r // 2) % 2] for r in range(2 * rounds)]
 
 
 def arm_summary(steps: list[float]) -> dict:
@@ -58,7 +78,7 @@ def main() -> None:
     llm = LLM(args.model, device=args.device, mode=args.mode, expert_cap=args.expert_cap, load_format="dummy",
               max_concurrency=1, max_model_len=args.prompt_len + tokens + 16)
     trace = routing_for(args.routing_trace, model_config_for(args.model, "dummy"))[0] if args.routing_trace else None
-    replay = _replay(llm, trace) if trace is not None else None
+    replay = replay_routing(llm, trace) if trace is not None else None
     engine = llm.engine
     llm.generate([[1] * args.prompt_len], SamplingParams(max_tokens=16, ignore_eos=True))  # warm-up, the chooser's too
     prompt = torch.randint(0, llm.config.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0))
@@ -68,16 +88,17 @@ def main() -> None:
         engine.step()
     if replay is not None:
         replay.active = True
+    order = arm_order(args.rounds)
     steps: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    for r in range(2 * args.rounds):
-        arm = ARMS[r % 2]
-        with PeakGpuMemory() if arm == "sampled" else contextlib.nullcontext():
+    for arm in order:
+        with sampler_process() if arm == "sampled" else contextlib.nullcontext():
             for _ in range(args.round):
                 start = time.perf_counter()
                 engine.step()
                 steps[arm].append(time.perf_counter() - start)
+    gpu = torch.cuda.get_device_name() if llm.engine.device.type == "cuda" else "cpu"
     record = {"model": args.model, "mode": args.mode, "expert_cap": args.expert_cap, "routing": args.routing_trace,
-              "gpu": torch.cuda.get_device_name() if llm.engine.device.type == "cuda" else "cpu", "round": args.round, "rounds": args.rounds,
+              "gpu": gpu, "round": args.round, "rounds": args.rounds, "order": order,
               "arms": {arm: {**arm_summary(steps[arm]), "step_s": [round(s, 5) for s in steps[arm]]} for arm in ARMS}}
     for arm in ARMS:
         a = record["arms"][arm]

@@ -70,6 +70,8 @@ def test_the_link_factor_scales_the_copy_from_device_timed_gpu_pairs_on_the_same
     pace.observe(1.0, 1.0, ratio=(1.0, 1.0), link=(1e3, 1.0))
     pace.end_step()
     assert max(pace.link_ratios) == MAX_FACTOR  # clamped as the CPU's
+    assert pace.factor == 1.0 and pace.link_factor == pytest.approx(1.4)  # only the link's factor moved: rebuilt
+    assert pace.costs(COSTS).copy_s == pytest.approx(1.4 * COSTS.copy_s)
     pace.explore_every = 7
     pace.begin_step(7)
     assert pace.exploring and not pace.link_ratios and pace.link_factor == 1.0 and pace.costs(COSTS) is COSTS

@@ -98,13 +98,15 @@ def test_timed_events_give_the_pace_the_gpu_pairs_against_their_copy_price():
     split = RankSplit(hybrid, 1, 4, hidden)
     split.set_share(1)  # 1 rank on the CPU, 3 read in place
     split.send(hidden, ids)
-    split.serve(1, DeviceTimedEvent(3.0), DeviceTimedEvent(0.0), timed=True)
-    assert hybrid.pace._open_link == pytest.approx([3e-3, 3 * CPU_CHEAP.copy_s])
-    assert hybrid.pace.totals.gpu_s == pytest.approx(3e-3) and hybrid.pace.totals.cpu_ranks == 1
+    pace = hybrid.pace
+    split.serve(1, DeviceTimedEvent(4500.0), DeviceTimedEvent(0.0), timed=True)  # ms: the events' unit
+    pace.end_step()
+    assert list(pace.link_ratios) == pytest.approx([4.5 / (3 * CPU_CHEAP.copy_s)])  # 1.5 x the copy price
+    assert pace.totals.gpu_s == pytest.approx(4.5) and pace.totals.cpu_ranks == 1
     split.set_share(4)
-    split.serve(1, DeviceTimedEvent(3.0), DeviceTimedEvent(0.0), timed=True)  # no GPU pairs: no link ratio
-    assert hybrid.pace._open_link == pytest.approx([3e-3, 3 * CPU_CHEAP.copy_s])
-    assert hybrid.pace.totals.cpu_ranks == 5
+    split.serve(1, DeviceTimedEvent(4500.0), DeviceTimedEvent(0.0), timed=True)  # no GPU pairs: no link ratio
+    pace.end_step()
+    assert len(pace.link_ratios) == 1 and pace.totals.gpu_s == pytest.approx(4.5) and pace.totals.cpu_ranks == 5
 
 
 def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):

@@ -81,7 +81,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
     llm = LLM(model, mode=mode, expert_cap=cap, max_concurrency=batch, max_model_len=prompt_len + decode_tokens + 8,
               **opts)
     load_s = time.perf_counter() - t0
-    replay = _replay(llm, trace) if trace is not None else None
+    replay = replay_routing(llm, trace) if trace is not None else None
     peak_load = _peak(llm.engine.device)
     _warm_up(llm, prompt_len)
     params = SamplingParams(max_tokens=decode_tokens + 1, ignore_eos=True, temperature=temperature, seed=0)
@@ -104,7 +104,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
     }
 
 
-def _replay(llm: LLM, trace: RoutingTrace) -> RoutingReplay:
+def replay_routing(llm: LLM, trace: RoutingTrace) -> RoutingReplay:
     """Replay `trace` in place of the router (inactive until the timed decode; the graphs read it)."""
     cfg = llm.config  # a one-layer trace arrives spread over every MoE layer (wisp.bench.routing)
     replay = RoutingReplay(trace, cfg.moe_layer_ids, cfg.num_experts, cfg.top_k, llm.engine.device)

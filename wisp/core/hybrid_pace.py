@@ -1,4 +1,5 @@
-"""`CpuPace`: how fast hybrid mode's CPU path really runs in this process, learned while it serves.
+"""`CpuPace`: how fast hybrid mode's two servers really run in this process, learned while it serves: the
+CPU's experts (`factor`) and, in the rank split, the GPU's in-place reads (`link_factor`).
 
 The start-up probe (`wisp.core.hybrid_probe`) times the CPU kernel alone. In a step the CPU also shares
 host memory with the copies in flight and pays the rows' trips both ways, and a host's speed drifts
@@ -27,10 +28,13 @@ and moved work off the CPU onto the slow side).
 The rank split (`wisp.core.rank_split`) reads its GPU's pairs in place, which the probe prices as pinned
 copies; inside a step they ran 8-40% slower on the H200 (the CPU reads the same host memory meanwhile), and
 that error moves work onto the slower side (one process on host C chose 4 CPU ranks and waited 0.3 ms a layer
-for the GPU's side). So that side is paced too: each split layer's GPU pairs, timed on the device between two
-CUDA events (exact, whichever side finished last), against their time at the probed copy price, give the
-step a link ratio, and `copy_s` is scaled by `link_factor`, the median of the window's link ratios, on the
-same rules (MIN_RATIOS, WINDOW, exploration). A step with no GPU pairs adds no link ratio.
+for the GPU's side). So that side is paced too: each split layer's GPU pairs graph, timed on the device between
+two CUDA events (whichever side finished last; the span also holds the graph's launch and zero-fill, a few
+microseconds against 0.85 ms), against its pairs' time at the probed copy price, gives the step a link ratio,
+and `copy_s` is scaled by `link_factor`, the median of the window's link ratios, on the same rules (MIN_RATIOS,
+WINDOW, clamps, exploration). A step with no GPU pairs (a CPU share of every rank) adds no link ratio, so
+there the factor holds until the next exploration (EXPLORE_EVERY steps). Only the rank split measures it:
+the eager step's and `cpu_can_help`'s copy price is the probe's times whatever factor the split learnt.
 
 Invariants: `factor` and `link_factor` are 1 until MIN_RATIOS steps' ratios are recorded, change only
 between steps, and are always within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as
@@ -61,8 +65,8 @@ class PaceTotals:
     kernel_s: float = 0.0  # the CPU kernels alone
     routing_wait_s: float = 0.0  # rank split only: the host waiting for a layer's routing (the piece's GPU time)
     gpu_wait_s: float = 0.0  # rank split only: the host, its rows done, waiting for the GPU's pairs
-    cpu_ranks: float = 0.0  # rank split only: the CPU's share of each token's ranks (n)
-    gpu_s: float = 0.0  # rank split under graphs only: the GPU's pairs, timed on the device (CUDA events)
+    cpu_ranks: float = 0.0  # rank split only: the sum of each CPU layer-step's share of ranks n (/ steps: the mean)
+    gpu_s: float = 0.0  # rank split under graphs only: the GPU's pairs graph, timed on the device (CUDA events)
 
 
 class CpuPace:
@@ -98,7 +102,7 @@ class CpuPace:
 
     def begin_step(self, step: int) -> None:
         """Before model step number `step` runs (called by every layer; acts once per number): the previous
-        step's ratio joins the window, and every explore_every-th step explores."""
+        step's ratios join their windows (`end_step`), and every explore_every-th step explores."""
         if step == self.step:
             return
         self.end_step()
@@ -111,13 +115,14 @@ class CpuPace:
             self._link_factor = 1.0
 
     def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0, routing_wait_s: float = 0.0,
-                gpu_wait_s: float = 0.0, *, ratio: tuple[float, float] | None = None, cpu_ranks: float = 0.0,
-                gpu_s: float = 0.0, link: tuple[float, float] | None = None) -> None:
+                gpu_wait_s: float = 0.0, *, ratio: tuple[float, float] | None = None,
+                link: tuple[float, float] | None = None, cpu_ranks: float = 0.0, gpu_s: float = 0.0) -> None:
         """One layer's CPU step: its wall time, the split's prediction (at the costs it was split with), the CPU
         kernels' share of the wall, and (stats only) the host's waits before it and, within it, on the GPU's
         side. `ratio`: (observed, predicted at the probe's costs), what the step's ratio is made of; without
-        it, the wall against `predicted_s` (a caller that splits at the probe's costs). `link`: (the GPU's pairs timed on the
-        device, their time at the probed copy price), the step's link ratio. `cpu_ranks`, `gpu_s`: stats only."""
+        it, the wall against `predicted_s` (a caller that splits at the probe's costs). `link`: (the GPU's
+        pairs timed on the device, their time at the probed copy price), what the step's link ratio is made
+        of. `cpu_ranks`, `gpu_s`: stats only."""
         t = self.totals
         t.steps += 1
         t.wall_s += wall_s
@@ -135,8 +140,9 @@ class CpuPace:
             self._open_link[1] += link[1]
 
     def end_step(self) -> None:
-        """The current step's CPU layers are done: their wall over predicted joins the window (nothing if the
-        step predicted nothing, or while not learning)."""
+        """The current step's CPU layers are done: their CPU time over its prediction joins the window, and
+        their GPU pairs' device time over its copy price joins the link window (each: nothing if the step
+        predicted nothing for it, or while not learning)."""
         wall_s, predicted_s = self._open
         gpu_s, at_copy_s = self._open_link
         self._open, self._open_link = [0.0, 0.0], [0.0, 0.0]

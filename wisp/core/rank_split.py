@@ -15,9 +15,9 @@ GPU's side, so it can be captured (`wisp.engine.cuda_graphs`):
 - `merge` (a graph): the CPU's rows take their ranks' places, and the pairs are summed over k in routing
   order, as every mode does.
 n is chosen per step from the probed costs as the pace corrects them (`cpu_share_for`): the smallest n
-with the least predicted time, max(CPU's experts, GPU's in-place pairs). The pace learns from the CPU's
-side alone (`CpuPace.observe`'s `ratio`), not from the wall, which includes the wait for the GPU's side; under
-the graphs the GPU's pairs are timed on the device (CUDA events) and pace the in-place read's price (`link`).
+with the least predicted time, max(CPU's experts, GPU's in-place pairs). The pace learns each side apart:
+the CPU's from its own side (`CpuPace.observe`'s `ratio`), not from the wall, which includes the wait for the
+GPU's; under the graphs, the in-place reads' price from the GPU's pairs timed on the device (`link`).
 
 Invariants:
 - every (token, k) pair is computed once: by the CPU iff k < n; the sum over k runs in routing order;
@@ -107,7 +107,7 @@ class RankSplit:
               timed: bool = False) -> None:
         """Between the graphs: wait for the routing (`routed`), compute the CPU's pairs, wait for the GPU's
         (`gpu_done`), send the rows to the device buffer `merge` reads; count and pace as the eager step.
-        timed: the events time the GPU's pairs between them (enable_timing): the pace's link ratio.
+        timed: the events time the GPU's pairs between them (enable_timing; both given): the pace's link ratio.
         (Lean on purpose: it runs once per MoE layer on the step's critical path.)"""
         waited = time.perf_counter()
         if routed is not None:
@@ -122,8 +122,9 @@ class RankSplit:
             predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
             end = time.perf_counter()
             probed = store.costs  # each side against its time at the probe's costs
-            gpu_s = routed.elapsed_time(gpu_done) / 1e3 if timed else 0.0
-            link = (gpu_s, b * (k - n) * probed.copy_s) if timed and n < k else None
+            timed_pairs = timed and routed is not None and gpu_done is not None and n < k
+            gpu_s = routed.elapsed_time(gpu_done) / 1e3 if timed_pairs else 0.0  # ms -> s
+            link = (gpu_s, b * (k - n) * probed.copy_s) if timed_pairs else None
             store.pace.observe(end - start, predicted, done - start, start - waited, end - done,
                                ratio=(done - start, probed.cpu_overhead_s + b * n * probed.cpu_s(1)),
                                cpu_ranks=n, gpu_s=gpu_s, link=link)

@@ -72,7 +72,7 @@ class DecodeGraphs:
                                              for li, s in stores.items()} if split else {}
         self.split_graphs: dict[int, dict[int, tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]]] = {}
         self._events = (torch.cuda.Event(enable_timing=True),  # a split layer's routing sent, GPU pairs done:
-                        torch.cuda.Event(enable_timing=True))  # between them the GPU's side (stats)
+                        torch.cuda.Event(enable_timing=True))  # between them the GPU's side (the link's pace)
         pool = None
         model.use_paging_side("device")
         with torch.cuda.device(model.device):  # Triton launches on the current device
