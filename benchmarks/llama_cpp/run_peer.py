@@ -46,8 +46,7 @@ def placement_flags(name: str, layers: int) -> list[str]:
 
 def run_placement(args, placement: str, cfg: ModelConfig) -> dict:
     flags = placement_flags(placement, cfg.num_layers)
-    cmd = [args.bench, "-m", args.gguf, "-p", args.prompts, "-n", str(args.decode_tokens), "-r", str(args.repetitions),
-           "-o", "json", *flags, *shlex.split(args.extra)]
+    cmd = bench_command(args, args.prompts, flags)
     start = time.perf_counter()
     with PeakGpuMemory() as memory:
         tests = llama_bench(cmd)
@@ -55,8 +54,7 @@ def run_placement(args, placement: str, cfg: ModelConfig) -> dict:
     prompts = [t for t in tests if t["n_prompt"] > 0 and t["n_gen"] == 0]
     unsampled = {}
     if args.unsampled_decode:
-        quiet = [args.bench, "-m", args.gguf, "-p", "0", "-n", str(args.decode_tokens), "-r", str(args.repetitions),
-                 "-o", "json", *flags, *shlex.split(args.extra)]
+        quiet = bench_command(args, "0", flags)  # the decode alone
         rates = [t["avg_ts"] for t in llama_bench(quiet) if t["n_gen"] > 0 and t["n_prompt"] == 0]
         unsampled = {"decode_tok_s_unsampled": round(rates[0], 3) if rates else None,
                      "command_unsampled": " ".join(shlex.quote(c) for c in quiet)}
@@ -72,6 +70,12 @@ def run_placement(args, placement: str, cfg: ModelConfig) -> dict:
         "n_threads": tests[0]["n_threads"] if tests else None, "routing": "llama.cpp's own (random weights)",
         "wall_s": round(time.perf_counter() - start, 1), "command": " ".join(shlex.quote(c) for c in cmd), **unsampled,
     }
+
+
+def bench_command(args, prompts: str, flags: list[str]) -> list[str]:
+    """The llama-bench command line for these prompt lengths (`-p`) and placement flags."""
+    return [args.bench, "-m", args.gguf, "-p", prompts, "-n", str(args.decode_tokens), "-r", str(args.repetitions),
+            "-o", "json", *flags, *shlex.split(args.extra)]
 
 
 def llama_bench(cmd: list[str]) -> list[dict]:

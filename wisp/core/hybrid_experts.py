@@ -25,9 +25,9 @@ Invariants:
 - CPU-served experts count as misses (`counters.misses`, and `counters.cpu_computed`), never as loads or
   bytes: they do not cross the link, and the slots are not touched for them;
 - the split uses the probe's costs as `CpuPace` corrects them (one pace per model): the CPU's by each CPU
-  step's CPU side, the copy's by the rank split's device-timed in-place reads where that runs; a step whose batch the CPU cannot help (`graph_step_ok`) is a paged step, and
-  `forward_graph_safe` is paged mode's (the engine replays CUDA graphs only for such steps: a split needs
-  the routing on the host).
+  step's CPU side, the copy's by the rank split's device-timed in-place reads where that runs; a step whose
+  batch the CPU cannot help (`graph_step_ok`) is a paged step, and `forward_graph_safe` is paged mode's
+  (the engine replays CUDA graphs only for such steps: a split needs the routing on the host).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from wisp.core.cpu_expert_kernels import native_experts_mlp, rank_split_rows, wh
 from wisp.core.expert_extras import extras_of
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.hybrid_experts import cpu_pair_rows
-from wisp.core.hybrid_split import split_time
+from wisp.core.hybrid_split import HybridCosts, split_time
 
 
 class RankSplit:
@@ -121,13 +121,12 @@ class RankSplit:
         if computed:
             predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
             end = time.perf_counter()
-            probed = store.costs  # each side against its time at the probe's costs
+            cpu_at_probe_s, gpu_at_probe_s = self.sides_s(b, n, store.costs)  # each side against the probe's costs
             timed_pairs = timed and routed is not None and gpu_done is not None and n < k
             gpu_s = routed.elapsed_time(gpu_done) / 1e3 if timed_pairs else 0.0  # ms -> s
-            link = (gpu_s, b * (k - n) * probed.copy_s) if timed_pairs else None
+            link = (gpu_s, gpu_at_probe_s) if timed_pairs else None
             store.pace.observe(end - start, predicted, done - start, start - waited, end - done,
-                               ratio=(done - start, probed.cpu_overhead_s + b * n * probed.cpu_s(1)),
-                               cpu_ranks=n, gpu_s=gpu_s, link=link)
+                               ratio=(done - start, cpu_at_probe_s), link=link, cpu_ranks=n, gpu_s=gpu_s)
             self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
         c = store.counters
         c.steps += 1
@@ -155,8 +154,12 @@ class RankSplit:
     def predicted_s(self, b: int, n: int) -> float:
         """A layer's predicted time with n ranks of b tokens on the CPU: at most b x n experts of one row each
         there, b x (K - n) pairs read in place (each a whole expert over the link)."""
-        costs = self.store.pace.costs(self.store.costs)
-        return split_time(b * (self.top_k - n), [1] * (b * n), costs)
+        return max(self.sides_s(b, n, self.store.pace.costs(self.store.costs)))
+
+    def sides_s(self, b: int, n: int, costs: HybridCosts) -> tuple[float, float]:
+        """Each side's time at `costs` with n ranks of b tokens on the CPU: (the CPU's b x n one-row experts and
+        its overhead, the GPU's b x (K - n) pairs read in place, each priced as one expert's copy)."""
+        return split_time(0, [1] * (b * n), costs), split_time(b * (self.top_k - n), [], costs)
 
     def cpu_share_for(self, b: int) -> int:
         """The n with the least predicted time for a b-token step (the smallest such)."""

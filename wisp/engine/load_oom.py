@@ -53,8 +53,8 @@ class DeviceBytes:
             experts = cfg.num_experts * e
         else:  # zero-copy reads the host masters in place; a prefill chunk streams through two staging buffers
             experts = 2 * e
-        return cls(non_expert_params(cfg, embedding_on_host) * element, experts, num_blocks * block_bytes, floor_blocks * block_bytes,
-                   slot)
+        return cls(non_expert_params(cfg, embedding_on_host) * element, experts, num_blocks * block_bytes,
+                   floor_blocks * block_bytes, slot)
 
 
 def usable_bytes(device: torch.device) -> int | None:

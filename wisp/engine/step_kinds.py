@@ -15,9 +15,9 @@ the experts eager between, where captured), the next `least` as whole graphs. As
 steps of one kind all beat the last `least` of the other, that kind runs; until then the CPU-helped kind,
 then the graph, is measured up to `sample` steps, and the one with the lower median runs. (Recent steps, not
 all: a process's first CPU-helped steps can be slow; with all of them compared, every H200 run still ran
-the graph's whole sample, 8 steps of 33.7 ms, though the CPU-helped kind ended at 21-28 ms.) Every `explore_every` steps the other kind
-is measured again for up to `sample` steps (routing and the host change), fewer when its first `least` are
-again all slower than every step in the runner's window. Only consulted where both kinds are possible and
+the graph's whole sample, 8 steps of 33.7 ms, though the CPU-helped kind ended at 21-28 ms.) Every
+`explore_every` steps the other kind is measured again for up to `sample` steps (routing and the host
+change), fewer when its first `least` are again all slower than every step in the runner's window. Only consulted where both kinds are possible and
 the model says the CPU could help a step (`MoEDecoder.graph_step_ok` is false); where it cannot, the graph
 runs.
 

@@ -187,6 +187,10 @@ std::vector<int64_t> checked_offsets(at::IntArrayRef offsets, size_t groups, int
   return offsets.vec();
 }
 
+void check_expert_widths(int64_t hidden, int64_t inter) {  // what the kernels' 16 lanes read whole
+  TORCH_CHECK(hidden > 0 && inter > 0 && hidden % kLanes == 0 && inter % kLanes == 0, "D and I positive multiples of 16");
+}
+
 at::Tensor bf16_grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::IntArrayRef offsets) {
   TORCH_CHECK(!ws.empty(), "one weight per group");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "float32 x [M, K] expected");
@@ -203,7 +207,7 @@ at::Tensor bf16_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::Te
   TORCH_CHECK(!gate_ups.empty() && gate_ups.size() == downs.size(), "a gate_up and a down per group");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "float32 x [M, D] expected");
   const int64_t hidden = x.size(1), inter = downs[0].size(1);
-  TORCH_CHECK(hidden > 0 && inter > 0 && hidden % kLanes == 0 && inter % kLanes == 0, "D and I positive multiples of 16");
+  check_expert_widths(hidden, inter);
   const std::vector<int64_t> bounds = checked_offsets(offsets, gate_ups.size(), x.size(0));
   at::Tensor out = at::empty({x.size(0), hidden}, x.options());
   experts_mlp(x.data_ptr<float>(), x.size(0), bf16_pointers(gate_ups, 2 * inter, hidden),
@@ -229,7 +233,7 @@ std::vector<int64_t> rank_split_rows(const at::Tensor& ids, int64_t cpu_ranks, c
               "banks: contiguous bfloat16 gate_up [N, 2I, D] and down [N, D, I]");
   TORCH_CHECK(rows.scalar_type() == at::kFloat && rows.is_contiguous() &&
               rows.sizes() == at::IntArrayRef({batch, top_k, hidden}), "float32 rows [B, K, D] expected");
-  TORCH_CHECK(hidden > 0 && inter > 0 && hidden % kLanes == 0 && inter % kLanes == 0, "D and I positive multiples of 16");
+  check_expert_widths(hidden, inter);
   TORCH_CHECK(0 <= cpu_ranks && cpu_ranks <= top_k, "cpu_ranks within 0..K");
   const int64_t* id = ids.data_ptr<int64_t>();
   std::vector<std::vector<int64_t>> pairs_of(size_t(experts) + 1);
