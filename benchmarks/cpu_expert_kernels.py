@@ -24,16 +24,18 @@ from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, native_kernel_error
 from wisp.core.expert_major import DOWN, GATE_UP
 
 
-def expert_rate(kernel, bank: dict[str, torch.Tensor], experts: range, rows: int, repeats: int) -> float:
-    """GB/s of weights one expert's call reads, the median over `repeats` calls on experts in turn."""
+def expert_rate(kernel, bank: dict[str, torch.Tensor], experts: range, rows: int, repeats: int,
+                per_call: int = 1) -> float:
+    """GB/s of weights a call of `per_call` distinct experts reads (as a rank split hands a layer's CPU share
+    to one native call), the median over `repeats` calls on experts in turn."""
     d = bank[DOWN].shape[1]
-    x = torch.randn((rows, d)).to(bank[GATE_UP].dtype)
-    nbytes = bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes
+    x = torch.randn((rows * per_call, d)).to(bank[GATE_UP].dtype)
+    nbytes = per_call * (bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes)
     times = []
     for i in range(repeats + 3):
-        e = experts[(i * 7) % len(experts)]
+        es = [experts[(i * 7 + j * 13) % len(experts)] for j in range(per_call)]  # distinct: 13 is prime to the bank
         start = time.perf_counter()
-        kernel(x, [rows], [bank[GATE_UP][e]], [bank[DOWN][e]], [None])
+        kernel(x, [rows] * per_call, [bank[GATE_UP][e] for e in es], [bank[DOWN][e] for e in es], [None] * per_call)
         if i >= 3:  # three warm-ups
             times.append(time.perf_counter() - start)
     return nbytes / statistics.median(times) / 1e9
@@ -94,6 +96,7 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--per-call", type=int, default=1, help="distinct experts a call computes (a rank split: 4-5)")
     ap.add_argument("--threads", default=str(torch.get_num_threads()), help="comma-separated torch thread counts")
     ap.add_argument("--repeats", type=int, default=48)
     ap.add_argument("--out", default=None)
@@ -106,7 +109,8 @@ def main() -> None:
         t.uniform_(-3 ** 0.5 / d ** 0.5, 3 ** 0.5 / d ** 0.5)  # in place: a bank of many GB fills in seconds
     cpu_experts, gpu_experts = range(n // 2), range(n // 2, n)
     kernels = [k for k in CPU_EXPERT_KERNELS if k != "native" or native_kernel_error() is None]
-    rec = {"shape": {"hidden": d, "intermediate": i, "experts": n, "rows": args.rows}, "cpu_kernels": kernels,
+    rec = {"shape": {"hidden": d, "intermediate": i, "experts": n, "rows": args.rows,
+                     "per_call": args.per_call}, "cpu_kernels": kernels,
            "native_error": native_kernel_error(), "gpu": torch.cuda.get_device_name() if cuda else None, "alone": {}}
     sides = {"in_place": InPlaceReads(bank, gpu_experts, args.top_k),
              "pinned_copies": PinnedCopies(bank, gpu_experts, args.top_k)} if cuda else {}
@@ -117,13 +121,15 @@ def main() -> None:
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         rec["alone"][threads] = {k: round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows,
-                                                        args.repeats), 1) for k in kernels}
+                                                        args.repeats, args.per_call), 1) for k in kernels}
         for name, side in sides.items():
             beside, launch_s = {}, side.nbytes / (rec[f"gpu_{name}_gbps_alone"] * 1e9)
             for k in kernels:  # enough launches to outlast the CPU's calls four times over
-                cpu_s = (args.repeats + 3) * (bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes) / (rec["alone"][threads][k] * 1e9)
+                cpu_s = ((args.repeats + 3) * args.per_call * (bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes)
+                         / (rec["alone"][threads][k] * 1e9))
                 side.launch(int(4 * cpu_s / launch_s) + 10)
-                beside[k] = round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows, args.repeats), 1)
+                beside[k] = round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows, args.repeats,
+                                              args.per_call), 1)
                 torch.cuda.synchronize()
             rec[f"beside_gpu_{name}"][threads] = beside
         print(threads, {key: value[threads] for key, value in rec.items() if key == "alone" or key.startswith("beside")},

@@ -22,11 +22,12 @@
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# gguf (the GGUF writer), nvidia-ml-py (gpu_peak.py's NVML sampler); numpy, pyyaml, tqdm: in the image
+python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/*.whl 2>&1 | tail -1
 model=${MODEL:-olmoe-1b-7b}; type=${TYPE:-bf16}
 bench=.llama_cpp/build-cuda/bin/llama-bench
 case "${STAGE:-peer}" in
 peer)
-  python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/gguf-*.whl 2>&1 | tail -1  # numpy, pyyaml, tqdm: in the image
   gguf=/tmp/$model-$type.gguf
   (time python3 benchmarks/llama_cpp/gguf_random.py --model "$model" --type "$type" --out "$gguf") > "$out/gguf.log" 2>&1 &
   writer=$!

@@ -30,6 +30,9 @@ def test_bench_decode_writes_one_record_per_run(tmp_path):
     for r in records:
         assert KEYS <= set(r) and r["decode_tokens"] == 5 and r["decode_tok_s"] > 0
         assert r["prefill_tokens"] == 40  # a cold prompt: none of its blocks came from the prefix cache
+        # the spread of the 5 timed steps, whose mean is step_s (rounded to 1 us)
+        assert r["step_s_median"] <= r["step_s_p90"] <= r["step_s_max"] and r["step_s"] <= r["step_s_max"] + 1e-6
+        assert r["step_s_max"] <= 5 * r["step_s"] + 1e-6
     assert records[0]["hit_rate"] == 1.0 and records[0]["bytes_h2d_per_token"] == 0
     assert records[1]["bytes_h2d_per_token"] > 0 and records[3]["bytes_h2d_per_token"] == 4 * 16 * 3 * 128 * 64 * 4
     assert records[1]["roofline_step_s"] == records[0]["step_s"]  # no GPU probe here: the resident step alone

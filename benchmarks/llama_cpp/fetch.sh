@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The llama.cpp peer, step 1 (CPU machine, which reaches PyPI): llama.cpp's source from the llama-cpp-python sdist
 # (it vendors the whole tree), trimmed to what a CUDA or CPU build of llama-bench needs, into .llama_cpp/ (ignored
-# by git; the device call carries it), with the gguf wheel the GGUF writer needs on the GPU machine.
+# by git; the device call carries it), with the wheels the GPU machine lacks: gguf (the GGUF writer), nvidia-ml-py (gpu_peak.py).
 #   bash benchmarks/llama_cpp/fetch.sh [VERSION]     -> .llama_cpp/src, .llama_cpp/COMMIT, .llama_cpp/wheels/
 set -euo pipefail
 version=${1:-0.3.36}
@@ -24,5 +24,5 @@ rm -rf "$dest/src"
 mv "$src" "$dest/src"
 echo "$commit" > "$dest/COMMIT"
 echo "llama-cpp-python $version" > "$dest/SOURCE"
-pip download -q --no-deps gguf -d "$dest/wheels"
+pip download -q --no-deps gguf nvidia-ml-py -d "$dest/wheels"
 du -sh "$dest"

@@ -2,10 +2,14 @@
 
     python benchmarks/llama_cpp/gpu_peak.py --out peak.json -- python3 -m wisp bench decode ...
 
-llama.cpp reports no allocator peak of its own, so the llama.cpp placements are compared by nvidia-smi's
-`memory.used` (the CUDA context, cuBLAS workspaces and the allocator's cache included), sampled every 100 ms.
-Run wisp's side under the same sampler to compare like with like; `baseline_bytes` is what was in use before
-the program started (other processes), and is included in the peak.
+llama.cpp reports no allocator peak of its own, so the llama.cpp placements are compared by the device
+memory in use (nvidia-smi's `memory.used`: the CUDA context, cuBLAS workspaces and the allocator's cache
+included), sampled every 100 ms. It is read through NVML (nvidia-ml-py: one driver call a sample, the count
+nvidia-smi prints), not by starting nvidia-smi: that process, started every 100 ms, took the CPU from the
+programs being timed (on the H200 host it made one wisp decode step in about seven 8-15 ms slower: a mean
+step of 21.4 ms against 17.7 without it, `benchmarks/llama_cpp/sampler_cost.py`). Run wisp's side under the
+same sampler to compare like with like; `baseline_bytes` is what was in use before the program started
+(other processes), and is included in the peak.
 """
 
 from __future__ import annotations
@@ -15,35 +19,62 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 
-def gpu_memory_used() -> int | None:
-    """The most memory.used of any GPU now, in bytes (None without nvidia-smi)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=5).stdout
-        return max(int(line) for line in out.split()) * 2**20
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
+class DeviceMemory:
+    """NVML, opened once: `used()` is the most memory in use on any GPU now, in bytes, as nvidia-smi's
+    `memory.used` counts it (NVML's v2 figure, without the driver's reserve); None without NVML or a GPU."""
+
+    def __enter__(self) -> "DeviceMemory":
+        self.handles, self.nvml = [], None
+        try:
+            import pynvml
+        except ImportError:  # no nvidia-ml-py: nothing to read
+            return self
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError:  # no driver (a CPU machine)
+            return self
+        self.nvml = pynvml
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        return self
+
+    def used(self) -> int | None:
+        if not self.handles:
+            return None
+        return max(self.nvml.nvmlDeviceGetMemoryInfo(h, version=self.nvml.nvmlMemory_v2).used for h in self.handles)
+
+    def __exit__(self, *exc) -> None:
+        if self.nvml is not None:
+            self.nvml.nvmlShutdown()
 
 
 class PeakGpuMemory:
-    """The largest `memory.used` nvidia-smi reports while the block runs (None without nvidia-smi)."""
+    """The most memory in use on a GPU, sampled while the block runs (None without NVML). `read`: a
+    sampler other than NVML's (tests)."""
 
-    def __init__(self, period_s: float = 0.1):
-        self.period_s, self.peak, self._stop = period_s, None, threading.Event()
+    def __init__(self, period_s: float = 0.1, read: Callable[[], int | None] | None = None):
+        self.period_s, self.read, self.peak, self._stop = period_s, read, None, threading.Event()
 
-    def _sample(self) -> None:
+    def _sample(self, read: Callable[[], int | None]) -> None:
         while not self._stop.is_set():
-            used = gpu_memory_used()
+            used = read()
             if used is None:
                 return
             self.peak = used if self.peak is None else max(self.peak, used)
             self._stop.wait(self.period_s)
 
+    def _run(self) -> None:
+        if self.read is not None:
+            self._sample(self.read)
+            return
+        with DeviceMemory() as memory:
+            self._sample(memory.used)
+
     def __enter__(self) -> "PeakGpuMemory":
-        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
 
@@ -60,7 +91,8 @@ def main() -> None:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("no command given (put it after --)")
-    baseline = gpu_memory_used()
+    with DeviceMemory() as device:
+        baseline = device.used()
     with PeakGpuMemory() as memory:
         returncode = subprocess.run(command).returncode
     Path(args.out).write_text(json.dumps({"command": " ".join(command), "returncode": returncode,

@@ -1,12 +1,16 @@
-"""What the nvidia-smi sampler costs a wisp decode, in one process (GPU machine).
+"""What gpu_peak.py's memory sampler costs a wisp decode, in one process (GPU machine).
 
-The paired runs (`STAGE=paired bash benchmarks/gpu_llama_cpp.sh`) time wisp's decode under `gpu_peak.py`,
-whose process starts `nvidia-smi` every 100 ms; there a whole run's mean step was about 22 ms against a
-17.5 ms median, while one-process runs without the sampler had mean and median within 3%. This decodes one
-request and runs the same sampler, in its own process as there, during every other `--round` tokens (in
-ABBA order: quiet, sampled, sampled, quiet, ..., so neither arm always has the shorter context), so both
-arms share the process, the host and the routing. Prints and saves per arm: the mean, median and
-90th-percentile step and tok/s, and the arm of every round in order.
+The paired runs (`STAGE=paired bash benchmarks/gpu_llama_cpp.sh`) time decode under `gpu_peak.py`'s sampler.
+This decodes one request and runs the same sampler, in its own process as there, during every other
+`--round` tokens (in ABBA order: quiet, sampled, sampled, quiet, ..., so neither arm always has the shorter
+context), so both arms share the process, the host and the routing. Prints and saves per arm: the mean,
+median, 90th-percentile and slowest step and tok/s, and the arm of every round in order.
+
+What it found on the H200 (`benchmarks/results/logs/sampler_cost_*.json`): the sampler as it was, starting
+`nvidia-smi` every 100 ms, made a wisp step in about seven 25-45% slower (the CPU's kernels lost their
+cores to it): mean step 21.4 ms against 17.7 quiet, p90 32.1 against 18.3. Reading NVML from one process
+(as gpu_peak.py now does) costs nothing past the sampler's own start: median 18.2 against 18.5 ms quiet,
+p90 19.4 against 20.0.
 
     python benchmarks/llama_cpp/sampler_cost.py --model olmoe-1b-7b --mode hybrid --expert-cap 0 \
         --routing-trace ../shared/data/layer0_only_vllm_logs/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl --out cost.json
@@ -27,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT)]
 
 import torch  # noqa: E402
-from wisp.bench.decode import model_config_for, replay_routing  # noqa: E402
+from wisp.bench.decode import model_config_for, replay_routing, step_spread  # noqa: E402
 from wisp.bench.routing import routing_for  # noqa: E402
 from wisp.engine.llm import LLM  # noqa: E402
 from wisp.engine.sampling import SamplingParams  # noqa: E402
@@ -54,10 +58,7 @@ def arm_order(rounds: int) -> list[str]:
 
 
 def arm_summary(steps: list[float]) -> dict:
-    ordered = sorted(steps)
-    return {"steps": len(steps), "mean_step_s": round(statistics.fmean(steps), 6),
-            "median_step_s": round(statistics.median(steps), 6),
-            "p90_step_s": round(ordered[int(0.9 * (len(ordered) - 1))], 6),
+    return {"steps": len(steps), "mean_step_s": round(statistics.fmean(steps), 6), **step_spread(tuple(steps)),
             "tok_s": round(len(steps) / sum(steps), 2)}
 
 
@@ -102,8 +103,8 @@ def main() -> None:
               "arms": {arm: {**arm_summary(steps[arm]), "step_s": [round(s, 5) for s in steps[arm]]} for arm in ARMS}}
     for arm in ARMS:
         a = record["arms"][arm]
-        print(f"{arm:8s} mean {1e3 * a['mean_step_s']:.2f} ms, median {1e3 * a['median_step_s']:.2f}, "
-              f"p90 {1e3 * a['p90_step_s']:.2f} ({a['tok_s']} tok/s)")
+        print(f"{arm:8s} mean {1e3 * a['mean_step_s']:.2f} ms, median {1e3 * a['step_s_median']:.2f}, "
+              f"p90 {1e3 * a['step_s_p90']:.2f}, max {1e3 * a['step_s_max']:.2f} ({a['tok_s']} tok/s)")
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
 
 

@@ -18,7 +18,7 @@ def drive(chooser: StepKindChooser, steps: int, seconds: dict[str, float], batch
 
 @pytest.mark.parametrize("faster", [GRAPH, EAGER])
 def test_measures_both_then_runs_the_faster_and_re_measures_the_other(faster):
-    chooser = StepKindChooser(sample=3, explore_every=20, warmup=0)
+    chooser = StepKindChooser(sample=3, explore_every=20, warmup=0, graph_warmup=0)
     seconds = {GRAPH: 2.0, EAGER: 1.0} if faster == EAGER else {GRAPH: 1.0, EAGER: 2.0}
     kinds = drive(chooser, 40, seconds)
     assert kinds[:6] == [EAGER] * 3 + [GRAPH] * 3 and chooser.best(1) == faster
@@ -28,7 +28,7 @@ def test_measures_both_then_runs_the_faster_and_re_measures_the_other(faster):
 
 
 def test_a_clear_cut_difference_decides_after_the_least_steps_and_ends_an_exploration_early():
-    chooser = StepKindChooser(sample=8, explore_every=40, warmup=0, least=3)
+    chooser = StepKindChooser(sample=8, explore_every=40, warmup=0, least=3, graph_warmup=0)
     kinds = drive(chooser, 80, {GRAPH: 2.0, EAGER: 1.0})
     assert kinds[:6] == [EAGER] * 3 + [GRAPH] * 3 and set(kinds[6:39]) == {EAGER}
     assert [i + 1 for i, k in enumerate(kinds) if k == GRAPH][3:] == [40, 41, 42, 80]  # 3 of sample's 8
@@ -36,7 +36,7 @@ def test_a_clear_cut_difference_decides_after_the_least_steps_and_ends_an_explor
 
 def test_slow_first_cpu_steps_do_not_hold_the_graph_to_its_whole_sample():
     """The last `least` steps decide: a process's cold CPU-helped steps do not keep the slower graph running."""
-    chooser = StepKindChooser(sample=8, explore_every=40, warmup=0, least=3)
+    chooser = StepKindChooser(sample=8, explore_every=40, warmup=0, least=3, graph_warmup=0)
     times = iter([40.0, 27.0, 22.0] + [33.0] * 3 + [22.0] * 30)  # eager cold, then the graph, then eager warm
     kinds = []
     for _ in range(20):
@@ -47,7 +47,7 @@ def test_slow_first_cpu_steps_do_not_hold_the_graph_to_its_whole_sample():
 
 
 def test_times_that_keep_overlapping_are_measured_up_to_the_sample_and_compared_by_median():
-    chooser = StepKindChooser(sample=4, explore_every=40, warmup=0, least=2)
+    chooser = StepKindChooser(sample=4, explore_every=40, warmup=0, least=2, graph_warmup=0)
     noisy = iter([1.0, 3.0, 2.0, 2.5, 1.0, 3.0, 2.0, 2.5] + [1.0] * 40)  # eager 1, 3, ... | graph 2, 2.5, ...
     kinds = []
     for _ in range(12):
@@ -59,7 +59,7 @@ def test_times_that_keep_overlapping_are_measured_up_to_the_sample_and_compared_
 
 
 def test_batch_sizes_are_measured_apart_and_a_changed_speed_is_followed():
-    chooser = StepKindChooser(sample=2, explore_every=10, warmup=0)
+    chooser = StepKindChooser(sample=2, explore_every=10, warmup=0, graph_warmup=0)
     drive(chooser, 10, {GRAPH: 1.0, EAGER: 2.0}, batch=1)
     assert chooser.best(1) == GRAPH and chooser.best(2) is None
     drive(chooser, 1, {GRAPH: 1.0, EAGER: 0.5}, batch=2)
@@ -69,30 +69,32 @@ def test_batch_sizes_are_measured_apart_and_a_changed_speed_is_followed():
     assert chooser.best(1) == EAGER
 
 
-def test_cold_steps_of_each_kind_are_run_but_not_timed():
-    chooser = StepKindChooser(sample=2, explore_every=20, warmup=2)
+@pytest.mark.parametrize("graph_warmup", [0, 1, 2])
+def test_cold_steps_of_each_kind_are_run_but_not_timed(graph_warmup):
+    chooser = StepKindChooser(sample=2, explore_every=20, warmup=2, graph_warmup=graph_warmup)
     kinds = []
-    for i in range(8):
+    for i in range(6 + graph_warmup):
         kind = chooser.pick(1)
         kinds.append(kind)
-        cold = kinds.count(kind) <= 2
+        cold = kinds.count(kind) <= (2 if kind == EAGER else graph_warmup)
         chooser.record(1, kind, 100.0 if cold else {GRAPH: 2.0, EAGER: 1.0}[kind])
-    assert kinds == [EAGER] * 4 + [GRAPH] * 4
+    assert kinds == [EAGER] * 4 + [GRAPH] * (2 + graph_warmup)
     assert chooser.medians() == {"1": {GRAPH: 2.0, EAGER: 1.0}} and chooser.best(1) == EAGER
 
 
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError):
         StepKindChooser(sample=4, explore_every=8)
-    with pytest.raises(ValueError):  # 2 x (4 + 3) = 14: the exploring windows would not fit
-        StepKindChooser(sample=4, explore_every=14, warmup=3)
+    with pytest.raises(ValueError):  # 2 x 4 + 3 + 3 = 14: the exploring windows would not fit
+        StepKindChooser(sample=4, explore_every=14, warmup=3, graph_warmup=3)
+    StepKindChooser(sample=4, explore_every=14, warmup=3, graph_warmup=2)
     with pytest.raises(ValueError):
         StepKindChooser(sample=4, explore_every=40, warmup=-1)
 
 
 def test_one_slow_step_of_the_winner_does_not_reopen_the_measuring():
     """Decided early (the loser's window still short), a hiccup of the winner keeps the winner running."""
-    chooser = StepKindChooser(sample=8, explore_every=100, warmup=0, least=3)
+    chooser = StepKindChooser(sample=8, explore_every=100, warmup=0, least=3, graph_warmup=0)
     kinds = drive(chooser, 16, {GRAPH: 33.0, EAGER: 22.0})  # the CPU-helped window full, the graph's at 3
     assert kinds == [EAGER] * 3 + [GRAPH] * 3 + [EAGER] * 10 and chooser.best(1) == EAGER
     kinds = drive(chooser, 1, {GRAPH: 33.0, EAGER: 34.0})  # one slow CPU-helped step: no clear cut now

@@ -17,6 +17,7 @@ with every layer's experts offloaded to the CPU (`wisp.bench.peer`).
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -137,9 +138,20 @@ class TimedDecode:
     t_start: float
     t_first: float
     t_end: float
+    step_s: tuple[float, ...]  # each decode step's wall time, in order
 
     def decode_steps(self, batch: int) -> int:
         return sum(len(seq.output_ids) - 1 for seq in self.seqs) // batch  # decode steps of each request
+
+
+def step_spread(steps: tuple[float, ...]) -> dict:
+    """The median, 90th percentile and slowest of a decode's steps (a whole run's mean, `step_s`, also
+    holds its slow tail: a step-kind chooser's measuring steps, a host's stalls)."""
+    if not steps:
+        return {}
+    ordered = sorted(steps)
+    return {"step_s_median": round(statistics.median(ordered), 6),
+            "step_s_p90": round(ordered[int(0.9 * (len(ordered) - 1))], 6), "step_s_max": round(ordered[-1], 6)}
 
 
 def _timed_decode(llm: LLM, prompts: list[list[int]], params: SamplingParams, replay: RoutingReplay | None) -> TimedDecode:
@@ -156,10 +168,13 @@ def _timed_decode(llm: LLM, prompts: list[list[int]], params: SamplingParams, re
     t_first = time.perf_counter()
     if replay is not None:
         replay.active = True
+    steps, t_end = [], t_first
     while engine.has_unfinished():
         engine.step()
-    t_end = time.perf_counter()
-    return TimedDecode(seqs, prefill, llm.stats(), t_start, t_first, t_end)
+        now = time.perf_counter()
+        steps.append(now - t_end)
+        t_end = now
+    return TimedDecode(seqs, prefill, llm.stats(), t_start, t_first, t_end, tuple(steps))
 
 
 def _measures(timed: TimedDecode, batch: int) -> dict:
@@ -174,6 +189,7 @@ def _measures(timed: TimedDecode, batch: int) -> dict:
         "prefill_tokens": prefill["tokens_prefilled"],  # computed for the timed prompts (all of them: a cold TTFT)
         "decode_tok_s": round(batch * n_dec / decode_s, 3),
         "step_s": round(decode_s / n_dec, 6),
+        **step_spread(timed.step_s),
         "hit_rate": round(hits / routed, 4) if routed else 0.0,
         "bytes_h2d_per_token": round(decode_bytes / (n_dec * batch)),
         "bytes_h2d_per_step": round(decode_bytes / n_dec),  # one token of each request

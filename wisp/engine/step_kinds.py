@@ -9,8 +9,10 @@ graph's saving at C = 4 and 6 (201 against 179, 110 against 87); on OLMoE-1B-7B 
 So the runner measures both, per batch size, by the wall time of whole steps, and runs the faster. (Where
 graphs exist, the CPU-helped kind replays the graph's pieces with the experts eager between them.)
 
-For each batch size: after `warmup` untimed steps of each kind (cold: the CPU's pace still learning its
-ratio, first launches), the first `least` decode steps run with the CPU's help (EAGER: the graph's pieces with
+For each batch size: after untimed steps of each kind (cold: `warmup` CPU-helped steps, the CPU's pace still
+learning its ratio, first launches; `graph_warmup` graph steps, the first replay: a graph replays the same
+work every step, 34.1-34.9 ms from its first on the H200, so each of its untimed steps is 17 ms lost against
+a 17 ms CPU-helped step), the first `least` decode steps run with the CPU's help (EAGER: the graph's pieces with
 the experts eager between, where captured), the next `least` as whole graphs. As soon as the last `least`
 steps of one kind all beat the last `least` of the other, that kind runs; until then the CPU-helped kind,
 then the graph, is measured up to `sample` steps, and the one with the lower median runs. (Recent steps, not
@@ -34,11 +36,15 @@ GRAPH, EAGER = "graph", "eager"
 
 
 class StepKindChooser:
-    def __init__(self, sample: int = 8, explore_every: int = 256, warmup: int = 3, least: int = 3):
+    def __init__(self, sample: int = 8, explore_every: int = 256, warmup: int = 3, least: int = 3,
+                 graph_warmup: int = 1):
         """`least`: the steps of each kind after which a clear-cut difference decides (at most `sample`)."""
-        if sample < 1 or explore_every <= 2 * (sample + warmup) or warmup < 0 or least < 1:
-            raise ValueError("need sample >= 1, least >= 1, warmup >= 0 and explore_every > 2 x (sample + warmup)")
-        self.sample, self.explore_every, self.warmup = sample, explore_every, warmup
+        if (sample < 1 or explore_every <= 2 * sample + warmup + graph_warmup or min(warmup, graph_warmup) < 0
+                or least < 1):
+            raise ValueError("need sample >= 1, least >= 1, warm-ups >= 0 and "
+                             "explore_every > 2 x sample + both warm-ups")
+        self.sample, self.explore_every = sample, explore_every
+        self.warmup = {EAGER: warmup, GRAPH: graph_warmup}
         self.least = min(least, sample)
         self.untimed: dict[tuple[int, str], int] = {}  # (batch size, kind): warm-up steps seen
         self.times: dict[int, dict[str, deque[float]]] = {}
@@ -94,7 +100,7 @@ class StepKindChooser:
 
     def record(self, batch_size: int, kind: str, seconds: float) -> None:
         seen = self.untimed.get((batch_size, kind), 0)
-        if seen < self.warmup:  # a cold step: not what this kind costs
+        if seen < self.warmup[kind]:  # a cold step: not what this kind costs
             self.untimed[(batch_size, kind)] = seen + 1
             return
         self._times(batch_size)[kind].append(seconds)

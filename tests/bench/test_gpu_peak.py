@@ -1,0 +1,50 @@
+"""benchmarks/llama_cpp/gpu_peak.py: the peak is the largest sample taken while the block runs, and a
+machine with no GPU to read (this one) gives None rather than a number."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks" / "llama_cpp"))
+
+from gpu_peak import DeviceMemory, PeakGpuMemory  # noqa: E402
+
+
+def test_the_peak_is_the_largest_sample_until_the_block_ends():
+    samples = [5, 9, 7]
+    taken = []
+
+    def read() -> int:
+        taken.append(samples[len(taken)] if len(taken) < len(samples) else 3)
+        return taken[-1]
+
+    with PeakGpuMemory(period_s=0.001, read=read) as memory:
+        while len(taken) < 5:
+            time.sleep(0.001)
+    assert memory.peak == 9
+    count = len(taken)
+    time.sleep(0.02)
+    assert len(taken) == count  # the sampler stopped with the block
+
+
+def test_a_reader_with_nothing_to_read_leaves_no_peak():
+    with PeakGpuMemory(period_s=0.001, read=lambda: None) as memory:
+        time.sleep(0.01)
+    assert memory.peak is None
+
+
+def test_the_command_runs_under_the_sampler_and_its_exit_code_is_kept(tmp_path):
+    out = tmp_path / "peak.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "llama_cpp" / "gpu_peak.py"), "--out", str(out),
+                           "--", sys.executable, "-c", "import sys; sys.exit(3)"], capture_output=True, text=True)
+    assert proc.returncode == 3
+    record = json.loads(out.read_text())
+    assert record["returncode"] == 3 and record["command"].endswith("sys.exit(3)")
+    with DeviceMemory() as device:
+        here = device.used()
+    assert (record["peak_gpu_bytes"] is None) == (here is None) == (record["baseline_bytes"] is None)
