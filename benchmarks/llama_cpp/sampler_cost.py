@@ -7,7 +7,7 @@ context), so both arms share the process, the host and the routing. Prints and s
 median, 90th-percentile and slowest step and tok/s, and the arm of every round in order.
 
 What it found on the H200 (`benchmarks/results/logs/sampler_cost_*.json`): the sampler as it was, starting
-`nvidia-smi` every 100 ms, made a wisp step in about seven 25-45% slower (the CPU's kernels lost their
+`nvidia-smi` every 100 ms, made about one wisp step in seven 4-28 ms slower (the CPU's kernels lost their
 cores to it): mean step 21.4 ms against 17.7 quiet, p90 32.1 against 18.3. Reading NVML from one process
 (as gpu_peak.py now does) costs nothing past the sampler's own start: median 18.2 against 18.5 ms quiet,
 p90 19.4 against 20.0.

@@ -109,6 +109,25 @@ def test_timed_events_give_the_pace_the_gpu_pairs_against_their_copy_price():
     assert len(pace.link_ratios) == 1 and pace.totals.gpu_s == pytest.approx(4.5) and pace.totals.cpu_ranks == 5
 
 
+def test_a_layer_is_counted_and_paced_only_when_accounted_for_and_its_wall_is_the_later_side():
+    """Under the graphs the host sends its rows and moves on; the layer's accounting comes later (after the next
+    layer's graphs are queued), and with device-timed GPU pairs its wall is the later of the two sides."""
+    host, hidden, ids, _ = make(8, 1, 4, 17, torch.float32)
+    hybrid, _ = zero_copy_pair("cpu", host, CPU_CHEAP)
+    split = RankSplit(hybrid, 1, 4, hidden)
+    split.set_share(2)
+    split.send(hidden, ids)
+    side = split.rows_to_device(1, SlowEvent(0.01))
+    c, t = hybrid.counters, hybrid.pace.totals
+    assert side.computed == len(set(ids[0, :2].tolist())) and side.routing_wait_s >= 0.01
+    assert (c.steps, c.misses, t.steps) == (0, 0, 0)  # nothing counted yet
+    assert torch.equal(split.rows[0, :2], split.rows_host[0, :2])  # the CPU's rows already sent
+    split.account(side, DeviceTimedEvent(3000.0), DeviceTimedEvent(0.0), timed=True)  # the GPU's side: 3 s
+    assert (c.steps, c.misses, c.cpu_computed, t.steps) == (1, 4, side.computed, 1)
+    assert t.kernel_s == side.cpu_s and t.gpu_wait_s == pytest.approx(3.0 - side.cpu_s)
+    assert t.wall_s == pytest.approx(3.0) and t.gpu_s == pytest.approx(3.0)  # max(CPU side, GPU side)
+
+
 def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
     host = make(8, 1, 4, 5, torch.float32)[0]
     link_slow = HybridCosts(copy_s=3.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # a pair read in place: 3 CPU experts

@@ -64,7 +64,7 @@ class PaceTotals:
     predicted_s: float = 0.0  # what the splits predicted
     kernel_s: float = 0.0  # the CPU kernels alone
     routing_wait_s: float = 0.0  # rank split only: the host waiting for a layer's routing (the piece's GPU time)
-    gpu_wait_s: float = 0.0  # rank split only: the host, its rows done, waiting for the GPU's pairs
+    gpu_wait_s: float = 0.0  # rank split only: the GPU's pairs past the CPU's side (under graphs: device-timed)
     cpu_ranks: float = 0.0  # rank split only: the sum of each CPU layer-step's share of ranks n (/ steps: the mean)
     gpu_s: float = 0.0  # rank split under graphs only: the GPU's pairs graph, timed on the device (CUDA events)
 

@@ -9,9 +9,13 @@ GPU's side, so it can be captured (`wisp.engine.cuda_graphs`):
 - `send` (end of a piece's graph): the experts' input rows and the routing go to pinned host buffers;
 - `gpu_pairs` (a graph): the GPU reads its pairs' experts in place (the CPU's ranks get a placeholder id,
   N, that the map sends nowhere) into the [T*K, D] float32 pair outputs;
-- `serve` (the host, between graphs): waits for the routing, computes its pairs from the pinned masters
-  with the CPU kernel (the native kernel's SiLU experts: grouping, kernels and rows in one native call,
-  `rank_split_rows`), waits for the GPU's side, sends its rows back to a device buffer;
+- `rows_to_device` (the host, between graphs): waits for the routing, computes its pairs from the pinned
+  masters with the CPU kernel (the native kernel's SiLU experts: grouping, kernels and rows in one native
+  call, `rank_split_rows`), sends its rows to a device buffer (stream-ordered after the GPU's pairs: the host
+  does not wait for them), and `account` later counts the layer and feeds the pace. Under the graphs the
+  accounting waits until the next layer's graphs are launched (`DecodeGraphs.run_split`), so the merge and
+  the next layer's work are queued the moment the CPU's rows are: 16 layers of Python bookkeeping left
+  the step's critical path. `serve` is the two at once (eager callers);
 - `merge` (a graph): the CPU's rows take their ranks' places, and the pairs are summed over k in routing
   order, as every mode does.
 n is chosen per step from the probed costs as the pace corrects them (`cpu_share_for`): the smallest n
@@ -27,13 +31,16 @@ Invariants:
 - counters as hybrid's eager step: each routed expert a miss, the CPU's also `cpu_computed`, bytes for
   the pairs the GPU reads in place;
 - the host buffers are rewritten only after the stream has passed the copies that read them: each layer
-  has its own, and `serve` waits for this layer's routing, which the stream sends only after this layer's
-  rows of the step before have landed (and `send` runs after `serve` returned).
+  has its own, and `rows_to_device` waits for this layer's routing, which the stream sends only after this
+  layer's rows of the step before have landed (and `send` runs after `rows_to_device` returned);
+- `account` is called once per `rows_to_device`, before the step ends (the pace's step closes then), with
+  events not recorded again since that layer's.
 """
 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -105,33 +112,47 @@ class RankSplit:
 
     def serve(self, b: int, routed: "torch.cuda.Event | None", gpu_done: "torch.cuda.Event | None",
               timed: bool = False) -> None:
-        """Between the graphs: wait for the routing (`routed`), compute the CPU's pairs, wait for the GPU's
-        (`gpu_done`), send the rows to the device buffer `merge` reads; count and pace as the eager step.
-        timed: the events time the GPU's pairs between them (enable_timing; both given): the pace's link ratio.
-        (Lean on purpose: it runs once per MoE layer on the step's critical path.)"""
+        """`rows_to_device` then its `account`, at once (eager callers)."""
+        self.account(self.rows_to_device(b, routed), routed, gpu_done, timed)
+
+    def rows_to_device(self, b: int, routed: "torch.cuda.Event | None") -> "HostSide":
+        """Between the graphs: wait for the routing (`routed`), compute the CPU's pairs, send their rows to the
+        device buffer `merge` reads (queued behind the GPU's pairs; no wait for them). Returns what `account`
+        needs. (Lean on purpose: it runs once per MoE layer on the step's critical path.)"""
         waited = time.perf_counter()
         if routed is not None:
             routed.synchronize()
         start = time.perf_counter()
         computed, routed_experts = (self._native_rows(b) if self._native else self._rows(b))
         done = time.perf_counter()
+        if computed:
+            self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
+        return HostSide(b, self._share, computed, routed_experts, start - waited, done - start, done)
+
+    def account(self, side: "HostSide", routed: "torch.cuda.Event | None", gpu_done: "torch.cuda.Event | None",
+                timed: bool = False) -> None:
+        """Count the layer as the eager step would, and give the pace its CPU side against its prediction.
+        gpu_done: waited for here, so the wall (the CPU's side, then any wait for the GPU's) holds the host's
+        view of both sides. timed: the events time the GPU's pairs between them (enable_timing; both given),
+        for the pace's link ratio."""
+        b, n, k = side.b, side.share, self.top_k
+        store = self.store
         if gpu_done is not None:
             gpu_done.synchronize()
-        store, n, k = self.store, self._share, self.top_k
-        if computed:
+        if side.computed:
             predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
-            end = time.perf_counter()
             cpu_at_probe_s, gpu_at_probe_s = self.sides_s(b, n, store.costs)  # each side against the probe's costs
             timed_pairs = timed and routed is not None and gpu_done is not None and n < k
             gpu_s = routed.elapsed_time(gpu_done) / 1e3 if timed_pairs else 0.0  # ms -> s
+            # the GPU's side past the CPU's, both from the routing's arrival (the device's clock against the host's)
+            gpu_wait_s = max(0.0, gpu_s - side.cpu_s) if timed_pairs else time.perf_counter() - side.done
             link = (gpu_s, gpu_at_probe_s) if timed_pairs else None
-            store.pace.observe(end - start, predicted, done - start, start - waited, end - done,
-                               ratio=(done - start, cpu_at_probe_s), link=link, cpu_ranks=n, gpu_s=gpu_s)
-            self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
+            store.pace.observe(side.cpu_s + gpu_wait_s, predicted, side.cpu_s, side.routing_wait_s, gpu_wait_s,
+                               ratio=(side.cpu_s, cpu_at_probe_s), link=link, cpu_ranks=n, gpu_s=gpu_s)
         c = store.counters
         c.steps += 1
-        c.misses += routed_experts
-        c.cpu_computed += computed
+        c.misses += side.routed_experts
+        c.cpu_computed += side.computed
         c.bytes_h2d += b * (k - n) * store.expert_bytes
 
     def _native_rows(self, b: int) -> tuple[int, int]:
@@ -165,3 +186,15 @@ class RankSplit:
         """The n with the least predicted time for a b-token step (the smallest such)."""
         return min(range(self.top_k + 1), key=lambda n: (self.predicted_s(b, n), n))
 
+
+
+class HostSide(NamedTuple):
+    """What `RankSplit.rows_to_device` did for one layer, for its `account`."""
+
+    b: int  # sequences in the step
+    share: int  # the CPU's ranks, n
+    computed: int  # distinct experts the CPU computed
+    routed_experts: int  # distinct experts routed
+    routing_wait_s: float  # the host waiting for the routing
+    cpu_s: float  # the CPU's side: its pairs computed, rows queued
+    done: float  # perf_counter when the CPU's side ended

@@ -71,8 +71,9 @@ class DecodeGraphs:
         self.splits: dict[int, RankSplit] = {li: RankSplit(s, max_batch, model.config.top_k, self.routed)
                                              for li, s in stores.items()} if split else {}
         self.split_graphs: dict[int, dict[int, tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]]] = {}
-        self._events = (torch.cuda.Event(enable_timing=True),  # a split layer's routing sent, GPU pairs done:
-                        torch.cuda.Event(enable_timing=True))  # between them the GPU's side (the link's pace)
+        # per split layer, alternating (a layer is accounted for after the next one's are recorded): its routing
+        # sent, its GPU pairs done; between them the GPU's side (the link's pace)
+        self._events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2)]
         pool = None
         model.use_paging_side("device")
         with torch.cuda.device(model.device):  # Triton launches on the current device
@@ -152,20 +153,29 @@ class DecodeGraphs:
 
     def run_split(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Replay a len(tokens)-sequence step's pieces with each MoE layer's share split by rank between the
-        GPU's graph and the CPU (`RankSplit.serve` between); returns the logits [B, V] (valid until the next run)."""
+        GPU's graph and the CPU (`RankSplit.rows_to_device` between); returns the logits [B, V] (valid until the
+        next run). A layer's accounting waits until the next layer's graphs are queued (off the critical path)."""
         b = self._stage(tokens, positions, tables)
-        routed, gpu_done = self._events
+        pending = None  # the previous MoE layer: (its split, its host side, its events), not yet accounted for
+        layers = 0
         with torch.cuda.device(self.model.device):
             for graph, piece, logits in self.pieces[b]:
                 graph.replay()
                 if piece.layer is None:
                     continue
                 gpu, merge = self.split_graphs[b][piece.layer]
+                routed, gpu_done = events = self._events[layers % 2]
+                layers += 1
                 routed.record()
                 gpu.replay()
                 gpu_done.record()
-                self.splits[piece.layer].serve(b, routed, gpu_done, timed=True)
+                if pending is not None:
+                    pending[0].account(pending[1], *pending[2], timed=True)
+                split = self.splits[piece.layer]
+                pending = (split, split.rows_to_device(b, routed), events)
                 merge.replay()
+            if pending is not None:
+                pending[0].account(pending[1], *pending[2], timed=True)
         return logits
 
     def run(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
