@@ -38,13 +38,19 @@ class DeviceMemory:
         except pynvml.NVMLError:  # no driver (a CPU machine)
             return self
         self.nvml = pynvml
-        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        try:
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except pynvml.NVMLError:
+            self.handles = []
         return self
 
     def used(self) -> int | None:
         if not self.handles:
             return None
-        return max(self.nvml.nvmlDeviceGetMemoryInfo(h, version=self.nvml.nvmlMemory_v2).used for h in self.handles)
+        try:
+            return max(self.nvml.nvmlDeviceGetMemoryInfo(h, version=self.nvml.nvmlMemory_v2).used for h in self.handles)
+        except self.nvml.NVMLError:
+            return None
 
     def __exit__(self, *exc) -> None:
         if self.nvml is not None:
@@ -52,35 +58,36 @@ class DeviceMemory:
 
 
 class PeakGpuMemory:
-    """The most memory in use on a GPU, sampled while the block runs (None without NVML). `read`: a
-    sampler other than NVML's (tests)."""
+    """The most memory in use on a GPU, sampled while the block runs (None without NVML): one reading when
+    the block starts, then one every `period_s` until it ends. `read`: a sampler other than NVML's (tests)."""
 
     def __init__(self, period_s: float = 0.1, read: Callable[[], int | None] | None = None):
         self.period_s, self.read, self.peak, self._stop = period_s, read, None, threading.Event()
 
-    def _sample(self, read: Callable[[], int | None]) -> None:
-        while not self._stop.is_set():
-            used = read()
-            if used is None:
-                return
+    def _take(self) -> bool:
+        used = self._read()
+        if used is not None:
             self.peak = used if self.peak is None else max(self.peak, used)
-            self._stop.wait(self.period_s)
+        return used is not None
 
-    def _run(self) -> None:
-        if self.read is not None:
-            self._sample(self.read)
-            return
-        with DeviceMemory() as memory:
-            self._sample(memory.used)
+    def _sample(self) -> None:
+        while not self._stop.wait(self.period_s) and self._take():
+            pass
 
     def __enter__(self) -> "PeakGpuMemory":
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._device = DeviceMemory().__enter__() if self.read is None else None
+        self._read = self.read or self._device.used
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        if self._take():  # before the block's work starts, so a short block still has a reading
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self._device is not None:
+            self._device.__exit__(*exc)
 
 
 def main() -> None:

@@ -38,6 +38,46 @@ def test_a_reader_with_nothing_to_read_leaves_no_peak():
     assert memory.peak is None
 
 
+class FakeNvml:
+    """pynvml's calls gpu_peak.py makes, over two GPUs whose used bytes a test sets."""
+
+    class NVMLError(Exception):
+        pass
+
+    nvmlMemory_v2 = 2
+
+    def __init__(self, used: list[int]):
+        self.used, self.open, self.versions = used, 0, set()
+
+    def nvmlInit(self):
+        self.open += 1
+
+    def nvmlShutdown(self):
+        self.open -= 1
+
+    def nvmlDeviceGetCount(self):
+        return len(self.used)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=1):
+        self.versions.add(version)
+        return type("Memory", (), {"used": self.used[handle]})
+
+
+def test_nvml_is_read_at_once_on_every_gpu_and_closed_after(monkeypatch):
+    nvml = FakeNvml([100, 700])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with PeakGpuMemory(period_s=10.0) as memory:  # the block ends long before a second sample
+        assert nvml.open == 1
+    assert memory.peak == 700 and nvml.versions == {FakeNvml.nvmlMemory_v2} and nvml.open == 0
+    with DeviceMemory() as device:
+        nvml.used[0] = 900
+        assert device.used() == 900
+    assert nvml.open == 0
+
+
 def test_the_command_runs_under_the_sampler_and_its_exit_code_is_kept(tmp_path):
     out = tmp_path / "peak.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "llama_cpp" / "gpu_peak.py"), "--out", str(out),

@@ -140,3 +140,23 @@ def test_a_split_step_replayed_equals_the_same_split_run_eagerly():
         eager = model.logits(piece.x)
         assert torch.equal(replayed, eager), (position, share)
         assert torch.equal(alone, replayed[0]), (position, share)
+
+
+def test_a_split_step_counts_and_paces_every_layer_once():
+    """`run_split` accounts for each layer after queuing the next one's graphs: every layer still counts one
+    step and feeds the (shared) pace once a step, the last one too, with its GPU pairs timed on the device."""
+    eng = engine("hybrid", 0, False, hybrid_costs=HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4)))
+    model, blocks = eng.model, eng.pool.allocate(3)
+    graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True)
+    stores, top_k = list(model.experts.values()), model.config.top_k
+    pace = stores[0].pace
+    assert top_k >= 2 and all(store.pace is pace for store in stores)
+    share = top_k // 2  # both servers have pairs
+    for split in graphs.splits.values():
+        split.set_share(share)
+    counted, paced, ranks, gpu_s = [s.counters.steps for s in stores], pace.totals.steps, pace.totals.cpu_ranks, pace.totals.gpu_s
+    for position in range(3):
+        graphs.run_split([7 + position], [position], [[blocks[0]]])
+    assert [s.counters.steps - c for s, c in zip(stores, counted)] == [3] * len(stores)
+    assert pace.totals.steps - paced == 3 * len(stores)
+    assert pace.totals.cpu_ranks - ranks == 3 * len(stores) * share and pace.totals.gpu_s > gpu_s

@@ -60,7 +60,7 @@ class PaceTotals:
     """Sums over every CPU step since load (for stats: where a CPU step's time went)."""
 
     steps: int = 0
-    wall_s: float = 0.0  # split to the CPU's rows on the device
+    wall_s: float = 0.0  # the CPU's side, then any wait for the GPU's (the rank split under graphs: the later side)
     predicted_s: float = 0.0  # what the splits predicted
     kernel_s: float = 0.0  # the CPU kernels alone
     routing_wait_s: float = 0.0  # rank split only: the host waiting for a layer's routing (the piece's GPU time)

@@ -127,7 +127,7 @@ class RankSplit:
         done = time.perf_counter()
         if computed:
             self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
-        return HostSide(b, self._share, computed, routed_experts, start - waited, done - start, done)
+        return HostSide(b, self._share, computed, routed_experts, start - waited, done - start)
 
     def account(self, side: "HostSide", routed: "torch.cuda.Event | None", gpu_done: "torch.cuda.Event | None",
                 timed: bool = False) -> None:
@@ -137,15 +137,17 @@ class RankSplit:
         for the pace's link ratio."""
         b, n, k = side.b, side.share, self.top_k
         store = self.store
+        waiting = time.perf_counter()
         if gpu_done is not None:
             gpu_done.synchronize()
+        host_wait_s = time.perf_counter() - waiting  # untimed (eager callers): the host's wait for the GPU's pairs
         if side.computed:
             predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
             cpu_at_probe_s, gpu_at_probe_s = self.sides_s(b, n, store.costs)  # each side against the probe's costs
             timed_pairs = timed and routed is not None and gpu_done is not None and n < k
             gpu_s = routed.elapsed_time(gpu_done) / 1e3 if timed_pairs else 0.0  # ms -> s
             # the GPU's side past the CPU's, both from the routing's arrival (the device's clock against the host's)
-            gpu_wait_s = max(0.0, gpu_s - side.cpu_s) if timed_pairs else time.perf_counter() - side.done
+            gpu_wait_s = max(0.0, gpu_s - side.cpu_s) if timed_pairs else host_wait_s
             link = (gpu_s, gpu_at_probe_s) if timed_pairs else None
             store.pace.observe(side.cpu_s + gpu_wait_s, predicted, side.cpu_s, side.routing_wait_s, gpu_wait_s,
                                ratio=(side.cpu_s, cpu_at_probe_s), link=link, cpu_ranks=n, gpu_s=gpu_s)
@@ -196,5 +198,4 @@ class HostSide(NamedTuple):
     computed: int  # distinct experts the CPU computed
     routed_experts: int  # distinct experts routed
     routing_wait_s: float  # the host waiting for the routing
-    cpu_s: float  # the CPU's side: its pairs computed, rows queued
-    done: float  # perf_counter when the CPU's side ended
+    cpu_s: float  # the CPU's side: from the routing's arrival until its pairs are computed
