@@ -17,7 +17,9 @@
 #         2048 tokens in CHUNK-token prefill steps, default 512 as llama.cpp's micro-batch), then the peer stage at
 #         that placement alone, then hybrid again: both sides on the same host minutes apart (the host's memory
 #         bandwidth varies between machines and processes). About 7.5 minutes with the build. llama.cpp's decode is
-#         also timed without the nvidia-smi sampler (UNSAMPLED); for wisp's, in one process:
+#         also timed without the memory sampler (UNSAMPLED). The comparison is printed at the end
+#         (benchmarks/llama_cpp/paired_records.py; with --append it joins the paired results file). The
+#         sampler's cost to wisp's decode, in one process:
 #         python3 benchmarks/llama_cpp/sampler_cost.py --routing-trace <trace> --out "$OUT/sampler_cost.json" (about 1 min).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -51,7 +53,8 @@ paired)
     python3 $peak --out "$out/smi_prefill_hybrid_c0_$run.json" -- python3 -m wisp bench prefill --load-format dummy \
       --model "$model" --mode hybrid --expert-cap 0 --prompt-len 512,2048 --max-num-batched-tokens "${CHUNK:-512}" \
       --out "$out/prefill_hybrid_c0_$run.json" 2>"$out/prefill_hybrid_c0_$run.log" | tail -3
-  done ;;
+  done
+  python3 benchmarks/llama_cpp/paired_records.py --out-dir "$out" ;;  # the comparison; --append ... keeps it
 wisp)
   wmodel=${WISP_MODEL:-$model}
   routing=${ROUTING:-.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl}

@@ -103,7 +103,9 @@ def main() -> None:
     with PeakGpuMemory() as memory:
         returncode = subprocess.run(command).returncode
     Path(args.out).write_text(json.dumps({"command": " ".join(command), "returncode": returncode,
-                                          "peak_gpu_bytes": memory.peak, "baseline_bytes": baseline}) + "\n")
+                                          "peak_gpu_bytes": memory.peak, "baseline_bytes": baseline,
+                                          "sampler": f"NVML memory used (v2), every {memory.period_s * 1e3:.0f} ms"})
+                              + "\n")
     sys.exit(returncode)
 
 
