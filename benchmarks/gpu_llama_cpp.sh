@@ -8,7 +8,7 @@
 #   wisp: our modes on the preset WISP_MODEL (default MODEL) at each llama.cpp placement's footprint: RUNS is
 #         "placement:nvidia-smi bytes:mode,mode ..." (the bytes from the peer stage's records; a mode may be
 #         written mode@cap, e.g. hybrid@0 for hybrid with no slots, and +eager to run without CUDA graphs), each mode in
-#         its own process under the same nvidia-smi sampler, its cap sized for the bytes less the CUDA
+#         its own process under the same memory sampler, its cap sized for the bytes less the CUDA
 #         context a bare torch process holds; decode with ROUTING replayed (default: OLMoE's real layer-0
 #         trace; `uniform` for models no trace of ours fits), and cold TTFT at 512 / 2048 tokens in the
 #         placement's first mode, for each prefill chunk in PREFILL_CHUNKS (default 2048; "2048 512" to add

@@ -25,10 +25,12 @@ def _load(path: str) -> list[dict]:
     return data if isinstance(data, list) else [data]
 
 
-def _ratio(ours: float | None, theirs: float | None, higher_is_better: bool) -> float | None:
+def ratio(ours: float | None, theirs: float | None, higher_is_better: bool, digits: int = 2) -> float | None:
+    """Our figure over theirs where higher is better (tok/s), theirs over ours where lower is (seconds):
+    above 1, we are better; None where either is missing."""
     if not ours or not theirs:
         return None
-    return round(ours / theirs if higher_is_better else theirs / ours, 2)
+    return round(ours / theirs if higher_is_better else theirs / ours, digits)
 
 
 def compare(peer: list[dict], decode: list[dict], prefill: list[dict]) -> list[dict]:
@@ -75,8 +77,8 @@ def _our_row(placement: str, theirs: dict, d: dict | None, pre: dict[str, dict])
         "ttft_512_s": ttft["512"], "ttft_2048_s": ttft["2048"], "peak_gpu_bytes_decode": peak_d,
         "peak_gpu_bytes_prefill": peak_p, "vram_budget_nvidia_smi": budget,
         "within_budget": all(b <= budget for b in peaks) if peaks else None,
-        "decode_vs_llama_cpp": _ratio(d["decode_tok_s"] if d else None, theirs["decode_tok_s"], True),
-        "ttft_2048_vs_llama_cpp": _ratio(ttft["2048"], theirs["ttft_s"].get("2048"), False),
+        "decode_vs_llama_cpp": ratio(d["decode_tok_s"] if d else None, theirs["decode_tok_s"], True),
+        "ttft_2048_vs_llama_cpp": ratio(ttft["2048"], theirs["ttft_s"].get("2048"), False),
         "gpu": some.get("gpu"), "commit": some.get("commit"), "preset": some.get("preset"),
         "command": "; ".join(x["command"] for x in (d, first) if x is not None)}
 

@@ -15,6 +15,7 @@ same sampler to compare like with like; `baseline_bytes` is what was in use befo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -75,8 +76,8 @@ class PeakGpuMemory:
             pass
 
     def __enter__(self) -> "PeakGpuMemory":
-        self._device = DeviceMemory().__enter__() if self.read is None else None
-        self._read = self.read or self._device.used
+        self._opened = contextlib.ExitStack()
+        self._read = self.read or self._opened.enter_context(DeviceMemory()).used
         self._thread = threading.Thread(target=self._sample, daemon=True)
         if self._take():  # before the block's work starts, so a short block still has a reading
             self._thread.start()
@@ -86,8 +87,7 @@ class PeakGpuMemory:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        if self._device is not None:
-            self._device.__exit__(*exc)
+        self._opened.close()
 
 
 def main() -> None:

@@ -20,6 +20,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare.py beside this file
+from compare import ratio  # noqa: E402
+
 RUNS = ("before", "after")
 ROUTING = "decode: approx-layer0:olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl; TTFT: random-router"
 
@@ -51,10 +54,6 @@ def wisp_run(out: Path, run: str) -> dict:
     smi = {kind: _json(out / f"smi_{kind}_hybrid_c0_{run}.json") for kind in ("decode", "prefill")}
     return {"decode": decode, "prefill": prefill, "peaks": {kind: s["peak_gpu_bytes"] for kind, s in smi.items()},
             "sampler": smi["decode"].get("sampler")}
-
-
-def _ratio(ours: float | None, theirs: float | None) -> float | None:
-    return round(ours / theirs, 3) if ours and theirs else None
 
 
 def rows(out: Path, host: str, commit: str, mode: str) -> list[dict]:
@@ -92,10 +91,10 @@ def rows(out: Path, host: str, commit: str, mode: str) -> list[dict]:
             "prefill_chunk_tokens": pre[2048].get("max_num_batched_tokens", 512),
             "peak_gpu_bytes_decode": peaks["decode"], "peak_gpu_bytes_prefill": peaks["prefill"],
             "within_budget": within, "memory_sampler": w["sampler"],
-            "decode_vs_llama_cpp": _ratio(d["decode_tok_s"], peer["decode_tok_s"]),
-            "decode_vs_llama_cpp_unsampled": _ratio(d["decode_tok_s"], peer.get("decode_tok_s_unsampled")),
-            "split_step_vs_llama_cpp": _ratio(1 / split_step if split_step else None, peer["decode_tok_s"]),
-            "ttft_2048_vs_llama_cpp": _ratio(ttft.get("2048"), pre[2048]["ttft_s"]),
+            "decode_vs_llama_cpp": ratio(d["decode_tok_s"], peer["decode_tok_s"], True, 3),
+            "decode_vs_llama_cpp_unsampled": ratio(d["decode_tok_s"], peer.get("decode_tok_s_unsampled"), True, 3),
+            "split_step_vs_llama_cpp": ratio(1 / split_step if split_step else None, peer["decode_tok_s"], True, 3),
+            "ttft_2048_vs_llama_cpp": ratio(pre[2048]["ttft_s"], ttft.get("2048"), False, 3),
             "h2d_gbps_probe": d["h2d_gbps_probe"], "commit": commit, "command": d["command"],
             "cpu_and_link_factors_at_end": [d["hybrid_cpu_factor"], d["hybrid_link_factor"]],
         })

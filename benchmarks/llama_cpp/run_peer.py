@@ -9,9 +9,10 @@ Placements (llama.cpp keeps attention, norms and embeddings on the GPU with -ngl
 - all-gpu: everything on the GPU (its resident speed).
 For each, llama-bench runs the prompt lengths (`-p`, prompt processing: TTFT = tokens / its tokens per second,
 cold: llama-bench clears the KV cache between runs) and a decode of `--decode-tokens` (`-n`), `--repetitions`
-times, with `-o json`. The GPU's peak memory is sampled with nvidia-smi every 100 ms while each placement runs;
-`--unsampled-decode` times the decode again with nothing sampling (`decode_tok_s_unsampled`: the sampler starts a
-process every 100 ms, which may slow a decode; benchmarks/llama_cpp/sampler_cost.py measures that for wisp).
+times, with `-o json`. The GPU's peak memory is sampled every 100 ms while each placement runs (gpu_peak.py: NVML,
+nvidia-smi's count); `--unsampled-decode` times the decode again with nothing sampling (`decode_tok_s_unsampled`:
+the earlier sampler, nvidia-smi started every 100 ms, slowed decodes; benchmarks/llama_cpp/sampler_cost.py
+measures a sampler's cost to wisp).
 Each record: peer "llama.cpp", the llama.cpp commit (.llama_cpp/COMMIT), the exact command, decode_tok_s,
 ttft_s per prompt length, peak_gpu_bytes, the placement and its flags. Random weights: llama.cpp's CPU experts
 cost the same whatever the routing, while wisp's paged mode depends on it (compare with replayed real routing).

@@ -132,9 +132,9 @@ class RankSplit:
     def account(self, side: "HostSide", routed: "torch.cuda.Event | None", gpu_done: "torch.cuda.Event | None",
                 timed: bool = False) -> None:
         """Count the layer as the eager step would, and give the pace its CPU side against its prediction.
-        gpu_done: waited for here, so the wall (the CPU's side, then any wait for the GPU's) holds the host's
-        view of both sides. timed: the events time the GPU's pairs between them (enable_timing; both given),
-        for the pace's link ratio."""
+        gpu_done: waited for here. timed: the events time the GPU's pairs between them (enable_timing; both
+        given), for the pace's link ratio, and the layer's wait for the GPU is its pairs past the CPU's side;
+        untimed, it is the host's wait here (eager callers: right after `rows_to_device`)."""
         b, n, k = side.b, side.share, self.top_k
         store = self.store
         waiting = time.perf_counter()
@@ -187,7 +187,6 @@ class RankSplit:
     def cpu_share_for(self, b: int) -> int:
         """The n with the least predicted time for a b-token step (the smallest such)."""
         return min(range(self.top_k + 1), key=lambda n: (self.predicted_s(b, n), n))
-
 
 
 class HostSide(NamedTuple):

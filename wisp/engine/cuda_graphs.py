@@ -37,9 +37,10 @@ whenever a routing replay is set or cleared (a graph reads what was there at cap
 
 from __future__ import annotations
 
-import torch
-
+import functools
 from typing import Callable
+
+import torch
 
 from wisp.core.hybrid_experts import ZeroCopyHybridExperts
 from wisp.core.rank_split import RankSplit
@@ -156,7 +157,7 @@ class DecodeGraphs:
         GPU's graph and the CPU (`RankSplit.rows_to_device` between); returns the logits [B, V] (valid until the
         next run). A layer's accounting waits until the next layer's graphs are queued (off the critical path)."""
         b = self._stage(tokens, positions, tables)
-        pending = None  # the previous MoE layer: (its split, its host side, its events), not yet accounted for
+        pending = None  # the previous MoE layer's accounting, not yet done
         layers = 0
         with torch.cuda.device(self.model.device):
             for graph, piece, logits in self.pieces[b]:
@@ -164,18 +165,19 @@ class DecodeGraphs:
                 if piece.layer is None:
                     continue
                 gpu, merge = self.split_graphs[b][piece.layer]
-                routed, gpu_done = events = self._events[layers % 2]
+                routed, gpu_done = self._events[layers % 2]
                 layers += 1
                 routed.record()
                 gpu.replay()
                 gpu_done.record()
                 if pending is not None:
-                    pending[0].account(pending[1], *pending[2], timed=True)
+                    pending()
                 split = self.splits[piece.layer]
-                pending = (split, split.rows_to_device(b, routed), events)
+                side = split.rows_to_device(b, routed)
                 merge.replay()
+                pending = functools.partial(split.account, side, routed, gpu_done, timed=True)
             if pending is not None:
-                pending[0].account(pending[1], *pending[2], timed=True)
+                pending()
         return logits
 
     def run(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
