@@ -34,7 +34,7 @@ check)  # whole suite on the GPU, the kernel sweep, Qwen3 resident end to end, a
   timeout 100 python3 benchmarks/kernel_sweep.py --out "$out/kernel_sweep.json" > "$out/kernel_sweep.txt" 2>&1
   bench --model qwen3-30b-a3b --mode resident --decode-tokens 128 --out "$out/decode_resident_qwen3_30b_a3b.json"
   grep -h decode_tok_s "$out"/decode_resident_qwen3_30b_a3b.json
-  timeout 90 python3 benchmarks/profile_decode.py --layers 8 > "$out/profile_decode_resident_8layers.txt" 2>&1 ;;
+  timeout 90 python3 benchmarks/profile_steps.py --layers 8 > "$out/profile_decode_resident_8layers.txt" 2>&1 ;;
 attn)  # the span-split decode attention: its tests first (stop if they fail), the suite, the sweep, Qwen3 again
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
   timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_triton_attention.py 2>&1 \

@@ -1,52 +1,77 @@
-"""Time the decode kernels' block-size choices on the GPU, one call for the whole sweep.
+"""Time the MoE and attention kernels on the GPU over their block sizes, one call for the whole sweep.
 
-    python benchmarks/kernel_sweep.py --out $OUT/kernel_sweep.json
+    python benchmarks/kernel_sweep.py --out $OUT/kernel_sweep.json [--compare-with OLD_triton_moe.py]
 
-Qwen3-30B-A3B's decode shapes (hidden 2048, moe_intermediate 768, top-8, 32 q / 4 kv heads of 128, 16-token
-blocks) at batch 1: the fused-MoE gate/up and down kernels over block sizes, the combine, and paged attention
-at several context lengths (decode by programs per row, and a whole prefill). Prints a table and writes the
+MoE: `triton_fused_moe` on OLMoE-1B-7B's and Qwen3-30B-A3B's expert shapes (bf16, top-8) at 1, 8, 512 and
+2048 tokens with the bank on the device, and at 1 token read in place from pinned host memory (zero-copy and
+hybrid's GPU pairs); the default blocks, then each block constant of `wisp.core.triton_moe` varied alone
+(with whether the output keeps the default's bits), and `--compare-with` another version of the module (a
+file) on the same inputs. Attention: Qwen3's decode shapes (32 q / 4 kv heads of 128, 16-token blocks) at
+several context lengths (decode by programs per row, and a whole prefill). Prints a table and writes the
 figures (microseconds, triton.testing.do_bench).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 
 import torch
-import triton
 from triton.testing import do_bench
 
-from wisp.core.triton_moe import _down, _gate_up_act
+import wisp.core.triton_moe as moe
 from wisp.engine.triton_attention import decode_attention, decode_meta, triton_paged_attention
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", default="kernel_sweep.json")
+ap.add_argument("--compare-with", default=None, help="another triton_moe.py, timed on the same inputs")
+ap.add_argument("--no-sweep", action="store_true", help="the default blocks only")
 args = ap.parse_args()
 dev, bf16 = torch.device("cuda"), torch.bfloat16
-d, inter, k, n = 2048, 768, 8, 128
-x = torch.randn(1, d, device=dev, dtype=bf16)
-w13 = torch.randn(n, 2 * inter, d, device=dev, dtype=bf16) * 0.02
-w2 = torch.randn(n, d, inter, device=dev, dtype=bf16) * 0.02
-ids = torch.randperm(n, device=dev)[:k].contiguous()
-emap = torch.arange(n, dtype=torch.int32, device=dev)
-h = torch.empty(k, inter, device=dev, dtype=torch.float32)
-y = torch.empty(k, d, device=dev, dtype=torch.float32)
 results: dict[str, float] = {}
-same: dict[str, bool] = {}  # decode launches' bits against the default launch
+same: dict[str, bool] = {}  # launches' bits against the default launch's
 
-for bi, bd in [(8, 256), (16, 128), (16, 256), (16, 512), (32, 128), (32, 256), (64, 128)]:
-    for warps in (2, 4, 8):
-        def run(bi=bi, bd=bd, warps=warps):
-            _gate_up_act[(k, triton.cdiv(inter, bi))](x, w13, ids, emap, ids, h, w13.stride(0), K=k, D=d, I=inter,
-                                                      BLOCK_I=bi, BLOCK_D=bd, ONE_EXPERT=False, num_warps=warps)
-        results[f"gate_up BLOCK_I={bi} BLOCK_D={bd} warps={warps}"] = do_bench(run) * 1e3
-for bd, bi in [(32, 128), (64, 128), (64, 256), (128, 128), (128, 256)]:
-    for warps in (2, 4, 8):
-        def run(bd=bd, bi=bi, warps=warps):
-            _down[(k, triton.cdiv(d, bd))](h, w2, ids, emap, ids, y, w2.stride(0), D=d, I=inter, BLOCK_D=bd, BLOCK_I=bi,
-                                           ONE_EXPERT=False, num_warps=warps)
-        results[f"down BLOCK_D={bd} BLOCK_I={bi} warps={warps}"] = do_bench(run) * 1e3
+SHAPES = {"olmoe": (2048, 1024, 64, 8), "qwen3": (2048, 768, 128, 8)}  # hidden, moe_intermediate, experts, top-k
+CASES = [(t, "device") for t in (1, 8, 512, 2048)] + [(1, "host")]
+VARIANTS = {"BLOCK_M": (32, 128), "BLOCK_I_GATE_UP": (16, 64), "BLOCK_D_GATE_UP": (64, 256), "BLOCK_D_DOWN": (32, 128),
+            "BLOCK_I_DOWN": (64, 256)}
+baseline = None
+if args.compare_with:
+    spec = importlib.util.spec_from_file_location("baseline_triton_moe", args.compare_with)
+    baseline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(baseline)
+
+
+def problem(shape: str, t: int, where: str):
+    d, inter, n, k = SHAPES[shape]
+    g = torch.Generator(device="cpu").manual_seed(t)
+    w13 = (torch.randn(n, 2 * inter, d, generator=g) * 0.02).to(bf16)
+    w2 = (torch.randn(n, d, inter, generator=g) * 0.02).to(bf16)
+    w13, w2 = (w13.to(dev), w2.to(dev)) if where == "device" else (w13.pin_memory(), w2.pin_memory())
+    x = torch.randn(t, d, generator=g).to(bf16).to(dev)
+    ids = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(t)]).to(dev)
+    w = torch.softmax(torch.randn(t, k, generator=g), -1).to(bf16).to(dev)
+    return x, w13, w2, ids, w
+
+
+for shape in SHAPES:
+    for t, where in CASES:
+        x, w13, w2, ids, w = problem(shape, t, where)
+        name = f"moe {shape} T={t} {where}"
+        ref = moe.triton_fused_moe(x, w13, w2, ids, w)
+        results[name] = do_bench(lambda: moe.triton_fused_moe(x, w13, w2, ids, w)) * 1e3
+        if baseline is not None:
+            results[f"{name} baseline"] = do_bench(lambda: baseline.triton_fused_moe(x, w13, w2, ids, w)) * 1e3
+        for const, values in {} if args.no_sweep or where == "host" else VARIANTS.items():
+            default = getattr(moe, const)
+            for value in values:
+                setattr(moe, const, value)
+                try:
+                    same[f"{name} {const}={value}"] = bool(torch.equal(moe.triton_fused_moe(x, w13, w2, ids, w), ref))
+                    results[f"{name} {const}={value}"] = do_bench(lambda: moe.triton_fused_moe(x, w13, w2, ids, w)) * 1e3
+                finally:
+                    setattr(moe, const, default)
 
 hq, hkv, hd, bs = 32, 4, 128, 16
 for ctx in (128, 512, 2048, 8192):
@@ -70,7 +95,7 @@ for ctx in (128, 512, 2048, 8192):
 width = max(map(len, results))
 for name, us in results.items():
     print(f"{name:<{width}} {us:8.1f} us")
-print("decode launches bitwise equal to the default launch:", all(same.values()), [k for k, v in same.items() if not v])
+print("launches bitwise equal to the default launch:", all(same.values()), [k for k, v in same.items() if not v])
 with open(args.out, "w") as f:
-    json.dump({"gpu": torch.cuda.get_device_name(), "unit": "us", "results": results, "attention_bits_equal": same},
+    json.dump({"gpu": torch.cuda.get_device_name(), "unit": "us", "results": results, "bits_equal_to_default": same},
               f, indent=1)

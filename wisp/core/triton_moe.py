@@ -1,36 +1,43 @@
 """`fused_moe` on the GPU in Triton, with the reference's signature and contract (`wisp.core.moe`).
 
-Three launches:
-1. `_gate_up_act`: one program per (token, k) pair and block of I rows reads the pair's expert through
-   `expert_map` and computes silu(gate) * up in float32;
-2. `_down`: one program per pair and block of D rows computes the pair's output rows in float32 (a pair
-   whose expert has no slot, -1, is left as it is: `fused_moe` starts from zeros, so the term is skipped);
-3. `_combine`: one program per (token, block of D) sums weight_k * y_k over k in routing order in
+Pairs are grouped by slot into tiles of BLOCK_M rows that share one expert's weights, so each weight tile
+read feeds a tensor-core product for every token routed to that expert (a prefill chunk reads an expert
+once per tile, not once per token). Five launches:
+1. `_count_pairs`: each (token, k) pair whose expert has a slot takes a place among its slot's pairs
+   (an atomic count; pairs of a -1 slot are never placed, so their rows are left as they are);
+2. `_sort_pairs`: the places become one list, each slot's pairs in whole tiles, slot after slot (on the
+   device: no host sync, capturable in a CUDA graph; the grid is the most tiles T*K pairs can need);
+3. `_gate_up_act`: program (tile, block of I rows) computes silu(gate) * up of its pairs, accumulated in
+   float32 (`tl.dot`), rounded to hidden's dtype, into h;
+4. `_down`: program (tile, block of D rows) computes its pairs' output rows in float32;
+5. `_combine`: one program per (token, block of D) sums weight_k * y_k over k in routing order in
    float32 and casts to hidden's dtype (the contract of `combine_in_routing_order`, in one launch).
 
-Each program reduces over a fixed sequence of fixed-size blocks, and no program reads another pair's
-data, so a token's output depends only on its own row, routing and expert bytes: it is batch-invariant
-and slot-invariant by construction (paged == resident bit for bit). Weights may be pinned host tensors
-(zero-copy mode): they are read in place over PCIe through UVA (`wisp.core.uva`), with the same
-arithmetic, so the bits match a device copy. The kernel is a per-pair GEMV, right for decode (a few
-tokens); a prefill re-reads an expert once per token routed to it (from L2 when the pairs of one
-expert run together).
+Every call uses the same tile shape and the same fixed sequence of reduction blocks (no split-K, no
+autotuning), and a row of a tensor-core product is computed by the same instructions whatever the other
+rows of its tile hold or where in the tile it sits. So a token's output depends only on its own row,
+routing and expert bytes: batch-invariant and slot-invariant by construction (paged == resident bit for
+bit; a prefill chunk's tokens get the bits they get alone), and decode and prefill run the same kernels.
+Weights may be pinned host tensors (zero-copy mode): they are read in place over PCIe through UVA
+(`wisp.core.uva`), with the same arithmetic, so the bits match a device copy.
 
 Quantized weights are dequantized in-kernel (`_weight_tile`), reading only their packed bytes and scales:
 FP8 block-scaled (`wisp.core.fp8_blocks`): each tile times its 128 x 128 block's float32 scale, rounded to
 hidden's dtype (`_rounded`, to nearest even by the bits); MXFP4 (`wisp.core.mxfp4`): codes and power-of-two
-scales built from their bits, exact. That is what the torch kernels do before their GEMMs, so under Triton's
-interpreter a quantized bank gives the bits of its dequantized twin; compiled, tl.sum's order follows the
-load's layout, which follows the weight's dtype, so a GPU matches the twin closely (a quantized bank's own
-modes still agree bit for bit). Biases (GPT-OSS) are added in float32 after each reduction, and the clamped
-SwiGLU replaces silu(gate) * up when asked (`wisp.core.expert_extras.Activation`).
+scales built from their bits, exact. Those are the values the torch kernels multiply after dequantizing,
+and they enter the product in hidden's dtype like plain weights. Biases (GPT-OSS) are added in float32
+after each reduction, and the clamped SwiGLU replaces silu(gate) * up when asked
+(`wisp.core.expert_extras.Activation`). Under Triton's interpreter (the CPU tests) 16-bit operands are
+widened to float32 before each product (exact), since its tl.dot misreads 16-bit floats.
 
-The same two kernels have a one-expert form (`triton_pairs_of_one_expert`, ONE_EXPERT): programs walk
-a list of pairs all routed to one expert whose weights sit at the given pointer (a slot, or a staging
-buffer of `wisp.core.expert_major`). Per program the arithmetic is the same, so the bits are too.
+The same two kernels serve one expert (`triton_pairs_of_one_expert`): a list of pairs all routed to the
+expert whose weights sit at the given pointer (a slot, or a staging buffer of `wisp.core.expert_major`)
+is one slot's tiles. Per row the arithmetic is the same, so the bits are too.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -39,20 +46,6 @@ import triton.language as tl
 from wisp.core.expert_extras import SILU, Activation, ExpertExtras
 from wisp.core.fp8_blocks import DEFAULT_BLOCK, FP8
 from wisp.core.uva import device_view
-
-
-@triton.jit
-def _pair_and_slot(ids_ptr, map_ptr, pairs_ptr, ONE_EXPERT: tl.constexpr):
-    """This program's (token, k) pair and its expert's slot. ONE_EXPERT: programs walk a list of pairs
-    all routed to the single expert at the weight pointer (slot 0); else program i is pair i."""
-    row = tl.program_id(0)
-    if ONE_EXPERT:
-        pair = tl.load(pairs_ptr + row)
-        slot = row * 0
-    else:
-        pair = row
-        slot = tl.load(map_ptr + tl.load(ids_ptr + pair))
-    return row, pair, slot
 
 
 @triton.jit
@@ -93,40 +86,127 @@ def _weight_tile(w, sc, rows, cols, mask, COLS: tl.constexpr, FMT: tl.constexpr,
 
 
 @triton.jit
-def _gate_up_act(x_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, h_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs,
-                 alpha, limit, K: tl.constexpr, D: tl.constexpr, I: tl.constexpr, BLOCK_I: tl.constexpr,
-                 BLOCK_D: tl.constexpr, ONE_EXPERT: tl.constexpr, FMT: tl.constexpr, FP8_BLOCK: tl.constexpr,
-                 ROUND: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
-    row, pair, slot = _pair_and_slot(ids_ptr, map_ptr, pairs_ptr, ONE_EXPERT)
-    ib = tl.program_id(1)
-    token = pair // K
-    rows = ib * BLOCK_I + tl.arange(0, BLOCK_I)
-    row_ok = rows < I
-    gate = tl.zeros((BLOCK_I,), dtype=tl.float32)
-    up = tl.zeros((BLOCK_I,), dtype=tl.float32)
-    if slot >= 0:
+def _pair_slots(ids_ptr, map_ptr, P, BLOCK: tl.constexpr):
+    """This program's BLOCK pairs: their indices, their experts' slots (-1: none) and which are live."""
+    pairs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = pairs < P
+    slot = tl.load(map_ptr + tl.load(ids_ptr + pairs, mask=ok, other=0), mask=ok, other=-1)
+    return pairs, slot, ok & (slot >= 0)
+
+
+@triton.jit
+def _slot_tiles(counts_ptr, S, SP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Per slot (SP lanes, the first S real): its pair count and its tiles, ceil(count / BLOCK_M)."""
+    s = tl.arange(0, SP)
+    count = tl.load(counts_ptr + s, mask=s < S, other=0)
+    return s, count, (count + BLOCK_M - 1) // BLOCK_M
+
+
+@triton.jit
+def _count_pairs(ids_ptr, map_ptr, counts_ptr, rank_ptr, P, BLOCK: tl.constexpr):
+    """counts[slot] += 1 for every pair with a slot; rank[pair] = its place among its slot's pairs (any
+    order: a row's arithmetic never depends on where in a tile it lands)."""
+    pairs, slot, live = _pair_slots(ids_ptr, map_ptr, P, BLOCK)
+    rank = tl.atomic_add(counts_ptr + slot, 1, mask=live)
+    tl.store(rank_ptr + pairs, rank, mask=live)
+
+
+@triton.jit
+def _sort_pairs(ids_ptr, map_ptr, counts_ptr, rank_ptr, sorted_ptr, P, S, SP: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """sorted[first tile of its slot * BLOCK_M + rank] = pair: each slot's pairs in whole tiles, slot by slot."""
+    pairs, slot, live = _pair_slots(ids_ptr, map_ptr, P, BLOCK)
+    s, _, tiles = _slot_tiles(counts_ptr, S, SP, BLOCK_M)
+    first = tl.sum(tl.where(s[None, :] < slot[:, None], tiles[None, :], 0), axis=1)  # [BLOCK]
+    rank = tl.load(rank_ptr + pairs, mask=live, other=0)
+    tl.store(sorted_ptr + first * BLOCK_M + rank, pairs, mask=live)
+
+
+@triton.jit
+def _tile_pairs(sorted_ptr, counts_ptr, S, SP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's tile (axis 0): its slot (S or more: past the last tile), its rows' places in the sorted
+    list and pair indices, and which rows are live."""
+    tile = tl.program_id(0)
+    s, count, tiles = _slot_tiles(counts_ptr, S, SP, BLOCK_M)
+    slot = tl.sum((tl.cumsum(tiles, 0) <= tile).to(tl.int32), 0)
+    first = tl.sum(tl.where(s < slot, tiles, 0), 0)
+    live = tl.sum(tl.where(s == slot, count, 0), 0) - (tile - first) * BLOCK_M
+    places = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = tl.arange(0, BLOCK_M) < live
+    pair = tl.load(sorted_ptr + places, mask=row_ok, other=0)
+    return slot, places.to(tl.int64), pair.to(tl.int64), row_ok
+
+
+@triton.jit
+def _dot_rows(a, w, acc, IEEE: tl.constexpr):
+    """acc + a [M, K] @ w [N, K]^T, float32 accumulation. IEEE: float32 operands (never TF32), or 16-bit ones
+    widened first (exact) where Triton's interpreter runs the kernel (its tl.dot misreads 16-bit floats)."""
+    if IEEE:
+        return tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+    return tl.dot(a, tl.trans(w), acc)
+
+
+@triton.jit
+def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs,
+                 alpha, limit, S, K: tl.constexpr, D: tl.constexpr, I: tl.constexpr, SP: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr,
+                 FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
+                 IEEE: tl.constexpr):
+    """Program (tile, block of I rows): h[place] = act(gate, up) of the tile's pairs, rounded to hidden's dtype."""
+    slot, places, pair, row_ok = _tile_pairs(sorted_ptr, counts_ptr, S, SP, BLOCK_M)
+    if slot < S:
+        token = pair // K
+        rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+        i_ok = rows < I
         w = w_ptr + slot.to(tl.int64) * stride_ws
         sc = s_ptr + slot.to(tl.int64) * stride_ss
+        gate = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)
             col_ok = cols < D
-            x = tl.load(x_ptr + token.to(tl.int64) * D + cols, mask=col_ok, other=0.0).to(tl.float32)
-            mask = row_ok[:, None] & col_ok[None, :]
-            wg = _weight_tile(w, sc, rows, cols, mask, D, FMT, FP8_BLOCK, ROUND)
-            wu = _weight_tile(w, sc, rows + I, cols, mask, D, FMT, FP8_BLOCK, ROUND)
-            gate += tl.sum(wg * x[None, :], axis=1)
-            up += tl.sum(wu * x[None, :], axis=1)
+            x = tl.load(x_ptr + token[:, None] * D + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            mask = i_ok[:, None] & col_ok[None, :]
+            wg = _weight_tile(w, sc, rows, cols, mask, D, FMT, FP8_BLOCK, ROUND).to(x.dtype)  # exact: already rounded
+            wu = _weight_tile(w, sc, rows + I, cols, mask, D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
+            gate = _dot_rows(x, wg, gate, IEEE)
+            up = _dot_rows(x, wu, up, IEEE)
         if HAS_BIAS:
             b = b_ptr + slot.to(tl.int64) * stride_bs
-            gate += tl.load(b + rows, mask=row_ok, other=0.0).to(tl.float32)
-            up += tl.load(b + I + rows, mask=row_ok, other=0.0).to(tl.float32)
-    if SWIGLU:  # GPT-OSS's clamped SwiGLU (wisp.core.expert_extras.Activation)
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-        h = (up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))
-    else:
-        h = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(h_ptr + row.to(tl.int64) * I + rows, h, mask=row_ok)
+            gate += tl.load(b + rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+            up += tl.load(b + I + rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+        if SWIGLU:  # GPT-OSS's clamped SwiGLU (wisp.core.expert_extras.Activation)
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
+            h = (up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))
+        else:
+            h = gate / (1.0 + tl.exp(-gate)) * up
+        h = _rounded(h, ROUND).to(h_ptr.dtype.element_ty)
+        tl.store(h_ptr + places[:, None] * I + rows[None, :], h, mask=row_ok[:, None] & i_ok[None, :])
+
+
+@triton.jit
+def _down(h_ptr, w_ptr, sorted_ptr, counts_ptr, y_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs, S,
+          D: tl.constexpr, I: tl.constexpr, SP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+          BLOCK_I: tl.constexpr, FMT: tl.constexpr, FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr,
+          HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
+    """Program (tile, block of D rows): y[pair] = w_down @ h[place] for the tile's pairs, in float32."""
+    slot, places, pair, row_ok = _tile_pairs(sorted_ptr, counts_ptr, S, SP, BLOCK_M)
+    if slot < S:
+        rows = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        d_ok = rows < D
+        w = w_ptr + slot.to(tl.int64) * stride_ws
+        sc = s_ptr + slot.to(tl.int64) * stride_ss
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        for i0 in range(0, I, BLOCK_I):
+            cols = i0 + tl.arange(0, BLOCK_I)
+            col_ok = cols < I
+            h = tl.load(h_ptr + places[:, None] * I + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            wd = _weight_tile(w, sc, rows, cols, d_ok[:, None] & col_ok[None, :], I, FMT, FP8_BLOCK, ROUND).to(h.dtype)
+            acc = _dot_rows(h, wd, acc, IEEE)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + slot.to(tl.int64) * stride_bs + rows, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + pair[:, None] * D + rows[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -141,32 +221,12 @@ def _combine(y_ptr, w_ptr, out_ptr, K: tl.constexpr, D: tl.constexpr, BLOCK_D: t
     tl.store(out_ptr + token.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
-def _down(h_ptr, w_ptr, ids_ptr, map_ptr, pairs_ptr, y_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs,
-          D: tl.constexpr, I: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, ONE_EXPERT: tl.constexpr,
-          FMT: tl.constexpr, FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr, HAS_BIAS: tl.constexpr):
-    row, pair, slot = _pair_and_slot(ids_ptr, map_ptr, pairs_ptr, ONE_EXPERT)
-    db = tl.program_id(1)
-    rows = db * BLOCK_D + tl.arange(0, BLOCK_D)
-    row_ok = rows < D
-    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    if slot >= 0:  # a pair without a slot is left as it is
-        w = w_ptr + slot.to(tl.int64) * stride_ws
-        sc = s_ptr + slot.to(tl.int64) * stride_ss
-        for i0 in range(0, I, BLOCK_I):
-            cols = i0 + tl.arange(0, BLOCK_I)
-            col_ok = cols < I
-            h = tl.load(h_ptr + row.to(tl.int64) * I + cols, mask=col_ok, other=0.0)
-            mask = row_ok[:, None] & col_ok[None, :]
-            wd = _weight_tile(w, sc, rows, cols, mask, I, FMT, FP8_BLOCK, ROUND)
-            acc += tl.sum(wd * h[None, :], axis=1)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + slot.to(tl.int64) * stride_bs + rows, mask=row_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + pair.to(tl.int64) * D + rows, acc, mask=row_ok)
 
-
-BLOCK_I_GATE_UP, BLOCK_D_GATE_UP = 16, 256  # many short programs: a decode step has only t*k pairs
+BLOCK_M = 64  # pairs a tile: one fixed shape for every call, so no row's instructions depend on the batch
+BLOCK_I_GATE_UP, BLOCK_D_GATE_UP = 32, 128
 BLOCK_D_DOWN, BLOCK_I_DOWN = 64, 128
+BLOCK_PAIRS = 128  # pairs a program of the sort
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read at import, as @triton.jit does
 ROUND_IDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # `_rounded`'s codes for the compute dtype
 
 
@@ -181,37 +241,54 @@ def _format(w_gate_up: torch.Tensor, hidden: torch.Tensor, extras: ExpertExtras 
     return fmt
 
 
-def _launch(per_k, hidden, w_gate_up, w_down, ids, emap, pairs, rows: int, top_k: int, one_expert: bool,
+def _sorted_by_slot(ids: torch.Tensor, emap: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The pairs of every slot in whole tiles, on the device with no host sync: (counts [slots] int32, sorted
+    pair indices, the most tiles any routing of these pairs can need)."""
+    p = ids.numel()
+    counts = torch.zeros(slots, dtype=torch.int32, device=ids.device)
+    rank = torch.empty(p, dtype=torch.int32, device=ids.device)
+    max_tiles = (p + min(p, slots) * (BLOCK_M - 1)) // BLOCK_M
+    order = torch.empty(max_tiles * BLOCK_M, dtype=torch.int32, device=ids.device)
+    grid = (triton.cdiv(p, BLOCK_PAIRS),)
+    _count_pairs[grid](ids, emap, counts, rank, p, BLOCK=BLOCK_PAIRS)
+    _sort_pairs[grid](ids, emap, counts, rank, order, p, slots, SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M,
+                      BLOCK=BLOCK_PAIRS)
+    return counts, order, max_tiles
+
+
+def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top_k: int, one_expert: bool,
             extras: ExpertExtras | None = None, activation: Activation = SILU) -> None:
-    """The two per-pair kernels over `rows` programs: per_k [T*K, D] float32 gets each pair's output.
-    extras: the bank's (or the one expert's) scales and biases, if any (`wisp.core.expert_extras`)."""
+    """The two tiled kernels over `max_tiles` tiles of pairs (`order`, slot by slot as `counts` says):
+    per_k [T*K, D] float32 gets each listed pair's output. extras: the bank's (or the one expert's) scales
+    and biases, if any (`wisp.core.expert_extras`)."""
     d, inter = hidden.shape[1], w_gate_up.shape[0 if one_expert else 1] // 2  # [S,] 2I, D (MXFP4: D/32, 16)
     fmt = _format(w_gate_up, hidden, extras)
     if w_down.dtype != w_gate_up.dtype:
         raise ValueError(f"expert weights must share a dtype (gate_up {w_gate_up.dtype}, down {w_down.dtype})")
-    if rows == 0:
+    if max_tiles == 0:
         return
     dev = hidden.device
     extras = extras or ExpertExtras()
     s_gate_up, s_down = extras.scales or (w_gate_up, w_down)  # unread unless FMT > 0
     has_bias = extras.gate_up_bias is not None
     b_gate_up, b_down = (extras.gate_up_bias, extras.down_bias) if has_bias else (w_gate_up, w_down)  # unread
+    slots = counts.numel()
 
     def stride0(t: torch.Tensor) -> int:
         return t.stride(0) if not one_expert else 0
 
-    common = dict(ONE_EXPERT=one_expert, FMT=fmt, FP8_BLOCK=DEFAULT_BLOCK[0], ROUND=ROUND_IDS[hidden.dtype],
-                  HAS_BIAS=has_bias)
-    h = torch.empty((rows, inter), dtype=torch.float32, device=dev)
-    _gate_up_act[(rows, triton.cdiv(inter, BLOCK_I_GATE_UP))](
-        hidden, device_view(w_gate_up, dev), ids, emap, pairs, h, stride0(w_gate_up), device_view(s_gate_up, dev),
-        stride0(s_gate_up), device_view(b_gate_up, dev), stride0(b_gate_up), activation.alpha, activation.limit,
+    common = dict(SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M, FMT=fmt, FP8_BLOCK=DEFAULT_BLOCK[0],
+                  ROUND=ROUND_IDS[hidden.dtype], HAS_BIAS=has_bias, IEEE=hidden.dtype == torch.float32 or INTERPRETED)
+    h = torch.empty((max_tiles * BLOCK_M, inter), dtype=hidden.dtype, device=dev)  # [place, I]
+    _gate_up_act[(max_tiles, triton.cdiv(inter, BLOCK_I_GATE_UP))](
+        hidden, device_view(w_gate_up, dev), order, counts, h, stride0(w_gate_up), device_view(s_gate_up, dev),
+        stride0(s_gate_up), device_view(b_gate_up, dev), stride0(b_gate_up), activation.alpha, activation.limit, slots,
         K=top_k, D=d, I=inter, BLOCK_I=BLOCK_I_GATE_UP, BLOCK_D=BLOCK_D_GATE_UP,
         SWIGLU=activation.kind == "clamped_swiglu", **common,
     )
-    _down[(rows, triton.cdiv(d, BLOCK_D_DOWN))](
-        h, device_view(w_down, dev), ids, emap, pairs, per_k, stride0(w_down), device_view(s_down, dev),
-        stride0(s_down), device_view(b_down, dev), stride0(b_down), D=d, I=inter, BLOCK_D=BLOCK_D_DOWN,
+    _down[(max_tiles, triton.cdiv(d, BLOCK_D_DOWN))](
+        h, device_view(w_down, dev), order, counts, per_k, stride0(w_down), device_view(s_down, dev),
+        stride0(s_down), device_view(b_down, dev), stride0(b_down), slots, D=d, I=inter, BLOCK_D=BLOCK_D_DOWN,
         BLOCK_I=BLOCK_I_DOWN, **common,
     )
 
@@ -225,7 +302,8 @@ def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, 
         expert_map = torch.arange(w_gate_up.shape[0], dtype=torch.int32, device=hidden.device)
     ids = topk_ids.reshape(-1).contiguous()  # any integer dtype: the kernels load it as it is
     emap = expert_map.to(torch.int32).contiguous()
-    _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), ids, emap, ids, t * k, k, False,
+    counts, order, max_tiles = _sorted_by_slot(ids, emap, w_gate_up.shape[0])
+    _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), counts, order, max_tiles, k, False,
             extras and extras.contiguous(), activation)
 
 
@@ -233,9 +311,11 @@ def triton_pairs_of_one_expert(per_k, hidden, w_gate_up, w_down, pairs, top_k: i
                                activation: Activation = SILU) -> None:
     """`wisp.core.moe.pairs_of_one_expert` in Triton: w_gate_up [2I, D] and w_down [D, I] are one
     expert's weights (a slot or a staging buffer); pairs [M] the flat pair indices routed to it."""
-    pairs = pairs.contiguous()
-    _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), pairs, pairs, pairs, pairs.numel(),
-            top_k, True, extras and extras.contiguous(), activation)
+    m = pairs.numel()
+    counts = torch.full((1,), m, dtype=torch.int32, device=hidden.device)  # one slot: the tiles are the list's
+    _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), counts,
+            pairs.to(torch.int32).contiguous(), triton.cdiv(m, BLOCK_M), top_k, True, extras and extras.contiguous(),
+            activation)
 
 
 def triton_combine(per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

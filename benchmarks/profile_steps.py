@@ -1,0 +1,54 @@
+"""Profile eager engine steps of a preset (dummy weights, optionally fewer layers) and print the GPU kernels
+by total time: a cold prefill of one prompt (--phase prefill) or decode steps at batch 1 (--phase decode).
+
+python benchmarks/profile_steps.py --model qwen3-30b-a3b --layers 8 --mode resident --phase decode
+python benchmarks/profile_steps.py --model olmoe-1b-7b --mode resident --phase prefill --prompt-len 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import wisp.models.presets as presets
+from wisp import LLM, SamplingParams
+
+p = argparse.ArgumentParser()
+p.add_argument("--model", default="qwen3-30b-a3b")
+p.add_argument("--layers", type=int, default=None, help="keep the first N layers (default: all)")
+p.add_argument("--mode", default="resident")
+p.add_argument("--cap", type=int, default=None)
+p.add_argument("--phase", choices=("prefill", "decode"), default="decode")
+p.add_argument("--prompt-len", type=int, default=128)
+p.add_argument("--rows", type=int, default=30, help="kernels to print")
+args = p.parse_args()
+if args.layers:
+    presets.PRESETS[args.model] = dict(presets.preset(args.model), num_hidden_layers=args.layers)
+llm = LLM(args.model, load_format="dummy", mode=args.mode, expert_cap=args.cap, max_concurrency=1,
+          max_model_len=args.prompt_len + 64, max_num_batched_tokens=max(args.prompt_len, 512), enforce_eager=True)
+eng = llm.engine
+
+
+def prompt(seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, llm.config.vocab_size, (args.prompt_len,), generator=g).tolist()
+
+
+llm.generate([prompt(0)], SamplingParams(max_tokens=4, ignore_eos=True))  # compiles every kernel
+eng.add_request("x", prompt(1), SamplingParams(max_tokens=40, ignore_eos=True))
+if args.phase == "decode":
+    for _ in range(5):  # the prefill and the first decode steps
+        eng.step()
+torch.cuda.synchronize()
+steps = 1 if args.phase == "prefill" else 10
+with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+print(f"{args.model} {args.mode} {args.phase}: {steps} step(s), {wall / steps * 1e3:.2f} ms a step (profiled, eager)")
+print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))
