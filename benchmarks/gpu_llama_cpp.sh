@@ -18,7 +18,8 @@
 #         that placement alone, then hybrid again: both sides on the same host minutes apart (the host's memory
 #         bandwidth varies between machines and processes). About 7.5 minutes with the build. llama.cpp's decode is
 #         also timed without the memory sampler (UNSAMPLED). The comparison is printed at the end
-#         (benchmarks/llama_cpp/paired_records.py; with --append it joins the paired results file). The
+#         (benchmarks/llama_cpp/paired_records.py; with --append it joins the paired results file), and every
+#         record and log is packed into $OUT/paired_stage.tgz (unpack it, then run paired_records.py on it). The
 #         sampler's cost to wisp's decode, in one process:
 #         python3 benchmarks/llama_cpp/sampler_cost.py --routing-trace <trace> --out "$OUT/sampler_cost.json" (about 1 min).
 set -uo pipefail
@@ -54,7 +55,10 @@ paired)
       --model "$model" --mode hybrid --expert-cap 0 --prompt-len 512,2048 --max-num-batched-tokens "${CHUNK:-512}" \
       --out "$out/prefill_hybrid_c0_$run.json" 2>"$out/prefill_hybrid_c0_$run.log" | tail -3
   done
-  python3 benchmarks/llama_cpp/paired_records.py --out-dir "$out" ;;  # the comparison; --append ... keeps it
+  python3 benchmarks/llama_cpp/paired_records.py --out-dir "$out" | tee "$out/paired_summary.txt"  # --append ... keeps it
+  # the device tool returns at most 8 files: the stage's records and logs travel as one archive
+  (cd "$out" && tar czf paired_stage.tgz --exclude paired_stage.tgz --exclude paired_summary.txt . \
+    && find . -mindepth 1 ! -name paired_stage.tgz ! -name paired_summary.txt -delete) ;;
 wisp)
   wmodel=${WISP_MODEL:-$model}
   routing=${ROUTING:-.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl}
