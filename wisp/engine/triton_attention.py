@@ -4,8 +4,9 @@ Triton's interpreter for the tests).
 The order every output row is computed in, whoever launches it:
   * keys are cut into spans of `span_keys(bs)` positions aligned on absolute position 0 (64 keys, or one
     block when blocks are larger);
-  * within a span, an online softmax in float32 walks its 16-key blocks in order (`tl.dot` in IEEE
-    precision), values past the sequence end zeroed, starting from (m, l, acc) = (-inf, 0, 0);
+  * a span is one tile of keys: scores q . k accumulated in float32 (16-bit operands multiply exactly on
+    tensor cores), its softmax partial (m, l, acc) in float32 with p entering the values' product in TF32
+    (float32 models, and Triton's interpreter: IEEE), values past the sequence end zeroed;
   * the spans' partial (m, l, acc) are merged in span order 0, 1, 2, ... with `_merge`, then out = acc / l.
 A row's keys past its own position are masked, and a masked block or span changes no bit of the state, so
 a token's output is the same whether its prefix was cached, chunked, recomputed or decoded, and whatever
@@ -25,6 +26,7 @@ Two launches of the same arithmetic:
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -58,33 +60,36 @@ def _tile(meta_ptr, tile, R: tl.constexpr):
 
 @triton.jit
 def _span(q, k_ptr, v_ptr, table_ptr, kvh, pos, end, last, span, window, scale,
-          s_kb, s_kh, s_kp, R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, NBS: tl.constexpr,
-          HAS_WINDOW: tl.constexpr, DM: tl.constexpr):
-    """The online softmax of the tile's rows over one span's blocks: (m [R], l [R], acc [R, HD])."""
+          s_kb, s_kh, s_kp, R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr,
+          HAS_WINDOW: tl.constexpr, DM: tl.constexpr, WIDE: tl.constexpr):
+    """The softmax of the tile's rows over one span's SPAN keys, as one tile: (m [R], l [R], acc [R, HD]).
+    Scores are q . k in float32 (16-bit operands multiply exactly on tensor cores; WIDE: float32 operands,
+    IEEE); the values' product takes p in TF32 (10-bit mantissa) unless WIDE."""
     d = tl.arange(0, HD)
-    m = tl.full((R,), float("-inf"), tl.float32)
-    denom = tl.zeros((R,), tl.float32)
-    acc = tl.zeros((R, HD), tl.float32)
-    for j in range(span * NBS, tl.minimum(span * NBS + NBS, last // BS + 1)):
-        blk = tl.load(table_ptr + j).to(tl.int64)
-        kpos = j * BS + tl.arange(0, BS)
-        live = kpos < end
-        base = blk * s_kb + kvh * s_kh + tl.arange(0, BS)[:, None] * s_kp + d[None, :]
-        k = tl.load(k_ptr + base, mask=(d < DM)[None, :], other=0.0).to(tl.float32)  # DM < HD: zero padding
-        v = tl.load(v_ptr + base, mask=live[:, None] & (d < DM)[None, :], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [R, BS]
-        allowed = (kpos[None, :] <= pos[:, None]) & live[None, :]
-        if HAS_WINDOW:
-            allowed = allowed & (kpos[None, :] > pos[:, None] - window)
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        corr = tl.exp(m - m_safe)
-        denom = denom * corr + tl.sum(p, axis=1)
-        acc = acc * corr[:, None] + tl.dot(p, v, input_precision="ieee")
-        m = m_new
-    return m, denom, acc
+    kpos = span * SPAN + tl.arange(0, SPAN)
+    need = kpos <= last  # keys past every live row's position: never read (the table may end there)
+    blk = tl.load(table_ptr + kpos // BS, mask=need, other=0).to(tl.int64)
+    base = blk[:, None] * s_kb + kvh * s_kh + (kpos % BS)[:, None] * s_kp + d[None, :]
+    dm = (d < DM)[None, :]  # DM < HD: zero padding
+    k = tl.load(k_ptr + base, mask=need[:, None] & dm, other=0.0)
+    v = tl.load(v_ptr + base, mask=(need & (kpos < end))[:, None] & dm, other=0.0)  # stale slots: zero values
+    if WIDE:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = s * scale  # [R, SPAN]
+    allowed = (kpos[None, :] <= pos[:, None]) & (kpos < end)[None, :]
+    if HAS_WINDOW:
+        allowed = allowed & (kpos[None, :] > pos[:, None] - window)
+    s = tl.where(allowed, s, float("-inf"))
+    m = tl.max(s, axis=1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    p = tl.exp(s - m_safe[:, None])
+    if WIDE:
+        acc = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = tl.dot(p, v.to(tl.float32), input_precision="tf32")
+    return m, tl.sum(p, axis=1), acc
 
 
 @triton.jit
@@ -112,14 +117,14 @@ def _load_q(q_ptr, q_row0, pos, start, row_ok, head, s_qt, s_qh, HD: tl.constexp
     d = tl.arange(0, HD)
     q = tl.load(q_ptr + q_rows[:, None] * s_qt + head * s_qh + d[None, :], mask=row_ok[:, None] & (d < DM)[None, :],
                 other=0.0)
-    return q.to(tl.float32), q_rows
+    return q, q_rows
 
 
 @triton.jit
 def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group, scale, window, sinks_ptr,
                 s_qt, s_qh, s_kb, s_kh, s_kp, s_ot, s_oh,
                 R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                HAS_SINKS: tl.constexpr, DM: tl.constexpr):
+                HAS_SINKS: tl.constexpr, DM: tl.constexpr, WIDE: tl.constexpr):
     """One program per (tile, head): every span in order, merged as it goes."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -131,7 +136,7 @@ def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group
     acc = tl.zeros((R, HD), tl.float32)
     for span in range(0, last // SPAN + 1):
         m2, denom2, acc2 = _span(q, k_ptr, v_ptr, table_ptr, head // group, pos, end, last, span, window, scale,
-                                 s_kb, s_kh, s_kp, R, BS, HD, SPAN // BS, HAS_WINDOW, DM)
+                                 s_kb, s_kh, s_kp, R, BS, HD, SPAN, HAS_WINDOW, DM, WIDE)
         m, denom, acc = _merge(m, denom, acc, m2, denom2, acc2)
     m, denom, acc = _with_sink(m, denom, acc, sinks_ptr, head, HAS_SINKS)
     out = acc / tl.where(row_ok, denom, 1.0)[:, None]  # dead rows (not stored) divide by 1, not 0
@@ -144,7 +149,7 @@ def _paged_attn(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, out_ptr, group
 def _span_partials(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, part_m, part_l, part_acc, group, scale, window,
                    s_qt, s_qh, s_kb, s_kh, s_kp, H, S,
                    R: tl.constexpr, BS: tl.constexpr, HD: tl.constexpr, SPAN: tl.constexpr,
-                   HAS_WINDOW: tl.constexpr, DM: tl.constexpr):
+                   HAS_WINDOW: tl.constexpr, DM: tl.constexpr, WIDE: tl.constexpr):
     """Program (tile of one live row, head, g) writes the partials of spans g, g + G, g + 2G, ... up to the
     row's position (G programs per row; each span is computed alone, so G does not change a bit)."""
     tile = tl.program_id(0)
@@ -155,7 +160,7 @@ def _span_partials(q_ptr, k_ptr, v_ptr, tables_ptr, s_tab, meta_ptr, part_m, par
     d = tl.arange(0, HD)
     for span in range(tl.program_id(2), last // SPAN + 1, tl.num_programs(2)):
         m, denom, acc = _span(q, k_ptr, v_ptr, table_ptr, head // group, pos, end, last, span, window, scale,
-                              s_kb, s_kh, s_kp, R, BS, HD, SPAN // BS, HAS_WINDOW, DM)
+                              s_kb, s_kh, s_kp, R, BS, HD, SPAN, HAS_WINDOW, DM, WIDE)
         at = (tile * H + head).to(tl.int64) * S + span  # the live row's slot; the other rows are masked
         tl.store(part_m + at + 0 * pos, m, mask=row_ok)
         tl.store(part_l + at + 0 * pos, denom, mask=row_ok)
@@ -192,6 +197,11 @@ def padded(hd: int) -> int:
     return 1 << (hd - 1).bit_length()
 
 
+def _wide(q: torch.Tensor) -> bool:
+    """Products in float32 IEEE: a float32 model, or Triton's interpreter (its tl.dot misreads 16-bit floats)."""
+    return q.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _strides(q, k_cache):
     return (q.stride(0), q.stride(1)), (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
 
@@ -206,7 +216,7 @@ def _launch(q, k_cache, v_cache, tables, meta, window, sinks=None) -> torch.Tens
         q, k_cache, v_cache, tables, tables.stride(0), meta, out, h // hkv, hd**-0.5, window or 0,
         q if sinks is None else sinks, s_qt, s_qh, s_kb, s_kh, s_kp, out.stride(0), out.stride(1),
         R=ROW_TILE, BS=bs, HD=padded(hd), SPAN=span_keys(bs), HAS_WINDOW=window is not None,
-        HAS_SINKS=sinks is not None, DM=hd,
+        HAS_SINKS=sinks is not None, DM=hd, WIDE=_wide(q),
     )
     return out
 
@@ -260,7 +270,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _span_partials[(b, h, g)](
         q, k_cache, v_cache, tables, tables.stride(0), meta, part_m, part_l, part_acc, h // hkv, hd**-0.5,
         window or 0, s_qt, s_qh, s_kb, s_kh, s_kp, h, spans,
-        R=ROW_TILE, BS=bs, HD=padded(hd), SPAN=span, HAS_WINDOW=window is not None, DM=hd,
+        R=ROW_TILE, BS=bs, HD=padded(hd), SPAN=span, HAS_WINDOW=window is not None, DM=hd, WIDE=_wide(q),
     )
     _merge_spans[(b, h)](meta, part_m, part_l, part_acc, out, q if sinks is None else sinks, out.stride(0),
                          out.stride(1), h, spans, R=ROW_TILE, HD=padded(hd), SPAN=span, HAS_SINKS=sinks is not None,
