@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wisp.core.moe import fused_moe, reference_moe
 
@@ -72,6 +74,38 @@ def test_minus_one_skips_the_term():
     w0 = torch.where(ids == dropped, torch.zeros_like(w), w)
     ref = triton_moe.triton_fused_moe(hidden, gu, dn, ids, w0, torch.arange(8, dtype=torch.int32, device=CUDA))
     assert torch.equal(out, ref)
+
+
+@given(slots=st.integers(1, 9), pairs=st.integers(0, 200), seed=st.integers(0, 2**16))
+@settings(max_examples=25, deadline=None)
+def test_the_sort_places_every_pair_with_a_slot_once_in_its_slots_tiles(slots, pairs, seed):
+    g = torch.Generator().manual_seed(seed)
+    n = slots + 2  # two experts without a slot (-1)
+    emap = torch.cat([torch.randperm(slots, generator=g), torch.full((2,), -1)]).to(torch.int32)
+    emap = emap[torch.randperm(n, generator=g)].to(CUDA)
+    ids = torch.randint(0, n, (pairs,), generator=g).to(CUDA)
+    counts, order, max_tiles = triton_moe._sorted_by_slot(ids, emap, slots)
+    slot_of = emap[ids].cpu()
+    assert counts.cpu().tolist() == [int((slot_of == s).sum()) for s in range(slots)]
+    tiles = (counts.cpu() + triton_moe.BLOCK_M - 1) // triton_moe.BLOCK_M
+    assert int(tiles.sum()) <= max_tiles  # the grid always covers the routing
+    first, order = 0, order.cpu()
+    for s in range(slots):  # slot s's pairs fill the front of its tiles, in any order
+        placed = order[first * triton_moe.BLOCK_M:][: int(counts[s])]
+        assert sorted(placed.tolist()) == torch.nonzero(slot_of == s).flatten().tolist()
+        first += int(tiles[s])
+
+
+@pytest.mark.slow
+def test_a_slot_with_more_pairs_than_a_tile():
+    t = 2 * triton_moe.BLOCK_M + 2  # every token routes to both experts: three tiles a slot
+    hidden, gu, dn, ids, w = problem(t, 2, 2, d=128, i=32, dtype=torch.float32)
+    sgu, sdn, emap = permuted(gu, dn, 2)
+    out = triton_moe.triton_fused_moe(hidden, sgu, sdn, ids, w, emap)
+    torch.testing.assert_close(out.double(), reference_moe(hidden, gu, dn, ids, w), **TOL[torch.float32])
+    for j in (0, triton_moe.BLOCK_M, t - 1):  # first, second and last tile: each row's bits as alone
+        assert torch.equal(out[j : j + 1], triton_moe.triton_fused_moe(hidden[j : j + 1], sgu, sdn, ids[j : j + 1],
+                                                                       w[j : j + 1], emap))
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need the GPU machine")
