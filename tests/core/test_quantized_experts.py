@@ -108,8 +108,8 @@ def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_
     assert torch.equal(one[pairs], by_map[pairs]) and one[1].abs().sum() > 0  # within a format: paged == resident
     if dev.type == "cpu":  # the interpreter sums in one order whatever the weights' dtype
         assert torch.equal(one, plain)
-    else:  # compiled, tl.sum's order follows the load's layout, which follows the dtype: quantized tiles sum
-        torch.testing.assert_close(one, plain, rtol=1e-4, atol=1e-5)  # their float32 products in another order
+    else:  # compiled: the dequantized tiles enter the same tensor-core products, but a layout that follows the
+        torch.testing.assert_close(one, plain, rtol=1e-4, atol=1e-5)  # load's dtype may order them otherwise
 
 
 def test_unknown_quantized_weights_and_unscaled_ones_are_refused_naming_the_formats():

@@ -247,10 +247,10 @@ def _sorted_by_slot(ids: torch.Tensor, emap: torch.Tensor, slots: int) -> tuple[
     p = ids.numel()
     counts = torch.zeros(slots, dtype=torch.int32, device=ids.device)
     rank = torch.empty(p, dtype=torch.int32, device=ids.device)
-    max_tiles = (p + min(p, slots) * (BLOCK_M - 1)) // BLOCK_M
+    max_tiles = (p + min(p, slots) * (BLOCK_M - 1)) // BLOCK_M if slots else 0  # no slot: nothing to compute
     order = torch.empty(max_tiles * BLOCK_M, dtype=torch.int32, device=ids.device)
-    if p == 0:
-        return counts, order, max_tiles  # nothing routed: no launch (max_tiles is 0)
+    if max_tiles == 0:
+        return counts, order, max_tiles  # nothing routed, or no slot: no launch
     grid = (triton.cdiv(p, BLOCK_PAIRS),)
     _count_pairs[grid](ids, emap, counts, rank, p, BLOCK=BLOCK_PAIRS)
     _sort_pairs[grid](ids, emap, counts, rank, order, p, slots, SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M,
