@@ -37,14 +37,13 @@ is one slot's tiles. Per row the arithmetic is the same, so the bits are too.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from wisp.core.expert_extras import SILU, Activation, ExpertExtras
 from wisp.core.fp8_blocks import DEFAULT_BLOCK, FP8
+from wisp.core.triton_interpreter import INTERPRETED
 from wisp.core.uva import device_view
 
 
@@ -226,7 +225,6 @@ BLOCK_M = 64  # pairs a tile: one fixed shape for every call, so no row's instru
 BLOCK_I_GATE_UP, BLOCK_D_GATE_UP = 32, 128
 BLOCK_D_DOWN, BLOCK_I_DOWN = 64, 128
 BLOCK_PAIRS = 128  # pairs a program of the sort
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read at import, as @triton.jit does
 ROUND_IDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # `_rounded`'s codes for the compute dtype
 
 

@@ -26,13 +26,13 @@ Two launches of the same arithmetic:
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from wisp.core.rows import ROW_TILE
+from wisp.core.triton_interpreter import INTERPRETED
 
 SPAN_KEYS = 64  # keys per span: fixed, since the span boundaries are part of every row's arithmetic
 
@@ -198,8 +198,8 @@ def padded(hd: int) -> int:
 
 
 def _wide(q: torch.Tensor) -> bool:
-    """Products in float32 IEEE: a float32 model, or Triton's interpreter (its tl.dot misreads 16-bit floats)."""
-    return q.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
+    """Products in float32 IEEE: a float32 model, or Triton's interpreter (`wisp.core.triton_interpreter`)."""
+    return q.dtype == torch.float32 or INTERPRETED
 
 
 def _strides(q, k_cache):
