@@ -3,6 +3,7 @@ by total time: a cold prefill of one prompt (--phase prefill) or decode steps at
 
 python benchmarks/profile_steps.py --model qwen3-30b-a3b --layers 8 --mode resident --phase decode
 python benchmarks/profile_steps.py --model olmoe-1b-7b --mode resident --phase prefill --prompt-len 2048
+python benchmarks/profile_steps.py --model olmoe-1b-7b --mode hybrid --cap 0 --graphs --warm 40 --prompt-len 512
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ p.add_argument("--cap", type=int, default=None)
 p.add_argument("--phase", choices=("prefill", "decode"), default="decode")
 p.add_argument("--prompt-len", type=int, default=128)
 p.add_argument("--rows", type=int, default=30, help="kernels to print")
+p.add_argument("--graphs", action="store_true", help="decode with CUDA graphs (the profile lists the kernels replayed)")
+p.add_argument("--warm", type=int, default=5, help="decode steps before the profiled ones (a chooser's trials)")
 args = p.parse_args()
 if args.layers:
     presets.PRESETS[args.model] = dict(presets.preset(args.model), num_hidden_layers=args.layers)
 llm = LLM(args.model, load_format="dummy", mode=args.mode, expert_cap=args.cap, max_concurrency=1,
-          max_model_len=args.prompt_len + 64, max_num_batched_tokens=max(args.prompt_len, 512), enforce_eager=True)
+          max_model_len=args.prompt_len + args.warm + 64, max_num_batched_tokens=max(args.prompt_len, 512), enforce_eager=not args.graphs)
 eng = llm.engine
 
 
@@ -38,9 +41,9 @@ def prompt(seed: int) -> list[int]:
 
 
 llm.generate([prompt(0)], SamplingParams(max_tokens=4, ignore_eos=True))  # compiles every kernel
-eng.add_request("x", prompt(1), SamplingParams(max_tokens=40, ignore_eos=True))
+eng.add_request("x", prompt(1), SamplingParams(max_tokens=args.warm + 40, ignore_eos=True))
 if args.phase == "decode":
-    for _ in range(5):  # the prefill and the first decode steps
+    for _ in range(args.warm):  # the prefill and the first decode steps
         eng.step()
 torch.cuda.synchronize()
 steps = 1 if args.phase == "prefill" else 10
@@ -50,5 +53,5 @@ with profile(activities=[ProfilerActivity.CUDA]) as prof:
         eng.step()
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-print(f"{args.model} {args.mode} {args.phase}: {steps} step(s), {wall / steps * 1e3:.2f} ms a step (profiled, eager)")
+print(f"{args.model} {args.mode} {args.phase}: {steps} step(s), {wall / steps * 1e3:.2f} ms a step (profiled, {'graphs' if args.graphs else 'eager'})")
 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))

@@ -137,18 +137,6 @@ def test_map_row_tiles_hands_fixed_tiles(t):
     assert seen == [(ROW_TILE, 3)] * n_tiles
 
 
-@given(t=st.integers(0, 40), seed=st.integers(0, 2**16))
-@settings(max_examples=20, deadline=None)
-def test_linear_many_pads_once_and_gives_the_same_bits(t, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(t, 24, generator=g)
-    ws = [torch.randn(o, 24, generator=g) for o in (8, 40, 16)]
-    bias = torch.randn(40, generator=g)
-    got = rows.linear_many(x, ws, [None, bias, None])
-    want = [rows.linear(x, ws[0]), rows.linear(x, ws[1], bias), rows.linear(x, ws[2])]
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-
-
 # -- elementwise ops: the SIMD-tail effect (module docstring, third effect) -------------------------
 # Each op the models apply elementwise, as they call it. On this project's CPUs a plain F.silu or
 # torch.sigmoid / cos / rsqrt of a [1, W] row and of the same row inside [T, W] differ for W = 24, 40,

@@ -72,7 +72,9 @@ def test_a_refresh_mid_run_is_fresh_and_taken_between_steps():
         assert fresh["num_running"] == 1 and fresh["steps"] >= 5 and engine.stats_age() < 1.0
         for _ in range(20):
             await stream.__anext__()
-        assert (await engine.refresh_stats())["steps"] >= fresh["steps"] + 20
+        # 25 tokens consumed: at least 25 steps ran (the engine may run ahead of the stream, so `fresh` may
+        # already count a few of these 20)
+        assert (await engine.refresh_stats())["steps"] >= max(25, fresh["steps"])
         stream.close()
 
     _, fake = run(body, step_delay=0.002, max_model_len=512, num_blocks=256)

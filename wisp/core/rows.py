@@ -67,13 +67,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return map_row_tiles(x, lambda tile: tile_linear(tile, weight, bias))
 
 
-def linear_many(x: torch.Tensor, weights, biases=None) -> list[torch.Tensor]:
-    """[linear(x, w, b) for each weight], padding x once (the same tiles, so the same bits)."""
-    t, xp = x.shape[0], pad_rows(x)
-    biases = biases or [None] * len(weights)
-    return [linear(xp, w, b)[:t] for w, b in zip(weights, biases)]
-
-
 def pointwise(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
     """fn(*xs) for an elementwise fn of same-shaped tensors, each element computed by the same code
     whatever else is in the tensor (see the module docstring). On the CPU the inputs are flattened,

@@ -117,13 +117,13 @@ def mla_attention(decoder, li: int, x: torch.Tensor, rope: tuple[torch.Tensor, t
     cfg, w = decoder.config, decoder.layers[li].attn
     shape, t, h = cfg.mla, x.shape[0], cfg.num_heads
     if w.q is not None:
-        q = rows.linear(x, w.q)
+        q = decoder.linear(x, w.q)
     else:
-        q_lat = decoder.rms_norm(rows.linear(x, w.q_a, w.q_a_bias), w.q_a_norm, LORA_NORM_EPS)
-        q = rows.linear(q_lat, w.q_b)
+        q_lat = decoder.rms_norm(decoder.linear(x, w.q_a, w.q_a_bias), w.q_a_norm, LORA_NORM_EPS)
+        q = decoder.linear(q_lat, w.q_b)
     q = q.view(t, h, shape.nope_dim + shape.rope_dim)
     q_nope, q_rope = q[..., : shape.nope_dim], q[..., shape.nope_dim :]
-    kv_a = rows.linear(x, w.kv_a, w.kv_a_bias)  # [T, kv_lora_rank + rope_dim]
+    kv_a = decoder.linear(x, w.kv_a, w.kv_a_bias)  # [T, kv_lora_rank + rope_dim]
     latent = decoder.rms_norm(kv_a[:, : shape.kv_lora_rank].contiguous(), w.kv_a_norm, LORA_NORM_EPS)
     k_rope = decoder.apply_rope(kv_a[:, None, shape.kv_lora_rank :].contiguous(), *rope)  # [T, 1, rope]
     q_rope = decoder.apply_rope(q_rope.contiguous(), *rope)  # [T, H, rope]
@@ -133,4 +133,4 @@ def mla_attention(decoder, li: int, x: torch.Tensor, rope: tuple[torch.Tensor, t
     entry = torch.cat([latent[:, None, :], k_rope], dim=-1)  # [T, 1, cache_dim]
     out = kv.write_attend(li, query.to(x.dtype), entry, entry, None)[..., : shape.kv_lora_rank]  # [T, H, r]
     v = rows.map_row_tiles(out.contiguous(), lambda tile: torch.einsum("thr,hvr->thv", tile, w.w_uv))
-    return rows.linear(v.reshape(t, h * shape.v_dim), w.o, w.o_bias)
+    return decoder.linear(v.reshape(t, h * shape.v_dim), w.o, w.o_bias)

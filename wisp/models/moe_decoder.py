@@ -96,8 +96,8 @@ class LayerWeights:
     shared_gate: torch.Tensor | None = None  # [1, D] (Qwen2-MoE; DeepSeek's shared experts are ungated)
 
 
-def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
-    return rows.linear(rows.silu_mul(rows.linear(x, w.gate), rows.linear(x, w.up)), w.down)
+def mlp(x: torch.Tensor, w: MLPWeights, linear=rows.linear) -> torch.Tensor:
+    return linear(rows.silu_mul(linear(x, w.gate), linear(x, w.up)), w.down)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -151,6 +151,7 @@ class MoEDecoder:
         if config.norm_weight_float32:
             self.rms_norm = rows.rms_norm_float32_weight
         self.apply_rope = apply_rope
+        self.linear = rows.linear  # the dense projections; "triton" on CUDA: one row-invariant launch each
         self.route_kernel = None  # "triton": softmax + top-k + renormalise in one launch
         if backend == "triton":
             from wisp.core.triton_norm import triton_rms_norm
@@ -163,6 +164,10 @@ class MoEDecoder:
                 self.route_kernel = triton_route
             if config.rope_dim & (config.rope_dim - 1) == 0:  # the Triton rotation needs a power of two
                 self.apply_rope = triton_rope
+            if self.device.type == "cuda":  # (the interpreter's CPU runs keep the 16-row tiles: far faster there)
+                from wisp.core.triton_linear import triton_linear
+
+                self.linear = triton_linear
         self.inv_freq = config.rope.inv_freq(config.rope_dim).to(self.device)
 
     # -- pieces -------------------------------------------------------------------------------------
@@ -179,7 +184,7 @@ class MoEDecoder:
         if cfg.mla is not None:
             return mla_attention(self, li, x, rope, kv)
         t, h, hkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q, k, v = rows.linear_many(x, (w.q, w.k, w.v), (w.q_bias, w.k_bias, w.v_bias))
+        q, k, v = (self.linear(x, wt, b) for wt, b in ((w.q, w.q_bias), (w.k, w.k_bias), (w.v, w.v_bias)))
         if cfg.qk_norm == "full":
             q, k = self.rms_norm(q, w.q_norm, cfg.rms_norm_eps), self.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
         q, k, v = q.view(t, h, hd), k.view(t, hkv, hd), v.view(t, hkv, hd)
@@ -189,12 +194,12 @@ class MoEDecoder:
             q, k, v = (z.clamp(-cfg.clip_qkv, cfg.clip_qkv) for z in (q, k, v))
         q, k = self.apply_rope(q, *rope), self.apply_rope(k, *rope)  # [T, H, hd], [T, Hkv, hd]
         out = kv.write_attend(li, q, k, v, cfg.window_of(li), w.sinks)  # [T, H, hd]
-        return rows.linear(out.reshape(t, h * hd), w.o, w.o_bias)
+        return self.linear(out.reshape(t, h * hd), w.o, w.o_bias)
 
     def route(self, li: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A MoE layer's routing of x [T, D]: expert ids and their weights, [T, K] each."""
         cfg, lw = self.config, self.layers[li]
-        logits = rows.linear(x.float() if cfg.router_float32 else x, lw.router, lw.router_bias)  # [T, N]
+        logits = self.linear(x.float() if cfg.router_float32 else x, lw.router, lw.router_bias)  # [T, N]
         weight_dtype = self.router_dtype or x.dtype
         if cfg.routing == "topk_softmax":  # GPT-OSS: top-k of the logits, softmax over those k
             top, topk_ids = torch.topk(logits, cfg.top_k, dim=-1)  # [T, K]
@@ -232,9 +237,9 @@ class MoEDecoder:
         lw = self.layers[li]
         if lw.shared is None:
             return routed
-        shared = mlp(x, lw.shared)
+        shared = mlp(x, lw.shared, self.linear)
         if lw.shared_gate is not None:  # Qwen2-MoE's sigmoid gate; DeepSeek's shared experts are ungated
-            shared = rows.pointwise(torch.sigmoid, rows.linear(x, lw.shared_gate)) * shared  # [T, 1] * [T, D]
+            shared = rows.pointwise(torch.sigmoid, self.linear(x, lw.shared_gate)) * shared  # [T, 1] * [T, D]
         return routed + shared
 
     # -- whole model --------------------------------------------------------------------------------
@@ -271,7 +276,7 @@ class MoEDecoder:
             x = x + self.attention(li, self.rms_norm(x, lw.input_norm, eps), rope, kv)
             h = self.rms_norm(x, lw.post_norm, eps)
             if lw.router is None:
-                x = x + mlp(h, lw.dense)
+                x = x + mlp(h, lw.dense, self.linear)
                 continue
             return Piece(x, rope, li, h, *self.route(li, h))
         return Piece(self.rms_norm(x, self.final_norm, eps), rope)
@@ -299,4 +304,4 @@ class MoEDecoder:
                 pager.use_device()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return rows.linear(hidden, self.lm_head).float()
+        return self.linear(hidden, self.lm_head).float()

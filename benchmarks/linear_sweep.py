@@ -1,0 +1,78 @@
+"""Time the dense projections of a preset both ways on the GPU: `rows.linear` (cuBLAS on 16-row tiles, one
+launch a tile) against `triton_linear` (one launch), at one-token decode and prefill row counts, for the
+default tile and a sweep of tiles (one tile serves every row count of a weight: a row's bits depend on it).
+Prints a table per weight and saves every timing as JSON.
+
+python benchmarks/linear_sweep.py --models olmoe-1b-7b,qwen3-30b-a3b --out linear_sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+from triton.testing import do_bench
+
+from wisp.core import rows
+from wisp.core.triton_linear import Tile, tile_for, triton_linear
+from wisp.models.presets import preset
+
+p = argparse.ArgumentParser()
+p.add_argument("--models", default="olmoe-1b-7b,qwen3-30b-a3b")
+p.add_argument("--rows", default="1,16,512,2048", help="row counts to time")
+p.add_argument("--no-sweep", action="store_true", help="only cuBLAS tiles and the default tile")
+p.add_argument("--out", default=None)
+args = p.parse_args()
+counts = [int(r) for r in args.rows.split(",")]
+TILES = [Tile(64, bn, bk, w, s) for bn, bk, w, s in itertools.product((16, 32, 64, 128), (64, 128, 256), (4,), (3, 4))]
+
+
+def weights_of(model: str) -> dict[str, tuple[int, int]]:
+    """name -> (out, in) of the preset's dense projections."""
+    c = preset(model)
+    d, h, hkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim") or d // h
+    return {"q": (h * hd, d), "kv": (hkv * hd, d), "o": (d, h * hd), "router": (c["num_experts"], d),
+            "lm_head": (c["vocab_size"], d)}
+
+
+def ms(fn) -> float:
+    return do_bench(fn, warmup=5, rep=25)
+
+
+records = []
+for model in args.models.split(","):
+    for name, (n, k) in weights_of(model).items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+        default = tile_for(n, k, torch.bfloat16)
+        print(f"\n{model} {name} [{n}, {k}]  default tile {tuple(default)}")
+        print(f"{'rows':>6} {'cuBLAS tiles ms':>16} {'triton ms':>10} {'best tile':>28} {'best ms':>8}")
+        for t in counts:
+            x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+            r = dict(model=model, weight=name, n=n, k=k, rows=t, cublas_tiles_ms=ms(lambda: rows.linear(x, w)),
+                     triton_ms=ms(lambda: triton_linear(x, w)), default_tile=list(default), tiles={})
+            if not args.no_sweep:
+                for tile in TILES:
+                    try:
+                        r["tiles"][",".join(map(str, tile))] = ms(lambda: triton_linear(x, w, tile=tile))
+                    except Exception as e:  # a tile the compiler refuses (shared memory): skipped, said
+                        r["tiles"][",".join(map(str, tile))] = f"{type(e).__name__}"
+            timed = {key: v for key, v in r["tiles"].items() if isinstance(v, float)}
+            best = min(timed, key=timed.get) if timed else "-"
+            print(f"{t:>6} {r['cublas_tiles_ms']:>16.4f} {r['triton_ms']:>10.4f} {best:>28} "
+                  f"{timed.get(best, float('nan')):>8.4f}", flush=True)
+            records.append(r)
+if not args.no_sweep:  # per weight, the tile with the least summed slowdown against each row count's best
+    print("\nper weight: the tile closest to every row count's best (sum of time / best)")
+    for (model, name), group in itertools.groupby(records, key=lambda r: (r["model"], r["weight"])):
+        group = list(group)
+        keys = [key for key in group[0]["tiles"] if all(isinstance(g["tiles"].get(key), float) for g in group)]
+        score = {key: sum(g["tiles"][key] / min(v for v in g["tiles"].values() if isinstance(v, float))
+                          for g in group) for key in keys}
+        top = sorted(score, key=score.get)[:3]
+        print(f"{model} {name}: " + "; ".join(f"{key} ({score[key]:.2f})" for key in top))
+if args.out:
+    with open(args.out, "w") as f:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), records=records), f, indent=1)

@@ -1,0 +1,66 @@
+"""The row-invariant Triton GEMM against a float64 oracle, and its promise: a row's bits do not depend on
+the rows it is computed with (any consecutive split of the rows gives the same output, torch.equal).
+Compiled on the GPU; on the CPU Triton's interpreter runs the same kernel on small shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wisp.core.triton_linear import triton_linear
+
+GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if GPU else "cpu")
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
+
+
+def problem(t, n, k, dtype, seed=0, bias=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, generator=g).to(dtype).to(DEVICE)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).to(DEVICE)
+    b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
+    return x, w, b
+
+
+def oracle(x, w, b):
+    out = x.double() @ w.double().T
+    return out if b is None else out + b.double()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t, n, k", [(1, 48, 40), (5, 96, 256), (70, 33, 130), (130, 64, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_oracle(t, n, k, dtype, bias):
+    x, w, b = problem(t, n, k, dtype, seed=t + n + k, bias=bias)
+    out = triton_linear(x, w, b)
+    assert out.shape == (t, n) and out.dtype == dtype
+    torch.testing.assert_close(out.double(), oracle(x, w, b), **TOL[dtype])
+
+
+@settings(max_examples=12 if GPU else 6, deadline=None)
+@given(t=st.integers(1, 140), cuts=st.lists(st.integers(1, 139), max_size=4), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_rows_do_not_depend_on_their_batch(t, cuts, seed, dtype):
+    """linear(x) == cat(linear(chunk) for consecutive chunks): the same bits whatever shares a launch."""
+    x, w, b = problem(t, 40, 72, dtype, seed=seed, bias=seed % 2 == 1)
+    whole = triton_linear(x, w, b)
+    bounds = sorted({0, t, *(c for c in cuts if c < t)})
+    parts = [triton_linear(x[lo:hi], w, b) for lo, hi in zip(bounds, bounds[1:])]
+    assert torch.equal(torch.cat(parts), whole)
+
+
+def test_strided_rows_equal_contiguous_and_empty_input():
+    x, w, _ = problem(9, 32, 64, torch.bfloat16)
+    wide = torch.zeros(9, 96, dtype=x.dtype, device=DEVICE)
+    wide[:, 16:80] = x
+    assert torch.equal(triton_linear(wide[:, 16:80], w), triton_linear(x, w))
+    assert triton_linear(x[:0], w).shape == (0, 32)
+
+
+def test_mismatched_dtypes_are_refused():
+    x, w, _ = problem(2, 32, 64, torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16"):
+        triton_linear(x.float(), w)
+
