@@ -42,12 +42,14 @@ class Tile(NamedTuple):
 
 def tile_for(n: int, k: int, dtype: torch.dtype) -> Tile:
     """The tile for a weight [n, k] of `dtype`: a function of the weight alone (never of the rows), since
-    the tile is part of every row's arithmetic. 64 rows feed the Hopper tensor cores' smallest product;
-    narrow N blocks keep a one-row decode step spread over the GPU's multiprocessors."""
+    the tile is part of every row's arithmetic (the pipeline depth, `stages`, is not: it fits the shared
+    memory of consumer GPUs, about 100 KB a block). 64 rows feed the Hopper tensor cores' smallest product;
+    narrow N blocks keep a one-row decode step spread over the GPU's multiprocessors
+    (`benchmarks/linear_sweep.py` times the alternatives)."""
     if dtype == torch.float32:
         return Tile(64, 32, 32, 4, 2)
     block_n = 64 if n >= 8192 else 32
-    return Tile(64, block_n, 128, 4, 4)
+    return Tile(64, block_n, 128, 4, 3)  # 3 stages of (64 + block_n) x 128 x 2 bytes: <= 96 KB of shared memory
 
 
 @triton.jit(do_not_specialize=["M"])
