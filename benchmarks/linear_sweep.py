@@ -13,7 +13,7 @@ import itertools
 import json
 
 import torch
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
 from wisp.core import rows
 from wisp.core.triton_linear import Tile, tile_for, triton_linear
@@ -23,9 +23,13 @@ p = argparse.ArgumentParser()
 p.add_argument("--models", default="olmoe-1b-7b,qwen3-30b-a3b")
 p.add_argument("--rows", default="1,16,512,2048", help="row counts to time")
 p.add_argument("--no-sweep", action="store_true", help="only cuBLAS tiles and the default tile")
+p.add_argument("--graph-rows", type=int, default=16,
+               help="row counts up to this are timed as CUDA-graph replays (decode runs in graphs; launched one by "
+                    "one, a few-microsecond kernel times its launch)")
 p.add_argument("--out", default=None)
 args = p.parse_args()
 counts = [int(r) for r in args.rows.split(",")]
+L2_FLUSH_BYTES = 128 << 20  # more than an H200's 50 MB of L2
 TILES = [Tile(64, bn, bk, w, s) for bn, bk, w, s in itertools.product((16, 32, 64, 128), (64, 128, 256), (4,), (3, 4))]
 
 
@@ -38,25 +42,28 @@ def weights_of(model: str) -> dict[str, tuple[int, int]]:
             "lm_head": (c["vocab_size"], d)}
 
 
-def ms(fn) -> float:
-    return do_bench(fn, warmup=5, rep=25)
+def ms(fn, t: int) -> float:
+    return do_bench_cudagraph(fn, rep=25) if t <= args.graph_rows else do_bench(fn, warmup=5, rep=25)
 
 
 records = []
 for model in args.models.split(","):
     for name, (n, k) in weights_of(model).items():
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+        copies = -(-L2_FLUSH_BYTES // (2 * n * k))  # a call reads a weight no earlier call left in L2
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
+        w = itertools.cycle(ws).__next__  # each call the next copy (graph captures too: one copy per replayed call)
         default = tile_for(n, k, torch.bfloat16)
         print(f"\n{model} {name} [{n}, {k}]  default tile {tuple(default)}")
         print(f"{'rows':>6} {'cuBLAS tiles ms':>16} {'triton ms':>10} {'best tile':>28} {'best ms':>8}")
         for t in counts:
             x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
-            r = dict(model=model, weight=name, n=n, k=k, rows=t, cublas_tiles_ms=ms(lambda: rows.linear(x, w)),
-                     triton_ms=ms(lambda: triton_linear(x, w)), default_tile=list(default), tiles={})
+            r = dict(model=model, weight=name, n=n, k=k, rows=t, cublas_tiles_ms=ms(lambda: rows.linear(x, w()), t),
+                     triton_ms=ms(lambda: triton_linear(x, w()), t), default_tile=list(default), tiles={},
+                     timing="cuda-graph" if t <= args.graph_rows else "launched")
             if not args.no_sweep:
                 for tile in TILES:
                     try:
-                        r["tiles"][",".join(map(str, tile))] = ms(lambda: triton_linear(x, w, tile=tile))
+                        r["tiles"][",".join(map(str, tile))] = ms(lambda: triton_linear(x, w(), tile=tile), t)
                     except Exception as e:  # a tile the compiler refuses (shared memory): skipped, said
                         r["tiles"][",".join(map(str, tile))] = f"{type(e).__name__}"
             timed = {key: v for key, v in r["tiles"].items() if isinstance(v, float)}
