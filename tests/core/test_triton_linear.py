@@ -59,8 +59,18 @@ def test_strided_rows_equal_contiguous_and_empty_input():
     assert triton_linear(x[:0], w).shape == (0, 32)
 
 
-def test_mismatched_dtypes_are_refused():
-    x, w, _ = problem(2, 32, 64, torch.bfloat16)
+def test_mismatched_dtypes_and_shapes_are_refused():
+    x, w, b = problem(2, 32, 64, torch.bfloat16, bias=True)
     with pytest.raises(TypeError, match="bfloat16"):
         triton_linear(x.float(), w)
+    with pytest.raises(ValueError, match=r"expected x \[T, 64\]"):
+        triton_linear(x[:, :48], w)
+    with pytest.raises(ValueError, match=r"bias \[32\]"):
+        triton_linear(x, w, b[:16])
+
+
+def test_strided_bias_equals_contiguous():
+    x, w, _ = problem(3, 40, 64, torch.float32)
+    wide = torch.randn(80, device=DEVICE)
+    assert torch.equal(triton_linear(x, w, wide[::2]), triton_linear(x, w, wide[::2].contiguous()))
 

@@ -74,7 +74,8 @@ def test_a_refresh_mid_run_is_fresh_and_taken_between_steps():
             await stream.__anext__()
         # 25 tokens consumed: at least 25 steps ran (the engine may run ahead of the stream, so `fresh` may
         # already count a few of these 20)
-        assert (await engine.refresh_stats())["steps"] >= max(25, fresh["steps"])
+        later = await engine.refresh_stats()
+        assert later is not fresh and fake.stats_calls == calls + 2 and later["steps"] >= max(25, fresh["steps"])
         stream.close()
 
     _, fake = run(body, step_delay=0.002, max_model_len=512, num_blocks=256)

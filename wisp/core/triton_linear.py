@@ -84,10 +84,15 @@ def triton_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     `tile` overrides `tile_for` (benchmarks: the same rows then get other bits)."""
     if x.dtype != weight.dtype:
         raise TypeError(f"triton_linear: x is {x.dtype}, weight {weight.dtype}")
-    t, k = x.shape
-    n = weight.shape[0]
+    n, k = weight.shape
+    if x.dim() != 2 or x.shape[1] != k or (bias is not None and bias.shape != (n,)):
+        bias_shape = None if bias is None else tuple(bias.shape)
+        raise ValueError(f"triton_linear: x {tuple(x.shape)}, weight {(n, k)}, bias {bias_shape}: "
+                         f"expected x [T, {k}] and bias [{n}]")
+    t = x.shape[0]
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
     out = torch.empty((t, n), dtype=x.dtype, device=x.device)
     if t == 0:
         return out
