@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wisp.core.triton_interpreter import INTERPRETED
+from wisp.core.triton_interpreter import dot_rows, ieee_products
 
 
 class Tile(NamedTuple):
@@ -68,10 +68,7 @@ def _linear(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, s_xm, s_wn, s_om,
         k_ok = (k0 + rk) < K
         a = tl.load(x_rows + (k0 + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)  # [BM, BK]
         w = tl.load(w_rows + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
-        if IEEE:
-            acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(w), acc)
+        acc = dot_rows(a, w, acc, IEEE)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + rm[:, None] * s_om + rn[None, :]
@@ -100,5 +97,5 @@ def triton_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     grid = (triton.cdiv(n, tile.block_n), triton.cdiv(t, tile.block_m))
     _linear[grid](x, weight, x if bias is None else bias, out, t, n, k, x.stride(0), weight.stride(0), out.stride(0),
                   HAS_BIAS=bias is not None, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                  IEEE=x.dtype == torch.float32 or INTERPRETED, num_warps=tile.warps, num_stages=tile.stages)
+                  IEEE=ieee_products(x.dtype), num_warps=tile.warps, num_stages=tile.stages)
     return out

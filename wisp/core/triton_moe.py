@@ -43,7 +43,7 @@ import triton.language as tl
 
 from wisp.core.expert_extras import SILU, Activation, ExpertExtras
 from wisp.core.fp8_blocks import DEFAULT_BLOCK, FP8
-from wisp.core.triton_interpreter import INTERPRETED
+from wisp.core.triton_interpreter import dot_rows, ieee_products
 from wisp.core.uva import device_view
 
 
@@ -137,15 +137,6 @@ def _tile_pairs(sorted_ptr, counts_ptr, S, SP: tl.constexpr, BLOCK_M: tl.constex
 
 
 @triton.jit
-def _dot_rows(a, w, acc, IEEE: tl.constexpr):
-    """acc + a [M, K] @ w [N, K]^T, float32 accumulation. IEEE: float32 operands (never TF32), or 16-bit ones
-    widened first (exact) where Triton's interpreter runs the kernel (its tl.dot misreads 16-bit floats)."""
-    if IEEE:
-        return tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-    return tl.dot(a, tl.trans(w), acc)
-
-
-@triton.jit
 def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs,
                  alpha, limit, S, K: tl.constexpr, D: tl.constexpr, I: tl.constexpr, SP: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr,
@@ -168,8 +159,8 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
             mask = i_ok[:, None] & col_ok[None, :]
             wg = _weight_tile(w, sc, rows, cols, mask, D, FMT, FP8_BLOCK, ROUND).to(x.dtype)  # exact: already rounded
             wu = _weight_tile(w, sc, rows + I, cols, mask, D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
-            gate = _dot_rows(x, wg, gate, IEEE)
-            up = _dot_rows(x, wu, up, IEEE)
+            gate = dot_rows(x, wg, gate, IEEE)
+            up = dot_rows(x, wu, up, IEEE)
         if HAS_BIAS:
             b = b_ptr + slot.to(tl.int64) * stride_bs
             gate += tl.load(b + rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
@@ -202,7 +193,7 @@ def _down(h_ptr, w_ptr, sorted_ptr, counts_ptr, y_ptr, stride_ws, s_ptr, stride_
             col_ok = cols < I
             h = tl.load(h_ptr + places[:, None] * I + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
             wd = _weight_tile(w, sc, rows, cols, d_ok[:, None] & col_ok[None, :], I, FMT, FP8_BLOCK, ROUND).to(h.dtype)
-            acc = _dot_rows(h, wd, acc, IEEE)
+            acc = dot_rows(h, wd, acc, IEEE)
         if HAS_BIAS:
             acc += tl.load(b_ptr + slot.to(tl.int64) * stride_bs + rows, mask=d_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr + pair[:, None] * D + rows[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
@@ -278,7 +269,7 @@ def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top
         return t.stride(0) if not one_expert else 0
 
     common = dict(SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M, FMT=fmt, FP8_BLOCK=DEFAULT_BLOCK[0],
-                  ROUND=ROUND_IDS[hidden.dtype], HAS_BIAS=has_bias, IEEE=hidden.dtype == torch.float32 or INTERPRETED)
+                  ROUND=ROUND_IDS[hidden.dtype], HAS_BIAS=has_bias, IEEE=ieee_products(hidden.dtype))
     h = torch.empty((max_tiles * BLOCK_M, inter), dtype=hidden.dtype, device=dev)  # [place, I]
     _gate_up_act[(max_tiles, triton.cdiv(inter, BLOCK_I_GATE_UP))](
         hidden, device_view(w_gate_up, dev), order, counts, h, stride0(w_gate_up), device_view(s_gate_up, dev),

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from wisp.core.rows import ROW_TILE
-from wisp.core.triton_interpreter import INTERPRETED
+from wisp.core.triton_interpreter import ieee_products
 
 SPAN_KEYS = 64  # keys per span: fixed, since the span boundaries are part of every row's arithmetic
 
@@ -197,11 +197,6 @@ def padded(hd: int) -> int:
     return 1 << (hd - 1).bit_length()
 
 
-def _wide(q: torch.Tensor) -> bool:
-    """Products in float32 IEEE: a float32 model, or Triton's interpreter (`wisp.core.triton_interpreter`)."""
-    return q.dtype == torch.float32 or INTERPRETED
-
-
 def _strides(q, k_cache):
     return (q.stride(0), q.stride(1)), (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
 
@@ -216,7 +211,7 @@ def _launch(q, k_cache, v_cache, tables, meta, window, sinks=None) -> torch.Tens
         q, k_cache, v_cache, tables, tables.stride(0), meta, out, h // hkv, hd**-0.5, window or 0,
         q if sinks is None else sinks, s_qt, s_qh, s_kb, s_kh, s_kp, out.stride(0), out.stride(1),
         R=ROW_TILE, BS=bs, HD=padded(hd), SPAN=span_keys(bs), HAS_WINDOW=window is not None,
-        HAS_SINKS=sinks is not None, DM=hd, WIDE=_wide(q),
+        HAS_SINKS=sinks is not None, DM=hd, WIDE=ieee_products(q.dtype),
     )
     return out
 
@@ -270,7 +265,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _span_partials[(b, h, g)](
         q, k_cache, v_cache, tables, tables.stride(0), meta, part_m, part_l, part_acc, h // hkv, hd**-0.5,
         window or 0, s_qt, s_qh, s_kb, s_kh, s_kp, h, spans,
-        R=ROW_TILE, BS=bs, HD=padded(hd), SPAN=span, HAS_WINDOW=window is not None, DM=hd, WIDE=_wide(q),
+        R=ROW_TILE, BS=bs, HD=padded(hd), SPAN=span, HAS_WINDOW=window is not None, DM=hd, WIDE=ieee_products(q.dtype),
     )
     _merge_spans[(b, h)](meta, part_m, part_l, part_acc, out, q if sinks is None else sinks, out.stride(0),
                          out.stride(1), h, spans, R=ROW_TILE, HD=padded(hd), SPAN=span, HAS_SINKS=sinks is not None,

@@ -96,7 +96,8 @@ class LayerWeights:
     shared_gate: torch.Tensor | None = None  # [1, D] (Qwen2-MoE; DeepSeek's shared experts are ungated)
 
 
-def mlp(x: torch.Tensor, w: MLPWeights, linear=rows.linear) -> torch.Tensor:
+def mlp(x: torch.Tensor, w: MLPWeights, linear) -> torch.Tensor:
+    """The dense gated MLP of x through `linear` (the decoder's projection: `rows.linear` or the Triton one)."""
     return linear(rows.silu_mul(linear(x, w.gate), linear(x, w.up)), w.down)
 
 
