@@ -57,8 +57,9 @@ paired)
   done
   python3 benchmarks/llama_cpp/paired_records.py --out-dir "$out" | tee "$out/paired_summary.txt"  # --append ... keeps it
   # the device tool returns at most 8 files: the stage's records and logs travel as one archive
-  (cd "$out" && tar czf paired_stage.tgz --exclude paired_stage.tgz --exclude paired_summary.txt . \
-    && find . -mindepth 1 ! -name paired_stage.tgz ! -name paired_summary.txt -delete) ;;
+  # (written beside $out, then moved in: tar reading the folder it writes into warns and exits 1)
+  tar czf "$out.paired_stage.tgz" -C "$out" --exclude paired_summary.txt . \
+    && (cd "$out" && find . -mindepth 1 ! -name paired_summary.txt -delete) && mv "$out.paired_stage.tgz" "$out/paired_stage.tgz" ;;
 wisp)
   wmodel=${WISP_MODEL:-$model}
   routing=${ROUTING:-.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl}
