@@ -61,26 +61,35 @@ def _rounded(w, ROUND: tl.constexpr):
 
 
 @triton.jit
-def _weight_tile(w, sc, rows, cols, mask, COLS: tl.constexpr, FMT: tl.constexpr, FP8_BLOCK: tl.constexpr,
-                 ROUND: tl.constexpr):
-    """The float32 tile [rows, cols] of one expert's [R, COLS] weight at w (scales at sc), dequantized as the
-    torch kernels do: FMT 0 plain; 1 FP8 (float32 product with the 128 x 128 block's scale, rounded to the
-    compute dtype); 2 MXFP4 (two e2m1 codes a byte, even column in the low nibble, times 2^(e8m0 - 127):
-    exact, built from the bits)."""
+def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr, FMT: tl.constexpr,
+                 FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr):
+    """The float32 tile [rows, BLOCK_C columns from col0] of one expert's [R, COLS] weight at w (scales at sc),
+    dequantized as the torch kernels do: FMT 0 plain; 1 FP8 (float32 product with the 128 x 128 block's scale,
+    rounded to the compute dtype); 2 MXFP4 (two e2m1 codes a byte, even column in the low nibble, times
+    2^(e8m0 - 127): exact, built from the bits). col0 is a multiple of BLOCK_C, so the tile's columns share
+    one FP8 scale block (a scale per row) and whole 32-column MXFP4 groups (a scale per row and group): the
+    scales are read once a tile, not once an element, and each element gets the same scale and product."""
+    cols = col0 + tl.arange(0, BLOCK_C)
+    mask = row_ok[:, None] & (cols < COLS)[None, :]
     if FMT == 2:
+        tl.static_assert(BLOCK_C % 32 == 0)
         byte = tl.load(w + rows[:, None] * (COLS // 2) + cols[None, :] // 2, mask=mask, other=0).to(tl.int32)
         code = tl.where((cols % 2 == 0)[None, :], byte & 0xF, byte >> 4)
         mag, e = (code & 7), (code & 7) >> 1
         frac = 1.0 + 0.5 * (mag & 1).to(tl.float32)
         value = tl.where(e == 0, 0.5 * (mag & 1).to(tl.float32), frac * tl.where(e == 3, 4.0, tl.where(e == 2, 2.0, 1.0)))
         value = tl.where((code & 8) != 0, -value, value)
-        s = tl.load(sc + rows[:, None] * (COLS // 32) + cols[None, :] // 32, mask=mask, other=127).to(tl.uint32)
+        groups = col0 // 32 + tl.arange(0, BLOCK_C // 32)  # [BLOCK_C / 32]
+        s = tl.load(sc + rows[:, None] * (COLS // 32) + groups[None, :],
+                    mask=row_ok[:, None] & (groups * 32 < COLS)[None, :], other=127).to(tl.uint32)
+        s = tl.reshape(tl.broadcast_to(s[:, :, None], (rows.shape[0], BLOCK_C // 32, 32)), (rows.shape[0], BLOCK_C))
         return _rounded(value * (s << 23).to(tl.float32, bitcast=True), ROUND)
     tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if FMT == 1:
+        tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
         n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
-        scale = tl.load(sc + (rows // FP8_BLOCK)[:, None] * n_cols + (cols // FP8_BLOCK)[None, :], mask=mask, other=0.0)
-        tile = _rounded(tile * scale, ROUND)
+        scale = tl.load(sc + (rows // FP8_BLOCK) * n_cols + col0 // FP8_BLOCK, mask=row_ok, other=0.0)  # [rows]
+        tile = _rounded(tile * scale[:, None], ROUND)
     return tile
 
 
@@ -156,9 +165,8 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
             cols = d0 + tl.arange(0, BLOCK_D)
             col_ok = cols < D
             x = tl.load(x_ptr + token[:, None] * D + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            mask = i_ok[:, None] & col_ok[None, :]
-            wg = _weight_tile(w, sc, rows, cols, mask, D, FMT, FP8_BLOCK, ROUND).to(x.dtype)  # exact: already rounded
-            wu = _weight_tile(w, sc, rows + I, cols, mask, D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
+            wg = _weight_tile(w, sc, rows, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)  # exact: rounded
+            wu = _weight_tile(w, sc, rows + I, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
             gate = dot_rows(x, wg, gate, IEEE)
             up = dot_rows(x, wu, up, IEEE)
         if HAS_BIAS:
@@ -192,7 +200,7 @@ def _down(h_ptr, w_ptr, sorted_ptr, counts_ptr, y_ptr, stride_ws, s_ptr, stride_
             cols = i0 + tl.arange(0, BLOCK_I)
             col_ok = cols < I
             h = tl.load(h_ptr + places[:, None] * I + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            wd = _weight_tile(w, sc, rows, cols, d_ok[:, None] & col_ok[None, :], I, FMT, FP8_BLOCK, ROUND).to(h.dtype)
+            wd = _weight_tile(w, sc, rows, d_ok, i0, I, BLOCK_I, FMT, FP8_BLOCK, ROUND).to(h.dtype)
             acc = dot_rows(h, wd, acc, IEEE)
         if HAS_BIAS:
             acc += tl.load(b_ptr + slot.to(tl.int64) * stride_bs + rows, mask=d_ok, other=0.0).to(tl.float32)[None, :]
