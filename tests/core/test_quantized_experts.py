@@ -74,8 +74,10 @@ def test_every_mode_on_quantized_experts_equals_resident_on_their_dequantized_we
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt, d", [("fp8", 256), ("fp8", 200), ("mxfp4", 256)])  # 200: a partial last FP8 block
-def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_weights(fmt, d):
+@pytest.mark.parametrize("fmt, d, inter", [("fp8", 256, I), ("fp8", 200, I), ("fp8", 256, 200), ("mxfp4", 256, I)])
+def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_weights(fmt, d, inter):
+    # d = 200: a partial last FP8 block of columns; inter = 200: the up rows (after the gate's 200) start inside
+    # a 128-row block, so one tile's rows take scales from two blocks, and the down's last block is partial
     pytest.importorskip("triton")
     from wisp.core.moe import fused_moe
     from wisp.core.triton_moe import triton_fused_moe, triton_pairs_by_map, triton_pairs_of_one_expert
@@ -84,8 +86,8 @@ def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_
     quantize, dequantize = FORMATS[fmt]
     g = torch.Generator().manual_seed(d)
     n, k, t = 4, 2, 2
-    gate_up, gs = quantize(torch.randn(n, 2 * I, d, generator=g) * 0.05)
-    down, ds = quantize(torch.randn(n, d, I, generator=g) * 0.05)
+    gate_up, gs = quantize(torch.randn(n, 2 * inter, d, generator=g) * 0.05)
+    down, ds = quantize(torch.randn(n, d, inter, generator=g) * 0.05)
     plain_gate_up, plain_down = dequantize(gate_up, gs, torch.bfloat16).to(dev), dequantize(down, ds, torch.bfloat16).to(dev)
     gate_up, gs, down, ds = (x.to(dev) for x in (gate_up, gs, down, ds))
     hidden = torch.randn(t, d, generator=g).to(torch.bfloat16).to(dev)
