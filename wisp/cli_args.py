@@ -19,6 +19,12 @@ from typing import NoReturn
 from wisp.options import ATTENTION_BACKENDS, CACHE_POLICIES, EMBEDDINGS, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS
 from wisp.options import DTYPE_NAMES as DTYPES
 
+__all__ = [  # CACHE_POLICIES and DTYPES are offered here for the parsers built elsewhere (cli, plan.args)
+    "ATTENTION_BACKENDS", "CACHE_POLICIES", "DTYPES", "EMBEDDINGS", "MAX_NUM_BATCHED_TOKENS", "MODES", "MOE_BACKENDS",
+    "Parser", "add_backend_args", "add_engine_args", "backend_options", "fail", "parse_port", "parse_positive_int",
+    "parse_size", "parse_token_ids",
+]
+
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one `wisp: error:` line and exit status 2."""
