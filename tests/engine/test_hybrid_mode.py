@@ -98,8 +98,9 @@ def test_where_the_cpu_could_help_graph_and_eager_steps_are_both_measured(hf_che
     runner = llm.engine.runner
     llm.generate([LONG_PROMPT], SamplingParams(max_tokens=32, ignore_eos=True))
     stats = llm.stats()
-    if runner.graphs_enabled():  # at least 3 + 3 CPU-helped steps (the graph's pieces; 3 untimed), 1 + 3 graph steps
-        assert runner.step_kinds.best(1) is not None and stats["graph_steps"] >= 4 and stats["piece_steps"] >= 6
+    if runner.graphs_enabled():  # at least 3 + 3 CPU-helped steps (the graph's pieces; 3 untimed), 1 + 1 graph steps
+        # (1 + 3 unless one kind is decisively faster: StepKindChooser's `decisive`)
+        assert runner.step_kinds.best(1) is not None and stats["graph_steps"] >= 2 and stats["piece_steps"] >= 6
         assert stats["expert_cpu_computed"] > 0
         assert bool(runner.graphs.splits) == (cap == 0)
     else:

@@ -18,7 +18,7 @@ def drive(chooser: StepKindChooser, steps: int, seconds: dict[str, float], batch
 
 @pytest.mark.parametrize("faster", [GRAPH, EAGER])
 def test_measures_both_then_runs_the_faster_and_re_measures_the_other(faster):
-    chooser = StepKindChooser(sample=3, explore_every=20, warmup=0, graph_warmup=0)
+    chooser = StepKindChooser(sample=3, explore_every=20, warmup=0, graph_warmup=0, decisive=4.0)
     seconds = {GRAPH: 2.0, EAGER: 1.0} if faster == EAGER else {GRAPH: 1.0, EAGER: 2.0}
     kinds = drive(chooser, 40, seconds)
     assert kinds[:6] == [EAGER] * 3 + [GRAPH] * 3 and chooser.best(1) == faster
@@ -28,7 +28,7 @@ def test_measures_both_then_runs_the_faster_and_re_measures_the_other(faster):
 
 
 def test_a_clear_cut_difference_decides_after_the_least_steps_and_ends_an_exploration_early():
-    chooser = StepKindChooser(sample=8, explore_every=40, warmup=0, least=3, graph_warmup=0)
+    chooser = StepKindChooser(sample=8, explore_every=40, warmup=0, least=3, graph_warmup=0, decisive=4.0)
     kinds = drive(chooser, 80, {GRAPH: 2.0, EAGER: 1.0})
     assert kinds[:6] == [EAGER] * 3 + [GRAPH] * 3 and set(kinds[6:39]) == {EAGER}
     assert [i + 1 for i, k in enumerate(kinds) if k == GRAPH][3:] == [40, 41, 42, 80]  # 3 of sample's 8
@@ -71,7 +71,7 @@ def test_batch_sizes_are_measured_apart_and_a_changed_speed_is_followed():
 
 @pytest.mark.parametrize("graph_warmup", [0, 1, 2])
 def test_cold_steps_of_each_kind_are_run_but_not_timed(graph_warmup):
-    chooser = StepKindChooser(sample=2, explore_every=20, warmup=2, graph_warmup=graph_warmup)
+    chooser = StepKindChooser(sample=2, explore_every=20, warmup=2, graph_warmup=graph_warmup, decisive=4.0)
     kinds = []
     for i in range(6 + graph_warmup):
         kind = chooser.pick(1)
@@ -90,6 +90,8 @@ def test_bad_settings_are_refused():
     StepKindChooser(sample=4, explore_every=14, warmup=3, graph_warmup=2)
     with pytest.raises(ValueError):
         StepKindChooser(sample=4, explore_every=40, warmup=-1)
+    with pytest.raises(ValueError):
+        StepKindChooser(sample=4, explore_every=40, decisive=1.0)
 
 
 def test_one_slow_step_of_the_winner_does_not_reopen_the_measuring():
@@ -100,3 +102,40 @@ def test_one_slow_step_of_the_winner_does_not_reopen_the_measuring():
     kinds = drive(chooser, 1, {GRAPH: 33.0, EAGER: 34.0})  # one slow CPU-helped step: no clear cut now
     kinds += drive(chooser, 20, {GRAPH: 33.0, EAGER: 22.0})
     assert kinds == [EAGER] * 21 and chooser.best(1) == EAGER
+
+
+@pytest.mark.parametrize("faster", [GRAPH, EAGER])
+def test_a_wide_margin_decides_after_one_timed_step_of_each_kind_and_ends_each_exploration_after_one(faster):
+    """The H200's OLMoE with no slots: 34 ms graph steps against 17-20 ms CPU-helped ones (and the reverse)."""
+    chooser = StepKindChooser(sample=8, explore_every=40, warmup=0, least=3, graph_warmup=0)  # decisive 1.5
+    slower = GRAPH if faster == EAGER else EAGER
+    seconds = {faster: 0.018, slower: 0.034}
+    kinds = drive(chooser, 81, seconds)
+    assert kinds[:4] == [EAGER] * 3 + [GRAPH] and chooser.best(1) == faster  # eager goes first, `least` steps
+    measured_first = 3 if slower == EAGER else 1
+    assert kinds.count(slower) == measured_first + 2  # then one step at each exploration (steps 40 and 80)
+    assert [i + 1 for i, k in enumerate(kinds) if k == slower][measured_first:] == [40, 80]
+
+
+def test_a_margin_below_decisive_keeps_the_least_steps_rule():
+    chooser = StepKindChooser(sample=8, explore_every=40, warmup=0, least=3, graph_warmup=0)
+    kinds = drive(chooser, 41, {GRAPH: 0.024, EAGER: 0.018})  # 1.33x: not decisive
+    assert kinds[:7] == [EAGER] * 3 + [GRAPH] * 3 + [EAGER]
+    assert [i + 1 for i, k in enumerate(kinds) if k == GRAPH][3:] == [40, 41]  # the exploration goes on
+
+
+def test_an_exploration_whose_first_step_is_not_decisively_slower_goes_on():
+    """The graph got faster since the decision: one step no longer ends its exploration, and it is re-measured."""
+    chooser = StepKindChooser(sample=8, explore_every=40, warmup=0, least=3, graph_warmup=0)
+    drive(chooser, 39, {GRAPH: 0.034, EAGER: 0.018})
+    assert chooser.best(1) == EAGER
+    kinds = drive(chooser, 10, {GRAPH: 0.012, EAGER: 0.018})
+    assert kinds[:3] == [GRAPH] * 3 and chooser.best(1) == GRAPH
+
+
+def test_one_slow_step_after_a_decisive_choice_does_not_reopen_the_measuring():
+    chooser = StepKindChooser(sample=8, explore_every=100, warmup=0, least=3, graph_warmup=0)
+    kinds = drive(chooser, 10, {GRAPH: 0.034, EAGER: 0.018})  # decided after one graph step
+    kinds += drive(chooser, 1, {GRAPH: 0.034, EAGER: 0.030})  # a hiccup: 0.034 is no longer 1.5x the slowest
+    kinds += drive(chooser, 20, {GRAPH: 0.034, EAGER: 0.018})
+    assert kinds == [EAGER] * 3 + [GRAPH] + [EAGER] * 27 and chooser.best(1) == EAGER

@@ -14,7 +14,10 @@ learning its ratio, first launches; `graph_warmup` graph steps, the first replay
 work every step, 34.1-34.9 ms from its first on the H200, so each of its untimed steps is 17 ms lost against
 a 17 ms CPU-helped step), the first `least` decode steps run with the CPU's help (EAGER: the graph's pieces with
 the experts eager between, where captured), the next `least` as whole graphs. As soon as the last `least`
-steps of one kind all beat the last `least` of the other, that kind runs; until then the CPU-helped kind,
+steps of one kind all beat the last `least` of the other, that kind runs; sooner, as soon as each kind has a
+timed step, where every step of one kind takes more than `decisive` times the other's slowest (on the H200,
+OLMoE with no slots: 34 ms graph steps against 17-20 ms CPU-helped ones, so one graph step decides instead of
+three, and each later exploration of the graph stops after its first step); until then the CPU-helped kind,
 then the graph, is measured up to `sample` steps, and the one with the lower median runs. (Recent steps, not
 all: a process's first CPU-helped steps can be slow; with all of them compared, every H200 run still ran
 the graph's whole sample, 8 steps of 33.7 ms, though the CPU-helped kind ended at 21-28 ms.) Every
@@ -37,12 +40,14 @@ GRAPH, EAGER = "graph", "eager"
 
 class StepKindChooser:
     def __init__(self, sample: int = 8, explore_every: int = 256, warmup: int = 3, least: int = 3,
-                 graph_warmup: int = 1):
-        """`least`: the steps of each kind after which a clear-cut difference decides (at most `sample`)."""
+                 graph_warmup: int = 1, decisive: float = 1.5):
+        """`least`: the steps of each kind after which a clear-cut difference decides (at most `sample`);
+        `decisive`: the ratio past which one timed step of each kind decides."""
         if (sample < 1 or explore_every <= 2 * sample + warmup + graph_warmup or min(warmup, graph_warmup) < 0
-                or least < 1):
-            raise ValueError("need sample >= 1, least >= 1, warm-ups >= 0 and "
+                or least < 1 or not decisive > 1):
+            raise ValueError("need sample >= 1, least >= 1, warm-ups >= 0, decisive > 1 and "
                              "explore_every > 2 x sample + both warm-ups")
+        self.decisive = decisive
         self.sample, self.explore_every = sample, explore_every
         self.warmup = {EAGER: warmup, GRAPH: graph_warmup}
         self.least = min(least, sample)
@@ -62,19 +67,25 @@ class StepKindChooser:
                         return kind
         other = GRAPH if best == EAGER else EAGER
         explored = n % self.explore_every  # this exploration's steps so far (from 0 at its start)
+        latest = list(times[other])[-1:] if explored else []  # the other's newest step, once this exploration has one
         if explored < self.sample and not (explored >= self.least and _all_slower(
-                list(times[other])[-self.least:], times[best])):
+                list(times[other])[-self.least:], times[best])) and not _all_slower(latest, times[best], self.decisive):
             return other  # refresh the other kind's window now and then
         return best
 
     def best(self, batch_size: int) -> str | None:
-        """The kind to run: once both kinds have `least` steps, the one whose last `least` steps all beat the
-        other's last `least`; once both have `sample`, the one with the lower median; in between, the kind
-        decided last (one slow step of the winner does not reopen the measuring); None before any decision."""
+        """The kind to run: the other's every step is more than `decisive` times its slowest (both kinds timed);
+        once both kinds have `least` steps, the one whose last `least` steps all beat the other's last `least`;
+        once both have `sample`, the one with the lower median; in between, the kind decided last (one slow step
+        of the winner does not reopen the measuring); None before any decision."""
         times = self._times(batch_size)
         eager, graph = times[EAGER], times[GRAPH]
+        for slow, fast in ((GRAPH, EAGER), (EAGER, GRAPH)):
+            if _all_slower(times[slow], times[fast], self.decisive):
+                self.chosen[batch_size] = fast
+                return fast
         if min(len(eager), len(graph)) < self.least:
-            return None
+            return self.chosen.get(batch_size)  # a decisive choice stands while the loser's window is short
         recent_eager, recent_graph = list(eager)[-self.least:], list(graph)[-self.least:]
         if _all_slower(recent_graph, recent_eager):
             best = EAGER
@@ -111,6 +122,6 @@ class StepKindChooser:
         return self.times[batch_size]
 
 
-def _all_slower(slow, fast) -> bool:
-    """Whether every time in `slow` is above every time in `fast` (both non-empty)."""
-    return bool(slow) and bool(fast) and min(slow) > max(fast)
+def _all_slower(slow, fast, ratio: float = 1.0) -> bool:
+    """Whether every time in `slow` is above `ratio` times every time in `fast` (both non-empty)."""
+    return bool(slow) and bool(fast) and min(slow) > ratio * max(fast)
