@@ -17,7 +17,9 @@ the experts eager between, where captured), the next `least` as whole graphs. As
 steps of one kind all beat the last `least` of the other, that kind runs; sooner, as soon as each kind has a
 timed step, where every step of one kind takes more than `decisive` times the other's slowest (on the H200,
 OLMoE with no slots: 34 ms graph steps against 17-20 ms CPU-helped ones, so one graph step decides instead of
-three, and each later exploration of the graph stops after its first step); until then the CPU-helped kind,
+three, and each later exploration of the graph stops after its first step: a graph replays the same work every
+step, while a CPU-helped step after a long rest can be cold, so its explorations keep the `least` rule); until
+then the CPU-helped kind,
 then the graph, is measured up to `sample` steps, and the one with the lower median runs. (Recent steps, not
 all: a process's first CPU-helped steps can be slow; with all of them compared, every H200 run still ran
 the graph's whole sample, 8 steps of 33.7 ms, though the CPU-helped kind ended at 21-28 ms.) Every
@@ -67,7 +69,10 @@ class StepKindChooser:
                         return kind
         other = GRAPH if best == EAGER else EAGER
         explored = n % self.explore_every  # this exploration's steps so far (from 0 at its start)
-        latest = list(times[other])[-1:] if explored else []  # the other's newest step, once this exploration has one
+        # an exploration of the graph ends at its first step where that step is decisively slower: a graph replays
+        # the same work every step. Not one of CPU-helped steps: the first after a long rest can be cold (and a
+        # requested CPU-helped step the runner ran as the graph leaves no new CPU-helped step to judge)
+        latest = list(times[other])[-1:] if explored and other == GRAPH else []
         if explored < self.sample and not (explored >= self.least and _all_slower(
                 list(times[other])[-self.least:], times[best])) and not _all_slower(latest, times[best], self.decisive):
             return other  # refresh the other kind's window now and then
