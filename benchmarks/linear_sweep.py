@@ -62,10 +62,11 @@ for model in args.models.split(","):
                      timing="cuda-graph" if t <= args.graph_rows else "launched")
             if not args.no_sweep:
                 for tile in TILES:
+                    key = ",".join(map(str, tile))
                     try:
-                        r["tiles"][",".join(map(str, tile))] = ms(lambda: triton_linear(x, w(), tile=tile), t)
+                        r["tiles"][key] = ms(lambda: triton_linear(x, w(), tile=tile), t)
                     except Exception as e:  # a tile the compiler refuses (shared memory): skipped, said
-                        r["tiles"][",".join(map(str, tile))] = f"{type(e).__name__}"
+                        r["tiles"][key] = f"{type(e).__name__}"
             timed = {key: v for key, v in r["tiles"].items() if isinstance(v, float)}
             best = min(timed, key=timed.get) if timed else "-"
             print(f"{t:>6} {r['cublas_tiles_ms']:>16.4f} {r['triton_ms']:>10.4f} {best:>28} "

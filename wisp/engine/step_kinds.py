@@ -19,8 +19,7 @@ timed step, where every step of one kind takes more than `decisive` times the ot
 OLMoE with no slots: 34 ms graph steps against 17-20 ms CPU-helped ones, so one graph step decides instead of
 three, and each later exploration of the graph stops after its first step: a graph replays the same work every
 step, while a CPU-helped step after a long rest can be cold, so its explorations keep the `least` rule); until
-then the CPU-helped kind,
-then the graph, is measured up to `sample` steps, and the one with the lower median runs. (Recent steps, not
+then the CPU-helped kind, then the graph, is measured up to `sample` steps, and the one with the lower median runs. (Recent steps, not
 all: a process's first CPU-helped steps can be slow; with all of them compared, every H200 run still ran
 the graph's whole sample, 8 steps of 33.7 ms, though the CPU-helped kind ended at 21-28 ms.) Every
 `explore_every` steps the other kind is measured again for up to `sample` steps (routing and the host
