@@ -120,6 +120,8 @@ FLAG_CASES: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "token_outside_vocab": (["--prompt-ids", "1,128"], ("token id 128", "vocabulary", "128)")),
     "unknown_mode": (["--prompt-ids", "1,2", "--mode", "bogus"], ("--mode", "bogus", "paged", "resident", "offload")),
     "unknown_dtype": (["--prompt-ids", "1,2", "--dtype", "int8"], ("--dtype", "int8", "float32", "bfloat16")),
+    "hot_experts_without_hybrid": (["--prompt-ids", "1,2", "--hot-experts", "2"],
+                                   ("--hot-experts", "--mode hybrid --expert-cap 0", "--mode paged")),
 }
 
 
@@ -181,7 +183,10 @@ def test_api_expert_cap_out_of_range(good, cap):
 
 @pytest.mark.parametrize("kwargs, match", [({"mode": "bogus"}, "unknown mode 'bogus'"),
                                            ({"dtype": "int8"}, "unsupported dtype 'int8'"),
-                                           ({"device": "tpu"}, "unknown device 'tpu'")])
+                                           ({"device": "tpu"}, "unknown device 'tpu'"),
+                                           ({"mode": "hybrid", "expert_cap": 0, "hot_experts": 99},
+                                            "hot-experts 99 exceeds the model's 8 experts"),
+                                           ({"mode": "hybrid", "expert_cap": 0, "hot_experts": -1}, "hot-experts must be >= 0")])
 def test_api_bad_engine_options(good, kwargs, match):
     with pytest.raises(WispError, match=match):
         LLM(str(good), **{"device": "cpu", **kwargs})

@@ -103,12 +103,16 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embedding", choices=EMBEDDINGS, default="auto",
                    help="where the token embedding table lives: host (pinned, each token's row read in place: "
                         "vocab x hidden bytes of VRAM freed) or device (auto: host on CUDA unless it is also the LM head)")
+    p.add_argument("--hot-experts", type=int, default=0, metavar="H",
+                   help="hybrid mode with no slots (--mode hybrid --expert-cap 0): hold each MoE layer's H most-routed "
+                        "experts on the GPU (H x layers x one expert's bytes of VRAM); decode steps under CUDA graphs "
+                        "serve their pairs from there instead of host memory")
 
 
 def backend_options(args: argparse.Namespace) -> dict:
     """The `add_backend_args` options as EngineConfig fields."""
     return {"device": args.device, "moe_backend": args.moe_backend, "attention_backend": args.attention_backend,
-            "enforce_eager": args.enforce_eager, "embedding": args.embedding}
+            "enforce_eager": args.enforce_eager, "embedding": args.embedding, "hot_experts": args.hot_experts}
 
 
 def add_engine_args(p: argparse.ArgumentParser, record_help: str) -> None:

@@ -259,6 +259,7 @@ class EngineConfig:
     hybrid_costs: HybridCosts | None = None  # hybrid mode's copy / CPU costs; None: probed at load
     hybrid_cpu_kernel: str | None = None  # hybrid's CPU kernel (HYBRID_CPU_KERNELS); None: native (else plain) with a GPU
     prefetch: bool = False  # copy each next layer's predicted experts ahead (wisp.core.prefetch; eager, paged only)
+    hot_experts: int = 0  # hybrid with no slots: each MoE layer's H most-routed experts held on the device (wisp.core.hot_experts)
     embedding: str = "auto"  # the token embedding table: "host" (pinned, read in place), "device"; auto: host on CUDA when untied
 
     def __post_init__(self) -> None:
@@ -283,6 +284,11 @@ class EngineConfig:
             raise WispError(f"unknown embedding placement {self.embedding!r}; choose one of: {', '.join(EMBEDDINGS)}")
         if self.prefetch and self.mode != "paged":
             raise WispError(f"--prefetch fills paged mode's expert slots: it needs --mode paged, not {self.mode}")
+        if self.hot_experts < 0:
+            raise WispError(f"hot-experts must be >= 0, got {self.hot_experts}")
+        if self.hot_experts and not (self.mode == "hybrid" and self.expert_cap == 0):
+            raise WispError("--hot-experts holds experts on the GPU for hybrid mode with no slots: it needs "
+                            f"--mode hybrid --expert-cap 0 (got --mode {self.mode} --expert-cap {self.expert_cap})")
         if self.cuda_graph_max_batch < 0:
             raise WispError(f"cuda-graph-max-batch must be >= 0, got {self.cuda_graph_max_batch}")
         if self.moe_backend not in MOE_BACKENDS:
@@ -325,6 +331,8 @@ class EngineConfig:
 
     def resolve_layer_caps(self, model: ModelConfig) -> list[int]:
         """The scratch capacity of each MoE layer, each checked against top_k <= C <= num_experts."""
+        if self.hot_experts > model.num_experts:
+            raise WispError(f"hot-experts {self.hot_experts} exceeds the model's {model.num_experts} experts per layer")
         if self.per_layer_caps is None:
             return [self.resolve_cap(model)] * len(model.moe_layer_ids)
         caps = [int(c) for c in self.per_layer_caps]

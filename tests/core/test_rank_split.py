@@ -11,6 +11,7 @@ import torch
 
 from tests.core.test_experts import make
 from tests.core.test_hybrid_experts import CPU_CHEAP, zero_copy_pair
+from wisp.core.hot_experts import HotExperts
 from wisp.core.hybrid_split import HybridCosts, MissSplit
 from wisp.core.rank_split import RankSplit
 
@@ -22,7 +23,7 @@ def split_step(split: RankSplit, hidden, ids, weights, n: int) -> torch.Tensor:
     events = [torch.cuda.current_stream().record_event() for _ in range(2)] if hidden.is_cuda else [None, None]
     per_k = split.gpu_pairs(hidden, ids)
     split.serve(hidden.shape[0], *events)
-    return split.merge(per_k, weights, hidden.dtype)
+    return split.merge(per_k, ids, weights, hidden.dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -168,3 +169,82 @@ def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
         assert native.rows_host[~cpu].isnan().all()
     a, b = (store.counters for store in stores)
     assert (a.steps, a.misses, a.cpu_computed) == (b.steps, b.misses, b.cpu_computed) == (3, 3 * 8, 3 + 3 + 5)
+
+
+def hold(store, experts: list[int]) -> None:
+    """Give a zero-copy hybrid store hot experts: `experts`, scored far above anything a test routes."""
+    store.hot = HotExperts(store.host, len(experts), store.expert_map.device)
+    store.hot.scores[experts] = 1e9
+    assert store.hot.refresh() == len(experts)
+
+
+HOT = [3, 7, 11]
+HOT_ROUTING = [[3, 5, 7, 9], [1, 11, 2, 3], [0, 2, 7, 11], [3, 7, 11, 4], [8, 9, 10, 12]]  # hot ones at every rank
+
+
+@pytest.mark.parametrize("n", [0, 2, 4])
+def test_hot_experts_pairs_come_from_the_bank_and_the_cpu_gets_only_the_others(device, n):
+    """The hot experts' pairs are the GPU's from its bank whatever their rank: the step equals the eager step
+    that sends the other experts of ranks < n to the CPU, bit for bit; they count as hits and cost no bytes."""
+    host, _, _, weights = make(16, 1, 4, 31, torch.bfloat16)
+    hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
+    eager, _ = zero_copy_pair(device, host, CPU_CHEAP)
+    hold(hybrid, HOT)
+    split = RankSplit(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
+    hits = misses = cpu = gpu_pairs = 0
+    for step, row in enumerate(HOT_ROUTING):
+        hidden = make(16, 1, 4, 700 + step, torch.bfloat16)[1].to(device)
+        ids = torch.tensor([row], device=device)
+        to_cpu = tuple(sorted(e for e in row[:n] if e not in HOT))
+        to_gpu = tuple(sorted(e for e in row if e not in to_cpu))
+        eager._split = lambda misses, c=to_cpu, g=to_gpu: MissSplit(g, c, 0.0, (1,) * len(c))
+        out = split_step(split, hidden, ids, weights.to(device), n)
+        assert torch.equal(out, eager.forward(hidden, ids, weights.to(device))), (n, step)
+        hits += sum(e in HOT for e in row)
+        misses += sum(e not in HOT for e in row)
+        cpu += len(to_cpu)
+        gpu_pairs += sum(e not in HOT for e in row[n:])
+    c = hybrid.counters
+    assert (c.steps, c.hits, c.misses, c.cpu_computed) == (len(HOT_ROUTING), hits, misses, cpu)
+    assert c.bytes_h2d == gpu_pairs * hybrid.expert_bytes
+    assert hybrid.hot.held == set(HOT) and hybrid.hot.steps == len(HOT_ROUTING)  # refreshed at step 4: kept
+    assert all(live < 1.0 for live in split.live)  # the prediction knows some pairs of every rank are hot
+
+
+def test_the_prediction_scales_both_sides_by_the_pairs_that_are_not_hot():
+    host = make(8, 1, 4, 5, torch.float32)[0]
+    hybrid, _ = zero_copy_pair("cpu", host, HybridCosts(copy_s=3.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,)))
+    hold(hybrid, [0])
+    split = RankSplit(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1])))
+    assert split.predicted_s(1, 3) == 3.0
+    split.live = [0.0, 0.5, 1.0, 1.0]  # hot experts are mostly the first ranks
+    assert split.predicted_s(1, 2) == 6.0 and split.predicted_s(1, 0) == 7.5  # max(0.5 x 1, 2 x 3), 2.5 x 3
+    assert split.cpu_share_for(1) == 4  # 2.5 CPU experts against nothing read in place
+
+
+def test_the_native_host_side_skips_the_hot_experts_as_the_kernel_path_does():
+    from wisp.core.hybrid_experts import StagingBuffers, ZeroCopyHybridExperts
+
+    g = torch.Generator().manual_seed(52)
+    d, i = 32, 16
+    host = {"gate_up": torch.randn((8, 2 * i, d), generator=g).bfloat16(),
+            "down": torch.randn((8, d, i), generator=g).bfloat16()}
+    hidden = torch.randn((3, d), generator=g).bfloat16()
+    ids = torch.tensor([[5, 1, 7, 2], [1, 5, 0, 3], [6, 1, 5, 4]])
+    stores = [ZeroCopyHybridExperts(host, torch.device("cpu"), CPU_CHEAP, StagingBuffers(host, torch.device("cpu")),
+                                    cpu_kernel="native") for _ in range(2)]
+    for store in stores:
+        hold(store, [1, 7])
+    native, python = (RankSplit(store, 3, 4, hidden) for store in stores)
+    assert native._native
+    python._native = False
+    for split in (native, python):
+        split.set_share(3)
+        split.rows_host.fill_(float("nan"))
+        split.send(hidden, ids)
+        split.serve(3, None, None)
+    cpu = (torch.arange(4) < 3) & ~torch.isin(ids, torch.tensor([1, 7]))  # the CPU's pairs: the only rows written
+    assert torch.equal(native.rows_host[cpu], python.rows_host[cpu])
+    assert not native.rows_host[cpu].isnan().any() and native.rows_host[~cpu].isnan().all()
+    a, b = (store.counters for store in stores)
+    assert (a.hits, a.misses, a.cpu_computed) == (b.hits, b.misses, b.cpu_computed) == (2, 6, 3)  # 5, 0 and 6 on the CPU

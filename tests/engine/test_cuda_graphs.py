@@ -111,13 +111,19 @@ def test_a_hybrid_step_replayed_as_pieces_equals_its_eager_step():
         assert torch.equal(pieces, eager), position
 
 
-def test_a_split_step_replayed_equals_the_same_split_run_eagerly():
+@pytest.mark.parametrize("hot", [0, 2])
+def test_a_split_step_replayed_equals_the_same_split_run_eagerly(hot):
     """Hybrid with no slots replays the CPU's share of ranks between the graphs (`run_split`): for each share,
     the same as each layer's RankSplit run eagerly between eager pieces, and a token's logits do not
-    depend on its batch."""
-    eng = engine("hybrid", 0, False, hybrid_costs=HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4)))
+    depend on its batch. With hot experts, held in the bank after the graphs were captured (their pairs the
+    GPU's from there, whatever their rank)."""
+    eng = engine("hybrid", 0, False, hybrid_costs=HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4)),
+                 hot_experts=hot)
     model, blocks = eng.model, eng.pool.allocate(3)
     graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True)
+    for store in model.experts.values() if hot else ():
+        store.hot.scores[[1, 4]] = 1e9  # held whatever the test routes
+        assert store.hot.refresh() == 2
     assert set(graphs.splits) == set(model.experts) and graphs.split_graphs[1] and graphs.split_graphs[2]
     tables, top_k = [[blocks[0]], [blocks[1]]], model.config.top_k
     for position in range(2 * top_k):
@@ -136,7 +142,7 @@ def test_a_split_step_replayed_equals_the_same_split_run_eagerly():
             torch.cuda.synchronize()
             split.serve(2, None, None)
             piece = model.forward_piece(graphs.tokens[:2], graphs.positions[:2], kv, piece,
-                                        split.merge(per_k, piece.topk_weights, model.dtype))
+                                        split.merge(per_k, piece.topk_ids, piece.topk_weights, model.dtype))
         eager = model.logits(piece.x)
         assert torch.equal(replayed, eager), (position, share)
         assert torch.equal(alone, replayed[0]), (position, share)

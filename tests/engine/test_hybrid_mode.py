@@ -40,14 +40,21 @@ def test_hybrid_equals_resident_on_the_cpu_and_is_close_on_a_gpu(hf_checkpoints,
             assert sum(a == b for a, b in zip(out.token_ids, ref.token_ids)) >= 14
 
 
-@pytest.mark.parametrize("cap", ["2", "0"])
-def test_generate_cli_runs_hybrid(hf_checkpoints, device, capsys, cap):
+def test_generate_cli_runs_hybrid(hf_checkpoints, device, capsys):
+    """With slots, without, and without but with hot experts on the device (the decode steps under CUDA graphs
+    serve their pairs from there: on a GPU, close to the others; on the CPU, the same tokens)."""
+    import json
+
     from wisp.cli import main
 
-    code = main(["generate", "--model", str(hf_checkpoints["mixtral"]), "--device", device, "--mode", "hybrid",
-                 "--expert-cap", cap, "--prompt-ids", "5,17,99", "--max-tokens", "4", "--json"])
-    assert code in (0, None)
-    assert '"token_ids"' in capsys.readouterr().out
+    tokens = {}
+    for cap, hot in (("2", "0"), ("0", "0"), ("0", "3")):
+        code = main(["generate", "--model", str(hf_checkpoints["mixtral"]), "--device", device, "--mode", "hybrid",
+                     "--expert-cap", cap, "--hot-experts", hot, "--prompt-ids", "5,17,99", "--max-tokens", "4", "--json"])
+        assert code in (0, None)
+        tokens[cap, hot] = json.loads(capsys.readouterr().out)["token_ids"]
+    if device == "cpu":
+        assert tokens["0", "3"] == tokens["0", "0"] == tokens["2", "0"]
 
 
 def test_a_hybrid_engine_resizes_and_keeps_its_costs_and_kernel(hf_checkpoints, device, moe_backend, attention_backend):

@@ -57,6 +57,12 @@ def probe_h2d_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
     return 1 / probe_seconds_per_byte(device, nbytes) / 1e9 if device.type == "cuda" else 0.0
 
 
+def options_for(opts: dict, mode: str, cap: int | None) -> dict:
+    """The engine options that apply to one run: --prefetch to paged mode, --hot-experts to hybrid with no slots."""
+    keep = {"prefetch": mode == "paged", "hot_experts": mode == "hybrid" and cap == 0}
+    return {k: v for k, v in opts.items() if keep.get(k, True)}
+
+
 def _peak(device: torch.device) -> int:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
 
@@ -78,7 +84,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
     """One load + prefill + decode of `batch` requests at once; returns the measured record (without
     probe/roofline fields). A decode step computes one token of every request."""
     t0 = time.perf_counter()
-    opts = {k: v for k, v in opts.items() if k != "prefetch" or mode == "paged"}  # paged mode's slots only
+    opts = options_for(opts, mode, cap)
     llm = LLM(model, mode=mode, expert_cap=cap, max_concurrency=batch, max_model_len=prompt_len + decode_tokens + 8,
               **opts)
     load_s = time.perf_counter() - t0
@@ -99,9 +105,11 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
             "hybrid_link_factor": timed.stats["hybrid_link_factor"],
             "hybrid_cpu_steps": timed.stats["hybrid_cpu_steps"], "hybrid_step_kinds": timed.stats["hybrid_step_kinds"],
             "hybrid_step_windows": timed.stats["hybrid_step_windows"],
-            "experts_on_cpu": timed.stats["expert_cpu_computed"]}
+            "experts_on_cpu": timed.stats["expert_cpu_computed"],
+            **{key: timed.stats[key] for key in ("hot_bytes", "hot_copies") if key in timed.stats}}
            if "hybrid_costs" in timed.stats else {}),
         **({"prefetch": True, "experts_prefetched": timed.stats["expert_prefetched"]} if opts.get("prefetch") else {}),
+        **({"hot_experts": opts["hot_experts"]} if opts.get("hot_experts") else {}),
     }
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from wisp.bench.decode import _git_commit, _peak, probe_h2d_gbps
+from wisp.bench.decode import _git_commit, _peak, options_for, probe_h2d_gbps
 from wisp.cli_args import backend_options
 from wisp.config import MODES, resolve_device
 from wisp.engine.llm import LLM
@@ -63,6 +63,7 @@ def _resident_mask(llm: LLM, union: RoutedUnion) -> torch.Tensor:
 
 def run_prefill(model: str, mode: str, cap: int | None, opts: dict, prompt_lens: list[int]) -> list[dict]:
     t0 = time.perf_counter()
+    opts = options_for(opts, mode, cap)
     llm = LLM(model, mode=mode, expert_cap=cap, max_concurrency=1, max_model_len=max(prompt_lens) + 16,
               enable_prefix_caching=False, **opts)
     load_s = time.perf_counter() - t0
@@ -70,6 +71,8 @@ def run_prefill(model: str, mode: str, cap: int | None, opts: dict, prompt_lens:
     records = []
     for p in sorted(prompt_lens):
         records.append(_measure_prefill(llm, union, p, load_s))
+        if opts.get("hot_experts"):
+            records[-1]["hot_experts"] = opts["hot_experts"]
         print(json.dumps(records[-1]), file=sys.stderr, flush=True)
     return records
 

@@ -43,6 +43,7 @@ from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, CpuExperts, default
 from wisp.core.expert_extras import SILU, Activation, extras_of
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses, split_time
+from wisp.core.hot_experts import HotExperts
 from wisp.core.host_exchange import HostExchange
 from wisp.core.kernels import MoEKernels
 
@@ -141,6 +142,10 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
     at once, so a step can go faster than the link alone allows (the llama.cpp `--n-cpu-moe` setting, with
     the GPU reading the rest rather than idling). A wide step (a prefill chunk) is zero-copy's streamed step.
 
+    `hot` > 0 also holds that many of the layer's most-routed experts on the device (`wisp.core.hot_experts`);
+    the rank split (`wisp.core.rank_split`, the decode steps under CUDA graphs) serves their pairs from
+    there. The eager steps here (prefill chunks, eager decode) read every expert from host memory as before.
+
     Invariants: a step that sends nothing to the CPU is a zero-copy step (same output, same counts);
     every routed expert counts as a miss, the CPU's also in `cpu_computed`, and bytes only for the pairs
     the GPU reads; graph steps are zero-copy's."""
@@ -148,9 +153,11 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
     mode = "hybrid"
 
     def __init__(self, host: dict[str, torch.Tensor], device: torch.device, costs: HybridCosts,
-                 staging: StagingBuffers | None = None, cpu_kernel: str | None = None, pace: CpuPace | None = None):
+                 staging: StagingBuffers | None = None, cpu_kernel: str | None = None, pace: CpuPace | None = None,
+                 hot: int = 0):
         super().__init__(host, device, staging)
         self._serve_with_cpu(host, device, costs, cpu_kernel, pace)
+        self.hot = HotExperts(host, hot, torch.device(device)) if hot else None
 
     def _in_place_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
         split = self._split([(e, counts[e]) for e in distinct])

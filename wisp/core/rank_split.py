@@ -48,7 +48,9 @@ from wisp.core.cpu_expert_kernels import native_experts_mlp, rank_split_rows, wh
 from wisp.core.expert_extras import extras_of
 from wisp.core.expert_major import DOWN, GATE_UP
 from wisp.core.hybrid_experts import cpu_pair_rows
-from wisp.core.hybrid_split import HybridCosts, split_time
+from wisp.core.hybrid_split import HybridCosts
+
+LIVE_EMA = 0.05  # the weight of a layer-step in `RankSplit.live`, each rank's share of pairs that were not hot
 
 
 class RankSplit:
@@ -69,6 +71,13 @@ class RankSplit:
         self.ids_host = torch.zeros((max_batch, top_k), dtype=torch.int64, pin_memory=pinned)
         self.rows_host = torch.zeros((max_batch, top_k, d), dtype=torch.float32, pin_memory=pinned)
         self.rows = torch.zeros((max_batch, top_k, d), dtype=torch.float32, device=device)  # the CPU's, on the device
+        self.hot = store.hot  # a `HotExperts` or None: those experts' pairs are the GPU's, from its bank
+        # with hot experts the CPU gets the routing with their ids -1 (its kernels skip them); the raw ids still
+        # come for the counts, and `live[r]` is the share of recent pairs of rank r that were not hot (the
+        # prediction's: the most-routed experts are mostly the first ranks, the CPU's)
+        self.cpu_ids_host = (torch.zeros((max_batch, top_k), dtype=torch.int64, pin_memory=pinned)
+                             if self.hot is not None else self.ids_host)
+        self.live = [1.0] * top_k
         host = store.host
         self._native = (store.cpu_experts.kernel is native_experts_mlp and hidden.dtype == torch.bfloat16
                         and all(host[key].is_contiguous() for key in (GATE_UP, DOWN))
@@ -80,21 +89,36 @@ class RankSplit:
         b = hidden.shape[0]
         self.hidden_host[:b].copy_(hidden, non_blocking=True)
         self.ids_host[:b].copy_(topk_ids, non_blocking=True)
+        if self.hot is not None:
+            self.cpu_ids_host[:b].copy_(torch.where(self._hot_pairs(topk_ids), -1, topk_ids), non_blocking=True)
+
+    def _hot_pairs(self, topk_ids: torch.Tensor) -> torch.Tensor:
+        """[B, K] bool: the pairs whose expert is hot (held in the device bank)."""
+        return self.hot.slot_map[topk_ids] >= 0
 
     def gpu_pairs(self, hidden: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """The GPU's pairs (rank >= n), read in place: [B*K, D] float32, the CPU's ranks left zero."""
+        """The GPU's pairs: the hot experts' from the bank, the others of rank >= n read in place: [B*K, D]
+        float32, the CPU's pairs left zero."""
         b, k = topk_ids.shape
         ids = torch.where(self.ranks < self.cpu_share, self.placeholder, topk_ids)  # [B, K]
         per_k = torch.zeros((b * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [B*K, D]
+        if self.hot is not None:
+            bank = self.hot.bank
+            self.store.kernels.pairs_by_map(per_k, hidden, bank[GATE_UP], bank[DOWN], topk_ids, self.hot.slot_map,
+                                            extras=extras_of(bank))
+            ids = torch.where(self._hot_pairs(topk_ids), self.placeholder, ids)
         host = self.store.host
         self.store.kernels.pairs_by_map(per_k, hidden, host[GATE_UP], host[DOWN], ids, self.expert_map,
                                         extras=extras_of(host))
         return per_k
 
-    def merge(self, per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The CPU's rows in their ranks' places, then the sum over k in routing order: [B, D]."""
+    def merge(self, per_k: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              dtype: torch.dtype) -> torch.Tensor:
+        """The CPU's rows in their pairs' places, then the sum over k in routing order: [B, D]."""
         b, k = topk_weights.shape
         on_cpu = (self.ranks < self.cpu_share).view(1, k, 1)
+        if self.hot is not None:
+            on_cpu = on_cpu & ~self._hot_pairs(topk_ids).unsqueeze(-1)  # [B, K, 1]
         per = torch.where(on_cpu, self.rows[:b], per_k.view(b, k, -1))  # [B, K, D]
         return self.store.kernels.combine(per, topk_weights, dtype)
 
@@ -141,10 +165,11 @@ class RankSplit:
         if gpu_done is not None:
             gpu_done.synchronize()
         host_wait_s = time.perf_counter() - waiting  # untimed (eager callers): the host's wait for the GPU's pairs
+        cpu_pairs, gpu_pairs, hits = self._pairs_of(side)
         if side.computed:
             predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
-            cpu_at_probe_s, gpu_at_probe_s = self.sides_s(b, n, store.costs)  # each side against the probe's costs
-            timed_pairs = timed and routed is not None and gpu_done is not None and n < k
+            cpu_at_probe_s, gpu_at_probe_s = self.sides_s(cpu_pairs, gpu_pairs, store.costs)  # against the probe's costs
+            timed_pairs = timed and routed is not None and gpu_done is not None and gpu_pairs > 0
             gpu_s = routed.elapsed_time(gpu_done) / 1e3 if timed_pairs else 0.0  # ms -> s
             # the GPU's side past the CPU's, both from the routing's arrival (the device's clock against the host's)
             gpu_wait_s = max(0.0, gpu_s - side.cpu_s) if timed_pairs else host_wait_s
@@ -153,36 +178,60 @@ class RankSplit:
                                ratio=(side.cpu_s, cpu_at_probe_s), link=link, cpu_ranks=n, gpu_s=gpu_s)
         c = store.counters
         c.steps += 1
+        c.hits += hits
         c.misses += side.routed_experts
         c.cpu_computed += side.computed
-        c.bytes_h2d += b * (k - n) * store.expert_bytes
+        c.bytes_h2d += gpu_pairs * store.expert_bytes
+
+    def _pairs_of(self, side: "HostSide") -> tuple[int, int, int]:
+        """(the CPU's pairs, the pairs the GPU read in place, distinct hot experts routed) of the layer's step;
+        with hot experts, their scores take the step's routing. (Plain Python on a decode step's few ids: a
+        handful of numpy calls cost more, and this runs once a layer.)"""
+        b, n, k = side.b, side.share, self.top_k
+        if self.hot is None:
+            return b * n, b * (k - n), 0
+        rows = self.ids_host[:b].tolist()
+        is_hot = self.hot.is_hot
+        hot_ids = [e for row in rows for e in row if is_hot[e]]
+        cpu_pairs = sum(not is_hot[e] for row in rows for e in row[:n])
+        gpu_pairs = b * k - len(hot_ids) - cpu_pairs
+        self.hot.observe(rows)
+        if self.hot.refresh_due():  # the copies queue behind this layer's merge, before its next step's pairs
+            self.hot.refresh()
+        for r in range(k):
+            live = sum(not is_hot[row[r]] for row in rows) / b
+            self.live[r] += LIVE_EMA * (live - self.live[r])
+        return cpu_pairs, gpu_pairs, len(set(hot_ids))
 
     def _native_rows(self, b: int) -> tuple[int, int]:
         """The CPU's pairs into the host rows in one native call; (experts computed, experts routed)."""
         host = self.store.host
-        return rank_split_rows(self.ids_host[:b], self._share, self.hidden_host[:b], host[GATE_UP], host[DOWN],
+        return rank_split_rows(self.cpu_ids_host[:b], self._share, self.hidden_host[:b], host[GATE_UP], host[DOWN],
                                self.rows_host[:b])
 
     def _rows(self, b: int) -> tuple[int, int]:
         """The same with the store's CPU kernel (any kernel, any weights), grouped as the eager step groups."""
         n, store = self._share, self.store
-        ids = self.ids_host[:b]
-        experts = sorted(set(ids[:, :n].reshape(-1).tolist()))
+        ids = self.cpu_ids_host[:b]  # a hot expert's pairs are -1 here: not the CPU's
+        experts = sorted(e for e in set(ids[:, :n].reshape(-1).tolist()) if e >= 0)
         if experts:  # pairs index the CPU's ranks [B, n], token-major
             pairs, rows = cpu_pair_rows(self.hidden_host[:b], ids[:, :n], store.cpu_experts, experts, n,
                                         store.kernels.activation)
             self.rows_host[:b, :n][pairs // n, pairs % n] = rows
-        return len(experts), len(set(ids.reshape(-1).tolist()))
+        return len(experts), len({e for e in ids.reshape(-1).tolist() if e >= 0})
 
     def predicted_s(self, b: int, n: int) -> float:
         """A layer's predicted time with n ranks of b tokens on the CPU: at most b x n experts of one row each
-        there, b x (K - n) pairs read in place (each a whole expert over the link)."""
-        return max(self.sides_s(b, n, self.store.pace.costs(self.store.costs)))
+        there, b x (K - n) pairs read in place (each a whole expert over the link); with hot experts, each rank's
+        pairs scaled by the share of its recent pairs that were not hot (`live`)."""
+        return max(self.sides_s(b * sum(self.live[:n]), b * sum(self.live[n:]), self.store.pace.costs(self.store.costs)))
 
-    def sides_s(self, b: int, n: int, costs: HybridCosts) -> tuple[float, float]:
-        """Each side's time at `costs` with n ranks of b tokens on the CPU: (the CPU's b x n one-row experts and
-        its overhead, the GPU's b x (K - n) pairs read in place, each priced as one expert's copy)."""
-        return split_time(0, [1] * (b * n), costs), split_time(b * (self.top_k - n), [], costs)
+    @staticmethod
+    def sides_s(cpu_pairs: float, gpu_pairs: float, costs: HybridCosts) -> tuple[float, float]:
+        """Each side's time at `costs`: (the CPU's pairs as one-row experts and its overhead, the GPU's pairs
+        read in place, each priced as one expert's copy)."""
+        cpu = costs.cpu_overhead_s + cpu_pairs * costs.cpu_s(1) if cpu_pairs > 0 else 0.0
+        return cpu, gpu_pairs * costs.copy_s
 
     def cpu_share_for(self, b: int) -> int:
         """The n with the least predicted time for a b-token step (the smallest such)."""

@@ -137,8 +137,8 @@ class DecodeGraphs:
     def _capture_split(self, b: int, piece: Piece, split: RankSplit, pool):
         gpu, per_k = self._graph_of(lambda: split.gpu_pairs(piece.hidden, piece.topk_ids), pool)
         gpu.replay()
-        merge, _ = self._graph_of(lambda: self.routed[:b].copy_(split.merge(per_k, piece.topk_weights, self.model.dtype)),
-                                  gpu.pool())
+        merged = functools.partial(split.merge, per_k, piece.topk_ids, piece.topk_weights, self.model.dtype)
+        merge, _ = self._graph_of(lambda: self.routed[:b].copy_(merged()), gpu.pool())
         self.split_graphs[b][piece.layer] = (gpu, merge)
         return merge.pool()
 

@@ -326,7 +326,16 @@ class LLMEngine:
         return {"hybrid_costs": asdict(store.costs), "hybrid_cpu_factor": round(store.pace.factor, 4),
                 "hybrid_link_factor": round(store.pace.link_factor, 4),
                 "hybrid_cpu_steps": asdict(store.pace.totals), "hybrid_step_kinds": self.runner.step_kinds.medians(),
-                "hybrid_step_windows": self.runner.step_kinds.windows()}
+                "hybrid_step_windows": self.runner.step_kinds.windows(),
+                **self._hot_stats()}
+
+    def _hot_stats(self) -> dict:
+        """Hybrid with hot experts only: how many a layer holds, the bank's bytes, the copies into it so far."""
+        hot = [s.hot for s in self.model.experts.values() if getattr(s, "hot", None) is not None]
+        if not hot:
+            return {}
+        return {"hot_experts": hot[0].capacity, "hot_bytes": sum(h.bytes for h in hot),
+                "hot_copies": sum(h.copies for h in hot)}
 
     def _kv_stats(self) -> dict:
         pool, kvc = self.pool, self.pool.counters

@@ -47,8 +47,8 @@ class DeviceBytes:
         slot = 0
         if config.mode == "resident":
             experts = layers * cfg.num_experts * e
-        elif config.mode in SCRATCH_MODES:
-            experts, slot = sum(config.resolve_layer_caps(cfg)) * e + 2 * e, layers * e
+        elif config.mode in SCRATCH_MODES:  # hybrid with no slots: its hot experts (0 unless asked)
+            experts, slot = (sum(config.resolve_layer_caps(cfg)) + layers * config.hot_experts) * e + 2 * e, layers * e
         elif config.mode == "offload":
             experts = cfg.num_experts * e
         else:  # zero-copy reads the host masters in place; a prefill chunk streams through two staging buffers

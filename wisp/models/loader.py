@@ -355,7 +355,7 @@ def _make_store(engine: EngineConfig, cfg: ModelConfig, bank: dict[str, torch.Te
                 bank, device, engine.hybrid_cpu_kernel, dtype=cfg.dtype, activation=cfg.expert_activation)
         if cap == 0:
             return ZeroCopyHybridExperts(bank, device, shared.hybrid_costs, shared.staging, engine.hybrid_cpu_kernel,
-                                         shared.hybrid_pace)
+                                         shared.hybrid_pace, hot=engine.hot_experts)
         return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.staging, engine.hybrid_cpu_kernel,
                              shared.hybrid_pace)
     if mode == "zero-copy":

@@ -219,7 +219,8 @@ at::Tensor bf16_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::Te
 // the CPU's; each such pair (b, k) gets rows[b, k] = expert ids[b, k]'s SiLU-gated MLP of hidden[b] (bf16 [B, D]
 // widened exactly), from the banks gate_up [N, 2I, D] and down [N, D, I]; the other rows are left as they are.
 // The experts are taken in ascending id, each with its pairs in token order, exactly as bf16_experts_mlp is
-// given them by the eager step. Returns {distinct experts the CPU computed, distinct experts routed}.
+// given them by the eager step. An id of -1 is a pair another server computes (a hot expert's, held on the
+// device): skipped, and not counted as routed. Returns {distinct experts the CPU computed, distinct experts routed}.
 std::vector<int64_t> rank_split_rows(const at::Tensor& ids, int64_t cpu_ranks, const at::Tensor& hidden_rows,
                                      const at::Tensor& gate_up_bank, const at::Tensor& down_bank, const at::Tensor& rows) {
   TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong && ids.is_contiguous(), "int64 ids [B, K] expected");
@@ -239,6 +240,7 @@ std::vector<int64_t> rank_split_rows(const at::Tensor& ids, int64_t cpu_ranks, c
   std::vector<std::vector<int64_t>> pairs_of(size_t(experts) + 1);
   std::vector<bool> routed(size_t(experts) + 1, false);
   for (int64_t pair = 0; pair < batch * top_k; ++pair) {
+    if (id[pair] == -1) continue;
     TORCH_CHECK(0 <= id[pair] && id[pair] < experts, "expert id out of range");
     routed[id[pair]] = true;
     if (pair % top_k < cpu_ranks) pairs_of[id[pair]].push_back(pair);

@@ -1,0 +1,118 @@
+"""`HotExperts`: one MoE layer's most-routed experts, held on the device for hybrid mode with no slots.
+
+Hybrid with no slots (`--mode hybrid --expert-cap 0`) reads every routed expert from host memory: the GPU
+in place over the link, the CPU from the same pinned masters. Whatever VRAM is left over can hold the
+experts routing uses most, so their pairs cost neither side any host bytes (`--hot-experts H`). Unlike
+paged mode's LRU slots the set is held by frequency and changes only between steps: a miss is never copied
+on a step's critical path, and on real routing a decayed count keeps more pairs on the device than recency
+at small H (OLMoE's layer-0 gsm8k trace: 12% of pairs at H = 2 against 5% for LRU, 71% against 65% at 32).
+
+The layer owns:
+- `bank[key]` [H, ...] on the device, one slot per hot expert, every tensor the host masters hold;
+- `slot_map` (int32, [N + 1], on the device) expert -> its slot or -1; entry N is -1 too (the rank split's
+  placeholder id for pairs another server computes); updated in place, so graphs captured over it stay valid;
+- `expert_in_slot` (list, H) its inverse on the host, slot -> expert or -1 (empty), and `is_hot` (bool,
+  [N + 1], host) slot_map >= 0;
+- `scores` (float64, [N], host) each expert's routed pairs, decayed by DECAY a step.
+
+`observe(ids)` adds a step's routing to the scores (`refresh_due()` after steps 4 and 16, then every 64th);
+`refresh()` makes the H highest-scoring experts (ties:
+the lower id) the hot set, keeping those already held in their slots and copying each newcomer once into a
+slot an outgoing expert leaves, all on the current stream (ordered before the next step's kernels).
+
+Invariants (`check_integrity`): slot_map[e] == s >= 0 <=> expert_in_slot[s] == e; slot_map[N] == -1; a held
+slot holds exactly the bytes of its expert's master; after `refresh` the held experts are the top H by score.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+DECAY = 0.99  # per observed step: an expert's score halves in about 70 steps unless routed again
+REFRESH_AT = (4, 16)  # observed steps after which the set is first chosen, then every REFRESH_EVERY
+REFRESH_EVERY = 64
+
+
+class HotExperts:
+    def __init__(self, host: dict[str, torch.Tensor], capacity: int, device: torch.device, decay: float = DECAY):
+        """`host`: the layer's masters, every tensor [N, ...] (pinned on CUDA); capacity: H slots (>= 1)."""
+        n = next(iter(host.values())).shape[0]
+        if not 1 <= capacity <= n:
+            raise ValueError(f"hot experts must be within 1..{n}, got {capacity}")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.host, self.capacity, self.num_experts, self.decay = host, capacity, n, decay
+        self.bank = {key: torch.zeros((capacity, *t.shape[1:]), dtype=t.dtype, device=device) for key, t in host.items()}
+        self.slot_map = torch.full((n + 1,), -1, dtype=torch.int32, device=device)  # [N + 1]
+        self.expert_in_slot = [-1] * capacity
+        self.is_hot = np.zeros(n + 1, dtype=bool)  # [N + 1] on the host: slot_map >= 0 (the placeholder N never)
+        self.scores = np.zeros(n, dtype=np.float64)
+        self.copies = 0  # experts copied into the bank so far
+        self.steps = 0  # steps observed
+        pinned = self.slot_map.is_cuda
+        self._map_staging = torch.full((n + 1,), -1, dtype=torch.int32, pin_memory=pinned)
+        self._map_sent = torch.cuda.Event() if pinned else None  # the last map copy out of the staging buffer
+
+    @property
+    def held(self) -> set[int]:
+        return {e for e in self.expert_in_slot if e >= 0}
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.bank.values())
+
+    def observe(self, ids) -> None:
+        """One step's routing (expert ids, any nesting of lists or an array; negative ids are ignored) into
+        the decayed scores."""
+        flat = np.asarray(ids, dtype=np.int64).reshape(-1)
+        self.scores *= self.decay
+        self.scores += np.bincount(flat[flat >= 0], minlength=self.num_experts)
+        self.steps += 1
+
+    def refresh_due(self) -> bool:
+        return self.steps in REFRESH_AT or (self.steps > 0 and self.steps % REFRESH_EVERY == 0)
+
+    def top(self) -> list[int]:
+        """The H experts with the highest scores (ties: the lower id), among those ever routed."""
+        order = np.lexsort((np.arange(self.num_experts), -self.scores))  # by score descending, then id
+        return [int(e) for e in order[: self.capacity] if self.scores[e] > 0]
+
+    def refresh(self) -> int:
+        """Make `top()` the hot set; returns how many experts were copied in."""
+        wanted = self.top()
+        keep = set(wanted)
+        free = [s for s, e in enumerate(self.expert_in_slot) if e not in keep]
+        newcomers = [e for e in wanted if e not in self.held]
+        if not newcomers:
+            return 0
+        for expert, slot in zip(newcomers, free):
+            for key, master in self.host.items():
+                self.bank[key][slot].copy_(master[expert], non_blocking=True)
+            self.expert_in_slot[slot] = expert
+        for slot in free[len(newcomers):]:  # an outgoing expert with no successor: the slot empties
+            self.expert_in_slot[slot] = -1
+        if self._map_sent is not None:
+            self._map_sent.synchronize()  # the previous map has left the staging buffer (long since, in practice)
+        slot_of = self._map_staging
+        slot_of.fill_(-1)
+        for slot, expert in enumerate(self.expert_in_slot):
+            if expert >= 0:
+                slot_of[expert] = slot
+        self.slot_map.copy_(slot_of, non_blocking=True)  # stream-ordered after the kernels already queued
+        if self._map_sent is not None:
+            self._map_sent.record()
+        self.is_hot = (slot_of >= 0).numpy().copy()
+        self.copies += len(newcomers)
+        return len(newcomers)
+
+    def check_integrity(self) -> None:
+        slot_of = self.slot_map.tolist()
+        assert slot_of[self.num_experts] == -1, "the placeholder id must map nowhere"
+        assert self.is_hot.tolist() == [s >= 0 for s in slot_of], "the host's mirror of the map"
+        for e, s in enumerate(slot_of[: self.num_experts]):
+            assert (s >= 0) == (e in self.held), (e, s)
+            if s >= 0:
+                assert self.expert_in_slot[s] == e, (e, s)
+                for key, master in self.host.items():
+                    assert torch.equal(self.bank[key][s].cpu(), master[e].cpu()), (key, e, s)
