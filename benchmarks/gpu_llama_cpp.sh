@@ -7,7 +7,8 @@
 #         then delete the GGUF. With the build: 5.5 minutes for OLMoE BF16, 8.5 for Qwen3-30B Q8_0 (measured).
 #   wisp: our modes on the preset WISP_MODEL (default MODEL) at each llama.cpp placement's footprint: RUNS is
 #         "placement:nvidia-smi bytes:mode,mode ..." (the bytes from the peer stage's records; a mode may be
-#         written mode@cap, e.g. hybrid@0 for hybrid with no slots, and +eager to run without CUDA graphs), each mode in
+#         written mode@cap, e.g. hybrid@0 for hybrid with no slots, +hotH for H hot experts a layer on the GPU
+#         (hybrid@0+hot33), and +eager to run without CUDA graphs), each mode in
 #         its own process under the same memory sampler, its cap sized for the bytes less the CUDA
 #         context a bare torch process holds; decode with ROUTING replayed (default: OLMoE's real layer-0
 #         trace; `uniform` for models no trace of ours fits), and cold TTFT at 512 / 2048 tokens in the
@@ -69,23 +70,26 @@ a = torch.ones(64, 64, device='cuda'); (a @ a).sum().item(); time.sleep(1)"
   context=$(python3 -c "import json; print(json.load(open('$out/context.json'))['peak_gpu_bytes'])")
   # RUNS: placement:llama.cpp's nvidia-smi peak there:our modes (the first also runs the TTFT prompts)
   for run in ${RUNS:?RUNS: placement:bytes:mode,mode ...}; do
-    IFS=: read -r placement budget modes <<< "$run"
+    IFS=: read -r placement budget modes <<< "$run"; first_mcap=""
     cap=$(python3 -c "from wisp.config import ModelConfig; from wisp.models.presets import preset
 from wisp.plan.sizes import cap_for_budget; print(cap_for_budget(ModelConfig.from_hf(preset('$wmodel')), $budget - $context, 2112))")
     echo "$placement: llama.cpp $budget bytes, bare CUDA context $context: cap $cap"
-    for spec in ${modes//,/ }; do  # mode[@cap][+eager]: hybrid@0 is hybrid with no slots; +eager: no CUDA graphs
-      mode=${spec%%[@+]*}; mcap=$cap; name=$mode; flags=()
-      if [[ $spec == *@* ]]; then mcap=${spec#*@}; mcap=${mcap%+*}; name+="_c$mcap"; fi
+    first_flags=()
+    for spec in ${modes//,/ }; do  # mode[@cap][+hotH][+eager]: hybrid@0 is hybrid with no slots; +hot33: 33 hot
+      mode=${spec%%[@+]*}; mcap=$cap; name=$mode; flags=()  # experts a layer on the GPU; +eager: no CUDA graphs
+      if [[ $spec == *@* ]]; then mcap=${spec#*@}; mcap=${mcap%%+*}; name+="_c$mcap"; fi
+      if [[ $spec =~ \+hot([0-9]+) ]]; then flags+=(--hot-experts "${BASH_REMATCH[1]}"); name+="_hot${BASH_REMATCH[1]}"; fi
+      [ -z "${first_mcap:-}" ] && first_mcap=$mcap && first_flags=("${flags[@]}")
       if [[ $spec == *+eager ]]; then flags+=(--enforce-eager); name+="_eager"; fi
       timeout 200 python3 $peak --out "$out/runs/smi_decode_${placement}_$name.json" -- python3 -m wisp bench decode \
         --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$mcap" --prompt-len 512 --decode-tokens 64 \
         "${flags[@]}" --routing-trace "$routing" --out "$out/runs/decode_${placement}_$name.json" \
         2>"$out/runs/decode_${placement}_$name.log" | tail -1
     done
-    mode=${modes%%[,@+]*}
+    mode=${modes%%[,@+]*}  # the first spec's mode, cap and hot experts
     for chunk in ${PREFILL_CHUNKS-2048}; do  # tokens per prefill step (llama.cpp: 512); PREFILL_CHUNKS="": none
       timeout 200 python3 $peak --out "$out/runs/smi_prefill_${placement}_${mode}_$chunk.json" -- python3 -m wisp bench prefill \
-        --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$cap" --prompt-len 512,2048 \
+        --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$first_mcap" "${first_flags[@]}" --prompt-len 512,2048 \
         --max-num-batched-tokens "$chunk" --out "$out/runs/prefill_${placement}_${mode}_$chunk.json" \
         2>"$out/runs/prefill_${placement}_${mode}_$chunk.log" | tail -3
     done

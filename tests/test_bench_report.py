@@ -62,12 +62,19 @@ def test_llama_cpp_comparison_rows_pair_each_placement_and_render_as_a_peer_tabl
              "ttft_s": {"512": 0.8, "2048": 2.0}, "peak_gpu_bytes": 2.0e9, "gpu": "H200", "command": "llama-bench", "preset": "p"}]
     tagged = {"placement": "all-cpu", "vram_budget_nvidia_smi": 2.0e9, "gpu": "H200", "preset": "p", "command": "wisp bench"}
     decode = [{**tagged, "mode": "zero-copy", "expert_cap": 64, "decode_tok_s": 30.0, "peak_gpu_bytes_nvidia_smi": 1.9e9},
-              {**tagged, "mode": "paged", "expert_cap": 8, "decode_tok_s": 80.0, "peak_gpu_bytes_nvidia_smi": 3.0e9}]
+              {**tagged, "mode": "paged", "expert_cap": 8, "decode_tok_s": 80.0, "peak_gpu_bytes_nvidia_smi": 3.0e9},
+              {**tagged, "mode": "hybrid", "expert_cap": 0, "hot_experts": 2, "decode_tok_s": 44.0,
+               "peak_gpu_bytes_nvidia_smi": 1.99e9}]
     prefill = [{**tagged, "mode": "zero-copy", "expert_cap": 64, "prompt_len": n, "max_num_batched_tokens": chunk, "ttft_s": t,
                 "peak_gpu_bytes_nvidia_smi": peak} for n, chunk, t, peak in
                [(512, 2048, 0.3, 2.4e9), (2048, 2048, 0.5, 2.4e9), (2048, 512, 1.0, 1.95e9)]]
+    prefill += [{**tagged, "mode": "hybrid", "expert_cap": 0, "hot_experts": hot, "prompt_len": 2048,
+                 "max_num_batched_tokens": 512, "ttft_s": t, "peak_gpu_bytes_nvidia_smi": 2.1e9} for hot, t in [(0, 1.6), (2, 1.5)]]
     rows = compare.compare(peer, decode, prefill)
-    theirs, zero, paged, chunked = rows
+    theirs, zero, paged, hot, chunked, no_hot = rows
+    # our runs pair by mode, cap and hot experts: the hot run's prefill is its own, the other hybrid's a row apart
+    assert (hot["mode"], hot["ttft_2048_s"], hot["within_budget"]) == ("hybrid (2 hot experts a layer)", 1.5, False)
+    assert (no_hot["mode"], no_hot["decode_tok_s"], no_hot["ttft_2048_s"]) == ("hybrid", None, 1.6)
     assert theirs["system"] == "llama.cpp" and theirs["ttft_2048_s"] == 2.0
     # a decode run takes its mode's widest prefill chunk; narrower chunks get their own row
     assert (zero["decode_tok_s"], zero["ttft_2048_s"], zero["prefill_chunk_tokens"]) == (30.0, 0.5, 2048)

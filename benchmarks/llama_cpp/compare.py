@@ -45,18 +45,27 @@ def compare(peer: list[dict], decode: list[dict], prefill: list[dict]) -> list[d
                      "within_budget": True, "gpu": p["gpu"],
                      "command": p["command"], "preset": p["preset"]})
     for placement, p in theirs.items():
-        groups: dict[tuple, dict[str, dict]] = {}  # (mode, cap, chunk) -> prompt length -> prefill record
+        groups: dict[tuple, dict[str, dict]] = {}  # (mode, cap, hot, chunk) -> prompt length -> prefill record
         for r in prefill:
             if r["placement"] == placement:
-                groups.setdefault((r["mode"], r["expert_cap"], r.get("max_num_batched_tokens")), {})[str(r["prompt_len"])] = r
+                groups.setdefault((*_run_of(r), r.get("max_num_batched_tokens")), {})[str(r["prompt_len"])] = r
         runs = []  # (decode record or None, prefill records by length): a decode run takes its mode's widest chunk
         for d in (r for r in decode if r["placement"] == placement):
-            same = sorted((k for k in groups if k[:2] == (d["mode"], d["expert_cap"])), key=lambda k: k[2] or 0)
+            same = sorted((k for k in groups if k[:3] == _run_of(d)), key=lambda k: k[3] or 0)
             runs.append((d, groups.pop(same[-1]) if same else {}))
         runs += [(None, pre) for pre in groups.values()]
         for d, pre in runs:
             rows.append(_our_row(placement, p, d, pre))
     return rows
+
+
+def _hot(n: int) -> str:
+    return f"{n} hot expert{'' if n == 1 else 's'}"
+
+
+def _run_of(record: dict) -> tuple:
+    """What makes two of our records one configuration: the mode, its cap, its hot experts a layer."""
+    return record["mode"], record["expert_cap"], record.get("hot_experts", 0)
 
 
 def _our_row(placement: str, theirs: dict, d: dict | None, pre: dict[str, dict]) -> dict:
@@ -71,7 +80,8 @@ def _our_row(placement: str, theirs: dict, d: dict | None, pre: dict[str, dict])
     routing += ["TTFT: random-router"] if pre else []  # `wisp bench prefill` replays no trace
     return {
         "system": "wisp", "placement": placement, "expert_cap": some["expert_cap"],
-        "mode": some["mode"] + (" (eager)" if "--enforce-eager" in some.get("command", "") else ""),
+        "mode": some["mode"] + (f" ({_hot(some['hot_experts'])} a layer)" if some.get("hot_experts") else "")
+        + (" (eager)" if "--enforce-eager" in some.get("command", "") else ""),
         "prefill_chunk_tokens": first.get("max_num_batched_tokens") if first else None, "weights": some.get("preset"),
         "routing": "; ".join(routing), "decode_tok_s": d["decode_tok_s"] if d else None,
         "ttft_512_s": ttft["512"], "ttft_2048_s": ttft["2048"], "peak_gpu_bytes_decode": peak_d,

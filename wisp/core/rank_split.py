@@ -159,7 +159,7 @@ class RankSplit:
         gpu_done: waited for here. timed: the events time the GPU's pairs between them (enable_timing; both
         given), for the pace's link ratio, and the layer's wait for the GPU is its pairs past the CPU's side;
         untimed, it is the host's wait here (eager callers: right after `rows_to_device`)."""
-        b, n, k = side.b, side.share, self.top_k
+        b, n = side.b, side.share
         store = self.store
         waiting = time.perf_counter()
         if gpu_done is not None:
