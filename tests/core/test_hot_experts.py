@@ -50,14 +50,14 @@ def test_the_top_breaks_ties_by_id_skips_the_unrouted_and_lets_the_stale_decay_o
     assert one.top() == [2] and one.refresh() == 1 and one.expert_in_slot.count(-1) == 3
 
 
-def test_refreshes_come_after_steps_4_and_16_then_every_64th():
+def test_refreshes_come_after_steps_1_4_and_16_then_every_64th():
     hot = HotExperts(masters(), 2, torch.device("cpu"))
     due = []
     for step in range(1, 200):
         hot.observe(np.array([step % 8]))
         if hot.refresh_due():
             due.append(step)
-    assert due == [4, 16, 64, 128, 192]
+    assert due == [1, 4, 16, 64, 128, 192]
 
 
 @pytest.mark.parametrize("capacity, decay", [(0, 0.9), (9, 0.9), (2, 0.0), (2, 1.5)])

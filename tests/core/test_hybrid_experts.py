@@ -13,6 +13,7 @@ from tests.core.test_experts import make
 from wisp.core.experts import PagedExperts, ResidentExperts, ZeroCopyExperts
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers
 from wisp.core.cpu_expert_kernels import plain_expert_mlp
+from wisp.core.hot_experts import HotExperts
 from wisp.core.hybrid_experts import HybridExperts, ZeroCopyHybridExperts
 from wisp.core.hybrid_pace import CpuPace
 from wisp.core.moe import expert_mlp
@@ -161,6 +162,46 @@ def test_zero_copy_hybrid_equals_zero_copy_on_the_cpu_and_its_counters_add_up(de
     assert on_cpu > 0 and c.cpu_computed == on_cpu and c.misses == zero_copy.counters.misses
     assert c.bytes_h2d == (gpu_pairs + streamed) * hybrid.expert_bytes < zero_copy.counters.bytes_h2d
     assert streamed > 0 and c.steps == len(STEPS)
+
+
+def hold(store, experts: list[int]) -> None:
+    """Give a zero-copy hybrid store hot experts: `experts`, scored far above anything a test routes."""
+    store.hot = HotExperts(store.host, len(experts), store.expert_map.device)
+    store.hot.scores[experts] = 1e9
+    assert store.hot.refresh() == len(experts)
+
+
+def test_a_wide_step_runs_the_hot_experts_from_the_bank_and_copies_only_the_others(device):
+    """A prefill chunk with hot experts held: their pairs come from the bank (hits, no bytes), every other routed
+    expert is streamed once; the output is zero-copy's, bit for bit (the same kernel on the same weights)."""
+    n, k = 16, 4
+    host, _, _, _ = make(n, 1, k, 13, torch.bfloat16)
+    hybrid, zero_copy = zero_copy_pair(device, host, CPU_CHEAP)
+    hold(hybrid, [2, 9, 14])
+    hidden, ids, weights = (x.to(device) for x in make(n, 40, k, 900, torch.bfloat16)[1:])
+    assert torch.equal(hybrid.forward(hidden, ids, weights), zero_copy.forward(hidden, ids, weights))
+    routed = set(ids.flatten().tolist())
+    assert {2, 9, 14} <= routed  # 40 tokens: every hot one is routed
+    c = hybrid.counters
+    assert (c.hits, c.loads, c.misses) == (3, len(routed) - 3, len(routed) - 3)
+    assert c.bytes_h2d == (len(routed) - 3) * hybrid.expert_bytes
+
+
+def test_a_prompts_first_chunk_fills_the_hot_experts_and_its_next_chunks_copy_fewer(device):
+    n, k = 16, 4
+    host, _, _, _ = make(n, 1, k, 17, torch.bfloat16)
+    hybrid, zero_copy = zero_copy_pair(device, host, CPU_CHEAP)
+    hybrid.hot = HotExperts(hybrid.host, 3, torch.device(device))
+    chunks = [[x.to(device) for x in make(n, 40, k, 950 + i, torch.bfloat16)[1:]] for i in range(2)]
+    for hidden, ids, weights in chunks:
+        assert torch.equal(hybrid.forward(hidden, ids, weights), zero_copy.forward(hidden, ids, weights))
+    first, second = (c[1].flatten().tolist() for c in chunks)
+    by_count = sorted(set(first), key=lambda e: (-first.count(e), e))
+    assert hybrid.hot.held == set(by_count[:3])  # the first chunk's most-routed, held after it
+    c = hybrid.counters  # the first chunk's top 3 were copied into the bank for it: loads, not hits
+    assert c.hits == len(set(second) & hybrid.hot.held) > 0  # the second chunk's hits: no copies for them
+    assert c.loads == c.misses == len(set(first)) + len(set(second)) - c.hits
+    assert c.bytes_h2d == c.loads * hybrid.expert_bytes
 
 
 def test_zero_copy_hybrid_with_a_free_link_is_zero_copy_exactly():

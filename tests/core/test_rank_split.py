@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from tests.core.test_experts import make
-from tests.core.test_hybrid_experts import CPU_CHEAP, zero_copy_pair
-from wisp.core.hot_experts import HotExperts
+from tests.core.test_hybrid_experts import CPU_CHEAP, hold, zero_copy_pair
 from wisp.core.hybrid_split import HybridCosts, MissSplit
 from wisp.core.rank_split import RankSplit
 
@@ -169,13 +168,6 @@ def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
         assert native.rows_host[~cpu].isnan().all()
     a, b = (store.counters for store in stores)
     assert (a.steps, a.misses, a.cpu_computed) == (b.steps, b.misses, b.cpu_computed) == (3, 3 * 8, 3 + 3 + 5)
-
-
-def hold(store, experts: list[int]) -> None:
-    """Give a zero-copy hybrid store hot experts: `experts`, scored far above anything a test routes."""
-    store.hot = HotExperts(store.host, len(experts), store.expert_map.device)
-    store.hot.scores[experts] = 1e9
-    assert store.hot.refresh() == len(experts)
 
 
 HOT = [3, 7, 11]

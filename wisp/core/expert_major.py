@@ -89,11 +89,17 @@ def expert_major_pairs(pager: ExpertPager, staging: StagingBuffers, kernels: MoE
 
 
 def run_streamed_step(host: dict[str, torch.Tensor], staging: StagingBuffers, kernels: MoEKernels, hidden: torch.Tensor,
-                      topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: list[int], counts: list[int]) -> torch.Tensor:
-    """A wide step with no slots at all (zero-copy mode's prefill): every routed expert is copied once
-    through the two staging buffers and its pairs computed there, copies overlapping compute as above."""
+                      topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: list[int], counts: list[int],
+                      held: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """A wide step with no slots at all (zero-copy mode's prefill): every routed expert in `experts` is copied
+    once through the two staging buffers and its pairs computed there, copies overlapping compute as above.
+    `held`: (a bank [H, ...] on the device, its map [N (+1)] expert -> slot or -1) whose experts' pairs run from
+    the bank first in one `pairs_by_map` launch, as a wide paged step's hits (`experts` then leaves them out)."""
     t, k = topk_ids.shape
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
+    if held is not None:
+        bank, slot_map = held
+        kernels.pairs_by_map(per_k, hidden, bank[GATE_UP], bank[DOWN], topk_ids, slot_map, extras=extras_of(bank))
     compute_from_copies(host, staging, kernels, per_k, hidden, topk_ids, [(e, None) for e in experts], offsets_of(counts))
     return kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
 

@@ -27,6 +27,8 @@ So modes can be swapped without changing a single token.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from abc import ABC, abstractmethod
 
 import torch
@@ -263,6 +265,15 @@ class OffloadExperts(ExpertStore):
         return self.layer_bytes if self.owns_buffer else 0
 
 
+class HeldExperts(NamedTuple):
+    """A device bank a wide step reads some experts from (`ZeroCopyExperts._held_on_device`)."""
+
+    bank: dict[str, torch.Tensor]  # [H, ...] per tensor
+    slot_map: torch.Tensor  # [N (+1)] int32: expert -> its slot in the bank or -1
+    ids: set[int]  # the experts held
+    copied: set[int]  # those copied into the bank for this step (loads, not hits)
+
+
 class ZeroCopyExperts(ExpertStore):
     mode = "zero-copy"
     STREAM_REUSE = 2  # stage a step's experts when its pairs number at least this many times its experts
@@ -281,11 +292,23 @@ class ZeroCopyExperts(ExpertStore):
         counts, last_token = self._read_routing(hidden, topk_ids, self.expert_map.numel())
         distinct = order_by_last_token(last_token)
         if self.staging is not None and topk_ids.numel() >= self.STREAM_REUSE * len(distinct):
-            c.misses += len(distinct)
-            c.loads += len(distinct)
-            c.bytes_h2d += len(distinct) * self.expert_bytes  # each routed expert copied once
-            return run_streamed_step(self.host, self.staging, self.kernels, hidden, topk_ids, topk_weights, distinct, counts)
+            held = self._held_on_device(counts, topk_ids.shape[0])
+            streamed = distinct if held is None else [e for e in distinct if e not in held.ids]
+            copied = set() if held is None else held.copied  # into the bank just now: misses too, loaded
+            fresh = sum(e in copied for e in distinct)
+            c.hits += len(distinct) - len(streamed) - fresh
+            c.misses += len(streamed) + fresh
+            c.loads += len(streamed) + len(copied)
+            c.bytes_h2d += (len(streamed) + len(copied)) * self.expert_bytes  # each crosses the link once
+            return run_streamed_step(self.host, self.staging, self.kernels, hidden, topk_ids, topk_weights, streamed,
+                                     counts, held=None if held is None else (held.bank, held.slot_map))
         return self._in_place_step(hidden, topk_ids, topk_weights, distinct, counts)
+
+    def _held_on_device(self, counts: list[int], tokens: int) -> "HeldExperts | None":
+        """Experts a wide step of `tokens` tokens routed as `counts` [N] computes from a device bank instead of
+        copying them; none here (hybrid mode's hot experts override this)."""
+        return None
+
 
     def _in_place_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
         """A narrow step, its routing already read: the kernel reads each routed expert in place (hybrid

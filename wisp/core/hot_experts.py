@@ -15,7 +15,8 @@ The layer owns:
   [N + 1], host) slot_map >= 0;
 - `scores` (float64, [N], host) each expert's routed pairs, decayed by DECAY a step.
 
-`observe(ids)` adds a step's routing to the scores (`refresh_due()` after steps 4 and 16, then every 64th);
+`observe(ids)` adds a step's routing to the scores, `observe_counts` a prefill chunk's, weighed as one token's
+(`refresh_due()` after steps 1, 4 and 16, then every 64th);
 `refresh()` makes the H highest-scoring experts (ties:
 the lower id) the hot set, keeping those already held in their slots and copying each newcomer once into a
 slot an outgoing expert leaves, all on the current stream (ordered before the next step's kernels).
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 DECAY = 0.99  # per observed step: an expert's score halves in about 70 steps unless routed again
-REFRESH_AT = (4, 16)  # observed steps after which the set is first chosen, then every REFRESH_EVERY
+REFRESH_AT = (1, 4, 16)  # observed steps after which the set is chosen, then every REFRESH_EVERY
 REFRESH_EVERY = 64
 
 
@@ -68,6 +69,13 @@ class HotExperts:
         flat = np.asarray(ids, dtype=np.int64).reshape(-1)
         self.scores *= self.decay
         self.scores += np.bincount(flat[flat >= 0], minlength=self.num_experts)
+        self.steps += 1
+
+    def observe_counts(self, counts, tokens: int) -> None:
+        """A wide step's routing as its per-expert pair counts [N] over `tokens` tokens, weighed as one token's
+        (a prefill chunk counts as much as a decode step of one sequence)."""
+        self.scores *= self.decay
+        self.scores += np.asarray(counts, dtype=np.float64) / max(1, tokens)
         self.steps += 1
 
     def refresh_due(self) -> bool:

@@ -38,7 +38,7 @@ import torch
 
 from wisp.core.counters import ExpertCounters
 from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
-from wisp.core.experts import PagedExperts, ZeroCopyExperts, routed_counts_and_last_token
+from wisp.core.experts import HeldExperts, PagedExperts, ZeroCopyExperts, routed_counts_and_last_token
 from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, CpuExperts, default_cpu_kernel
 from wisp.core.expert_extras import SILU, Activation, extras_of
 from wisp.core.hybrid_pace import CpuPace
@@ -143,8 +143,9 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
     the GPU reading the rest rather than idling). A wide step (a prefill chunk) is zero-copy's streamed step.
 
     `hot` > 0 also holds that many of the layer's most-routed experts on the device (`wisp.core.hot_experts`);
-    the rank split (`wisp.core.rank_split`, the decode steps under CUDA graphs) serves their pairs from
-    there. The eager steps here (prefill chunks, eager decode) read every expert from host memory as before.
+    the rank split (`wisp.core.rank_split`, the decode steps under CUDA graphs) and the wide steps (prefill
+    chunks: hits, not copied) serve their pairs from there; an eager narrow step reads every expert from host
+    memory as before.
 
     Invariants: a step that sends nothing to the CPU is a zero-copy step (same output, same counts);
     every routed expert counts as a miss, the CPU's also in `cpu_computed`, and bytes only for the pairs
@@ -158,6 +159,18 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
         super().__init__(host, device, staging)
         self._serve_with_cpu(host, device, costs, cpu_kernel, pace)
         self.hot = HotExperts(host, hot, torch.device(device)) if hot else None
+
+    def _held_on_device(self, counts: list[int], tokens: int):
+        """The hot experts, after the chunk's routing joined their scores (a token's worth: one step's) and, when
+        due, a refresh (the first chunk fills the bank, so the prompt's later chunks copy fewer experts)."""
+        hot = self.hot
+        if hot is None:
+            return None
+        hot.observe_counts(counts, tokens)
+        before = hot.held
+        if hot.refresh_due():
+            hot.refresh()
+        return HeldExperts(hot.bank, hot.slot_map, hot.held, hot.held - before) if hot.held else None
 
     def _in_place_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
         split = self._split([(e, counts[e]) for e in distinct])

@@ -197,7 +197,9 @@ class RankSplit:
         gpu_pairs = b * k - len(hot_ids) - cpu_pairs
         self.hot.observe(rows)
         if self.hot.refresh_due():  # the copies queue behind this layer's merge, before its next step's pairs
-            self.hot.refresh()
+            copied = self.hot.refresh()
+            self.store.counters.loads += copied
+            self.store.counters.bytes_h2d += copied * self.store.expert_bytes
         for r in range(k):
             live = sum(not is_hot[row[r]] for row in rows) / b
             self.live[r] += LIVE_EMA * (live - self.live[r])
