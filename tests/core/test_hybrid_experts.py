@@ -204,6 +204,18 @@ def test_a_prompts_first_chunk_fills_the_hot_experts_and_its_next_chunks_copy_fe
     assert c.bytes_h2d == c.loads * hybrid.expert_bytes
 
 
+def test_hot_experts_keep_decode_off_zero_copys_whole_graph_and_count_as_device_bytes():
+    """A CPU that cannot help would send a decode step to zero-copy's graph, which reads every pair over the
+    link; with hot experts the split step (reading them from the bank) must run instead."""
+    host, _, _, _ = make(16, 1, 4, 19, torch.float32)
+    slow_cpu = HybridCosts(copy_s=0.1, cpu_rows=(1,), cpu_s_at_rows=(5.0,))
+    hybrid, _ = zero_copy_pair("cpu", host, slow_cpu)
+    assert hybrid.graph_step_ok(4) and hybrid.device_bytes() == 0
+    hold(hybrid, [1, 2])
+    assert not hybrid.graph_step_ok(4)
+    assert hybrid.device_bytes() == 2 * hybrid.expert_bytes == hybrid.hot.bytes
+
+
 def test_zero_copy_hybrid_with_a_free_link_is_zero_copy_exactly():
     n, k = 16, 4
     host, _, _, _ = make(n, 1, k, 3, torch.float32)

@@ -11,6 +11,7 @@ import torch
 
 from tests.core.test_experts import make
 from tests.core.test_hybrid_experts import CPU_CHEAP, hold, zero_copy_pair
+from wisp.core.hot_experts import HotExperts
 from wisp.core.hybrid_split import HybridCosts, MissSplit
 from wisp.core.rank_split import RankSplit
 
@@ -22,7 +23,9 @@ def split_step(split: RankSplit, hidden, ids, weights, n: int) -> torch.Tensor:
     events = [torch.cuda.current_stream().record_event() for _ in range(2)] if hidden.is_cuda else [None, None]
     per_k = split.gpu_pairs(hidden, ids)
     split.serve(hidden.shape[0], *events)
-    return split.merge(per_k, ids, weights, hidden.dtype)
+    out = split.merge(per_k, ids, weights, hidden.dtype)
+    split.refresh_hot()  # after the merge, as `run_split` does after the step's last layer
+    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -201,6 +204,30 @@ def test_hot_experts_pairs_come_from_the_bank_and_the_cpu_gets_only_the_others(d
     assert c.bytes_h2d == gpu_pairs * hybrid.expert_bytes
     assert hybrid.hot.held == set(HOT) and hybrid.hot.steps == len(HOT_ROUTING)  # refreshed at step 4: kept
     assert all(live < 1.0 for live in split.live)  # the prediction knows some pairs of every rank are hot
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_refresh_between_steps_changes_which_pairs_the_cpu_skips_from_the_next_step_on(device, n):
+    """Hot experts chosen by the routing itself (refreshed after steps 1 and 4): each step is the eager step with
+    the set as it stood when the step began, and the counters take each copy into the bank as a load."""
+    host, _, _, weights = make(16, 1, 4, 33, torch.bfloat16)
+    hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
+    eager, _ = zero_copy_pair(device, host, CPU_CHEAP)
+    hybrid.hot = HotExperts(hybrid.host, 2, torch.device(device))
+    split = RankSplit(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
+    sets = []
+    for step, row in enumerate(HOT_ROUTING):
+        held = set(hybrid.hot.held)
+        sets.append(held)
+        hidden = make(16, 1, 4, 800 + step, torch.bfloat16)[1].to(device)
+        ids = torch.tensor([row], device=device)
+        to_cpu = tuple(sorted(e for e in row[:n] if e not in held))
+        to_gpu = tuple(sorted(e for e in row if e not in to_cpu))
+        eager._split = lambda misses, c=to_cpu, g=to_gpu: MissSplit(g, c, 0.0, (1,) * len(c))
+        out = split_step(split, hidden, ids, weights.to(device), n)
+        assert torch.equal(out, eager.forward(hidden, ids, weights.to(device))), (n, step, held)
+    assert sets[0] == set() and sets[1] == {3, 5} and sets[1] != sets[-1]  # chosen after step 1, changed after 4
+    assert hybrid.counters.loads == hybrid.hot.copies >= 3
 
 
 def test_the_prediction_scales_both_sides_by_the_pairs_that_are_not_hot():

@@ -109,7 +109,7 @@ class HotExperts:
                 slot_of[expert] = slot
         self.slot_map.copy_(slot_of, non_blocking=True)  # stream-ordered after the kernels already queued
         if self._map_sent is not None:
-            self._map_sent.record()
+            self._map_sent.record(torch.cuda.current_stream(self.slot_map.device))
         self.is_hot = (slot_of >= 0).numpy().copy()
         self.copies += len(newcomers)
         return len(newcomers)

@@ -160,6 +160,14 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
         self._serve_with_cpu(host, device, costs, cpu_kernel, pace)
         self.hot = HotExperts(host, hot, torch.device(device)) if hot else None
 
+    def device_bytes(self) -> int:
+        return 0 if self.hot is None else self.hot.bytes
+
+    def graph_step_ok(self, max_misses: int) -> bool:
+        """With hot experts never: zero-copy's whole graph would read their pairs over the link too, where the
+        rank split reads them from the bank even with no CPU share."""
+        return self.hot is None and super().graph_step_ok(max_misses)
+
     def _held_on_device(self, counts: list[int], tokens: int):
         """The hot experts, after the chunk's routing joined their scores (a token's worth: one step's) and, when
         due, a refresh (the first chunk fills the bank, so the prompt's later chunks copy fewer experts)."""

@@ -34,7 +34,8 @@ Invariants:
   has its own, and `rows_to_device` waits for this layer's routing, which the stream sends only after this
   layer's rows of the step before have landed (and `send` runs after `rows_to_device` returned);
 - `account` is called once per `rows_to_device`, before the step ends (the pace's step closes then), with
-  events not recorded again since that layer's.
+  events not recorded again since that layer's; with hot experts, `refresh_hot` after every layer's merge
+  (the host's view of which pairs were hot is the map the step ran with).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class RankSplit:
         self.cpu_ids_host = (torch.zeros((max_batch, top_k), dtype=torch.int64, pin_memory=pinned)
                              if self.hot is not None else self.ids_host)
         self.live = [1.0] * top_k
+        self._refresh_due = False  # a refresh for `refresh_hot` at the step's end
         host = store.host
         self._native = (store.cpu_experts.kernel is native_experts_mlp and hidden.dtype == torch.bfloat16
                         and all(host[key].is_contiguous() for key in (GATE_UP, DOWN))
@@ -196,14 +198,22 @@ class RankSplit:
         cpu_pairs = sum(not is_hot[e] for row in rows for e in row[:n])
         gpu_pairs = b * k - len(hot_ids) - cpu_pairs
         self.hot.observe(rows)
-        if self.hot.refresh_due():  # the copies queue behind this layer's merge, before its next step's pairs
-            copied = self.hot.refresh()
-            self.store.counters.loads += copied
-            self.store.counters.bytes_h2d += copied * self.store.expert_bytes
+        self._refresh_due = self._refresh_due or self.hot.refresh_due()
         for r in range(k):
             live = sum(not is_hot[row[r]] for row in rows) / b
             self.live[r] += LIVE_EMA * (live - self.live[r])
         return cpu_pairs, gpu_pairs, len(set(hot_ids))
+
+    def refresh_hot(self) -> None:
+        """After the step (every layer merged): the hot set refreshed when due, its copies on the stream before
+        the next step's kernels and counted as loads and bytes. (Not in `account`: the merge must see the map
+        the step's pairs were split by.)"""
+        if not self._refresh_due:
+            return
+        self._refresh_due = False
+        copied = self.hot.refresh()
+        self.store.counters.loads += copied
+        self.store.counters.bytes_h2d += copied * self.store.expert_bytes
 
     def _native_rows(self, b: int) -> tuple[int, int]:
         """The CPU's pairs into the host rows in one native call; (experts computed, experts routed)."""

@@ -144,13 +144,19 @@ class DecodeGraphs:
 
     def set_cpu_share(self, b: int) -> int:
         """Choose the CPU's share of ranks for a b-sequence split step from the paced costs (one pace per
-        model: the first layer's choice is every layer's); returns it."""
-        first = next(iter(self.splits.values()))
-        n = first.cpu_share_for(b)
-        predicted = first.predicted_s(b, n)
-        for split in self.splits.values():
-            split.set_share(n, predicted)
+        model, one share for every layer: the least predicted step, the sum of the layers' times, which
+        differ only where hot experts hold different shares of their pairs); returns it."""
+        splits = list(self.splits.values())
+        top_k = self.model.config.top_k
+        n = min(range(top_k + 1), key=lambda n: (sum(split.predicted_s(b, n) for split in splits), n))
+        for split in splits:
+            split.set_share(n, split.predicted_s(b, n))
         return n
+
+    @property
+    def holds_hot(self) -> bool:
+        """Whether the split layers hold hot experts (then a step with no CPU share is still a split step)."""
+        return any(split.hot is not None for split in self.splits.values())
 
     def run_split(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Replay a len(tokens)-sequence step's pieces with each MoE layer's share split by rank between the
@@ -178,6 +184,8 @@ class DecodeGraphs:
                 pending = functools.partial(split.account, side, routed, gpu_done, timed=True)
             if pending is not None:
                 pending()
+            for split in self.splits.values():
+                split.refresh_hot()
         return logits
 
     def run(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:

@@ -201,8 +201,9 @@ class ModelRunner:
         if self.model.graph_step_ok(b):  # nothing an eager step could do better
             return self._run_graph_step(batch)
         kind, start = self.step_kinds.pick(b), time.perf_counter()  # hybrid: both kinds measured, the faster run
-        if kind == EAGER and self.graphs.splits and self.graphs.set_cpu_share(b) == 0:
-            kind = GRAPH  # no rank is worth the CPU's while: the whole graph, timed as what it is
+        if kind == EAGER and self.graphs.splits and self.graphs.set_cpu_share(b) == 0 and not self.graphs.holds_hot:
+            kind = GRAPH  # no rank is worth the CPU's while: the whole graph, timed as what it is (with hot experts
+            # the split step still reads those from their bank, the whole graph would not)
         out = self._run_graph_step(batch) if kind == GRAPH else self._run_pieces_step(batch)
         self.step_kinds.record(b, kind, time.perf_counter() - start)
         return out
