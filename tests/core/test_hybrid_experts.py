@@ -210,10 +210,10 @@ def test_hot_experts_keep_decode_off_zero_copys_whole_graph_and_count_as_device_
     host, _, _, _ = make(16, 1, 4, 19, torch.float32)
     slow_cpu = HybridCosts(copy_s=0.1, cpu_rows=(1,), cpu_s_at_rows=(5.0,))
     hybrid, _ = zero_copy_pair("cpu", host, slow_cpu)
-    assert hybrid.graph_step_ok(4) and hybrid.device_bytes() == 0
+    assert hybrid.graph_step_ok(4) and hybrid.device_bytes == 0
     hold(hybrid, [1, 2])
     assert not hybrid.graph_step_ok(4)
-    assert hybrid.device_bytes() == 2 * hybrid.expert_bytes == hybrid.hot.bytes
+    assert hybrid.device_bytes == 2 * hybrid.expert_bytes == hybrid.hot.bytes
 
 
 def test_zero_copy_hybrid_with_a_free_link_is_zero_copy_exactly():

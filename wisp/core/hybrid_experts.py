@@ -160,6 +160,7 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
         self._serve_with_cpu(host, device, costs, cpu_kernel, pace)
         self.hot = HotExperts(host, hot, torch.device(device)) if hot else None
 
+    @property
     def device_bytes(self) -> int:
         return 0 if self.hot is None else self.hot.bytes
 

@@ -232,11 +232,14 @@ class RankSplit:
             self.rows_host[:b, :n][pairs // n, pairs % n] = rows
         return len(experts), len({e for e in ids.reshape(-1).tolist() if e >= 0})
 
-    def predicted_s(self, b: int, n: int) -> float:
+    def predicted_s(self, b: int, n: int, live: list[float] | None = None, costs: HybridCosts | None = None) -> float:
         """A layer's predicted time with n ranks of b tokens on the CPU: at most b x n experts of one row each
         there, b x (K - n) pairs read in place (each a whole expert over the link); with hot experts, each rank's
-        pairs scaled by the share of its recent pairs that were not hot (`live`)."""
-        return max(self.sides_s(b * sum(self.live[:n]), b * sum(self.live[n:]), self.store.pace.costs(self.store.costs)))
+        pairs scaled by the share of its recent pairs that were not hot (`live`, this layer's unless given).
+        costs: the paced costs (worked out here unless given)."""
+        live = self.live if live is None else live
+        costs = self.store.pace.costs(self.store.costs) if costs is None else costs
+        return max(self.sides_s(b * sum(live[:n]), b * sum(live[n:]), costs))
 
     @staticmethod
     def sides_s(cpu_pairs: float, gpu_pairs: float, costs: HybridCosts) -> tuple[float, float]:

@@ -71,6 +71,7 @@ class DecodeGraphs:
         split = piecewise and bool(stores) and all(isinstance(s, ZeroCopyHybridExperts) for s in stores.values())
         self.splits: dict[int, RankSplit] = {li: RankSplit(s, max_batch, model.config.top_k, self.routed)
                                              for li, s in stores.items()} if split else {}
+        self._holds_hot = any(split.hot is not None for split in self.splits.values())
         self.split_graphs: dict[int, dict[int, tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]]] = {}
         # per split layer, alternating (a layer is accounted for after the next one's are recorded): its routing
         # sent, its GPU pairs done; between them the GPU's side (the link's pace)
@@ -144,19 +145,22 @@ class DecodeGraphs:
 
     def set_cpu_share(self, b: int) -> int:
         """Choose the CPU's share of ranks for a b-sequence split step from the paced costs (one pace per
-        model, one share for every layer: the least predicted step, the sum of the layers' times, which
-        differ only where hot experts hold different shares of their pairs); returns it."""
+        model: one share for every layer, the first layer's choice; with hot experts, at the layers' mean share
+        of pairs of each rank that were not hot, since theirs differ); returns it. (Once a split step: cheap.)"""
         splits = list(self.splits.values())
-        top_k = self.model.config.top_k
-        n = min(range(top_k + 1), key=lambda n: (sum(split.predicted_s(b, n) for split in splits), n))
+        first = splits[0]
+        costs = first.store.pace.costs(first.store.costs)
+        live = [sum(col) / len(splits) for col in zip(*(split.live for split in splits))] if self._holds_hot else first.live
+        n = min(range(len(live) + 1), key=lambda n: (first.predicted_s(b, n, live, costs), n))
+        predicted = first.predicted_s(b, n, live, costs)
         for split in splits:
-            split.set_share(n, split.predicted_s(b, n))
+            split.set_share(n, predicted)
         return n
 
     @property
     def holds_hot(self) -> bool:
         """Whether the split layers hold hot experts (then a step with no CPU share is still a split step)."""
-        return any(split.hot is not None for split in self.splits.values())
+        return self._holds_hot
 
     def run_split(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Replay a len(tokens)-sequence step's pieces with each MoE layer's share split by rank between the
