@@ -173,6 +173,19 @@ def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
     assert (a.steps, a.misses, a.cpu_computed) == (b.steps, b.misses, b.cpu_computed) == (3, 3 * 8, 3 + 3 + 5)
 
 
+def split_step_against_eager(split: RankSplit, eager, row: list[int], hot: set[int], n: int, weights, seed: int,
+                             device) -> tuple[int, ...]:
+    """One split step of routing `row` against the eager step that sends its non-hot experts of ranks < n to the
+    CPU: equal bit for bit. Returns those experts."""
+    hidden = make(16, 1, 4, seed, torch.bfloat16)[1].to(device)
+    ids, weights = torch.tensor([row], device=device), weights.to(device)
+    to_cpu = tuple(sorted(e for e in row[:n] if e not in hot))
+    to_gpu = tuple(sorted(e for e in row if e not in to_cpu))
+    eager._split = lambda misses: MissSplit(to_gpu, to_cpu, 0.0, (1,) * len(to_cpu))
+    assert torch.equal(split_step(split, hidden, ids, weights, n), eager.forward(hidden, ids, weights)), (n, row, hot)
+    return to_cpu
+
+
 HOT = [3, 7, 11]
 HOT_ROUTING = [[3, 5, 7, 9], [1, 11, 2, 3], [0, 2, 7, 11], [3, 7, 11, 4], [8, 9, 10, 12]]  # hot ones at every rank
 
@@ -188,13 +201,7 @@ def test_hot_experts_pairs_come_from_the_bank_and_the_cpu_gets_only_the_others(d
     split = RankSplit(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
     hits = misses = cpu = gpu_pairs = 0
     for step, row in enumerate(HOT_ROUTING):
-        hidden = make(16, 1, 4, 700 + step, torch.bfloat16)[1].to(device)
-        ids = torch.tensor([row], device=device)
-        to_cpu = tuple(sorted(e for e in row[:n] if e not in HOT))
-        to_gpu = tuple(sorted(e for e in row if e not in to_cpu))
-        eager._split = lambda misses, c=to_cpu, g=to_gpu: MissSplit(g, c, 0.0, (1,) * len(c))
-        out = split_step(split, hidden, ids, weights.to(device), n)
-        assert torch.equal(out, eager.forward(hidden, ids, weights.to(device))), (n, step)
+        to_cpu = split_step_against_eager(split, eager, row, set(HOT), n, weights, 700 + step, device)
         hits += sum(e in HOT for e in row)
         misses += sum(e not in HOT for e in row)
         cpu += len(to_cpu)
@@ -219,13 +226,7 @@ def test_a_refresh_between_steps_changes_which_pairs_the_cpu_skips_from_the_next
     for step, row in enumerate(HOT_ROUTING):
         held = set(hybrid.hot.held)
         sets.append(held)
-        hidden = make(16, 1, 4, 800 + step, torch.bfloat16)[1].to(device)
-        ids = torch.tensor([row], device=device)
-        to_cpu = tuple(sorted(e for e in row[:n] if e not in held))
-        to_gpu = tuple(sorted(e for e in row if e not in to_cpu))
-        eager._split = lambda misses, c=to_cpu, g=to_gpu: MissSplit(g, c, 0.0, (1,) * len(c))
-        out = split_step(split, hidden, ids, weights.to(device), n)
-        assert torch.equal(out, eager.forward(hidden, ids, weights.to(device))), (n, step, held)
+        split_step_against_eager(split, eager, row, held, n, weights, 800 + step, device)
     assert sets[0] == set() and sets[1] == {3, 5} and sets[1] != sets[-1]  # chosen after step 1, changed after 4
     assert hybrid.counters.loads == hybrid.hot.copies >= 3
 
