@@ -27,9 +27,8 @@ So modes can be swapped without changing a single token.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import torch
 
@@ -308,7 +307,6 @@ class ZeroCopyExperts(ExpertStore):
         """Experts a wide step of `tokens` tokens routed as `counts` [N] computes from a device bank instead of
         copying them; none here (hybrid mode's hot experts override this)."""
         return None
-
 
     def _in_place_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
         """A narrow step, its routing already read: the kernel reads each routed expert in place (hybrid

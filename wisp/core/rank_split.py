@@ -248,9 +248,12 @@ class RankSplit:
         cpu = costs.cpu_overhead_s + cpu_pairs * costs.cpu_s(1) if cpu_pairs > 0 else 0.0
         return cpu, gpu_pairs * costs.copy_s
 
-    def cpu_share_for(self, b: int) -> int:
-        """The n with the least predicted time for a b-token step (the smallest such)."""
-        return min(range(self.top_k + 1), key=lambda n: (self.predicted_s(b, n), n))
+    def cpu_share_for(self, b: int, live: list[float] | None = None, costs: HybridCosts | None = None) -> int:
+        """The n with the least predicted time for a b-token step (the smallest such); `live`, `costs` as in
+        `predicted_s` (worked out once here unless given)."""
+        live = self.live if live is None else live
+        costs = self.store.pace.costs(self.store.costs) if costs is None else costs
+        return min(range(self.top_k + 1), key=lambda n: (self.predicted_s(b, n, live, costs), n))
 
 
 class HostSide(NamedTuple):

@@ -151,7 +151,7 @@ class DecodeGraphs:
         first = splits[0]
         costs = first.store.pace.costs(first.store.costs)
         live = [sum(col) / len(splits) for col in zip(*(split.live for split in splits))] if self._holds_hot else first.live
-        n = min(range(len(live) + 1), key=lambda n: (first.predicted_s(b, n, live, costs), n))
+        n = first.cpu_share_for(b, live, costs)
         predicted = first.predicted_s(b, n, live, costs)
         for split in splits:
             split.set_share(n, predicted)
