@@ -9,11 +9,19 @@ Triton MoE kernel reading the other half of the experts in place (`pairs_by_map`
 and while it copies them to the GPU instead (pinned cudaMemcpyAsync); each side's rate alone is reported too.
 
     python benchmarks/cpu_expert_kernels.py --threads 16,8 --out cpu_expert_kernels.json
+    python benchmarks/cpu_expert_kernels.py --kernels native --per-call 1,2,4,8 --bank pinned,huge --out calls.json
+
+`--per-call` lists how many distinct experts one call computes (a rank split hands a layer's CPU share to one
+native call: the rates at 1, 2, 4, 8 give a call's fixed cost apart from its cost an expert); `--bank huge`
+allocates the bank in 2 MB transparent huge pages and pins it with cudaHostRegister instead of cudaHostAlloc
+(fewer TLB misses per expert read, where the kernel backs them with huge pages: the record says how much of the
+bank is, from /proc/meminfo's AnonHugePages).
 """
 
 from __future__ import annotations
 
 import argparse
+import mmap
 import statistics
 import time
 
@@ -39,6 +47,36 @@ def expert_rate(kernel, bank: dict[str, torch.Tensor], experts: range, rows: int
         if i >= 3:  # three warm-ups
             times.append(time.perf_counter() - start)
     return nbytes / statistics.median(times) / 1e9
+
+
+def huge_page_bank(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    """An uninitialised tensor in anonymous memory advised to transparent huge pages (2 MB aligned), pinned
+    in place with cudaHostRegister when `pin` (mapped at the same address on GPUs that can use host pointers
+    for registered memory: the record's `host_pointer_ok`)."""
+    huge = 2 << 20
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    area = mmap.mmap(-1, nbytes + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    area.madvise(mmap.MADV_HUGEPAGE)
+    raw = torch.frombuffer(area, dtype=torch.uint8)  # holds `area` alive
+    skip = -raw.data_ptr() % huge
+    tensor = raw[skip: skip + nbytes].view(dtype).view(shape)
+    tensor.zero_()  # fault the pages in (as huge pages where the kernel grants them) before pinning
+    if pin:
+        code = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 0)
+        if int(code) != 0:
+            raise RuntimeError(f"cudaHostRegister failed: {code}")
+    return tensor
+
+
+def anon_huge_bytes() -> int:
+    """/proc/meminfo's AnonHugePages in bytes (0 where there is none)."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 class InPlaceReads:
@@ -96,44 +134,61 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--rows", type=int, default=1)
-    ap.add_argument("--per-call", type=int, default=1, help="distinct experts a call computes (a rank split: 4-5)")
+    ap.add_argument("--per-call", default="1", help="comma-separated: distinct experts a call computes (a rank split: 4-5)")
+    ap.add_argument("--bank", default="pinned", help="comma-separated: pinned (cudaHostAlloc), huge (huge pages, registered)")
+    ap.add_argument("--kernels", default=None, help="comma-separated CPU kernels (default: all that load)")
     ap.add_argument("--threads", default=str(torch.get_num_threads()), help="comma-separated torch thread counts")
     ap.add_argument("--repeats", type=int, default=48)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     n, d, i = args.experts, args.hidden, args.intermediate
-    bank = {GATE_UP: torch.empty((n, 2 * i, d), dtype=torch.bfloat16, pin_memory=cuda),
-            DOWN: torch.empty((n, d, i), dtype=torch.bfloat16, pin_memory=cuda)}
-    for t in bank.values():
-        t.uniform_(-3 ** 0.5 / d ** 0.5, 3 ** 0.5 / d ** 0.5)  # in place: a bank of many GB fills in seconds
-    cpu_experts, gpu_experts = range(n // 2), range(n // 2, n)
     kernels = [k for k in CPU_EXPERT_KERNELS if k != "native" or native_kernel_error() is None]
-    rec = {"shape": {"hidden": d, "intermediate": i, "experts": n, "rows": args.rows,
-                     "per_call": args.per_call}, "cpu_kernels": kernels,
-           "native_error": native_kernel_error(), "gpu": torch.cuda.get_device_name() if cuda else None, "alone": {}}
-    sides = {"in_place": InPlaceReads(bank, gpu_experts, args.top_k),
-             "pinned_copies": PinnedCopies(bank, gpu_experts, args.top_k)} if cuda else {}
-    for name, side in sides.items():
-        side.rate(5)  # compiles the kernel, warms the copies
-        rec[f"gpu_{name}_gbps_alone"] = round(side.rate(50), 1)
-        rec[f"beside_gpu_{name}"] = {}
-    for threads in (int(t) for t in args.threads.split(",")):
-        torch.set_num_threads(threads)
-        rec["alone"][threads] = {k: round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows,
-                                                        args.repeats, args.per_call), 1) for k in kernels}
+    if args.kernels:
+        kernels = [k for k in args.kernels.split(",") if k in kernels]
+    rec = {"shape": {"hidden": d, "intermediate": i, "experts": n, "rows": args.rows}, "cpu_kernels": kernels,
+           "native_error": native_kernel_error(), "gpu": torch.cuda.get_device_name() if cuda else None,
+           "threads_available": torch.get_num_threads(), "banks": {}}
+    if cuda:
+        rec["host_pointer_ok"] = bool(torch.cuda.get_device_properties(0).can_use_host_pointer_for_registered_mem
+                                      if hasattr(torch.cuda.get_device_properties(0), "can_use_host_pointer_for_registered_mem")
+                                      else None)
+    for kind in args.bank.split(","):
+        before = anon_huge_bytes()
+        if kind == "huge":
+            bank = {GATE_UP: huge_page_bank((n, 2 * i, d), torch.bfloat16, cuda),
+                    DOWN: huge_page_bank((n, d, i), torch.bfloat16, cuda)}
+        else:
+            bank = {GATE_UP: torch.empty((n, 2 * i, d), dtype=torch.bfloat16, pin_memory=cuda),
+                    DOWN: torch.empty((n, d, i), dtype=torch.bfloat16, pin_memory=cuda)}
+        for t in bank.values():
+            t.uniform_(-3 ** 0.5 / d ** 0.5, 3 ** 0.5 / d ** 0.5)  # in place: a bank of many GB fills in seconds
+        rec["banks"][kind] = runs = {"anon_huge_bytes": anon_huge_bytes() - before,
+                                     "bank_bytes": sum(t.nbytes for t in bank.values())}
+        cpu_experts, gpu_experts = range(n // 2), range(n // 2, n)
+        sides = {"in_place": InPlaceReads(bank, gpu_experts, args.top_k),
+                 "pinned_copies": PinnedCopies(bank, gpu_experts, args.top_k)} if cuda else {}
         for name, side in sides.items():
-            beside, launch_s = {}, side.nbytes / (rec[f"gpu_{name}_gbps_alone"] * 1e9)
-            for k in kernels:  # enough launches to outlast the CPU's calls four times over
-                cpu_s = ((args.repeats + 3) * args.per_call * (bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes)
-                         / (rec["alone"][threads][k] * 1e9))
-                side.launch(int(4 * cpu_s / launch_s) + 10)
-                beside[k] = round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows, args.repeats,
-                                              args.per_call), 1)
-                torch.cuda.synchronize()
-            rec[f"beside_gpu_{name}"][threads] = beside
-        print(threads, {key: value[threads] for key, value in rec.items() if key == "alone" or key.startswith("beside")},
-              flush=True)
+            side.rate(5)  # compiles the kernel, warms the copies
+            runs[f"gpu_{name}_gbps_alone"] = round(side.rate(50), 1)
+        for per_call in (int(c) for c in args.per_call.split(",")):
+            for threads in (int(t) for t in args.threads.split(",")):
+                torch.set_num_threads(threads)
+                run = runs[f"{per_call}_per_call/{threads}_threads"] = {"alone": {}}
+                run["alone"] = {k: round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows,
+                                                     args.repeats, per_call), 1) for k in kernels}
+                for name, side in sides.items():
+                    beside, launch_s = {}, side.nbytes / (runs[f"gpu_{name}_gbps_alone"] * 1e9)
+                    for k in kernels:  # enough launches to outlast the CPU's calls four times over
+                        cpu_s = ((args.repeats + 3) * per_call * (bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes)
+                                 / (run["alone"][k] * 1e9))
+                        side.launch(int(4 * cpu_s / launch_s) + 10)
+                        beside[k] = round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows,
+                                                      args.repeats, per_call), 1)
+                        torch.cuda.synchronize()
+                    run[f"beside_gpu_{name}"] = beside
+                print(kind, per_call, threads, run, flush=True)
+        del sides, bank
     print_and_save(rec, args.out)
 
 

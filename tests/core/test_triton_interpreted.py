@@ -88,6 +88,32 @@ def test_router_matches_softmax_topk(n, k, normalize, dtype):
     torch.testing.assert_close(got_w, want_w.to(dtype), **tol)
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+def test_router_takes_replayed_ids_in_the_same_launch(normalize):
+    """A token whose K replayed ids are all given gets them, weighted by the probabilities there (as the torch
+    path's gather); a token with a gap (-1) keeps the router's top-k; a shared row (stride 0) serves all."""
+    from wisp.core.triton_router import triton_route
+    from wisp.trace.replay import replayed_or_routed
+
+    n, k = 16, 3  # K below its power of two: the padded lane must not count
+    logits = torch.randn(3, n, generator=torch.Generator().manual_seed(7)).to(DEV)
+    probs = torch.softmax(logits, -1, dtype=torch.float32)
+    routed_w, routed_ids = torch.topk(probs, k, -1)
+    override = torch.tensor([[5, 0, 15], [3, -1, 2], [7, 6, 1]], device=DEV)
+    want_ids = replayed_or_routed(override, routed_ids)
+    want_w = probs.gather(1, want_ids)
+    if normalize:
+        want_w = want_w / want_w.sum(-1, keepdim=True)
+    got_w, got_ids = triton_route(logits, k, normalize, torch.float32, override)
+    assert torch.equal(got_ids, want_ids) and torch.equal(got_ids[1], routed_ids[1])
+    torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-6)
+    shared = override[2].expand(3, k)
+    got_w, got_ids = triton_route(logits, k, normalize, torch.float32, shared)
+    assert torch.equal(got_ids, shared)
+    with pytest.raises(ValueError):
+        triton_route(logits, k, normalize, torch.float32, override[:, :2])
+
+
 def test_router_breaks_ties_toward_the_lower_id():
     from wisp.core.triton_router import triton_route
 

@@ -100,7 +100,10 @@ def test_a_hybrid_step_replayed_as_pieces_equals_its_eager_step():
     eng = engine("hybrid", 0, False, hybrid_costs=cpu_cheap)
     model, blocks = eng.model, eng.pool.allocate(3)
     next(iter(model.experts.values())).pace.learn = False  # one pace for every layer: the costs stay as given
-    graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True)
+    graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True, split=False)
+    with pytest.raises(RuntimeError):  # split pieces merge themselves
+        DecodeGraphs(model, eng.kv, 1, 4, blocks[2], torch.cuda.Stream(), piecewise=True).run_pieces(
+            [7], [0], [[blocks[0]]], model.routed_experts)
     tables = [[blocks[0]], [blocks[1]]]
     for position in range(6):
         tokens = [7 + position, 100 + 3 * position]

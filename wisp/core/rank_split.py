@@ -9,15 +9,17 @@ GPU's side, so it can be captured (`wisp.engine.cuda_graphs`):
 - `send` (end of a piece's graph): the experts' input rows and the routing go to pinned host buffers;
 - `gpu_pairs` (a graph): the GPU reads its pairs' experts in place (the CPU's ranks get a placeholder id,
   N, that the map sends nowhere) into the [T*K, D] float32 pair outputs;
-- `rows_to_device` (the host, between graphs): waits for the routing, computes its pairs from the pinned
+- `cpu_rows` (the host, between graphs): waits for the routing, computes its pairs from the pinned
   masters with the CPU kernel (the native kernel's SiLU experts: grouping, kernels and rows in one native
-  call, `rank_split_rows`), sends its rows to a device buffer (stream-ordered after the GPU's pairs: the host
-  does not wait for them), and `account` later counts the layer and feeds the pace. Under the graphs the
-  accounting waits until the next layer's graphs are launched (`DecodeGraphs.run_split`), so the merge and
-  the next layer's work are queued the moment the CPU's rows are: 16 layers of Python bookkeeping left
-  the step's critical path. `serve` is the two at once (eager callers);
-- `merge` (a graph): the CPU's rows take their ranks' places, and the pairs are summed over k in routing
-  order, as every mode does.
+  call, `rank_split_rows`) into pinned host rows, and `account` later counts the layer and feeds the pace.
+  Under the graphs the accounting waits until the next layer's graphs are launched
+  (`DecodeGraphs.run_split`), so the merge and the next layer's work are queued the moment the CPU's rows
+  are: 16 layers of Python bookkeeping left the step's critical path. `serve` is `rows_to_device` (the
+  rows, then `rows_in`) and `account` at once (eager callers);
+- `rows_in` then `merge` (captured at the head of the next piece's graph, so one launch follows the CPU's
+  rows): the rows copied to a device buffer (stream-ordered after the GPU's pairs: the host does not wait
+  for them), the CPU's rows take their ranks' places, and the pairs are summed over k in routing order,
+  as every mode does.
 n is chosen per step from the probed costs as the pace corrects them (`cpu_share_for`): the smallest n
 with the least predicted time, max(CPU's experts, GPU's in-place pairs). The pace learns each side apart:
 the CPU's from its own side (`CpuPace.observe`'s `ratio`), not from the wall, which includes the wait for the
@@ -31,9 +33,9 @@ Invariants:
 - counters as hybrid's eager step: each routed expert a miss, the CPU's also `cpu_computed`, bytes for
   the pairs the GPU reads in place;
 - the host buffers are rewritten only after the stream has passed the copies that read them: each layer
-  has its own, and `rows_to_device` waits for this layer's routing, which the stream sends only after this
-  layer's rows of the step before have landed (and `send` runs after `rows_to_device` returned);
-- `account` is called once per `rows_to_device`, before the step ends (the pace's step closes then), with
+  has its own, and `cpu_rows` waits for this layer's routing, which the stream sends only after this
+  layer's rows of the step before have landed (and `send` runs after `cpu_rows` returned);
+- `account` is called once per `cpu_rows`, before the step ends (the pace's step closes then), with
   events not recorded again since that layer's; with hot experts, `refresh_hot` after every layer's merge
   (the host's view of which pairs were hot is the map the step ran with).
 """
@@ -142,18 +144,28 @@ class RankSplit:
         self.account(self.rows_to_device(b, routed), routed, gpu_done, timed)
 
     def rows_to_device(self, b: int, routed: "torch.cuda.Event | None") -> "HostSide":
-        """Between the graphs: wait for the routing (`routed`), compute the CPU's pairs, send their rows to the
-        device buffer `merge` reads (queued behind the GPU's pairs; no wait for them). Returns what `account`
-        needs. (Lean on purpose: it runs once per MoE layer on the step's critical path.)"""
+        """`cpu_rows`, then their copy to the device buffer `merge` reads (queued behind the GPU's pairs; no
+        wait for them). Returns what `account` needs."""
+        side = self.cpu_rows(b, routed)
+        self.rows_in(b)
+        return side
+
+    def cpu_rows(self, b: int, routed: "torch.cuda.Event | None") -> "HostSide":
+        """Between the graphs: wait for the routing (`routed`), compute the CPU's pairs into the host rows.
+        Returns what `account` needs. (Lean on purpose: it runs once per MoE layer on the step's critical
+        path; under the graphs the next piece's graph copies the rows in, `rows_in`.)"""
         waited = time.perf_counter()
         if routed is not None:
             routed.synchronize()
         start = time.perf_counter()
         computed, routed_experts = (self._native_rows(b) if self._native else self._rows(b))
         done = time.perf_counter()
-        if computed:
-            self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
         return HostSide(b, self._share, computed, routed_experts, start - waited, done - start)
+
+    def rows_in(self, b: int) -> None:
+        """The host rows to the device buffer `merge` reads (graph-safe: a copy from pinned memory, stream
+        ordered). Rows of ranks the CPU did not compute are copied too; `merge` does not take them."""
+        self.rows[:b].copy_(self.rows_host[:b], non_blocking=True)
 
     def account(self, side: "HostSide", routed: "torch.cuda.Event | None", gpu_done: "torch.cuda.Event | None",
                 timed: bool = False) -> None:

@@ -3,6 +3,9 @@
 Same contract as the torch path in `MoEDecoder.moe`: probabilities in float32, the K largest in
 descending order (ties to the lower expert id), optionally divided by their sum, written in the weights'
 dtype. One program reads one row, so routing is batch-invariant; it replaces ~6 small launches per layer.
+A benchmark's replayed routing (`override`, [T, K] ids, -1 where the router's choice stands) is taken in the
+same launch: a token whose K replayed ids are all >= 0 gets them, with the probabilities at those ids as
+weights (renormalised alike), as the torch path's gather does, so replayed runs pay a real run's routing cost.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _route(logits_ptr, ids_ptr, w_ptr, N, K: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr,
-           NORM: tl.constexpr):
+def _route(logits_ptr, ids_ptr, w_ptr, over_ptr, s_over, N, K: tl.constexpr, KP: tl.constexpr,
+           BLOCK_N: tl.constexpr, NORM: tl.constexpr, OVERRIDE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     n = tl.arange(0, BLOCK_N)
     ok = n < N
@@ -31,19 +34,30 @@ def _route(logits_ptr, ids_ptr, w_ptr, N, K: tl.constexpr, KP: tl.constexpr, BLO
         picked_w = tl.where(kk == j, best, picked_w)
         picked_i = tl.where(kk == j, idx.to(tl.int64), picked_i)
         left = tl.where(n == idx, -1.0, left)
+    if OVERRIDE:  # the replayed ids where all K are given, the probabilities at them
+        over = tl.load(over_ptr + row * s_over + kk, mask=kk < K, other=0)  # [KP]
+        given = tl.min(over, axis=0) >= 0
+        at_over = tl.sum(tl.where(n[None, :] == over[:, None], p[None, :], 0.0), axis=1)  # [KP]: one term each
+        picked_i = tl.where(given, over, picked_i)
+        picked_w = tl.where(given, tl.where(kk < K, at_over, 0.0), picked_w)
     if NORM:
         picked_w = picked_w / tl.sum(picked_w, axis=0)
     tl.store(ids_ptr + row * K + kk, picked_i, mask=kk < K)
     tl.store(w_ptr + row * K + kk, picked_w.to(w_ptr.dtype.element_ty), mask=kk < K)
 
 
-def triton_route(logits: torch.Tensor, top_k: int, normalize: bool, weight_dtype: torch.dtype):
-    """logits [T, N] -> (topk_weights [T, K] in weight_dtype, topk_ids [T, K] int64)."""
+def triton_route(logits: torch.Tensor, top_k: int, normalize: bool, weight_dtype: torch.dtype,
+                 override: torch.Tensor | None = None):
+    """logits [T, N] -> (topk_weights [T, K] in weight_dtype, topk_ids [T, K] int64); `override`: replayed ids
+    [T, K] int64 on the logits' device (rows may share memory: stride 0), -1 where the router's choice stands."""
     t, n = logits.shape
     logits = logits.contiguous()
     ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
     weights = torch.empty((t, top_k), dtype=weight_dtype, device=logits.device)
     if t:
-        _route[(t,)](logits, ids, weights, n, K=top_k, KP=triton.next_power_of_2(top_k),
-                     BLOCK_N=triton.next_power_of_2(n), NORM=normalize)
+        over = ids if override is None else override  # (a placeholder pointer when there is none)
+        if override is not None and (override.shape != (t, top_k) or override.stride(1) != 1):
+            raise ValueError(f"override must be [{t}, {top_k}] with unit column stride, got {tuple(override.shape)}")
+        _route[(t,)](logits, ids, weights, over, over.stride(0), n, K=top_k, KP=triton.next_power_of_2(top_k),
+                     BLOCK_N=triton.next_power_of_2(n), NORM=normalize, OVERRIDE=override is not None)
     return weights, ids

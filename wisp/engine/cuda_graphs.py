@@ -23,8 +23,9 @@ graph was captured to read them.
 
 Hybrid with no slots (every store a `ZeroCopyHybridExperts`) also captures its CPU's share
 (`wisp.core.rank_split`): each piece ends by sending its MoE layer's rows and routing to pinned host
-buffers, and two more graphs per MoE layer hold the GPU's in-place pairs and the merge of the CPU's rows;
-`run_split` replays them with only the CPU's experts and two waits on the host between.
+buffers, one more graph per MoE layer holds the GPU's in-place pairs, and the next piece's graph begins with
+the merge (the CPU's rows copied in from the host, summed with the GPU's pairs); `run_split` replays them
+with only the CPU's experts and two waits on the host between (its pieces are not `run_pieces`' then).
 
 Invariants: a replay computes exactly what the eager engine would (same kernels, same order: tested
 with torch.equal; pieces too, with the same experts between; a split replay what the same split run
@@ -50,10 +51,11 @@ from wisp.models.moe_decoder import MoEDecoder, Piece
 
 class DecodeGraphs:
     def __init__(self, model: MoEDecoder, cache: KVCache, max_batch: int, max_blocks: int, scratch_block: int,
-                 warm_up_stream: torch.cuda.Stream, piecewise: bool = False):
+                 warm_up_stream: torch.cuda.Stream, piecewise: bool = False, split: bool = True):
         """`warm_up_stream`: the stream capture warm-ups run on; the caller keeps one for every re-capture (torch
         keeps a cuBLAS workspace per stream used, so a new stream per capture would leak one each time).
-        piecewise: capture the pieces between MoE layers' experts too (`run_pieces`)."""
+        piecewise: capture the pieces between MoE layers' experts too (`run_pieces`); split: with pieces, capture
+        the rank split where every store is hybrid with no slots (`run_split`; False: plain pieces)."""
         self.model, self.cache, self.max_batch = model, cache, max_batch
         self._side = warm_up_stream
         dev = model.device
@@ -68,11 +70,12 @@ class DecodeGraphs:
         self._piece_kv: dict[int, DecodeBatchKV] = {}
         self.routed = torch.zeros((max_batch, model.config.hidden_size), dtype=model.dtype, device=dev)  # experts' out
         stores = model.experts
-        split = piecewise and bool(stores) and all(isinstance(s, ZeroCopyHybridExperts) for s in stores.values())
+        split = (split and piecewise and bool(stores)
+                 and all(isinstance(s, ZeroCopyHybridExperts) for s in stores.values()))
         self.splits: dict[int, RankSplit] = {li: RankSplit(s, max_batch, model.config.top_k, self.routed)
                                              for li, s in stores.items()} if split else {}
         self._holds_hot = any(split.hot is not None for split in self.splits.values())
-        self.split_graphs: dict[int, dict[int, tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]]] = {}
+        self.split_graphs: dict[int, dict[int, torch.cuda.CUDAGraph]] = {}  # per b, per split layer: its GPU pairs
         # per split layer, alternating (a layer is accounted for after the next one's are recorded): its routing
         # sent, its GPU pairs done; between them the GPU's side (the link's pace)
         self._events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2)]
@@ -111,13 +114,17 @@ class DecodeGraphs:
         piece's warm-up reads real values (the experts' buffer between them stays zero, or with splits holds
         what the merge's warm-up wrote). The first piece
         also computes the step's KV indices (`DecodeBatchKV`), which the later pieces read. With splits,
-        each piece also sends its layer's rows and routing to the host, and the layer's GPU pairs and merge
-        get a graph each."""
+        each piece also sends its layer's rows and routing to the host, its layer's GPU pairs get a graph,
+        and the next piece's graph begins with that layer's merge (the CPU's rows copied in from the host
+        buffer, then summed with the GPU's pairs): once the CPU's rows are done, one launch runs everything
+        up to the next layer's routing."""
         tokens, positions, routed = self.tokens[:b], self.positions[:b], self.routed[:b]
-        pieces, before, kv = [], None, None
+        pieces, before, kv, merge = [], None, None, None
         self.split_graphs[b] = {}
         while before is None or before.layer is not None:
-            def body(before=before, kv=kv):
+            def body(before=before, kv=kv, merge=merge):
+                if merge is not None:  # the layer before's split: its rows in, its merge
+                    merge()
                 kv = kv or DecodeBatchKV(self.cache, self.tables[:b], positions)
                 piece = self.model.forward_piece(tokens, positions, kv, before, None if before is None else routed)
                 if piece.layer is not None and self.splits:
@@ -128,20 +135,25 @@ class DecodeGraphs:
             pool = graph.pool()
             graph.replay()
             pieces.append((graph, piece, logits))
+            merge = None
             if piece.layer is not None and self.splits:
-                pool = self._capture_split(b, piece, self.splits[piece.layer], pool)
+                pool, merge = self._capture_split(b, piece, self.splits[piece.layer], pool)
             before = piece
         self.pieces[b] = pieces
         self._piece_kv[b] = kv  # its index tensors live in the pool, written by the first piece
         return pool
 
     def _capture_split(self, b: int, piece: Piece, split: RankSplit, pool):
+        """The layer's GPU pairs as a graph (replayed once); returns the pool and its merge, for the next
+        piece's graph to begin with."""
         gpu, per_k = self._graph_of(lambda: split.gpu_pairs(piece.hidden, piece.topk_ids), pool)
         gpu.replay()
-        merged = functools.partial(split.merge, per_k, piece.topk_ids, piece.topk_weights, self.model.dtype)
-        merge, _ = self._graph_of(lambda: self.routed[:b].copy_(merged()), gpu.pool())
-        self.split_graphs[b][piece.layer] = (gpu, merge)
-        return merge.pool()
+        self.split_graphs[b][piece.layer] = gpu
+
+        def merge():
+            split.rows_in(b)
+            self.routed[:b].copy_(split.merge(per_k, piece.topk_ids, piece.topk_weights, self.model.dtype))
+        return gpu.pool(), merge
 
     def set_cpu_share(self, b: int) -> int:
         """Choose the CPU's share of ranks for a b-sequence split step from the paced costs (one pace per
@@ -164,8 +176,9 @@ class DecodeGraphs:
 
     def run_split(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Replay a len(tokens)-sequence step's pieces with each MoE layer's share split by rank between the
-        GPU's graph and the CPU (`RankSplit.rows_to_device` between); returns the logits [B, V] (valid until the
-        next run). A layer's accounting waits until the next layer's graphs are queued (off the critical path)."""
+        GPU's graph and the CPU (`RankSplit.cpu_rows` between; the next piece's graph takes its rows in and
+        merges); returns the logits [B, V] (valid until the next run). A layer's accounting waits until the
+        next layer's graphs are queued (off the critical path)."""
         b = self._stage(tokens, positions, tables)
         pending = None  # the previous MoE layer's accounting, not yet done
         layers = 0
@@ -174,17 +187,15 @@ class DecodeGraphs:
                 graph.replay()
                 if piece.layer is None:
                     continue
-                gpu, merge = self.split_graphs[b][piece.layer]
                 routed, gpu_done = self._events[layers % 2]
                 layers += 1
                 routed.record()
-                gpu.replay()
+                self.split_graphs[b][piece.layer].replay()
                 gpu_done.record()
                 if pending is not None:
                     pending()
                 split = self.splits[piece.layer]
-                side = split.rows_to_device(b, routed)
-                merge.replay()
+                side = split.cpu_rows(b, routed)
                 pending = functools.partial(split.account, side, routed, gpu_done, timed=True)
             if pending is not None:
                 pending()
@@ -203,7 +214,10 @@ class DecodeGraphs:
     def run_pieces(self, tokens: list[int], positions: list[int], tables: list[list[int]],
                    routed_experts: Callable[[Piece], torch.Tensor]) -> torch.Tensor:
         """Replay the pieces of a len(tokens)-sequence step, `routed_experts(piece)` computing each MoE layer's
-        experts (eagerly) between them; returns the logits [B, V] (valid until the next run)."""
+        experts (eagerly) between them; returns the logits [B, V] (valid until the next run). Not with splits
+        (their pieces begin with the split's merge: `run_split`)."""
+        if self.splits:
+            raise RuntimeError("split pieces merge the CPU's rows themselves: run_split, not run_pieces")
         b = self._stage(tokens, positions, tables)
         with torch.cuda.device(self.model.device):
             for graph, piece, logits in self.pieces[b]:

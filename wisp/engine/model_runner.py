@@ -61,6 +61,10 @@ class RoutingReplayer(Protocol):
     def ids(self, layer: int, topk_ids: torch.Tensor) -> torch.Tensor:
         """The expert ids [T, K] to use at `layer` in place of the router's `topk_ids`."""
 
+    def replayed(self, layer: int, tokens: int) -> torch.Tensor:
+        """The replayed ids [tokens, K] at `layer` (device, int64, unit column stride), -1 where the router's
+        choice stands (`ids` is `replayed_or_routed` of these): the route kernel's `override`."""
+
 
 @dataclass(frozen=True)
 class ObserverHandle:

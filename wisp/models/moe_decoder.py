@@ -208,8 +208,10 @@ class MoEDecoder:
                 topk_ids = self.routing_override.ids(li, topk_ids)
                 top = logits.gather(1, topk_ids)
             topk_weights = F.softmax(top.float(), dim=-1).to(weight_dtype)
-        elif self.route_kernel is not None and self.routing_override is None:
-            topk_weights, topk_ids = self.route_kernel(logits, cfg.top_k, cfg.norm_topk_prob, weight_dtype)  # [T, K]
+        elif self.route_kernel is not None:  # a replay's ids taken in the same launch
+            override = None if self.routing_override is None else self.routing_override.replayed(li, logits.shape[0])
+            topk_weights, topk_ids = self.route_kernel(logits, cfg.top_k, cfg.norm_topk_prob, weight_dtype,
+                                                       override)  # [T, K]
         else:
             probs = F.softmax(logits, dim=-1, dtype=torch.float32)
             topk_ids = torch.topk(probs, cfg.top_k, dim=-1).indices  # [T, K]

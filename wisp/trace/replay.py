@@ -19,14 +19,16 @@ import numpy as np
 import torch
 
 from wisp.trace.format import RoutingTrace
-from wisp.trace.session_replay import check_trace_fits
+from wisp.trace.session_replay import check_trace_fits, replayed_or_routed
 
 
 class RoutingReplay:
     def __init__(self, trace: RoutingTrace, moe_layer_ids: list[int], num_experts: int, top_k: int, device: torch.device):
         ids = np.asarray(trace.ids)  # [T, L, K]
         check_trace_fits(ids, moe_layer_ids, num_experts, top_k)
-        self.rows = torch.from_numpy(ids.astype(np.int64))
+        self.rows = torch.from_numpy(ids.astype(np.int64))  # pinned on CUDA: each step's row copied without a wait
+        if device.type == "cuda":
+            self.rows = self.rows.pin_memory()
         self.buf = torch.full((len(moe_layer_ids), top_k), -1, dtype=torch.int64, device=device)
         self.layer_index = {li: i for i, li in enumerate(moe_layer_ids)}
         self.position = 0
@@ -38,11 +40,14 @@ class RoutingReplay:
     def advance(self, batch=None) -> None:
         """A step begins (whatever its batch): load the next trace token (wrapping around) while active, else -1 (router's ids)."""
         if self.active:
-            self.buf.copy_(self.rows[self.position % len(self)])
+            self.buf.copy_(self.rows[self.position % len(self)], non_blocking=True)  # the pinned trace stays
             self.position += 1
         else:
             self.buf.fill_(-1)
 
+    def replayed(self, layer: int, tokens: int) -> torch.Tensor:
+        return self.buf[self.layer_index[layer]].expand(tokens, -1)  # [T, K]: every token the step's row
+
     def ids(self, layer: int, topk_ids: torch.Tensor) -> torch.Tensor:
-        row = self.buf[self.layer_index[layer]]  # [K]
-        return torch.where((row >= 0).all(), row, topk_ids)  # [T, K]; a row with a gap: the router's
+        return replayed_or_routed(self.replayed(layer, topk_ids.shape[0]), topk_ids)
+

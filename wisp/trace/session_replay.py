@@ -73,6 +73,13 @@ class SessionRoutingReplay:
         self.buf[: len(rows)].copy_(torch.from_numpy(rows))
         self.last_rows = rows
 
+    def replayed(self, layer: int, tokens: int) -> torch.Tensor:
+        return self.buf[:tokens, self.layer_index[layer]]  # [T, K]
+
     def ids(self, layer: int, topk_ids: torch.Tensor) -> torch.Tensor:
-        rows = self.buf[: topk_ids.shape[0], self.layer_index[layer]]  # [T, K]
-        return torch.where((rows >= 0).all(dim=1, keepdim=True), rows, topk_ids)  # a row with a gap: the router's
+        return replayed_or_routed(self.replayed(layer, topk_ids.shape[0]), topk_ids)  # a row with a gap: the router's
+
+
+def replayed_or_routed(rows: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """[T, K]: a token's replayed row where all its K ids are given (>= 0), else the router's `topk_ids`."""
+    return torch.where((rows >= 0).all(dim=1, keepdim=True), rows, topk_ids)
