@@ -5,6 +5,8 @@ python benchmarks/profile_steps.py --model qwen3-30b-a3b --layers 8 --mode resid
 python benchmarks/profile_steps.py --model olmoe-1b-7b --mode resident --phase prefill --prompt-len 2048
 python benchmarks/profile_steps.py --model olmoe-1b-7b --mode hybrid --cap 0 --graphs --warm 40 --prompt-len 512 \
     --routing-trace .gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl --trace split_steps.json
+`--host` profiles the host's Python instead (cProfile, the functions by their own time and by cumulative time):
+where an engine step's host time goes, which a GPU-light step (resident at batch 1) shows best.
 `--trace FILE` also writes the profile as a Chrome trace (the host's CUDA calls and the device's kernels and
 copies on one clock: `benchmarks/step_timeline.py` reads where a split step's time goes from it).
 """
@@ -36,11 +38,12 @@ p.add_argument("--steps", type=int, default=10, help="decode steps profiled")
 p.add_argument("--hot-experts", type=int, default=0)
 p.add_argument("--routing-trace", default=None, help="replay this routing during decode (as `wisp bench decode`)")
 p.add_argument("--trace", default=None, help="write the profile as a Chrome trace here")
+p.add_argument("--host", action="store_true", help="profile the host's Python (cProfile) instead of the GPU's kernels")
 args = p.parse_args()
 if args.layers:
     presets.PRESETS[args.model] = dict(presets.preset(args.model), num_hidden_layers=args.layers)
 llm = LLM(args.model, load_format="dummy", mode=args.mode, expert_cap=args.cap, max_concurrency=1,
-          max_model_len=args.prompt_len + args.warm + 64, max_num_batched_tokens=max(args.prompt_len, 512), enforce_eager=not args.graphs,
+          max_model_len=args.prompt_len + args.warm + 2 * args.steps + 64, max_num_batched_tokens=max(args.prompt_len, 512), enforce_eager=not args.graphs,
           **({"hot_experts": args.hot_experts} if args.hot_experts else {}))
 eng = llm.engine
 trace, routing = routing_for(args.routing_trace, llm.config)
@@ -55,12 +58,34 @@ def prompt(seed: int) -> list[int]:
 llm.generate([prompt(0)], SamplingParams(max_tokens=4, ignore_eos=True))  # compiles every kernel
 if replay is not None:
     replay.active = True
-eng.add_request("x", prompt(1), SamplingParams(max_tokens=args.warm + args.steps + 30, ignore_eos=True))
+eng.add_request("x", prompt(1), SamplingParams(max_tokens=args.warm + 2 * args.steps + 30, ignore_eos=True))
 if args.phase == "decode":
     for _ in range(args.warm):  # the prefill and the first decode steps
         eng.step()
 torch.cuda.synchronize()
 steps = 1 if args.phase == "prefill" else args.steps
+if args.host:
+    import cProfile
+    import pstats
+
+    t0 = time.perf_counter()
+    for _ in range(steps):  # unprofiled first: the step's time as it is
+        eng.step()
+    torch.cuda.synchronize()
+    plain = (time.perf_counter() - t0) / steps
+    host = cProfile.Profile()
+    t0 = time.perf_counter()
+    host.enable()
+    for _ in range(steps):
+        eng.step()
+    torch.cuda.synchronize()
+    host.disable()
+    wall = time.perf_counter() - t0
+    print(f"{args.model} {args.mode} {args.phase}: {steps} step(s), {plain * 1e3:.3f} ms a step unprofiled, "
+          f"{wall / steps * 1e3:.3f} under cProfile ({'graphs' if args.graphs else 'eager'}, routing {routing})")
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(host).sort_stats(key).print_stats(args.rows)
+    raise SystemExit(0)
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     t0 = time.perf_counter()
     for _ in range(steps):

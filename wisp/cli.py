@@ -67,7 +67,8 @@ def _add_serve_parser(sub) -> None:
     sizing = srv.add_mutually_exclusive_group()
     sizing.add_argument("--plan", default=None, metavar="PLAN.json", help="size both pools from `wisp plan` output")
     sizing.add_argument("--vram-budget", type=parse_size, default=None,
-                        help="plan both pools for this budget from a short built-in warm-up trace")
+                        help="plan both pools for this budget from a short built-in warm-up trace (hybrid with "
+                             "--expert-cap 0: the KV pool's floor, then as many hot experts a layer as fit)")
     srv.add_argument("--split-controller", action="store_true",
                      help="with --plan or --vram-budget: re-split the budget while serving as the workload drifts")
     srv.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors",
@@ -175,6 +176,32 @@ def _apply_startup_plan(engine, plan) -> None:
                     "plan for a smaller --vram-budget")
 
 
+def _hold_hot_for_budget(engine, args: argparse.Namespace) -> str:
+    """Hybrid with no slots under --vram-budget: the KV pool's floor, then as many hot experts a layer as the
+    rest holds (`wisp.plan.hot_budget`); returns the line that says so."""
+    import torch
+
+    from wisp.plan.hot_budget import hot_split
+    from wisp.plan.planner import PlanInputs
+
+    if args.hot_experts:
+        raise WispError("--hot-experts and --vram-budget both size hybrid's hot experts: give one")
+    if args.split_controller:
+        raise WispError("--split-controller re-splits expert slots and KV blocks; hybrid with no slots has no slots "
+                        "(--vram-budget sizes its hot experts once)")
+    config = engine.config
+    split = hot_split(engine.model_config, PlanInputs(args.vram_budget, config.max_concurrency, engine.max_model_len,
+                                                      config.kv_block_size, embedding_on_host=engine.model.embed.on_host))
+    try:
+        engine.hold_hot_experts(split.hot_experts, split.kv_blocks)
+    except torch.OutOfMemoryError as exc:
+        raise WispError(f"out of device memory holding {split.hot_experts} hot experts a layer and "
+                        f"{split.kv_blocks} KV blocks ({' '.join(str(exc).split())[:200]}): "
+                        "give a smaller --vram-budget") from None
+    return (f"wisp: budget applied: {split.hot_experts} hot experts a layer, {split.kv_blocks} KV blocks "
+            f"(hybrid with no slots)")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from wisp.config import EngineConfig
     from wisp.engine.async_engine import AsyncEngine
@@ -189,7 +216,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             kv_bytes=args.kv_bytes, max_concurrency=args.max_concurrency, max_model_len=args.max_model_len,
             max_num_batched_tokens=args.max_num_batched_tokens, load_format=args.load_format, **backend_options(args),
         ))
-        if args.plan or args.vram_budget:
+        if args.vram_budget and engine.holds_no_slots:  # hybrid with no slots: the budget sizes its hot experts
+            print(_hold_hot_for_budget(engine, args), flush=True)
+        elif args.plan or args.vram_budget:
             from wisp.engine.warmup import plan_from_file, plan_from_warmup
 
             plan = plan_from_file(args.plan, engine.config.kv_block_size) if args.plan else plan_from_warmup(engine, args.vram_budget)

@@ -122,3 +122,33 @@ def test_a_plan_for_an_engine_without_slots_says_it_has_none(hf_checkpoints, mod
               hybrid_costs=CPU_CHEAP if mode == "hybrid" else None)
     with pytest.raises(WispError, match=f"runs {mode} with no slots"):
         llm.engine.apply_plan([2] * len(llm.engine.model.experts), llm.engine.pool.num_blocks)
+
+
+def test_hybrid_without_slots_holds_as_many_hot_experts_as_asked_and_resizes_kv(hf_checkpoints, device, moe_backend,
+                                                                                attention_backend):
+    """`hold_hot_experts` (what `--vram-budget` sizes): each layer's bank and the KV pool between requests, graphs
+    re-captured; tokens as before on the CPU (a hot pair is the same kernel on the same weights there); the
+    bounds are one clear error each."""
+    from wisp.errors import WispError
+
+    path = hf_checkpoints["mixtral"]
+    llm = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="hybrid",
+              expert_cap=0, dtype="float32", hybrid_costs=CPU_CHEAP)
+    engine, stores = llm.engine, list(llm.engine.model.experts.values())
+    before = llm.generate([LONG_PROMPT], SamplingParams(max_tokens=12, ignore_eos=True))[0].token_ids
+    blocks = engine.pool.num_blocks
+    for hot, kv in ((2, blocks + 5), (1, blocks + 2), (0, blocks)):
+        engine.hold_hot_experts(hot, kv)
+        assert engine.pool.num_blocks == kv and engine.config.hot_experts == hot
+        assert all((s.hot.capacity if s.hot else 0) == hot for s in stores)
+        after = llm.generate([LONG_PROMPT], SamplingParams(max_tokens=12, ignore_eos=True))[0].token_ids
+        assert llm.stats().get("hot_experts", 0) == hot
+        if torch.device(device).type == "cpu":
+            assert after == before, hot
+    with pytest.raises(WispError, match="within 0"):
+        engine.hold_hot_experts(engine.model_config.num_experts + 1, blocks)
+    with pytest.raises(WispError, match="KV pool too small"):  # the floor holds
+        engine.hold_hot_experts(1, blocks - 1)
+    paged = LLM(str(path), device="cpu", mode="paged", expert_cap=2, dtype="float32")
+    with pytest.raises(WispError, match="hybrid with no slots"):
+        paged.engine.hold_hot_experts(1, paged.engine.pool.num_blocks)

@@ -73,3 +73,37 @@ def test_split_controller_needs_a_budget_it_can_split(capsys, tmp_path):
     bare.write_text('{"per_layer_caps": [8, 8, 8, 8], "kv_blocks": 64, "kv_block_size": 16}')
     assert "written by `wisp plan`" in fails(capsys, ["serve", "--model", "demo", "--port", "0", "--device", "cpu",
                                                      "--max-model-len", "256", "--plan", str(bare), "--split-controller"])
+
+
+def _hot_budget(extra: int) -> str:
+    """A --vram-budget for the demo model (4 x 256 tokens of KV) with `extra` slots' bytes past the KV floor."""
+    from wisp.config import ModelConfig
+    from wisp.models.random_checkpoint import DEMO_CONFIG
+    from wisp.plan.planner import PlanInputs
+    from wisp.plan.sizes import ModelSizes
+
+    sizes = ModelSizes.of(ModelConfig.from_hf(DEMO_CONFIG), 16)
+    inputs = PlanInputs(0, 4, 256)
+    return str(sizes.non_expert_bytes + inputs.reserve_bytes + inputs.admission_floor_blocks * sizes.block_bytes
+               + extra * sizes.slot_bytes)
+
+
+def test_a_budget_sizes_hybrid_without_slots_hot_experts(capsys, monkeypatch):
+    """`--mode hybrid --expert-cap 0 --vram-budget X`: the KV floor, then as many hot experts a layer as fit."""
+    import wisp.server.serve
+
+    served = []
+    monkeypatch.setattr(wisp.server.serve, "serve", lambda app, engine, *a, **k: served.append(engine.engine))
+    main(["serve", "--model", "demo", "--port", "0", "--device", "cpu", "--max-model-len", "256", "--mode", "hybrid",
+          "--expert-cap", "0", "--vram-budget", _hot_budget(3)])
+    assert "budget applied: 3 hot experts a layer" in capsys.readouterr().out
+    (engine,) = served
+    assert all(store.hot.capacity == 3 for store in engine.model.experts.values())
+
+
+@pytest.mark.parametrize("flags, needle", [(["--hot-experts", "2"], "give one"),
+                                           (["--split-controller"], "has no slots")])
+def test_a_budget_for_hybrid_without_slots_refuses_what_it_cannot_do(capsys, flags, needle):
+    assert needle in fails(capsys, ["serve", "--model", "demo", "--port", "0", "--device", "cpu", "--max-model-len",
+                                    "256", "--mode", "hybrid", "--expert-cap", "0", "--vram-budget", _hot_budget(2),
+                                    *flags])

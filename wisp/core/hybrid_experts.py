@@ -158,7 +158,14 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
                  hot: int = 0):
         super().__init__(host, device, staging)
         self._serve_with_cpu(host, device, costs, cpu_kernel, pace)
-        self.hot = HotExperts(host, hot, torch.device(device)) if hot else None
+        self._device = torch.device(device)
+        self.hot = HotExperts(host, hot, self._device) if hot else None
+
+    def hold_hot(self, hot: int) -> None:
+        """Hold `hot` experts on the device from now on (0: none): a new bank, empty (the old one freed first;
+        the next steps' routing fills it). Captured graphs read the old bank: the owner re-captures them."""
+        self.hot = None
+        self.hot = HotExperts(self.host, hot, self._device) if hot else None
 
     @property
     def device_bytes(self) -> int:

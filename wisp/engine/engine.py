@@ -26,7 +26,7 @@ import torch
 from wisp.config import EngineConfig, ModelConfig, parse_dtype
 from wisp.core.counters import sum_counters
 from wisp.core.experts import PagedExperts, sync_all_counters
-from wisp.core.hybrid_experts import CpuServed
+from wisp.core.hybrid_experts import CpuServed, ZeroCopyHybridExperts
 from wisp.core.prefetch import CrossLayerPrefetch
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.detokenizer import IncrementalDetokenizer
@@ -256,6 +256,33 @@ class LLMEngine:
         self.expert_cap = max(caps.values())
         self.runner.capture_graphs()
         return ResizeTimings(kv_s, experts_s, clock.lap())
+
+    @property
+    def holds_no_slots(self) -> bool:
+        """Hybrid with no slots: every MoE store a `ZeroCopyHybridExperts` (its VRAM: a bank of hot experts)."""
+        stores = list(self.model.experts.values())
+        return bool(stores) and all(isinstance(s, ZeroCopyHybridExperts) for s in stores)
+
+    def hold_hot_experts(self, hot: int, kv_blocks: int) -> None:
+        """Hybrid with no slots: each MoE layer's device bank to `hot` experts (0: none; refilled from the next
+        steps' routing) and the KV pool to kv_blocks, between steps, the shrinking side first (`apply_plan`'s
+        rules; what `wisp.plan.hot_budget.hot_split` sizes from a VRAM budget)."""
+        self.check_floor(kv_blocks)
+        if not self.holds_no_slots:
+            raise WispError(f"hot experts are hybrid with no slots' (--mode hybrid --expert-cap 0); this engine "
+                            f"runs {self.config.mode} with --expert-cap {self.config.expert_cap}")
+        if not 0 <= hot <= self.model_config.num_experts:
+            raise WispError(f"hot experts must be within 0..{self.model_config.num_experts}, got {hot}")
+        self.runner.drop_graphs()  # they read the old banks and KV tensors
+        kv_shrinks = kv_blocks < self.pool.num_blocks
+        if kv_shrinks:
+            self._resize_kv_tensors(kv_blocks)
+        for store in self.model.experts.values():
+            store.hold_hot(hot)
+        if not kv_shrinks:
+            self._resize_kv_tensors(kv_blocks)
+        self.config = self.runner.config = replace(self.config, hot_experts=hot)
+        self.runner.capture_graphs()
 
     def _resize_kv_tensors(self, num_blocks: int) -> None:
         moves = self.pool.resize_live(num_blocks)
