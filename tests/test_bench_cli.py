@@ -51,6 +51,25 @@ def test_bench_decode_hybrid_and_prefetch_records_say_what_they_did(tmp_path):
     assert records["hybrid"]["experts_on_cpu"] >= 0
 
 
+def test_a_budget_sizes_hybrid_without_slots_hot_experts(tmp_path):
+    """`--mode hybrid --expert-cap 0 --vram-budget X`: the budget sizes the hot experts (one request's KV floor
+    first), the cap stays 0, and the record says how many; with --hot-experts too, one error."""
+    from wisp.plan.planner import PlanInputs
+    from wisp.plan.sizes import ModelSizes
+
+    sizes, floor = ModelSizes.of(ModelConfig.from_hf(DEMO_CONFIG), 16), -(-(16 + 4 + 8) // 16)
+    budget = sizes.non_expert_bytes + PlanInputs.reserve_bytes + floor * sizes.block_bytes + 5 * sizes.slot_bytes
+    out = tmp_path / "hot.json"
+    flags = ["decode", "--model", "demo", "--load-format", "dummy", "--mode", "hybrid", "--expert-cap", "0",
+             "--prompt-len", "16", "--decode-tokens", "4", "--device", "cpu", "--vram-budget", str(budget)]
+    proc = run_wisp([*flags, "--out", out], tmp_path / "cache", command="bench")
+    assert proc.returncode == 0, proc.stderr
+    (record,) = json.loads(out.read_text())
+    assert (record["mode"], record["expert_cap"], record["hot_experts"]) == ("hybrid", 0, 5)
+    proc = run_wisp([*flags, "--hot-experts", "2"], tmp_path / "cache", command="bench")
+    assert proc.returncode == 2 and "give one" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_a_preset_needs_dummy_weights(tmp_path):
     proc = run_wisp(["decode", "--model", "qwen3-30b-a3b"], tmp_path, command="bench")

@@ -30,7 +30,8 @@ def _add_decode_parser(kinds) -> None:
     dec.add_argument("--routing-trace", default=None, metavar="FILE",
                      help="replay these recorded expert choices during decode (benchmark only; a one-layer trace is "
                           "spread over all layers, an approximation); 'uniform': i.i.d. uniform choices")
-    dec.add_argument("--vram-budget", type=parse_size, default=None, help="size paged runs' cap from this VRAM budget")
+    dec.add_argument("--vram-budget", type=parse_size, default=None,
+                     help="size paged runs' cap from this VRAM budget (with --expert-cap 0: hybrid's hot experts)")
     dec.add_argument("--prefetch", action="store_true",
                      help="paged runs copy each next layer's predicted experts ahead (eager; wisp.core.prefetch)")
     dec.add_argument("--peer-decode-tokens", type=int, default=16, help="decode tokens of the (slow) accelerate peer")

@@ -10,7 +10,8 @@ step copied divided by that bandwidth, plus the resident step time when a reside
 say `routing: "replay:<file>"`, or `"approx-layer<L>:<file>"` for a one-layer trace spread over every MoE
 layer), so random weights page like the real model did; `--routing-trace uniform`
 replays i.i.d. uniform choices, a pessimistic bound (`wisp.bench.routing`). `--vram-budget X`
-sizes paged runs' cap from a VRAM budget. `--mode accelerate` runs the peer: transformers + accelerate
+sizes paged runs' cap from a VRAM budget, and with `--expert-cap 0` hybrid's hot experts instead (as `wisp
+serve` does: `wisp.plan.hot_budget`, here for one request of the prompt and decode tokens). `--mode accelerate` runs the peer: transformers + accelerate
 with every layer's experts offloaded to the CPU (`wisp.bench.peer`).
 """
 
@@ -36,6 +37,8 @@ from wisp.errors import WispError
 from wisp.models.token_embedding import embedding_on_host
 from wisp.options import SCRATCH_MODES
 from wisp.plan.probes import probe_seconds_per_byte
+from wisp.plan.hot_budget import hot_split
+from wisp.plan.planner import PlanInputs
 from wisp.plan.sizes import cap_for_budget
 from wisp.trace.format import RoutingTrace
 from wisp.trace.replay import RoutingReplay
@@ -236,6 +239,12 @@ def _engine_options(args) -> dict:
     opts = {"load_format": args.load_format, **backend_options(args), **({"prefetch": True} if args.prefetch else {})}
     if args.dtype:
         opts["dtype"] = args.dtype
+    if args.vram_budget and args.expert_cap == "0":  # hybrid with no slots: the budget sizes its hot experts
+        if args.hot_experts:
+            raise WispError("--hot-experts and --vram-budget both size hybrid's hot experts: give one")
+        cfg, context = model_config_for(args.model, args.load_format), args.prompt_len + args.decode_tokens + 8
+        on_host = embedding_on_host(args.embedding, resolve_device(args.device), cfg.tie_word_embeddings)
+        opts["hot_experts"] = hot_split(cfg, PlanInputs(args.vram_budget, 1, context, embedding_on_host=on_host)).hot_experts
     return opts
 
 
@@ -246,7 +255,7 @@ def _runs(args) -> list[tuple[str, int | None, int]]:
     bad = [m for m in modes if m not in (*MODES, "accelerate")]
     if bad:
         raise WispError(f"unknown mode {bad[0]!r}; choose from: {', '.join((*MODES, 'accelerate'))}")
-    if args.vram_budget:
+    if args.vram_budget and args.expert_cap != "0":  # (with --expert-cap 0 it sizes hot experts: _engine_options)
         cfg = model_config_for(args.model, args.load_format)
         on_host = embedding_on_host(args.embedding, resolve_device(args.device), cfg.tie_word_embeddings)
         caps = [cap_for_budget(cfg, args.vram_budget, args.prompt_len + args.decode_tokens + 8, embedding_on_host=on_host)]
