@@ -176,6 +176,17 @@ def _apply_startup_plan(engine, plan) -> None:
                     "plan for a smaller --vram-budget")
 
 
+def _check_hot_budget_flags(args: argparse.Namespace) -> None:
+    """Before loading: with --vram-budget, hybrid with no slots sizes its hot experts itself, once."""
+    if not (args.vram_budget and args.mode == "hybrid" and args.expert_cap == 0):
+        return
+    if args.hot_experts:
+        raise WispError("--hot-experts and --vram-budget both size hybrid's hot experts: give one")
+    if args.split_controller:
+        raise WispError("--split-controller re-splits expert slots and KV blocks; hybrid with no slots has no slots "
+                        "(--vram-budget sizes its hot experts once)")
+
+
 def _hold_hot_for_budget(engine, args: argparse.Namespace) -> str:
     """Hybrid with no slots under --vram-budget: the KV pool's floor, then as many hot experts a layer as the
     rest holds (`wisp.plan.hot_budget`); returns the line that says so."""
@@ -184,11 +195,6 @@ def _hold_hot_for_budget(engine, args: argparse.Namespace) -> str:
     from wisp.plan.hot_budget import hot_split
     from wisp.plan.planner import PlanInputs
 
-    if args.hot_experts:
-        raise WispError("--hot-experts and --vram-budget both size hybrid's hot experts: give one")
-    if args.split_controller:
-        raise WispError("--split-controller re-splits expert slots and KV blocks; hybrid with no slots has no slots "
-                        "(--vram-budget sizes its hot experts once)")
     config = engine.config
     split = hot_split(engine.model_config, PlanInputs(args.vram_budget, config.max_concurrency, engine.max_model_len,
                                                       config.kv_block_size, embedding_on_host=engine.model.embed.on_host))
@@ -209,6 +215,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from wisp.server.app import build_app
     from wisp.server.serve import serve
 
+    _check_hot_budget_flags(args)
     sock = _bind(args.host, args.port)
     try:
         engine = LLMEngine(EngineConfig(

@@ -99,7 +99,7 @@ def test_router_takes_replayed_ids_in_the_same_launch(normalize):
     logits = torch.randn(3, n, generator=torch.Generator().manual_seed(7)).to(DEV)
     probs = torch.softmax(logits, -1, dtype=torch.float32)
     routed_w, routed_ids = torch.topk(probs, k, -1)
-    override = torch.tensor([[5, 0, 15], [3, -1, 2], [7, 6, 1]], device=DEV)
+    override = torch.tensor([[5, 0, 15], [-1, 3, 2], [7, 6, 1]], device=DEV)  # past row 0's K: a -1 (masked)
     want_ids = replayed_or_routed(override, routed_ids)
     want_w = probs.gather(1, want_ids)
     if normalize:

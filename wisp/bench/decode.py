@@ -22,14 +22,14 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from wisp.bench.routing import routing_for
 from wisp.cli_args import backend_options
-from wisp.config import MODES, EngineConfig, ModelConfig, resolve_device
+from wisp.config import MODES, EngineConfig, ModelConfig, parse_dtype, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
 from wisp.engine.sequence import Sequence
@@ -239,13 +239,20 @@ def _engine_options(args) -> dict:
     opts = {"load_format": args.load_format, **backend_options(args), **({"prefetch": True} if args.prefetch else {})}
     if args.dtype:
         opts["dtype"] = args.dtype
-    if args.vram_budget and args.expert_cap == "0":  # hybrid with no slots: the budget sizes its hot experts
-        if args.hot_experts:
-            raise WispError("--hot-experts and --vram-budget both size hybrid's hot experts: give one")
-        cfg, context = model_config_for(args.model, args.load_format), args.prompt_len + args.decode_tokens + 8
-        on_host = embedding_on_host(args.embedding, resolve_device(args.device), cfg.tie_word_embeddings)
-        opts["hot_experts"] = hot_split(cfg, PlanInputs(args.vram_budget, 1, context, embedding_on_host=on_host)).hot_experts
+    if args.vram_budget and args.expert_cap == "0" and args.hot_experts:
+        raise WispError("--hot-experts and --vram-budget both size hybrid's hot experts: give one")
     return opts
+
+
+def _hot_for_budget(args, batch: int) -> int:
+    """Hybrid with no slots under --vram-budget: its hot experts a layer beside `batch` requests' KV floor (as
+    `wisp serve` sizes them, `wisp.plan.hot_budget`), at the weights' dtype the run will use."""
+    cfg = model_config_for(args.model, args.load_format)
+    if (dtype := parse_dtype(args.dtype)) is not None:
+        cfg = replace(cfg, dtype=dtype)
+    on_host = embedding_on_host(args.embedding, resolve_device(args.device), cfg.tie_word_embeddings)
+    inputs = PlanInputs(args.vram_budget, batch, args.prompt_len + args.decode_tokens + 8, embedding_on_host=on_host)
+    return hot_split(cfg, inputs).hot_experts
 
 
 def _runs(args) -> list[tuple[str, int | None, int]]:
@@ -272,6 +279,8 @@ def _run_one(args, mode: str, cap: int | None, batch: int, opts: dict, trace: Ro
 
         r = run_accelerate(args.model, args.prompt_len, args.peer_decode_tokens)
     else:
+        if args.vram_budget and mode == "hybrid" and cap == 0:
+            opts = {**opts, "hot_experts": _hot_for_budget(args, batch)}
         r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature, trace, batch)
     if trace is not None and mode != "accelerate":
         r["routing"] = routing

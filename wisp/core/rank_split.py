@@ -269,7 +269,7 @@ class RankSplit:
 
 
 class HostSide(NamedTuple):
-    """What `RankSplit.rows_to_device` did for one layer, for its `account`."""
+    """What `RankSplit.cpu_rows` did for one layer, for its `account`."""
 
     b: int  # sequences in the step
     share: int  # the CPU's ranks, n

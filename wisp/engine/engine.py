@@ -270,7 +270,8 @@ class LLMEngine:
         self.check_floor(kv_blocks)
         if not self.holds_no_slots:
             raise WispError(f"hot experts are hybrid with no slots' (--mode hybrid --expert-cap 0); this engine "
-                            f"runs {self.config.mode} with --expert-cap {self.config.expert_cap}")
+                            f"runs {self.config.mode}" + (f" with {self.expert_cap} slots a layer"
+                                                          if self.config.mode == "hybrid" else ""))
         if not 0 <= hot <= self.model_config.num_experts:
             raise WispError(f"hot experts must be within 0..{self.model_config.num_experts}, got {hot}")
         self.runner.drop_graphs()  # they read the old banks and KV tensors

@@ -50,4 +50,3 @@ class RoutingReplay:
 
     def ids(self, layer: int, topk_ids: torch.Tensor) -> torch.Tensor:
         return replayed_or_routed(self.replayed(layer, topk_ids.shape[0]), topk_ids)
-
