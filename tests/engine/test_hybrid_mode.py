@@ -152,3 +152,24 @@ def test_hybrid_without_slots_holds_as_many_hot_experts_as_asked_and_resizes_kv(
     paged = LLM(str(path), device="cpu", mode="paged", expert_cap=2, dtype="float32")
     with pytest.raises(WispError, match="hybrid with no slots"):
         paged.engine.hold_hot_experts(1, paged.engine.pool.num_blocks)
+
+
+def test_running_out_of_memory_holding_hot_experts_leaves_none_held(hf_checkpoints, monkeypatch):
+    """A device OOM part way through `hold_hot_experts` leaves one consistent state, no hot experts anywhere,
+    and the engine still serves."""
+    llm = LLM(str(hf_checkpoints["mixtral"]), device="cpu", mode="hybrid", expert_cap=0, dtype="float32",
+              hybrid_costs=CPU_CHEAP)
+    engine, stores = llm.engine, list(llm.engine.model.experts.values())
+    engine.hold_hot_experts(1, engine.pool.num_blocks)
+    real = type(stores[1]).hold_hot
+
+    def hold_hot(store, hot):
+        if store is stores[1] and hot:
+            raise torch.OutOfMemoryError("no room for the bank")
+        real(store, hot)
+
+    monkeypatch.setattr(type(stores[1]), "hold_hot", hold_hot)
+    with pytest.raises(torch.OutOfMemoryError):
+        engine.hold_hot_experts(2, engine.pool.num_blocks)
+    assert all(s.hot is None for s in stores) and engine.config.hot_experts == 0
+    assert len(llm.generate([LONG_PROMPT], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids) == 4

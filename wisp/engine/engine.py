@@ -278,12 +278,19 @@ class LLMEngine:
         kv_shrinks = kv_blocks < self.pool.num_blocks
         if kv_shrinks:
             self._resize_kv_tensors(kv_blocks)
-        for store in self.model.experts.values():
-            store.hold_hot(hot)
-        if not kv_shrinks:
-            self._resize_kv_tensors(kv_blocks)
-        self.config = self.runner.config = replace(self.config, hot_experts=hot)
-        self.runner.capture_graphs()
+        try:
+            for store in self.model.experts.values():
+                store.hold_hot(hot)
+            if not kv_shrinks:
+                self._resize_kv_tensors(kv_blocks)
+        except torch.OutOfMemoryError:  # one consistent state to go on from: no hot experts anywhere
+            for store in self.model.experts.values():
+                store.hold_hot(0)
+            hot = 0
+            raise
+        finally:
+            self.config = self.runner.config = replace(self.config, hot_experts=hot)
+            self.runner.capture_graphs()
 
     def _resize_kv_tensors(self, num_blocks: int) -> None:
         moves = self.pool.resize_live(num_blocks)
