@@ -187,6 +187,36 @@ def test_a_wide_step_runs_the_hot_experts_from_the_bank_and_copies_only_the_othe
     assert c.bytes_h2d == (len(routed) - 3) * hybrid.expert_bytes
 
 
+@pytest.mark.parametrize("costs", [CPU_CHEAP, None])  # None: the CPU never pays (only the bank and the link)
+def test_a_narrow_eager_step_runs_the_hot_experts_from_the_bank(device, costs):
+    """Decode-sized eager steps with hot experts held: theirs come from the bank (hits: neither the CPU's nor
+    read over the link), the split divides only the others; zero-copy's output (bit for bit on the CPU)."""
+    n, k = 16, 4
+    host, _, _, _ = make(n, 1, k, 19, torch.bfloat16)
+    slow_cpu = HybridCosts(copy_s=1e-3, cpu_rows=(1,), cpu_s_at_rows=(1.0,))
+    hybrid, zero_copy = zero_copy_pair(device, host, costs or slow_cpu)
+    held = [2, 9, 14]
+    hold(hybrid, held)
+    hits = pairs_read = 0
+    for step, t in enumerate((1, 2, 1, 3)):
+        hidden, ids, weights = (x.to(device) for x in make(n, t, k, 970 + step, torch.bfloat16)[1:])
+        ids[0, 0] = held[step % 3]  # a hot expert in every step
+        out, ref = hybrid.forward(hidden, ids, weights), zero_copy.forward(hidden, ids, weights)
+        if torch.device(device).type == "cpu":
+            assert torch.equal(out, ref), step
+        else:
+            torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+        routed = set(ids.flatten().tolist())
+        hits += len(routed & set(held))
+        split = hybrid.last_split
+        assert sorted(split.to_cpu + split.to_copy) == sorted(routed - set(held)), step
+        assert bool(split.to_cpu) == (costs is not None) or not (routed - set(held))
+        pairs_read += sum(int((ids == e).sum()) for e in split.to_copy)
+    c = hybrid.counters
+    assert c.hits == hits > 0 and c.loads == 0 and c.bytes_h2d == pairs_read * hybrid.expert_bytes
+    assert hybrid.hot.held == set(held)  # their scores stay far above: no refresh moved them
+
+
 def test_a_prompts_first_chunk_fills_the_hot_experts_and_its_next_chunks_copy_fewer(device):
     n, k = 16, 4
     host, _, _, _ = make(n, 1, k, 17, torch.bfloat16)

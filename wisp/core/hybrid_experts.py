@@ -143,13 +143,13 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
     the GPU reading the rest rather than idling). A wide step (a prefill chunk) is zero-copy's streamed step.
 
     `hot` > 0 also holds that many of the layer's most-routed experts on the device (`wisp.core.hot_experts`);
-    the rank split (`wisp.core.rank_split`, the decode steps under CUDA graphs) and the wide steps (prefill
-    chunks: hits, not copied) serve their pairs from there; an eager narrow step reads every expert from host
-    memory as before.
+    the rank split (`wisp.core.rank_split`, the decode steps under CUDA graphs), the wide steps (prefill
+    chunks) and the eager narrow steps serve their pairs from there (hits: neither copied nor sent to the CPU).
 
-    Invariants: a step that sends nothing to the CPU is a zero-copy step (same output, same counts);
-    every routed expert counts as a miss, the CPU's also in `cpu_computed`, and bytes only for the pairs
-    the GPU reads; graph steps are zero-copy's."""
+    Invariants: a step that sends nothing to the CPU and holds nothing hot is a zero-copy step (same output,
+    same counts); every routed expert counts as a miss but a held one (a hit), the CPU's also in
+    `cpu_computed`, and bytes only for the pairs the GPU reads over the link and the bank's copies; graph
+    steps are zero-copy's."""
 
     mode = "hybrid"
 
@@ -189,24 +189,47 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
         return HeldExperts(hot.bank, hot.slot_map, hot.held, hot.held - before) if hot.held else None
 
     def _in_place_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
-        split = self._split([(e, counts[e]) for e in distinct])
-        if not split.to_cpu:
+        held = self._hot_for_narrow_step(counts)
+        split = self._split([(e, counts[e]) for e in distinct if e not in held])
+        if not split.to_cpu and not held:
             return super()._in_place_step(hidden, topk_ids, topk_weights, distinct, counts)
         c = self.counters
+        routed_held = [e for e in distinct if e in held]
+        c.hits += len(routed_held)
         c.misses += len(split.to_copy)
         c.bytes_h2d += sum(counts[e] for e in split.to_copy) * self.expert_bytes
         host_map = torch.arange(self.expert_map.numel(), dtype=torch.int32)
-        host_map[list(split.to_cpu)] = -1  # the CPU's experts: no pairs on the GPU
+        host_map[list(split.to_cpu) + routed_held] = -1  # the CPU's experts and the bank's: not read in place
         (gpu_map,) = self.exchange.to_device(host_map)
+        t, k = topk_ids.shape
 
         def gpu_pairs() -> torch.Tensor:
-            t, k = topk_ids.shape
             per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
+            if routed_held:  # from the device bank (its map sends every other expert nowhere)
+                bank = self.hot.bank
+                self.kernels.pairs_by_map(per_k, hidden, bank[GATE_UP], bank[DOWN], topk_ids, self.hot.slot_map,
+                                          extras=extras_of(bank))
             self.kernels.pairs_by_map(per_k, hidden, self.host[GATE_UP], self.host[DOWN], topk_ids, gpu_map,
                                       extras=extras_of(self.host))  # in place, over the link
             return per_k
 
+        if not split.to_cpu:
+            return self.kernels.combine(gpu_pairs().view(t, k, -1), topk_weights, hidden.dtype)
         return self._step_with_cpu(hidden, topk_ids, topk_weights, split, gpu_pairs)
+
+    def _hot_for_narrow_step(self, counts: list[int]) -> set[int]:
+        """The hot experts an eager narrow step reads from the bank, after its routing joined their scores (every
+        pair counted, as the rank split counts a decode step's) and, when due, a refresh (its copies counted as
+        loads and bytes); none without hot experts."""
+        hot = self.hot
+        if hot is None:
+            return set()
+        hot.observe_counts(counts, 1)
+        if hot.refresh_due():
+            copied = hot.refresh()
+            self.counters.loads += copied
+            self.counters.bytes_h2d += copied * self.expert_bytes
+        return hot.held
 
 
 def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, cpu_experts: CpuExperts, experts, top_k: int,
