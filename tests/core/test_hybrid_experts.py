@@ -217,6 +217,25 @@ def test_a_narrow_eager_step_runs_the_hot_experts_from_the_bank(device, costs):
     assert hybrid.hot.held == set(held)  # their scores stay far above: no refresh moved them
 
 
+def test_a_narrow_step_that_fills_the_bank_counts_its_experts_as_loaded_misses(device):
+    """The first narrow step refreshes an empty bank (its routed experts copied in for it): misses and loads, as a
+    wide step counts them, not hits; the next step's held experts are hits."""
+    n, k = 16, 4
+    host, _, _, _ = make(n, 1, k, 23, torch.bfloat16)
+    hybrid, zero_copy = zero_copy_pair(device, host, CPU_CHEAP)
+    hybrid.hot = HotExperts(hybrid.host, 2, torch.device(device))
+    steps = [[x.to(device) for x in make(n, 2, k, 990 + i, torch.bfloat16)[1:]] for i in range(2)]
+    for hidden, ids, weights in steps:
+        out, ref = hybrid.forward(hidden, ids, weights), zero_copy.forward(hidden, ids, weights)
+        if torch.device(device).type == "cpu":
+            assert torch.equal(out, ref)
+    first, second = (set(s[1].flatten().tolist()) for s in steps)
+    c = hybrid.counters
+    assert c.loads == 2 and hybrid.hot.held <= first  # step 1 is due: its two most-routed copied in for it
+    assert c.hits == len(second & hybrid.hot.held)
+    assert c.misses == len(first) + len(second) - c.hits
+
+
 def test_a_prompts_first_chunk_fills_the_hot_experts_and_its_next_chunks_copy_fewer(device):
     n, k = 16, 4
     host, _, _, _ = make(n, 1, k, 17, torch.bfloat16)

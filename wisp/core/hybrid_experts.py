@@ -146,8 +146,8 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
     the rank split (`wisp.core.rank_split`, the decode steps under CUDA graphs), the wide steps (prefill
     chunks) and the eager narrow steps serve their pairs from there (hits: neither copied nor sent to the CPU).
 
-    Invariants: a step that sends nothing to the CPU and holds nothing hot is a zero-copy step (same output,
-    same counts); every routed expert counts as a miss but a held one (a hit), the CPU's also in
+    Invariants: a step that sends nothing to the CPU and routes nothing hot is a zero-copy step (same output,
+    same counts, and a refresh's copies as loads); every routed expert counts as a miss but a held one (a hit), the CPU's also in
     `cpu_computed`, and bytes only for the pairs the GPU reads over the link and the bank's copies; graph
     steps are zero-copy's."""
 
@@ -182,21 +182,33 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
         hot = self.hot
         if hot is None:
             return None
+        copied = self._observe_hot(counts, tokens)
+        return HeldExperts(hot.bank, hot.slot_map, hot.held, copied) if hot.held else None
+
+    def _observe_hot(self, counts: list[int], tokens: int) -> set[int]:
+        """A step's routing into the hot experts' scores (`HotExperts.observe_counts`) and, when due, a refresh
+        before the step computes; returns the experts the refresh copied into the bank."""
+        hot = self.hot
         hot.observe_counts(counts, tokens)
         before = hot.held
         if hot.refresh_due():
             hot.refresh()
-        return HeldExperts(hot.bank, hot.slot_map, hot.held, hot.held - before) if hot.held else None
+        return hot.held - before
 
     def _in_place_step(self, hidden, topk_ids, topk_weights, distinct: list[int], counts: list[int]) -> torch.Tensor:
-        held = self._hot_for_narrow_step(counts)
+        # an eager narrow step: every pair counted, as the rank split counts a decode step's
+        copied = set() if self.hot is None else self._observe_hot(counts, 1)
+        held = set() if self.hot is None else self.hot.held
         split = self._split([(e, counts[e]) for e in distinct if e not in held])
-        if not split.to_cpu and not held:
-            return super()._in_place_step(hidden, topk_ids, topk_weights, distinct, counts)
         c = self.counters
+        c.loads += len(copied)
+        c.bytes_h2d += len(copied) * self.expert_bytes
         routed_held = [e for e in distinct if e in held]
-        c.hits += len(routed_held)
-        c.misses += len(split.to_copy)
+        if not split.to_cpu and not routed_held:
+            return super()._in_place_step(hidden, topk_ids, topk_weights, distinct, counts)
+        fresh = sum(e in copied for e in routed_held)  # into the bank just now: misses too, loaded (as a wide step)
+        c.hits += len(routed_held) - fresh
+        c.misses += len(split.to_copy) + fresh
         c.bytes_h2d += sum(counts[e] for e in split.to_copy) * self.expert_bytes
         host_map = torch.arange(self.expert_map.numel(), dtype=torch.int32)
         host_map[list(split.to_cpu) + routed_held] = -1  # the CPU's experts and the bank's: not read in place
@@ -216,20 +228,6 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
         if not split.to_cpu:
             return self.kernels.combine(gpu_pairs().view(t, k, -1), topk_weights, hidden.dtype)
         return self._step_with_cpu(hidden, topk_ids, topk_weights, split, gpu_pairs)
-
-    def _hot_for_narrow_step(self, counts: list[int]) -> set[int]:
-        """The hot experts an eager narrow step reads from the bank, after its routing joined their scores (every
-        pair counted, as the rank split counts a decode step's) and, when due, a refresh (its copies counted as
-        loads and bytes); none without hot experts."""
-        hot = self.hot
-        if hot is None:
-            return set()
-        hot.observe_counts(counts, 1)
-        if hot.refresh_due():
-            copied = hot.refresh()
-            self.counters.loads += copied
-            self.counters.bytes_h2d += copied * self.expert_bytes
-        return hot.held
 
 
 def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, cpu_experts: CpuExperts, experts, top_k: int,
