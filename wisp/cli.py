@@ -192,12 +192,10 @@ def _hold_hot_for_budget(engine, args: argparse.Namespace) -> str:
     rest holds (`wisp.plan.hot_budget`); returns the line that says so."""
     import torch
 
+    from wisp.engine.warmup import plan_inputs
     from wisp.plan.hot_budget import hot_split
-    from wisp.plan.planner import PlanInputs
 
-    config = engine.config
-    split = hot_split(engine.model_config, PlanInputs(args.vram_budget, config.max_concurrency, engine.max_model_len,
-                                                      config.kv_block_size, embedding_on_host=engine.model.embed.on_host))
+    split = hot_split(engine.model_config, plan_inputs(engine, args.vram_budget))
     try:
         engine.hold_hot_experts(split.hot_experts, split.kv_blocks)
     except torch.OutOfMemoryError as exc:

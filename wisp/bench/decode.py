@@ -247,12 +247,18 @@ def _engine_options(args) -> dict:
 def _hot_for_budget(args, batch: int) -> int:
     """Hybrid with no slots under --vram-budget: its hot experts a layer beside `batch` requests' KV floor (as
     `wisp serve` sizes them, `wisp.plan.hot_budget`), at the weights' dtype the run will use."""
-    cfg = model_config_for(args.model, args.load_format)
+    cfg, context, on_host = _budget_shape(args)
     if (dtype := parse_dtype(args.dtype)) is not None:
         cfg = replace(cfg, dtype=dtype)
-    on_host = embedding_on_host(args.embedding, resolve_device(args.device), cfg.tie_word_embeddings)
-    inputs = PlanInputs(args.vram_budget, batch, args.prompt_len + args.decode_tokens + 8, embedding_on_host=on_host)
-    return hot_split(cfg, inputs).hot_experts
+    return hot_split(cfg, PlanInputs(args.vram_budget, batch, context, embedding_on_host=on_host)).hot_experts
+
+
+def _budget_shape(args) -> tuple[ModelConfig, int, bool]:
+    """What sizing a run for --vram-budget reads: the model's config, a request's context (the prompt, the decode
+    tokens and a margin) and whether the embedding table lives in host memory."""
+    cfg = model_config_for(args.model, args.load_format)
+    return (cfg, args.prompt_len + args.decode_tokens + 8,
+            embedding_on_host(args.embedding, resolve_device(args.device), cfg.tie_word_embeddings))
 
 
 def _runs(args) -> list[tuple[str, int | None, int]]:
@@ -263,9 +269,8 @@ def _runs(args) -> list[tuple[str, int | None, int]]:
     if bad:
         raise WispError(f"unknown mode {bad[0]!r}; choose from: {', '.join((*MODES, 'accelerate'))}")
     if args.vram_budget and args.expert_cap != "0":  # (with --expert-cap 0 it sizes hot experts: _engine_options)
-        cfg = model_config_for(args.model, args.load_format)
-        on_host = embedding_on_host(args.embedding, resolve_device(args.device), cfg.tie_word_embeddings)
-        caps = [cap_for_budget(cfg, args.vram_budget, args.prompt_len + args.decode_tokens + 8, embedding_on_host=on_host)]
+        cfg, context, on_host = _budget_shape(args)
+        caps = [cap_for_budget(cfg, args.vram_budget, context, embedding_on_host=on_host)]
     batches = [int(b) for b in str(args.batch).split(",")]
     return [(m, c, b) for b in batches for m in sorted(modes, key=lambda m: m != "resident")
             for c in (caps if m in SCRATCH_MODES else [None])]

@@ -74,7 +74,7 @@ class DecodeGraphs:
                  and all(isinstance(s, ZeroCopyHybridExperts) for s in stores.values()))
         self.splits: dict[int, RankSplit] = {li: RankSplit(s, max_batch, model.config.top_k, self.routed)
                                              for li, s in stores.items()} if split else {}
-        self._holds_hot = any(split.hot is not None for split in self.splits.values())
+        self._holds_hot = any(rank_split.hot is not None for rank_split in self.splits.values())
         self.split_graphs: dict[int, dict[int, torch.cuda.CUDAGraph]] = {}  # per b, per split layer: its GPU pairs
         # per split layer, alternating (a layer is accounted for after the next one's are recorded): its routing
         # sent, its GPU pairs done; between them the GPU's side (the link's pace)

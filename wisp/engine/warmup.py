@@ -9,12 +9,16 @@ resets the counters it touched. Both return a `wisp.plan.plan.Plan`; a plan file
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from wisp.engine.engine import LLMEngine
 from wisp.engine.sampling import SamplingParams
 from wisp.errors import WispError
 from wisp.plan.plan import Plan
 from wisp.plan.plan_file import read_plan
+
+if TYPE_CHECKING:
+    from wisp.plan.planner import PlanInputs
 
 WARMUP_PROMPTS = (
     "The history of computing began",
@@ -32,8 +36,18 @@ def plan_from_file(path: str, block_size: int = 16) -> Plan:
     return plan
 
 
+def plan_inputs(engine: LLMEngine, vram_budget: int, **costs) -> PlanInputs:
+    """The planner's inputs for a budget on this engine: its concurrency, context, KV block size and where its
+    embedding table lives; `costs`: any other `PlanInputs` field."""
+    from wisp.plan.planner import PlanInputs
+
+    config = engine.config
+    return PlanInputs(vram_budget, config.max_concurrency, engine.max_model_len, config.kv_block_size,
+                      embedding_on_host=engine.model.embed.on_host, **costs)
+
+
 def plan_from_warmup(engine: LLMEngine, vram_budget: int, tokens: int = 32) -> Plan:
-    from wisp.plan.planner import PlanInputs, make_plan
+    from wisp.plan.planner import make_plan
     from wisp.trace.recorder import RoutingRecorder
 
     cfg = engine.model_config
@@ -50,8 +64,7 @@ def plan_from_warmup(engine: LLMEngine, vram_budget: int, tokens: int = 32) -> P
             engine.step()
     finally:
         recorder.detach(engine)
-    inputs = PlanInputs(vram_budget, engine.config.max_concurrency, engine.max_model_len, engine.config.kv_block_size,
-                        recompute_seconds_per_token=recompute, embedding_on_host=engine.model.embed.on_host)
-    plan = make_plan(cfg, inputs, recorder.trace(), None, engine.device)
+    plan = make_plan(cfg, plan_inputs(engine, vram_budget, recompute_seconds_per_token=recompute), recorder.trace(),
+                     None, engine.device)
     engine.reset_stats()
     return plan
