@@ -187,6 +187,16 @@ def test_a_wide_step_runs_the_hot_experts_from_the_bank_and_copies_only_the_othe
     assert c.bytes_h2d == (len(routed) - 3) * hybrid.expert_bytes
 
 
+def step_matches_zero_copy(device, hybrid, zero_copy, hidden, ids, weights) -> None:
+    """One step of both stores: zero-copy's output bit for bit on the CPU, within bf16 rounding on a GPU (where
+    the CPU's pairs are rounded by the CPU's GEMM)."""
+    out, ref = hybrid.forward(hidden, ids, weights), zero_copy.forward(hidden, ids, weights)
+    if torch.device(device).type == "cpu":
+        assert torch.equal(out, ref)
+    else:
+        torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("costs", [CPU_CHEAP, None])  # None: the CPU never pays (only the bank and the link)
 def test_a_narrow_eager_step_runs_the_hot_experts_from_the_bank(device, costs):
     """Decode-sized eager steps with hot experts held: theirs come from the bank (hits: neither the CPU's nor
@@ -201,11 +211,7 @@ def test_a_narrow_eager_step_runs_the_hot_experts_from_the_bank(device, costs):
     for step, t in enumerate((1, 2, 1, 3)):
         hidden, ids, weights = (x.to(device) for x in make(n, t, k, 970 + step, torch.bfloat16)[1:])
         ids[0, 0] = held[step % 3]  # a hot expert in every step
-        out, ref = hybrid.forward(hidden, ids, weights), zero_copy.forward(hidden, ids, weights)
-        if torch.device(device).type == "cpu":
-            assert torch.equal(out, ref), step
-        else:
-            torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+        step_matches_zero_copy(device, hybrid, zero_copy, hidden, ids, weights)
         routed = set(ids.flatten().tolist())
         hits += len(routed & set(held))
         split = hybrid.last_split
@@ -217,18 +223,23 @@ def test_a_narrow_eager_step_runs_the_hot_experts_from_the_bank(device, costs):
     assert hybrid.hot.held == set(held)  # their scores stay far above: no refresh moved them
 
 
+def empty_bank(device, seed: int, hot: int, tokens: int, step_seed: int):
+    """A zero-copy hybrid store (16 experts, top-4) with an empty bank of `hot` experts, its zero-copy twin, and
+    two steps of `tokens` tokens each."""
+    n, k = 16, 4
+    host, _, _, _ = make(n, 1, k, seed, torch.bfloat16)
+    hybrid, zero_copy = zero_copy_pair(device, host, CPU_CHEAP)
+    hybrid.hot = HotExperts(hybrid.host, hot, torch.device(device))
+    steps = [[x.to(device) for x in make(n, tokens, k, step_seed + i, torch.bfloat16)[1:]] for i in range(2)]
+    return hybrid, zero_copy, steps
+
+
 def test_a_narrow_step_that_fills_the_bank_counts_its_experts_as_loaded_misses(device):
     """The first narrow step refreshes an empty bank (its routed experts copied in for it): misses and loads, as a
     wide step counts them, not hits; the next step's held experts are hits."""
-    n, k = 16, 4
-    host, _, _, _ = make(n, 1, k, 23, torch.bfloat16)
-    hybrid, zero_copy = zero_copy_pair(device, host, CPU_CHEAP)
-    hybrid.hot = HotExperts(hybrid.host, 2, torch.device(device))
-    steps = [[x.to(device) for x in make(n, 2, k, 990 + i, torch.bfloat16)[1:]] for i in range(2)]
+    hybrid, zero_copy, steps = empty_bank(device, 23, hot=2, tokens=2, step_seed=990)
     for hidden, ids, weights in steps:
-        out, ref = hybrid.forward(hidden, ids, weights), zero_copy.forward(hidden, ids, weights)
-        if torch.device(device).type == "cpu":
-            assert torch.equal(out, ref)
+        step_matches_zero_copy(device, hybrid, zero_copy, hidden, ids, weights)
     first, second = (set(s[1].flatten().tolist()) for s in steps)
     c = hybrid.counters
     assert c.loads == 2 and hybrid.hot.held <= first  # step 1 is due: its two most-routed copied in for it
@@ -237,11 +248,7 @@ def test_a_narrow_step_that_fills_the_bank_counts_its_experts_as_loaded_misses(d
 
 
 def test_a_prompts_first_chunk_fills_the_hot_experts_and_its_next_chunks_copy_fewer(device):
-    n, k = 16, 4
-    host, _, _, _ = make(n, 1, k, 17, torch.bfloat16)
-    hybrid, zero_copy = zero_copy_pair(device, host, CPU_CHEAP)
-    hybrid.hot = HotExperts(hybrid.host, 3, torch.device(device))
-    chunks = [[x.to(device) for x in make(n, 40, k, 950 + i, torch.bfloat16)[1:]] for i in range(2)]
+    hybrid, zero_copy, chunks = empty_bank(device, 17, hot=3, tokens=40, step_seed=950)
     for hidden, ids, weights in chunks:
         assert torch.equal(hybrid.forward(hidden, ids, weights), zero_copy.forward(hidden, ids, weights))
     first, second = (c[1].flatten().tolist() for c in chunks)
