@@ -1,6 +1,6 @@
 """How fast does each hybrid CPU kernel compute one expert, alone and while the GPU reads other experts in place?
 
-Hybrid mode with no slots splits a decode step's experts between the CPU (`wisp.core.cpu_expert_kernels`)
+Hybrid mode with no slots splits a decode step's experts between the CPU (`wisp.core.kernels.cpu_expert_kernels`)
 and the GPU's kernel reading the rest straight from the same pinned host memory. On the H200 the native
 kernel read an OLMoE expert at about 71 GB/s alone, but inside a step it took about 1 ms (13 GB/s). This
 separates the suspects: for each kernel and thread count it times one expert at `--rows` rows, cycling over
@@ -28,8 +28,8 @@ import time
 import torch
 
 from wisp.bench.records import print_and_save
-from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, native_kernel_error
-from wisp.core.expert_major import DOWN, GATE_UP
+from wisp.core.kernels.cpu_expert_kernels import CPU_EXPERT_KERNELS, native_kernel_error
+from wisp.core.bank_keys import DOWN, GATE_UP
 
 
 def expert_rate(kernel, bank: dict[str, torch.Tensor], experts: range, rows: int, repeats: int,
@@ -84,7 +84,7 @@ class InPlaceReads:
     `experts` in place per launch, on a side stream, until stopped."""
 
     def __init__(self, bank: dict[str, torch.Tensor], experts: range, top_k: int):
-        from wisp.core.kernels import moe_kernels
+        from wisp.core.kernels.registry import moe_kernels
 
         self.bank, self.kernels = bank, moe_kernels("triton")
         d, n = bank[DOWN].shape[1], bank[GATE_UP].shape[0]

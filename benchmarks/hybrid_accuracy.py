@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from wisp import LLM, SamplingParams  # noqa: E402
-from wisp.core.hybrid_split import HybridCosts  # noqa: E402
+from wisp.core.experts.hybrid_split import HybridCosts  # noqa: E402
 
 CPU_TAKES_LIGHT_MISSES = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))
 

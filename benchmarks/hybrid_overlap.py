@@ -21,11 +21,11 @@ import time
 import torch
 
 from wisp.bench.records import print_and_save
-from wisp.core.experts import PagedExperts
-from wisp.core.cpu_expert_kernels import plain_expert_mlp
-from wisp.core.hybrid_experts import HybridExperts
-from wisp.core.hybrid_probe import probe_hybrid_costs
-from wisp.core.kernels import moe_kernels
+from wisp.core.experts.stores import PagedExperts
+from wisp.core.kernels.cpu_expert_kernels import plain_expert_mlp
+from wisp.core.experts.hybrid_experts import HybridExperts
+from wisp.core.learners.hybrid_probe import probe_hybrid_costs
+from wisp.core.kernels.registry import moe_kernels
 from wisp.models.presets import preset
 
 

@@ -4,7 +4,7 @@
 
 MoE: `triton_fused_moe` on OLMoE-1B-7B's and Qwen3-30B-A3B's expert shapes (bf16, top-8) at 1, 8, 512 and
 2048 tokens with the bank on the device, and at 1 token read in place from pinned host memory (zero-copy and
-hybrid's GPU pairs); the default blocks, then each block constant of `wisp.core.triton_moe` varied alone
+hybrid's GPU pairs); the default blocks, then each block constant of `wisp.core.kernels.triton_moe` varied alone
 (with whether the output keeps the default's bits), and `--compare-with` another version of the module (a
 file) on the same inputs. Attention: Qwen3's decode shapes (32 q / 4 kv heads of 128, 16-token blocks) at
 several context lengths (decode by programs per row, and a whole prefill). Prints a table and writes the
@@ -20,7 +20,7 @@ import json
 import torch
 from triton.testing import do_bench
 
-import wisp.core.triton_moe as moe
+import wisp.core.kernels.triton_moe as moe
 from wisp.engine.triton_attention import decode_attention, decode_meta, triton_paged_attention
 
 ap = argparse.ArgumentParser()

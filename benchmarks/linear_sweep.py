@@ -15,8 +15,8 @@ import json
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
-from wisp.core import rows
-from wisp.core.triton_linear import Tile, tile_for, triton_linear
+from wisp.core.kernels import rows
+from wisp.core.kernels.triton_linear import Tile, tile_for, triton_linear
 from wisp.models.presets import preset
 
 p = argparse.ArgumentParser()

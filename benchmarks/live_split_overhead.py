@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wisp.core.recency import order_by_last_token
+from wisp.core.experts.recency import order_by_last_token
 from wisp.plan.controller import ControllerConfig, SplitController
 from wisp.plan.expert_stacks import ExpertStacks
 from wisp.plan.lru_stack import LruStack

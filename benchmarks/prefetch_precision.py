@@ -1,4 +1,4 @@
-"""Precision of the online expert predictors (`wisp.core.coactivation`) on real routing traces (CPU only).
+"""Precision of the online expert predictors (`wisp.core.learners.coactivation`) on real routing traces (CPU only).
 
 For each trace and predictor, the predictor runs online over the trace (`predict_online`: predict a cell
 before observing it, counts only from the past) and is scored three ways:
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from wisp.core.coactivation import (CrossLayerPredictor, ExpertPredictor, FrequencyPredictor, RecencyPredictor,
+from wisp.core.learners.coactivation import (CrossLayerPredictor, ExpertPredictor, FrequencyPredictor, RecencyPredictor,
                                     TransitionPredictor, predict_online)
-from wisp.core.recency import touch_order
+from wisp.core.experts.recency import touch_order
 from wisp.trace.readers import load_any
 
 TRACES = (  # name, path under --data, LRU caps
@@ -89,7 +89,7 @@ def online_precision(make: PredictorFactory, ids: np.ndarray, num_experts: int, 
 
 def lru_resident_before(ids: np.ndarray, layer: int, cap: int) -> list[set[int]]:
     """The experts an LRU cache of `cap` holds before each token at `layer` (one token = one pager step,
-    touched in `wisp.core.recency` order; a missing cell touches nothing)."""
+    touched in `wisp.core.experts.recency` order; a missing cell touches nothing)."""
     order: list[int] = []  # least recent first
     out = []
     for t in range(ids.shape[0]):

@@ -2,7 +2,7 @@
 
 1. What stays in the C slots after a wide step. The step's experts are touched in some order and the
    last C stay. Candidates: ascending id (the first rule), by the last token that routed to each
-   expert (`ExpertPager.decide` since: `wisp.core.recency`), by how many of the step's pairs routed to it. Measured: the decode hit rate
+   expert (`ExpertPager.decide` since: `wisp.core.experts.recency`), by how many of the step's pairs routed to it. Measured: the decode hit rate
    after a prefill run as one wide step (Mixtral-8x7B's raw HumanEval/0 trace: a 135-token prefill, then
    decode; FLAME-MoE-290M: 48 teacher-forced tokens as the prefill, 16 as decode, 32 sequences).
 2. Batched decode wider than C // top_k: CUDA-graph groups of C // top_k tokens (each group its own LRU

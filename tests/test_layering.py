@@ -3,7 +3,9 @@
 1. Layers: a package imports only from its own layer and the layers below it
    (0 errors, options, cli_args; 1 core; 2 config, models, trace; 3 plan; 4 engine; 5 server, bench; 6 cli).
    So the core (pager, kernels) never reaches the engine, server or CLI, and planning never the engine.
-2. The core imports nothing but itself and `wisp.errors`, so other front ends can reuse it alone.
+2. The core imports nothing but itself and `wisp.errors`, so other front ends can reuse it alone. Inside it
+   the rooms go down too: bank keys; kernels; learners (online estimates); experts (residency, miss policies,
+   the pager and the stores), so the kernels never reach a store and a learner never a policy.
 3. The modules that define the command line's arguments import neither torch nor the engine at module
    level, so `wisp --help` stays instant (tests/test_cli_args.py checks the whole import closure).
 """
@@ -78,11 +80,33 @@ def test_imports_go_down_the_layers(path):
             assert layer_of(name) <= here, f"{module_of(path)} (layer {here}) imports {name} (layer {layer_of(name)})"
 
 
+CORE_ROOMS = {"wisp.core.bank_keys": 0, "wisp.core.kernels": 1, "wisp.core.learners": 2, "wisp.core.experts": 3}
+
+
+def room_of(module: str) -> int:
+    """A core module's room (wisp.core itself and its __init__ re-exports: above them all)."""
+    return next((r for p, r in CORE_ROOMS.items() if module == p or module.startswith(p + ".")), len(CORE_ROOMS))
+
+
 def test_core_imports_only_core_and_errors():
-    for path in (WISP / "core").glob("*.py"):
+    for path in (WISP / "core").rglob("*.py"):
         for name in imported_names(ast.parse(path.read_text())):
             if name.startswith("wisp"):
-                assert name.startswith(("wisp.core", "wisp.errors")), f"core/{path.name} imports {name}"
+                assert name.startswith(("wisp.core", "wisp.errors")), f"{module_of(path)} imports {name}"
+
+
+@pytest.mark.parametrize("path", sorted((WISP / "core").rglob("*.py")), ids=lambda p: str(p.relative_to(WISP)))
+def test_core_rooms_import_downwards(path):
+    here = room_of(module_of(path))
+    for name in imported_names(ast.parse(path.read_text())):
+        if name.startswith("wisp.core"):
+            assert room_of(name) <= here, f"{module_of(path)} (room {here}) imports {name} (room {room_of(name)})"
+
+
+def test_every_core_module_sits_in_a_room():
+    for path in (WISP / "core").rglob("*.py"):
+        module = module_of(path)
+        assert module == "wisp.core" or room_of(module) < len(CORE_ROOMS), f"{module} is in no room of wisp.core"
 
 
 @pytest.mark.parametrize("file, allowed", ARGUMENT_MODULES.items())

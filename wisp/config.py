@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from wisp.core.expert_extras import SILU, Activation
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.kernels.expert_extras import SILU, Activation
+from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
 from wisp.models.families import Family, family_for_architecture
 from wisp.models.mla import MlaShape
@@ -69,8 +69,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     eos_token_ids: tuple[int, ...] = ()
     dtype: torch.dtype = torch.float32
-    fp8_block: tuple[int, int] | None = None  # FP8 block-scaled linear weights (`wisp.core.fp8_blocks`): the block
-    mxfp4_experts: bool = False  # experts in MXFP4 (`wisp.core.mxfp4`; GPT-OSS), everything else plain
+    fp8_block: tuple[int, int] | None = None  # FP8 block-scaled linear weights (`wisp.core.kernels.fp8_blocks`): the block
+    mxfp4_experts: bool = False  # experts in MXFP4 (`wisp.core.kernels.mxfp4`; GPT-OSS), everything else plain
     window_layers: tuple[bool, ...] = ()  # per layer: sliding_window applies there (empty: every layer)
     attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator (GPT-OSS)
     routing: str = "softmax_topk"  # or "topk_softmax": softmax over the top-k router logits (GPT-OSS)
@@ -258,8 +258,8 @@ class EngineConfig:
     cuda_graph_max_batch: int = 8  # decode graphs for batch sizes 1..min(this, max_concurrency)
     hybrid_costs: HybridCosts | None = None  # hybrid mode's copy / CPU costs; None: probed at load
     hybrid_cpu_kernel: str | None = None  # hybrid's CPU kernel (HYBRID_CPU_KERNELS); None: native (else plain) with a GPU
-    prefetch: bool = False  # copy each next layer's predicted experts ahead (wisp.core.prefetch; eager, paged only)
-    hot_experts: int = 0  # hybrid with no slots: each MoE layer's H most-routed experts held on the device (wisp.core.hot_experts)
+    prefetch: bool = False  # copy each next layer's predicted experts ahead (wisp.core.experts.prefetch; eager, paged only)
+    hot_experts: int = 0  # hybrid with no slots: each MoE layer's H most-routed experts held on the device (wisp.core.experts.hot_experts)
     embedding: str = "auto"  # the token embedding table: "host" (pinned, read in place), "device"; auto: host on CUDA when untied
 
     def __post_init__(self) -> None:

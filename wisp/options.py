@@ -4,7 +4,7 @@ so `wisp --help` can list them without loading torch."""
 
 MODES = ("paged", "resident", "offload", "zero-copy", "hybrid")
 SCRATCH_MODES = ("paged", "hybrid")  # modes with a C-slot expert scratch per layer (hybrid: paged + CPU misses)
-HYBRID_CPU_KERNELS = ("native", "plain", "reference")  # hybrid mode's CPU kernels (wisp.core.cpu_expert_kernels)
+HYBRID_CPU_KERNELS = ("native", "plain", "reference")  # hybrid mode's CPU kernels (wisp.core.kernels.cpu_expert_kernels)
 MOE_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch on the CPU
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 EMBEDDINGS = ("auto", "device", "host")  # where the token embedding table lives (auto: host on CUDA when untied)

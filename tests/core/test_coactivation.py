@@ -1,4 +1,4 @@
-"""The online expert predictors (`wisp.core.coactivation`) and the scoring helpers of
+"""The online expert predictors (`wisp.core.learners.coactivation`) and the scoring helpers of
 benchmarks/prefetch_precision.py.
 
 - counts after a hand-made sequence (frequency, same-layer transitions, cross-layer pairs; decay);
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core.coactivation import (CrossLayerPredictor, FrequencyPredictor, RecencyPredictor, TransitionPredictor,
+from wisp.core.learners.coactivation import (CrossLayerPredictor, FrequencyPredictor, RecencyPredictor, TransitionPredictor,
                                     predict_online)
 from wisp.plan.miss_curves import expert_miss_curve
 

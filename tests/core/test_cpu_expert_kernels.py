@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from wisp.core.cpu_expert_kernels import (CPU_EXPERT_KERNELS, LANES, applies, bf16_experts_mlp,
+from wisp.core.kernels.cpu_expert_kernels import (CPU_EXPERT_KERNELS, LANES, applies, bf16_experts_mlp,
                                           bf16_grouped_rows_matmul, bf16_rows_matmul, native_experts_mlp, native_kernel_error, one_at_a_time,
                                           plain_expert_mlp)
-from wisp.core.expert_extras import Activation, ExpertExtras
+from wisp.core.kernels.expert_extras import Activation, ExpertExtras
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -185,7 +185,7 @@ def test_every_kernel_takes_a_layers_experts_and_agrees_with_the_reference():
 
 SHARED_RUNTIME = """
 import torch
-from wisp.core.cpu_expert_kernels import bf16_rows_matmul
+from wisp.core.kernels.cpu_expert_kernels import bf16_rows_matmul
 
 def runtimes():
     with open("/proc/self/maps") as maps:

@@ -14,8 +14,8 @@ import random
 import pytest
 import torch
 
-from wisp.core.pager import ExpertPager, use_host_many
-from wisp.core.recency import touch_order
+from wisp.core.experts.pager import ExpertPager, use_host_many
+from wisp.core.experts.recency import touch_order
 
 pytest.importorskip("triton")
 ON_GPU = torch.cuda.is_available()

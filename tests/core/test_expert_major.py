@@ -1,11 +1,11 @@
-"""Expert-major wide steps (`wisp.core.expert_major`): against the resident bank and an LRU model.
+"""Expert-major wide steps (`wisp.core.experts.expert_major`): against the resident bank and an LRU model.
 
 For random routing streams (hypothesis) whose steps route to more experts than the slots hold:
 - the paged output is torch.equal to the resident one, step by step;
 - each missing expert is copied exactly once per step (copies counted at the copy functions);
 - hits and misses equal `wisp.plan.miss_curves`'s miss curve at the pager's cap, for every cap;
 - after each step the slots hold what a plain LRU cache of C items would (set-valued steps touched by
-  the last token routing to each expert, then id: `wisp.core.recency`), and every pager invariant holds;
+  the last token routing to each expert, then id: `wisp.core.experts.recency`), and every pager invariant holds;
 - any split of a batch's tokens into consecutive chunks gives the same bits (chunked prefill).
 """
 
@@ -16,10 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core import expert_major
-from wisp.core.experts import DOWN, GATE_UP, PagedExperts, ResidentExperts
-from wisp.core.pager import ExpertPager
-from wisp.core.recency import touch_order
+from wisp.core.experts import expert_major
+from wisp.core.experts.stores import DOWN, GATE_UP, PagedExperts, ResidentExperts
+from wisp.core.experts.pager import ExpertPager
+from wisp.core.experts.recency import touch_order
 from wisp.plan.miss_curves import expert_miss_curve
 
 D, I = 24, 40  # odd widths: the CPU's SIMD tails would show if any op followed the row count
@@ -140,14 +140,14 @@ ZERO_COPY_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the GPU:
 
 
 def zero_copy_stores(host):
-    from wisp.core.experts import ZeroCopyExperts
+    from wisp.core.experts.stores import ZeroCopyExperts
 
     if ZERO_COPY_DEVICE == "cuda":  # reading host memory in place needs the Triton kernels (UVA)
         host = {name: t.pin_memory() for name, t in host.items()}
     staged = ZeroCopyExperts(host, ZERO_COPY_DEVICE, expert_major.StagingBuffers(host, ZERO_COPY_DEVICE))
     in_place = ZeroCopyExperts(host, ZERO_COPY_DEVICE)  # no staging: it always reads in place
     if ZERO_COPY_DEVICE == "cuda":
-        from wisp.core.kernels import moe_kernels
+        from wisp.core.kernels.registry import moe_kernels
 
         staged.kernels = in_place.kernels = moe_kernels("triton")
     return staged, in_place
@@ -157,7 +157,7 @@ def zero_copy_stores(host):
 @settings(max_examples=15, deadline=None)
 @given(t=st.integers(1, 24), k=st.integers(1, 4), seed=st.integers(0, 999))
 def test_zero_copy_stages_a_step_that_reuses_its_experts_and_copies_each_once(dtype, t, k, seed):
-    from wisp.core.experts import ZeroCopyExperts
+    from wisp.core.experts.stores import ZeroCopyExperts
 
     n = 8
     host = bank(n, dtype, seed)

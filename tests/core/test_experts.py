@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wisp.core.experts import DOWN, GATE_UP, LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts
-from wisp.core.moe import fused_moe
-from wisp.core.recency import touch_order
+from wisp.core.experts.stores import DOWN, GATE_UP, LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts
+from wisp.core.kernels.moe import fused_moe
+from wisp.core.experts.recency import touch_order
 
 D, I = 16, 8
 

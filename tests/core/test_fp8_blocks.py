@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from wisp.core.fp8_blocks import FP8, dequantize_blocks, quantize_blocks, scale_shape
+from wisp.core.kernels.fp8_blocks import FP8, dequantize_blocks, quantize_blocks, scale_shape
 
 
 def test_a_known_value_and_the_scale_shape():

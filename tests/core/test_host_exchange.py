@@ -2,7 +2,7 @@
 
 import torch
 
-from wisp.core.host_exchange import HostExchange
+from wisp.core.experts.host_exchange import HostExchange
 
 
 def test_a_round_trip_is_bit_exact_for_every_dtype_and_shape(device):

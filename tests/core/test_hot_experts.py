@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core.hot_experts import HotExperts
+from wisp.core.experts.hot_experts import HotExperts
 
 
 def masters(n: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:

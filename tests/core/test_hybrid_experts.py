@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from tests.core.test_experts import make
-from wisp.core.experts import PagedExperts, ResidentExperts, ZeroCopyExperts
-from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers
-from wisp.core.cpu_expert_kernels import plain_expert_mlp
-from wisp.core.hot_experts import HotExperts
-from wisp.core.hybrid_experts import HybridExperts, ZeroCopyHybridExperts
-from wisp.core.hybrid_pace import CpuPace
-from wisp.core.moe import expert_mlp
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.experts.stores import PagedExperts, ResidentExperts, ZeroCopyExperts
+from wisp.core.bank_keys import DOWN, GATE_UP
+from wisp.core.experts.expert_major import StagingBuffers
+from wisp.core.kernels.cpu_expert_kernels import plain_expert_mlp
+from wisp.core.experts.hot_experts import HotExperts
+from wisp.core.experts.hybrid_experts import HybridExperts, ZeroCopyHybridExperts
+from wisp.core.learners.hybrid_pace import CpuPace
+from wisp.core.kernels.moe import expert_mlp
+from wisp.core.learners.hybrid_costs import HybridCosts
 
 CPU_CHEAP = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))  # the CPU serves light experts
 LINK_FREE = HybridCosts(copy_s=0.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # every miss copied: paged mode
@@ -130,7 +131,7 @@ def zero_copy_pair(device, host, costs):
     hybrid = ZeroCopyHybridExperts(host, dev, costs, StagingBuffers(host, dev))
     zero_copy = ZeroCopyExperts(host, dev, StagingBuffers(host, dev))
     if dev.type == "cuda":
-        from wisp.core.kernels import moe_kernels
+        from wisp.core.kernels.registry import moe_kernels
 
         hybrid.kernels = zero_copy.kernels = moe_kernels("triton")
     return hybrid, zero_copy
@@ -283,7 +284,7 @@ def test_zero_copy_hybrid_with_a_free_link_is_zero_copy_exactly():
 
 
 def test_the_cpu_kernel_names_are_the_options_names():
-    from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS
+    from wisp.core.kernels.cpu_expert_kernels import CPU_EXPERT_KERNELS
     from wisp.options import HYBRID_CPU_KERNELS
 
     assert tuple(CPU_EXPERT_KERNELS) == HYBRID_CPU_KERNELS

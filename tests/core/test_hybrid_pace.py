@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from wisp.core.hybrid_pace import MAX_FACTOR, MIN_FACTOR, CpuPace
-from wisp.core.hybrid_split import HybridCosts, split_misses
+from wisp.core.learners.hybrid_pace import MAX_FACTOR, MIN_FACTOR, CpuPace
+from wisp.core.learners.hybrid_costs import HybridCosts
+from wisp.core.experts.hybrid_split import split_misses
 
 
 def step(pace: CpuPace, wall_s: float, predicted_s: float) -> None:

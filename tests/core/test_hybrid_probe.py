@@ -5,10 +5,10 @@ import time
 import torch
 
 from tests.core.test_experts import make
-from wisp.core import hybrid_probe
-from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS
-from wisp.core.hybrid_probe import probe_hybrid_costs
-from wisp.core.hybrid_split import split_misses
+from wisp.core.learners import hybrid_probe
+from wisp.core.kernels.cpu_expert_kernels import CPU_EXPERT_KERNELS
+from wisp.core.learners.hybrid_probe import probe_hybrid_costs
+from wisp.core.experts.hybrid_split import split_misses
 
 
 def test_probe_returns_usable_costs():

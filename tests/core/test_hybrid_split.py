@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core.hybrid_split import HybridCosts, split_misses, split_time
+from wisp.core.experts.hybrid_split import HybridCosts, split_misses, split_time
 
 
 def brute_force(misses, costs):

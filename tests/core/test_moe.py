@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wisp.core.moe import expert_mlp, fused_moe, reference_moe
+from wisp.core.kernels.moe import expert_mlp, fused_moe, reference_moe
 
 D, I = 16, 8
 F32_TOL = dict(rtol=1e-4, atol=1e-5)

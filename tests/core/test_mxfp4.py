@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from wisp.core.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from wisp.core.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 
 
 @settings(max_examples=30, deadline=None)

@@ -2,7 +2,7 @@
 
 The model (`LRUModel`) is an OrderedDict LRU cache of capacity C, written independently of the pager:
 a step is a list of expert ids in touch order (an id repeated counts at its last place, as
-`wisp.core.recency` defines it), touched in that order; the misses, in ascending id order, take the
+`wisp.core.experts.recency` defines it), touched in that order; the misses, in ascending id order, take the
 lowest empty slot if there is one, otherwise the slot of the least recently used resident expert that the step does not need. Random routing sequences are replayed on
 both and compared after every step (residency, slot map, evictions, counters, slot bytes).
 """
@@ -16,8 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core.counters import ExpertCounters
-from wisp.core.pager import ExpertPager
+from wisp.core.experts.counters import ExpertCounters
+from wisp.core.experts.pager import ExpertPager
 
 SETTINGS = settings(max_examples=80, deadline=None)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from tests.core.test_experts import make
-from wisp.core.experts import PagedExperts, ResidentExperts
-from wisp.core.pager import ExpertPager
-from wisp.core.prefetch import CrossLayerPrefetch, prefetch_into
+from wisp.core.experts.stores import PagedExperts, ResidentExperts
+from wisp.core.experts.pager import ExpertPager
+from wisp.core.experts.prefetch import CrossLayerPrefetch, prefetch_into
 
 
 def test_pager_prefetch_fills_the_least_recent_slots_and_leaves_them_least_recent():

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wisp.core.expert_major import DOWN, GATE_UP
-from wisp.core.experts import LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts, ZeroCopyExperts
-from wisp.core.fp8_blocks import dequantize_blocks, quantize_blocks
-from wisp.core.expert_extras import DOWN_SCALE, GATE_UP_SCALE, ExpertExtras
-from wisp.core.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from wisp.core.hybrid_experts import HybridExperts
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.bank_keys import DOWN, GATE_UP
+from wisp.core.experts.stores import LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts, ZeroCopyExperts
+from wisp.core.kernels.fp8_blocks import dequantize_blocks, quantize_blocks
+from wisp.core.kernels.expert_extras import DOWN_SCALE, GATE_UP_SCALE, ExpertExtras
+from wisp.core.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from wisp.core.experts.hybrid_experts import HybridExperts
+from wisp.core.learners.hybrid_costs import HybridCosts
 
 D, I = 256, 128  # two 128-blocks of the hidden size, one of the expert's width
 STEPS = [1, 1, 9, 1, 2, 1, 14, 1]  # decode-like and wide steps
@@ -79,8 +79,8 @@ def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_
     # d = 200: a partial last FP8 block of columns; inter = 200: the up rows (after the gate's 200) start inside
     # a 128-row block, so one tile's rows take scales from two blocks, and the down's last block is partial
     pytest.importorskip("triton")
-    from wisp.core.moe import fused_moe
-    from wisp.core.triton_moe import triton_fused_moe, triton_pairs_by_map, triton_pairs_of_one_expert
+    from wisp.core.kernels.moe import fused_moe
+    from wisp.core.kernels.triton_moe import triton_fused_moe, triton_pairs_by_map, triton_pairs_of_one_expert
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: Triton's interpreter
     quantize, dequantize = FORMATS[fmt]
@@ -115,12 +115,12 @@ def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_
 
 
 def test_unknown_quantized_weights_and_unscaled_ones_are_refused_naming_the_formats():
-    from wisp.core.quantized_weights import dequantize_weight
+    from wisp.core.kernels.quantized_weights import dequantize_weight
 
     with pytest.raises(ValueError, match="float8_e4m3fn .FP8 block-scaled., uint8 .MXFP4."):
         dequantize_weight(torch.zeros(4, 4, dtype=torch.int8), torch.ones(1, 1), torch.bfloat16)
     pytest.importorskip("triton")
-    from wisp.core.triton_moe import triton_pairs_of_one_expert
+    from wisp.core.kernels.triton_moe import triton_pairs_of_one_expert
 
     bank, _ = quantized_bank(2, 1, "mxfp4")
     with pytest.raises(ValueError, match="uint8 .MXFP4. with their scales .none given."):

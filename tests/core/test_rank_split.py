@@ -11,9 +11,10 @@ import torch
 
 from tests.core.test_experts import make
 from tests.core.test_hybrid_experts import CPU_CHEAP, hold, zero_copy_pair
-from wisp.core.hot_experts import HotExperts
-from wisp.core.hybrid_split import HybridCosts, MissSplit
-from wisp.core.rank_split import RankSplit
+from wisp.core.experts.hot_experts import HotExperts
+from wisp.core.learners.hybrid_costs import HybridCosts
+from wisp.core.experts.hybrid_split import MissSplit
+from wisp.core.experts.rank_split import RankSplit
 
 
 def split_step(split: RankSplit, hidden, ids, weights, n: int) -> torch.Tensor:
@@ -147,7 +148,7 @@ def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
 def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
     """With the native kernel and SiLU bf16 experts the host's side is one native call (`rank_split_rows`): the
     same rows, bit for bit, and the same counters as grouping the pairs in Python and calling the kernel."""
-    from wisp.core.hybrid_experts import ZeroCopyHybridExperts, StagingBuffers
+    from wisp.core.experts.hybrid_experts import ZeroCopyHybridExperts, StagingBuffers
 
     g = torch.Generator().manual_seed(51)
     d, i = 32, 16  # the native kernel reads multiples of 16
@@ -243,7 +244,7 @@ def test_the_prediction_scales_both_sides_by_the_pairs_that_are_not_hot():
 
 
 def test_the_native_host_side_skips_the_hot_experts_as_the_kernel_path_does():
-    from wisp.core.hybrid_experts import StagingBuffers, ZeroCopyHybridExperts
+    from wisp.core.experts.hybrid_experts import StagingBuffers, ZeroCopyHybridExperts
 
     g = torch.Generator().manual_seed(52)
     d, i = 32, 16

@@ -1,4 +1,4 @@
-"""The touch order of a step (`wisp.core.recency`) and its device-read form in `wisp.core.experts`.
+"""The touch order of a step (`wisp.core.experts.recency`) and its device-read form in `wisp.core.experts.stores`.
 
 - `touch_order` sorts a step's distinct experts by (last token routing to it, id) and ignores negative
   ids; one token's step is its ids ascending;
@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core.experts import routed_counts_and_last_token
-from wisp.core.recency import distinct_in_order, order_by_last_token, touch_order
+from wisp.core.experts.stores import routed_counts_and_last_token
+from wisp.core.experts.recency import distinct_in_order, order_by_last_token, touch_order
 
 
 @st.composite

@@ -1,4 +1,4 @@
-"""Row invariance of `wisp.core.rows`: a row's result never depends on the rows computed with it.
+"""Row invariance of `wisp.core.kernels.rows`: a row's result never depends on the rows computed with it.
 
 For random x of T rows (1..70) and any split of its rows into consecutive chunks,
 `op(x) == cat([op(chunk) for chunk])` with torch.equal, for `linear` (with and without bias) and
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core import rows
-from wisp.core.rows import ROW_TILE, map_row_tiles
+from wisp.core.kernels import rows
+from wisp.core.kernels.rows import ROW_TILE, map_row_tiles
 
 SETTINGS = settings(max_examples=60, deadline=None)
 DTYPES = [torch.float32, torch.bfloat16]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wisp.core import rows
-from wisp.core.moe import combine_in_routing_order, fused_moe
+from wisp.core.kernels import rows
+from wisp.core.kernels.moe import combine_in_routing_order, fused_moe
 
 pytest.importorskip("triton")
-from wisp.core.triton_moe import _combine, triton_fused_moe  # noqa: E402
-from wisp.core.triton_norm import triton_rms_norm  # noqa: E402
+from wisp.core.kernels.triton_moe import _combine, triton_fused_moe  # noqa: E402
+from wisp.core.kernels.triton_norm import triton_rms_norm  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -51,7 +51,7 @@ def test_rms_norm_matches_the_reference_and_is_row_invariant(shape):
 
 
 def test_rope_matches_the_reference():
-    from wisp.core.triton_rope import triton_rope
+    from wisp.core.kernels.triton_rope import triton_rope
     from wisp.models.moe_decoder import apply_rope
 
     g = torch.Generator().manual_seed(3)
@@ -63,7 +63,7 @@ def test_rope_matches_the_reference():
 
 
 def test_device_counts_do_not_overflow_on_mixtral_sized_experts():
-    from wisp.core.device_pager import count_step
+    from wisp.core.experts.device_pager import count_step
 
     ids = torch.tensor([[0, 1]] * 8, device=DEV)  # 16 routed pairs of 352 MB experts: 5.6 GB, past int32
     counts = torch.zeros(6, dtype=torch.int64, device=DEV)
@@ -75,7 +75,7 @@ def test_device_counts_do_not_overflow_on_mixtral_sized_experts():
 @pytest.mark.parametrize("n,k,normalize,dtype", [(8, 2, True, torch.float32), (60, 4, False, torch.bfloat16),
                                                  (128, 8, True, torch.bfloat16)])
 def test_router_matches_softmax_topk(n, k, normalize, dtype):
-    from wisp.core.triton_router import triton_route
+    from wisp.core.kernels.triton_router import triton_route
 
     logits = torch.randn(5, n, generator=torch.Generator().manual_seed(n)).to(DEV)
     probs = torch.softmax(logits, -1, dtype=torch.float32)
@@ -92,7 +92,7 @@ def test_router_matches_softmax_topk(n, k, normalize, dtype):
 def test_router_takes_replayed_ids_in_the_same_launch(normalize):
     """A token whose K replayed ids are all given gets them, weighted by the probabilities there (as the torch
     path's gather); a token with a gap (-1) keeps the router's top-k; a shared row (stride 0) serves all."""
-    from wisp.core.triton_router import triton_route
+    from wisp.core.kernels.triton_router import triton_route
     from wisp.trace.replay import replayed_or_routed
 
     n, k = 16, 3  # K below its power of two: the padded lane must not count
@@ -115,7 +115,7 @@ def test_router_takes_replayed_ids_in_the_same_launch(normalize):
 
 
 def test_router_breaks_ties_toward_the_lower_id():
-    from wisp.core.triton_router import triton_route
+    from wisp.core.kernels.triton_router import triton_route
 
     logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 1.0]], device=DEV)
     assert triton_route(logits, 3, False, torch.float32)[1].tolist() == [[1, 3, 2]]
@@ -126,8 +126,8 @@ def test_router_breaks_ties_toward_the_lower_id():
 def test_expert_major_wide_step_equals_the_resident_kernel(cap):
     """The wide path with the Triton family (hits by map, one launch pair per streamed or loaded expert,
     combine) gives the resident Triton kernel's bits, on the GPU with the side copy stream."""
-    from wisp.core.experts import DOWN, GATE_UP, PagedExperts
-    from wisp.core.kernels import moe_kernels
+    from wisp.core.experts.stores import DOWN, GATE_UP, PagedExperts
+    from wisp.core.kernels.registry import moe_kernels
 
     g = torch.Generator().manual_seed(cap)
     n, k, t, d, i = 8, 2, 9, 72, 40

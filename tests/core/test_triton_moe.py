@@ -14,9 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core.moe import fused_moe, reference_moe
+from wisp.core.kernels.moe import fused_moe, reference_moe
 
-triton_moe = pytest.importorskip("wisp.core.triton_moe")
+triton_moe = pytest.importorskip("wisp.core.kernels.triton_moe")
 GPU = torch.cuda.is_available()
 CUDA = torch.device("cuda" if GPU else "cpu")  # where the kernel runs (the interpreter's CPU tensors off the GPU)
 SHAPES = [(8, 2), (64, 8), (128, 8), (16, 1)] if GPU else [(8, 2), (16, 1)]  # interpreted: 1-11 s a case

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wisp.core.uva import HostPointer, device_view
+from wisp.core.kernels.uva import HostPointer, device_view
 
 
 def test_pageable_memory_is_refused():

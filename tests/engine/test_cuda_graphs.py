@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from wisp.config import EngineConfig
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.engine.cuda_graphs import DecodeGraphs
 from wisp.engine.engine import LLMEngine
 from wisp.engine.kv_cache import DecodeBatchKV

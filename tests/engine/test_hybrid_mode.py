@@ -8,7 +8,7 @@ import torch
 
 from tests.engine.test_mode_identity import LONG_PROMPT, SHORT_PROMPT, run
 from wisp import LLM, SamplingParams
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.learners.hybrid_costs import HybridCosts
 
 CPU_CHEAP = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))  # light experts go to the CPU
 

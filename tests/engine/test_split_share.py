@@ -10,9 +10,9 @@ import torch
 
 from tests.core.test_experts import make
 from tests.core.test_hybrid_experts import hold, zero_copy_pair
-from wisp.core.hybrid_pace import CpuPace
-from wisp.core.hybrid_split import HybridCosts
-from wisp.core.rank_split import RankSplit
+from wisp.core.learners.hybrid_pace import CpuPace
+from wisp.core.learners.hybrid_costs import HybridCosts
+from wisp.core.experts.rank_split import RankSplit
 from wisp.engine.cuda_graphs import DecodeGraphs
 
 LINK_SLOW = HybridCosts(copy_s=3.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # a pair read in place: 3 CPU experts

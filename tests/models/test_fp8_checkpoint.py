@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from tests.helpers import assert_quantized_gives_its_twins_bits
 from wisp import LLM
 from wisp.config import ModelConfig
-from wisp.core.fp8_blocks import FP8, dequantize_blocks
+from wisp.core.kernels.fp8_blocks import FP8, dequantize_blocks
 from wisp.errors import WispError
 from wisp.models.presets import preset
 from wisp.plan.sizes import ModelSizes

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.helpers import assert_quantized_gives_its_twins_bits, make_hf_model
 from wisp import LLM, SamplingParams
-from wisp.core.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from wisp.core.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from wisp.models.random_checkpoint import write_random_checkpoint
 
 PROMPT = [5, 17, 99, 3, 64, 21, 8, 120, 45, 77, 12, 33]

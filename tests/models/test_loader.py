@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from wisp import LLM
 from wisp.config import ModelConfig
-from wisp.core.experts import OffloadExperts, PagedExperts, ResidentExperts
+from wisp.core.experts.stores import OffloadExperts, PagedExperts, ResidentExperts
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from wisp.core.recency import order_by_last_token
+from wisp.core.experts.recency import order_by_last_token
 from wisp.plan.controller import ControllerConfig, SplitController
 from wisp.plan.expert_stacks import ExpertStacks
 from wisp.plan.lru_stack import LruStack

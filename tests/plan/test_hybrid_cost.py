@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from tests.core.test_experts import make
 from tests.plan.test_miss_curves import step_sequences
-from wisp.core.experts import PagedExperts
-from wisp.core.hybrid_experts import HybridExperts
-from wisp.core.hybrid_pace import CpuPace
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.experts.stores import PagedExperts
+from wisp.core.experts.hybrid_experts import HybridExperts
+from wisp.core.learners.hybrid_pace import CpuPace
+from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.plan.hybrid_cost import (
     HybridAdvice,
     HybridCapCost,

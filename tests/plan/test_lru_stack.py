@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from wisp.core.recency import distinct_in_order
+from wisp.core.experts.recency import distinct_in_order
 from wisp.plan.lru_stack import LruStack
 from wisp.plan.miss_curves import kv_stack_distances, stack_distances
 

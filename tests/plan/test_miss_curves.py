@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core.pager import ExpertPager
+from wisp.core.experts.pager import ExpertPager
 from wisp.engine.block_pool import BlockPool
 from wisp.plan.miss_curves import (
     COLD,

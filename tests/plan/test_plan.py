@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from wisp.config import ModelConfig
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
 from wisp.models.presets import preset
 from wisp.plan.plan import FILE_ORDER, Plan

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
 from wisp.plan.plan import Plan
 from wisp.plan.plan_file import plan_text, read_hybrid_costs, read_plan, write_plan

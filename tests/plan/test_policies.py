@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core.pager import ExpertPager
+from wisp.core.experts.pager import ExpertPager
 from wisp.plan.miss_curves import expert_miss_curve, expert_sets
 from wisp.plan.policies import (
     OUT_OF_DOMAIN,

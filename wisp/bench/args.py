@@ -33,7 +33,7 @@ def _add_decode_parser(kinds) -> None:
     dec.add_argument("--vram-budget", type=parse_size, default=None,
                      help="size paged runs' cap from this VRAM budget (with --expert-cap 0: hybrid's hot experts)")
     dec.add_argument("--prefetch", action="store_true",
-                     help="paged runs copy each next layer's predicted experts ahead (eager; wisp.core.prefetch)")
+                     help="paged runs copy each next layer's predicted experts ahead (eager; wisp.core.experts.prefetch)")
     dec.add_argument("--peer-decode-tokens", type=int, default=16, help="decode tokens of the (slow) accelerate peer")
     dec.add_argument("--out", default=None, help="write the records as a JSON list here")
 

@@ -1,12 +1,16 @@
-"""The reusable core: expert pager, fused-MoE reference, row-invariant primitives.
+"""The reusable core, in rooms that import only downwards (tests/test_layering.py):
+- `bank_keys`: the names of an expert bank's tensors;
+- `kernels/`: the fused-MoE torch reference (the oracle), the Triton and native kernels, weight formats;
+- `learners/`: online estimates made while serving (each server's pace, probed costs, co-activation);
+- `experts/`: where a MoE layer's experts live and how a routed step reaches them (the pager, the stores).
 
-Dependency rule: nothing in `wisp.core` imports from `wisp.models`, `wisp.engine` or `wisp.cli`, so
-other front ends (a vLLM plug-in, a transformers adapter) can reuse it alone.
+Dependency rule: nothing in `wisp.core` imports from `wisp.config`, `wisp.models`, `wisp.engine`, `wisp.server`
+or `wisp.cli`, so other front ends (a vLLM plug-in, a transformers adapter) can reuse it alone.
 """
 
-from wisp.core.experts import ExpertCounters, ExpertStore, OffloadExperts, PagedExperts, ResidentExperts
-from wisp.core.moe import fused_moe
-from wisp.core.pager import ExpertPager
+from wisp.core.experts.stores import ExpertCounters, ExpertStore, OffloadExperts, PagedExperts, ResidentExperts
+from wisp.core.kernels.moe import fused_moe
+from wisp.core.experts.pager import ExpertPager
 
 __all__ = [
     "ExpertCounters",

@@ -3,7 +3,7 @@
 A decode step of B sequences (one token each) is captured whole: embedding, every layer's attention
 (KV writes and the Triton kernel reading the block tables from a device buffer), router, top-k, the
 MoE store's `forward_graph_safe` (for paged layers the LRU decision and the miss copies run on the device,
-`wisp.core.device_pager`), the final norm and the logits. Inputs live in static buffers (tokens,
+`wisp.core.experts.device_pager`), the final norm and the logits. Inputs live in static buffers (tokens,
 positions, block tables) rewritten before each replay; the logits buffer is the output. Capture runs the
 step on dummy inputs whose every block table entry is `scratch_block`, a block the caller holds for the
 duration, so capturing never touches another request's KV.
@@ -22,7 +22,7 @@ reads; a piece's outputs (the residual stream, the rotation, the routing) stay w
 graph was captured to read them.
 
 Hybrid with no slots (every store a `ZeroCopyHybridExperts`) also captures its CPU's share
-(`wisp.core.rank_split`): each piece ends by sending its MoE layer's rows and routing to pinned host
+(`wisp.core.experts.rank_split`): each piece ends by sending its MoE layer's rows and routing to pinned host
 buffers, one more graph per MoE layer holds the GPU's in-place pairs, and the next piece's graph begins with
 the merge (the CPU's rows copied in from the host, summed with the GPU's pairs); `run_split` replays them
 with only the CPU's experts and two waits on the host between (its pieces are not `run_pieces`' then).
@@ -43,8 +43,8 @@ from typing import Callable
 
 import torch
 
-from wisp.core.hybrid_experts import ZeroCopyHybridExperts
-from wisp.core.rank_split import RankSplit
+from wisp.core.experts.hybrid_experts import ZeroCopyHybridExperts
+from wisp.core.experts.rank_split import RankSplit
 from wisp.engine.kv_cache import DecodeBatchKV, KVCache
 from wisp.models.moe_decoder import MoEDecoder, Piece
 

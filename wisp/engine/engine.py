@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from wisp.config import EngineConfig, ModelConfig, parse_dtype
-from wisp.core.counters import sum_counters
-from wisp.core.experts import PagedExperts, sync_all_counters
-from wisp.core.hybrid_experts import CpuServed, ZeroCopyHybridExperts
-from wisp.core.prefetch import CrossLayerPrefetch
+from wisp.core.experts.counters import sum_counters
+from wisp.core.experts.stores import PagedExperts, sync_all_counters
+from wisp.core.experts.hybrid_experts import CpuServed, ZeroCopyHybridExperts
+from wisp.core.experts.prefetch import CrossLayerPrefetch
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.detokenizer import IncrementalDetokenizer
 from wisp.engine.kv_cache import KVCache

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from wisp.core.rows import ROW_TILE
+from wisp.core.kernels.rows import ROW_TILE
 
 
 class KVCache:

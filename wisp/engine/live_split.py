@@ -4,7 +4,7 @@ Registered with `LLMEngine.set_live_split`. It feeds the controller, live, what 
 from traces:
 - KV: each request's prompt blocks on arrival (the prefix cache's chain keys of its full blocks), as stack
   distances over all requests so far (`LruStack.touch_blocks`);
-- experts: each step's routing per MoE layer, in touch order (`wisp.core.recency`), as stack distances
+- experts: each step's routing per MoE layer, in touch order (`wisp.core.experts.recency`), as stack distances
   per layer (`ExpertStacks`: every layer at once in a few dozen numpy operations, no per-layer or
   per-reference Python loop). The routing comes from the engine's routing replay when it keeps the step's
   rows on the host (`SessionRoutingReplay.last_rows`: no device read; set the replay before the live
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wisp.core.experts import PagedExperts
+from wisp.core.experts.stores import PagedExperts
 from wisp.engine.block_pool import chain_hash
 from wisp.engine.resize_timings import ResizeTimings
 from wisp.engine.routing_log import RoutingLog

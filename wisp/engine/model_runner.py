@@ -35,7 +35,7 @@ from typing import Callable, Protocol
 import torch
 
 from wisp.config import EngineConfig
-from wisp.core.experts import PagedExperts, sync_all_counters
+from wisp.core.experts.stores import PagedExperts, sync_all_counters
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.step_kinds import EAGER, GRAPH, StepKindChooser
 from wisp.engine.cuda_graphs import DecodeGraphs

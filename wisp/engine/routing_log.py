@@ -9,7 +9,7 @@ them and each replay logs its step. `drain()` reads what was written since the l
 returns it split into steps, oldest first; rows overwritten before a drain are lost and counted in `lost`.
 `reset()` forgets everything (after a graph capture, whose warm-up steps are not traffic).
 
-Invariant: within a step, rows keep the batch's token order (so `wisp.core.recency` can order the step's
+Invariant: within a step, rows keep the batch's token order (so `wisp.core.experts.recency` can order the step's
 experts by their last token, as the pager does).
 """
 

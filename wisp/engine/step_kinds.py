@@ -1,7 +1,7 @@
 """`StepKindChooser`: hybrid mode's choice, per decode batch size, between a CUDA-graph step and an eager one.
 
 A hybrid decode step can run two ways. Eagerly, each layer's misses are split between copies and the
-CPU (`wisp.core.hybrid_split`), which needs the routing on the host, so every layer pays a host sync and
+CPU (`wisp.core.experts.hybrid_split`), which needs the routing on the host, so every layer pays a host sync and
 the step's kernel launches. As paged mode's CUDA graph, it has no CPU help but no launch cost either. Which
 is faster depends on the model and the cap, not on one step: on the H200 with the real Mixtral trace the
 CPU's help was worth 51 ms a token at C = 2 (eager 251 ms against the graph's 302) and less than the

@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from wisp.core.rows import ROW_TILE
-from wisp.core.triton_interpreter import ieee_products
+from wisp.core.kernels.rows import ROW_TILE
+from wisp.core.kernels.triton_interpreter import ieee_products
 
 SPAN_KEYS = 64  # keys per span: fixed, since the span boundaries are part of every row's arithmetic
 

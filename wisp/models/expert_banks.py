@@ -1,6 +1,6 @@
 """A layer's expert bank: its tensors' shapes (`bank_layout`) and filling it from a checkpoint (`fill_bank`).
 
-The bank is what every expert store pages (`wisp.core.expert_extras` names its tensors): "gate_up"
+The bank is what every expert store pages (`wisp.core.kernels.expert_extras` names its tensors): "gate_up"
 [N, 2I, D] with gate's rows first, "down" [N, D, I], in the model dtype or quantized (FP8 with float32
 block scales; MXFP4 packed as [.., in/32, 16] uint8 codes with [.., in/32] e8m0 scales), and for GPT-OSS
 the biases "gate_up_bias" [N, 2I] and "down_bias" [N, D].
@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 
 from wisp.config import ModelConfig
-from wisp.core.expert_extras import DOWN_BIAS, DOWN_SCALE, GATE_UP_BIAS, GATE_UP_SCALE
-from wisp.core.expert_major import DOWN, GATE_UP
-from wisp.core.fp8_blocks import FP8, scale_key, scale_shape
-from wisp.core.mxfp4 import BLOCK as MXFP4_BLOCK
+from wisp.core.kernels.expert_extras import DOWN_BIAS, DOWN_SCALE, GATE_UP_BIAS, GATE_UP_SCALE
+from wisp.core.bank_keys import DOWN, GATE_UP
+from wisp.core.kernels.fp8_blocks import FP8, scale_key, scale_shape
+from wisp.core.kernels.mxfp4 import BLOCK as MXFP4_BLOCK
 from wisp.errors import WispError
 from wisp.models.weight_names import WeightNames
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from wisp.core.expert_extras import SILU, Activation
+from wisp.core.kernels.expert_extras import SILU, Activation
 from wisp.errors import WispError
 from wisp.models.weight_names import DEEPSEEK_STYLE, GPT_OSS_STYLE, HF_STYLE, MIXTRAL_STYLE, WeightNames
 

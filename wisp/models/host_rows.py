@@ -1,7 +1,7 @@
 """`gather_host_rows`: rows of a pinned host table copied to the GPU by a Triton kernel that reads them in place.
 
 One program per token copies its row, BLOCK columns at a time, from the table's host memory (a
-`wisp.core.uva.HostPointer`) into a device tensor: no host sync and no staging copy, so a CUDA graph can
+`wisp.core.kernels.uva.HostPointer`) into a device tensor: no host sync and no staging copy, so a CUDA graph can
 capture it. Under Triton's interpreter (a CPU-only machine) the table and the rows are CPU tensors.
 
 Invariant: each row is a copy of the table's row, bit for bit; an index outside the table is not read.
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wisp.core.uva import device_view
+from wisp.core.kernels.uva import device_view
 
 BLOCK = 1024
 

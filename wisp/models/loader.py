@@ -27,7 +27,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from wisp.config import EngineConfig, ModelConfig
-from wisp.core.experts import (
+from wisp.core.experts.stores import (
     ExpertStore,
     LayerBuffer,
     OffloadExperts,
@@ -35,14 +35,14 @@ from wisp.core.experts import (
     ResidentExperts,
     ZeroCopyExperts,
 )
-from wisp.core.cpu_expert_kernels import native_kernel_error
-from wisp.core.expert_major import StagingBuffers
-from wisp.core.fp8_blocks import FP8, dequantize_blocks, scale_key
-from wisp.core.hybrid_experts import HybridExperts, ZeroCopyHybridExperts
-from wisp.core.hybrid_pace import CpuPace
-from wisp.core.hybrid_probe import probe_hybrid_costs
-from wisp.core.hybrid_split import HybridCosts
-from wisp.core.kernels import moe_kernels
+from wisp.core.kernels.cpu_expert_kernels import native_kernel_error
+from wisp.core.experts.expert_major import StagingBuffers
+from wisp.core.kernels.fp8_blocks import FP8, dequantize_blocks, scale_key
+from wisp.core.experts.hybrid_experts import HybridExperts, ZeroCopyHybridExperts
+from wisp.core.learners.hybrid_pace import CpuPace
+from wisp.core.learners.hybrid_probe import probe_hybrid_costs
+from wisp.core.learners.hybrid_costs import HybridCosts
+from wisp.core.kernels.registry import moe_kernels
 from wisp.errors import WispError
 from wisp.models.expert_banks import bank_layout, fill_bank
 from wisp.models.families import get_family

@@ -17,7 +17,7 @@ layers x block_size x (kv_lora_rank + rope_dim) x element bytes.
 The rope rotates interleaved pairs (x[2i], x[2i+1]) in DeepSeek's layout; the loader permutes the rope rows of
 q and kv_a (evens, then odds) so the half-split rotation the other families use computes the same scores.
 `softmax_scale` is (nope_dim + rope_dim)^-0.5, times mscale(factor, mscale_all_dim)^2 under yarn.
-Every per-token op is row-invariant (`wisp.core.rows`), so batch invariance holds as for the other families.
+Every per-token op is row-invariant (`wisp.core.kernels.rows`), so batch invariance holds as for the other families.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from wisp.core import rows
+from wisp.core.kernels import rows
 from wisp.models.rope import RopeScaling
 
 

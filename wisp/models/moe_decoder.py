@@ -5,7 +5,7 @@ T tokens belong to: (kv, start, length). A chunk's tokens sit at positions start
 sequence; their keys/values are written into `kv` and attend causally to everything before them. A
 prefill is one chunk of many tokens; a batched decode step is one chunk of one token per sequence.
 
-Batch invariance: every per-row op is row-invariant (`wisp.core.rows`), attention runs per chunk, and
+Batch invariance: every per-row op is row-invariant (`wisp.core.kernels.rows`), attention runs per chunk, and
 the MoE stores are slot- and batch-invariant, so a sequence's logits do not depend on what else is in
 the batch or on the expert mode.
 """
@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from wisp.config import ModelConfig
-from wisp.core import rows
-from wisp.core.experts import ExpertStore
-from wisp.core.pager import use_host_many
+from wisp.core.kernels import rows
+from wisp.core.experts.stores import ExpertStore
+from wisp.core.experts.pager import use_host_many
 from wisp.models.families import get_family
 from wisp.models.mla import MlaWeights, mla_attention
 from wisp.models.token_embedding import TokenEmbedding
@@ -155,9 +155,9 @@ class MoEDecoder:
         self.linear = rows.linear  # the dense projections; "triton" on CUDA: one row-invariant launch each
         self.route_kernel = None  # "triton": softmax + top-k + renormalise in one launch
         if backend == "triton":
-            from wisp.core.triton_norm import triton_rms_norm
-            from wisp.core.triton_rope import triton_rope
-            from wisp.core.triton_router import triton_route
+            from wisp.core.kernels.triton_norm import triton_rms_norm
+            from wisp.core.kernels.triton_rope import triton_rope
+            from wisp.core.kernels.triton_router import triton_route
 
             if not config.norm_weight_float32:
                 self.rms_norm = triton_rms_norm
@@ -166,7 +166,7 @@ class MoEDecoder:
             if config.rope_dim & (config.rope_dim - 1) == 0:  # the Triton rotation needs a power of two
                 self.apply_rope = triton_rope
             if self.device.type == "cuda":  # (the interpreter's CPU runs keep the 16-row tiles: far faster there)
-                from wisp.core.triton_linear import triton_linear
+                from wisp.core.kernels.triton_linear import triton_linear
 
                 self.linear = triton_linear
         self.inv_freq = config.rope.inv_freq(config.rope_dim).to(self.device)

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from wisp.config import ModelConfig
-from wisp.core.fp8_blocks import quantize_blocks, scale_key
+from wisp.core.kernels.fp8_blocks import quantize_blocks, scale_key
 from wisp.models.families import get_family
 
 DEMO_VERSION = "v2"

@@ -5,7 +5,7 @@ few megabytes. The table itself is vocab x hidden: 206 MB for OLMoE-1B-7B, 622 M
 1.2 GB for gpt-oss-120b in bf16, all of it VRAM that could hold experts or KV blocks. So where a GPU runs
 the model and the LM head is a separate matrix, the table stays in pinned host memory (as llama.cpp keeps
 its token embeddings on the CPU) and a Triton kernel reads each token's row in place over PCIe
-(`wisp.core.uva`), inside CUDA graphs too. A tied table is the LM head as well, which reads all of it every
+(`wisp.core.kernels.uva`), inside CUDA graphs too. A tied table is the LM head as well, which reads all of it every
 step: it stays on the device.
 
 Invariants: the rows are copies, bit for bit, wherever the table lives; a host table is pinned (the kernel

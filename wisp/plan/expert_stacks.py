@@ -2,7 +2,7 @@
 
 What the live split controller learns expert reuse from. For each layer the numbers are exactly those of
 `LruStack.touch(order_by_last_token(...))` on the step's routing (tested against it): the layer's distinct
-experts of the step in touch order (`wisp.core.recency`: by last token, then id), each with its stack
+experts of the step in touch order (`wisp.core.experts.recency`: by last token, then id), each with its stack
 distance before the step (1 + the distinct experts referenced since, COLD for a first reference), then
 made the most recent. The distances come out layer after layer, in touch order within a layer.
 

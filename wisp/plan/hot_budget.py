@@ -1,7 +1,7 @@
 """`hot_split`: hybrid with no slots under a VRAM budget, the hot experts a layer and the KV blocks it holds.
 
 Hybrid with no slots (`--mode hybrid --expert-cap 0`) keeps no expert scratch; its device bank of hot experts
-(`--hot-experts H`, `wisp.core.hot_experts`) is the one expert-side use of VRAM. Under `--vram-budget`, the
+(`--hot-experts H`, `wisp.core.experts.hot_experts`) is the one expert-side use of VRAM. Under `--vram-budget`, the
 budget less the non-expert weights and the planner's reserve is pageable, as the planner's split has it
 (`wisp.plan.planner`): the KV pool first gets its admission floor (max_concurrency x max_model_len, which it
 never goes below), each MoE layer then as many whole hot experts as the rest holds (at most N), and what is

@@ -2,7 +2,7 @@
 
 Paged mode serves every miss by a copy, so a layer-step with m misses costs m x copy_s and the expected
 cost is linear in the expected miss count (what `CostModel` prices). Hybrid mode splits a step's misses
-between copies and the CPU (`wisp.core.hybrid_split.split_misses`) and pays the longer of the two paths,
+between copies and the CPU (`wisp.core.experts.hybrid_split.split_misses`) and pays the longer of the two paths,
 which is not linear in m: one step with two misses is cheaper than two steps with one each. So this module
 prices a cap from the DISTRIBUTION of misses per step, not from the expected count:
 
@@ -42,8 +42,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses
-from wisp.core.recency import distinct_in_order, touch_order
+from wisp.core.learners.hybrid_costs import HybridCosts
+from wisp.core.experts.hybrid_split import MissSplit, split_misses
+from wisp.core.experts.recency import distinct_in_order, touch_order
 from wisp.plan.miss_curves import COLD, expert_sets, miss_curve_from_distances, stack_distances
 from wisp.plan.split import TIE, SplitProblem
 
@@ -130,7 +131,7 @@ def hybrid_splits(steps: Iterable[Sequence[int]], capacity: int, costs: HybridCo
     """Replay `HybridExperts` on one layer's batch-1 decode steps (each step one token's routed ids, one
     row each; a repeated id counts once, as `RoutingTrace.steps` gives them) with `capacity` slots; yield
     each step's `split_misses` split. As the store does: the step's touch order is its ids ascending
-    (`wisp.core.recency`), its non-resident experts are split, the CPU's are left out of the pager's step
+    (`wisp.core.experts.recency`), its non-resident experts are split, the CPU's are left out of the pager's step
     (not touched, not cached, evicting nothing) and the rest go through `ExpertPager.decide`. `lru`: the
     state to replay on (a fresh one by default; a caller passing its own can read it after each step)."""
     lru = SlotLRU(capacity) if lru is None else lru

@@ -10,7 +10,7 @@ Why one pass suffices (LRU with set semantics is a stack algorithm)
 ------------------------------------------------------------------
 A step references a SET S of items that must be resident together; the cache evicts the least recently
 used residents NOT in S. Define the recency order after step t: S_t on top, touched in the step's order
-(experts: `wisp.core.recency`'s order, by last token then id; KV: see `kv_stack_distances`), then every other
+(experts: `wisp.core.experts.recency`'s order, by last token then id; KV: see `kv_stack_distances`), then every other
 item in its previous order. Claim: after every step, a cache of capacity C >= max|S| holds exactly the
 top-C items of this order (or every item seen so far, if fewer). Induction: let R = top-C of the old
 order, H = S & R (hits), M = S - R (misses). R - S is a prefix of (old order - S), because R is a prefix
@@ -18,7 +18,7 @@ of the old order. The cache drops the |M| - (C - |R|) least recent of R - S (emp
 keeping its C - |S| most recent ones, i.e. the (C - |S|)-prefix of (old order - S); together with S that
 is the top-C of the new order. ExpertPager's ticks are exactly this order (every step re-ticks its
 experts in its touch order), so its resident set is the top-C set at every capacity at once. The
-touch order must not depend on C, and `wisp.core.recency`'s does not.
+touch order must not depend on C, and `wisp.core.experts.recency`'s does not.
 Hence an item e referenced at step t hits iff its position in the order BEFORE step t's updates is <= C.
 That position is its stack distance:
     d(e, t) = 1 + #{distinct items whose recency is newer than e's}, counted before step t's updates,
@@ -27,7 +27,7 @@ so items of the same step never count against each other. A first reference has 
     m[C] = #cold references + #{references with d > C}.
 The claim needs no C >= |S|: a wide step (|S| > C) hits exactly its resident members (d <= C), and
 afterwards the cache holds S's C most recent, which is what `ExpertPager.decide` keeps (those the
-step's last tokens route to; the rest are streamed through staging, `wisp.core.expert_major`). So the
+step's last tokens route to; the rest are streamed through staging, `wisp.core.experts.expert_major`). So the
 curve is the pager's at every C, including prefill chunks wider than the scratch.
 
 Computation: each reference gets a fresh clock value; a Fenwick tree over clock values marks the latest
@@ -45,7 +45,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from wisp.core.recency import distinct_in_order
+from wisp.core.experts.recency import distinct_in_order
 
 COLD = -1  # the stack distance of a first reference (infinite: a miss at every capacity)
 
@@ -113,7 +113,7 @@ def expert_sets(steps: Sequence[Sequence[int]], num_experts: int | None) -> list
 def stack_distances(steps: Sequence[Sequence[int]], num_experts: int | None = None) -> np.ndarray:
     """Per-reference stack distances of an expert step sequence (ExpertPager semantics).
 
-    Each step lists its experts in touch order (`wisp.core.recency.touch_order` of its tokens; one
+    Each step lists its experts in touch order (`wisp.core.experts.recency.touch_order` of its tokens; one
     token's step is its ids in ascending order); repeats within a step are one reference, at the last
     place, as in `ExpertPager.decide`. int64 [n]; COLD (-1) marks a first
     reference. With `num_experts`, ids outside [0, num_experts) raise ValueError.

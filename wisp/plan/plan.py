@@ -25,7 +25,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 
 import numpy as np
 
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
 from wisp.plan.cost_model import CostModel
 from wisp.plan.hybrid_cost import HybridAdvice, HybridCapCost

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
 from wisp.plan.plan import Plan, read_fields
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from wisp.config import ModelConfig
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
 from wisp.plan.cost_model import CostModel
 from wisp.plan.hybrid_cost import HybridAdvice, hybrid_advice

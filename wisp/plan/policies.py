@@ -5,7 +5,7 @@ Owns `simulate(steps, capacity, policy)` and `miss_table(...)`, the baselines th
 policies below use the pager's set semantics: the step's experts must be resident together, a miss
 loads the expert, and the victims are chosen among resident experts the step does NOT need (empty
 slots first). Within a step experts are referenced in the step's touch order, as listed (a repeated id
-at its last place: `wisp.core.recency`; this fixes LRU/LFU clocks).
+at its last place: `wisp.core.experts.recency`; this fixes LRU/LFU clocks).
 
 Policies (misses counted per distinct expert per step, as `ExpertCounters.misses`):
 - "lru":    evict the least recently used non-needed resident (exactly `ExpertPager`; a direct

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from wisp.core.recency import touch_order
+from wisp.core.experts.recency import touch_order
 
 
 class RoutingTrace:
@@ -117,7 +117,7 @@ class RoutingTrace:
 
     def steps(self, layer: int, per_token: bool = False) -> list[list[int]]:
         """Each step's distinct experts at model layer `layer` (a value of `layers`), in the pager's touch
-        order (`wisp.core.recency`: by the last token routing to each, then id; one token's step is its
+        order (`wisp.core.experts.recency`: by the last token routing to each, then id; one token's step is its
         ids sorted), so `wisp.plan.miss_curves` replays exactly what `ExpertPager` did.
 
         Missing ids are dropped; a step with none is an empty list (kept, so steps align across layers).

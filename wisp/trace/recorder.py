@@ -5,7 +5,7 @@ which calls `begin_step()` before each step's forward and `record(layer, topk_id
 every MoE layer. `trace()` returns a `RoutingTrace` whose tokens are in processing order with `step`
 marking which tokens were computed together (a prefill chunk, or one batched decode step, or both in
 one step). Those are the pager's steps at every C: a step wider than C runs expert-major as one step
-(`wisp.core.expert_major`). While attached, decode runs eagerly (the runner replays no CUDA graph: an
+(`wisp.core.experts.expert_major`). While attached, decode runs eagerly (the runner replays no CUDA graph: an
 observer needs the routing on the host). Recording reads the routing back to the host every layer: it is for traces, not for speed.
 """
 

@@ -16,18 +16,18 @@ current stream, so the copies are ordered before the kernel that follows. Victim
 recently used slots that the step does not need (empty slots first, in slot order).
 
 A wide step (more than C distinct experts: a prefill chunk, a big decode batch) is decided by the same
-rule, `decide`, and run expert-major by `wisp.core.expert_major`: its C most recently touched experts
+rule, `decide`, and run expert-major by `wisp.core.experts.expert_major`: its C most recently touched experts
 end in the slots, its other misses are computed from a staging buffer and not kept.
 Every miss crosses PCIe once per step, and hits and misses are exactly what an LRU cache of C items
 with set-valued steps gives, so `wisp.plan.miss_curves`'s miss curves hold for every C, wide steps included.
 
 Recency is defined exactly so a plain LRU model can replay it: a step's experts are touched in the order
-`wisp.core.recency` defines (by the last token that routes to each, then id), each getting the next
+`wisp.core.experts.recency` defines (by the last token that routes to each, then id), each getting the next
 touch number. `prepare` and `decide` take that order: a flat list of expert ids, least recent first (a
 repeated id counts at its last place).
 
 Two sides: the state above lives on the host (`prepare`, used by prefill and eager steps) or on the
-device (`prepare_on_device`, CUDA only: `wisp.core.device_pager` decides and copies with no host sync,
+device (`prepare_on_device`, CUDA only: `wisp.core.experts.device_pager` decides and copies with no host sync,
 so a decode step can be one CUDA graph). `use_host()` / `use_device()` hand the state over (a no-op
 when it is already there); each `prepare*` call takes it where it needs it.
 
@@ -43,8 +43,8 @@ from typing import Sequence
 
 import torch
 
-from wisp.core.counters import ExpertCounters, add_counts, fold_counts
-from wisp.core.recency import distinct_in_order
+from wisp.core.experts.counters import ExpertCounters, add_counts, fold_counts
+from wisp.core.experts.recency import distinct_in_order
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class ExpertPager:
         if self.side == "device":
             return
         if self.device_lru is None:
-            from wisp.core.device_pager import DeviceLRU
+            from wisp.core.experts.device_pager import DeviceLRU
 
             self.device_lru = DeviceLRU(self.num_experts, self.capacity, self.expert_bytes, self.device)
         lru = self.device_lru
@@ -137,7 +137,7 @@ class ExpertPager:
     # -- the host side ------------------------------------------------------------------------------
     def prepare(self, experts: Sequence[int]) -> torch.Tensor:
         """Make the routed `experts` of one narrow step (at most C distinct, in touch order) resident;
-        return `expert_map`. A wider step runs expert-major (`wisp.core.expert_major`)."""
+        return `expert_map`. A wider step runs expert-major (`wisp.core.experts.expert_major`)."""
         n_need = len(set(int(e) for e in experts))
         if n_need > self.capacity:
             raise ValueError(f"step needs {n_need} experts but the scratch has {self.capacity} slots")
@@ -152,7 +152,7 @@ class ExpertPager:
         """One step's LRU decision on the host state (no bytes move here; the caller copies `loads` into
         their slots, streams `streamed` through staging, and then calls `publish_map`).
 
-        `experts` is the step's touch order (`wisp.core.recency`), so its last C distinct experts are
+        `experts` is the step's touch order (`wisp.core.experts.recency`), so its last C distinct experts are
         the most recently used after it (all of them when they number at most C): those stay in the
         slots; misses among them, in ascending id, are loaded into the least recently used slots holding
         anything else (empty first, by (last_used, slot)); the other misses of a wide step are streamed

@@ -7,7 +7,7 @@ computes the rest; a step's CPU side is bound by how fast the CPU reads those ex
   GEMV reads 25-47 and llama.cpp's CPU path about 64. Built on first use with torch's extension builder
   (ninja and a C++ compiler; cached under torch's extension folder, rebuilt when the source changes).
 - "plain" (the fallback): torch's GEMM on exactly the routed rows.
-- "reference": `wisp.core.moe.expert_mlp`, the device's own row-invariant kernel, whose fixed 16-row tiles
+- "reference": `wisp.core.kernels.moe.expert_mlp`, the device's own row-invariant kernel, whose fixed 16-row tiles
   cost 13x more at one row on a 2-core AVX2 host (11.9 against 0.9 ms for an OLMoE expert in bf16) but
   give the device's bits on the CPU (the default for a CPU-only run, where nothing could be gained anyway).
 
@@ -46,10 +46,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from wisp.core.expert_extras import SILU, Activation, ExpertExtras, extras_at, extras_of
-from wisp.core.expert_major import DOWN, GATE_UP
-from wisp.core.moe import expert_mlp
-from wisp.core.quantized_weights import dequantize_expert
+from wisp.core.kernels.expert_extras import SILU, Activation, ExpertExtras, extras_at, extras_of
+from wisp.core.bank_keys import DOWN, GATE_UP
+from wisp.core.kernels.moe import expert_mlp
+from wisp.core.kernels.quantized_weights import dequantize_expert
 
 log = logging.getLogger(__name__)
 

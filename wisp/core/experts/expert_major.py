@@ -4,7 +4,7 @@ A prefill chunk (or a large decode batch) may route to far more experts than the
 its tokens into groups that fit would evict and reload the same experts group after group; instead the
 step runs expert by expert, and each missing expert crosses PCIe exactly once:
 1. `ExpertPager.decide` takes the step's LRU decision: hits, misses loaded into a slot and kept (the
-   step's C most recently touched, i.e. those its last tokens route to: `wisp.core.recency`), and misses streamed through a staging buffer;
+   step's C most recently touched, i.e. those its last tokens route to: `wisp.core.experts.recency`), and misses streamed through a staging buffer;
 2. the hits run from their slots in one `pairs_by_map` launch through the expert_map as it was;
 3. each streamed miss is copied into one of two staging buffers, then its pairs are computed; each kept
    miss is copied into its slot, then its pairs are computed from there;
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from wisp.core.expert_extras import extras_of
-from wisp.core.kernels import MoEKernels
-from wisp.core.pager import ExpertPager
+from wisp.core.bank_keys import DOWN, GATE_UP
+from wisp.core.kernels.expert_extras import extras_of
+from wisp.core.kernels.registry import MoEKernels
+from wisp.core.experts.pager import ExpertPager
 
-GATE_UP, DOWN = "gate_up", "down"
 
 
 class StagingBuffers:

@@ -2,7 +2,7 @@
 experts the next layer is predicted to route to into that layer's slots, on the copy stream.
 
 `CrossLayerPrefetch` hangs on every paged store of a model (`PagedExperts.after_step`). After layer l's eager
-step it tells a `wisp.core.coactivation.CrossLayerPredictor` what layer l routed, asks it for layer l+1's
+step it tells a `wisp.core.learners.coactivation.CrossLayerPredictor` what layer l routed, asks it for layer l+1's
 top_k, and `prefetch_into` gives each predicted expert not resident a slot of layer l+1 (`ExpertPager.prefetch`:
 the least recently used, a prefetched slot left least recent so a wrong guess goes first) and copies it there
 on the staging buffers' side stream. The copy into a slot waits only for the last kernel that read that
@@ -21,8 +21,8 @@ from functools import partial
 
 import torch
 
-from wisp.core.coactivation import CrossLayerPredictor
-from wisp.core.experts import PagedExperts
+from wisp.core.learners.coactivation import CrossLayerPredictor
+from wisp.core.experts.stores import PagedExperts
 
 
 def prefetch_into(store: PagedExperts, experts: Sequence[int]) -> int:

@@ -1,17 +1,17 @@
 """`HybridExperts`: paged mode with a second server for misses, the CPU.
 
 Each step, after the routing is read (the one host read paged mode also makes), the layer's missing experts
-are divided by `wisp.core.hybrid_split.split_misses` between copies into slots (cached, LRU, exactly as
+are divided by `wisp.core.experts.hybrid_split.split_misses` between copies into slots (cached, LRU, exactly as
 `PagedExperts` does) and the CPU, which computes its experts' (token, k) pairs straight from the pinned host
-masters (`wisp.core.cpu_expert_kernels`) and caches nothing. The GPU's work is
+masters (`wisp.core.kernels.cpu_expert_kernels`) and caches nothing. The GPU's work is
 enqueued first, all of it asynchronous: the hits and the copied experts, expert-major
-(`wisp.core.expert_major.expert_major_pairs`: hits first, then each copy's pairs once it lands on a side
+(`wisp.core.experts.expert_major.expert_major_pairs`: hits first, then each copy's pairs once it lands on a side
 stream). Then this thread computes the CPU's pairs while the GPU runs, writes them into the same [T*K, D]
 pair outputs, and everything is summed over k in routing order, as every mode does. (Not a worker thread: a
 second thread calling torch's CPU kernels brings a second OpenMP team onto the same cores; on the H200's
 host that made one OLMoE expert 2.5 ms instead of 0.8.)
 
-The host trips go through pinned buffers (`wisp.core.host_exchange`): a decode-sized step's routing read
+The host trips go through pinned buffers (`wisp.core.experts.host_exchange`): a decode-sized step's routing read
 brings its hidden rows in the same wait, and the CPU's pair outputs go back with non-blocking copies. (With
 `.cpu()` and pageable `.to()` each trip was a sync of its own: on the H200's host a layer spent about as
 long in them and the launches around them as in its CPU experts.)
@@ -36,16 +36,18 @@ import time
 
 import torch
 
-from wisp.core.counters import ExpertCounters
-from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, expert_major_pairs
-from wisp.core.experts import HeldExperts, PagedExperts, ZeroCopyExperts, routed_counts_and_last_token
-from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, CpuExperts, default_cpu_kernel
-from wisp.core.expert_extras import SILU, Activation, extras_of
-from wisp.core.hybrid_pace import CpuPace
-from wisp.core.hybrid_split import HybridCosts, MissSplit, split_misses, split_time
-from wisp.core.hot_experts import HotExperts
-from wisp.core.host_exchange import HostExchange
-from wisp.core.kernels import MoEKernels
+from wisp.core.experts.counters import ExpertCounters
+from wisp.core.bank_keys import DOWN, GATE_UP
+from wisp.core.experts.expert_major import StagingBuffers, expert_major_pairs
+from wisp.core.experts.stores import HeldExperts, PagedExperts, ZeroCopyExperts, routed_counts_and_last_token
+from wisp.core.kernels.cpu_expert_kernels import CPU_EXPERT_KERNELS, CpuExperts, default_cpu_kernel
+from wisp.core.kernels.expert_extras import SILU, Activation, extras_of
+from wisp.core.learners.hybrid_pace import CpuPace
+from wisp.core.learners.hybrid_costs import HybridCosts
+from wisp.core.experts.hybrid_split import MissSplit, split_misses, split_time
+from wisp.core.experts.hot_experts import HotExperts
+from wisp.core.experts.host_exchange import HostExchange
+from wisp.core.kernels.registry import MoEKernels
 
 
 class CpuServed:
@@ -142,8 +144,8 @@ class ZeroCopyHybridExperts(CpuServed, ZeroCopyExperts):
     at once, so a step can go faster than the link alone allows (the llama.cpp `--n-cpu-moe` setting, with
     the GPU reading the rest rather than idling). A wide step (a prefill chunk) is zero-copy's streamed step.
 
-    `hot` > 0 also holds that many of the layer's most-routed experts on the device (`wisp.core.hot_experts`);
-    the rank split (`wisp.core.rank_split`, the decode steps under CUDA graphs), the wide steps (prefill
+    `hot` > 0 also holds that many of the layer's most-routed experts on the device (`wisp.core.experts.hot_experts`);
+    the rank split (`wisp.core.experts.rank_split`, the decode steps under CUDA graphs), the wide steps (prefill
     chunks) and the eager narrow steps serve their pairs from there (hits: neither copied nor sent to the CPU).
 
     Invariants: a step that sends nothing to the CPU and routes nothing hot is a zero-copy step (same output,

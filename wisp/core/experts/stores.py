@@ -3,13 +3,13 @@
 Four modes share one contract, `ExpertStore.forward(hidden, topk_ids, topk_weights) -> [T, D]`:
 - `ResidentExperts`: the whole bank on the device, expert_map = identity;
 - `PagedExperts`: an `ExpertPager` of C slots; a step whose expert union fits runs once through the
-  map; a wider one runs expert-major (`wisp.core.expert_major`): each missing expert is copied once;
+  map; a wider one runs expert-major (`wisp.core.experts.expert_major`): each missing expert is copied once;
 - `OffloadExperts`: the baseline of layer offload (vLLM --cpu-offload-gb without UVA, accelerate):
   every forward copies all N experts of the layer into one layer-sized device buffer shared by layers;
 - `ZeroCopyExperts`: no expert slots at all: a decode step's kernel reads the routed experts in place
   from the pinned host masters (UVA on CUDA; needs the Triton kernel), the cache-less baseline; a step
   whose experts are each routed twice or more on average (a prefill chunk) copies each once through the
-  two shared staging buffers instead (`wisp.core.expert_major.run_streamed_step`), as paged mode's
+  two shared staging buffers instead (`wisp.core.experts.expert_major.run_streamed_step`), as paged mode's
   streamed misses are, rather than reading it over PCIe once per routed pair.
 
 `forward_graph_safe` is the same computation with no host sync (CUDA, Triton backend), for CUDA-graph
@@ -21,7 +21,7 @@ group, so one MoE step as in eager mode); wider decode batches run eagerly, expe
 Invariant: for the same routing all four return torch.equal outputs, in `forward` and `forward_graph_safe`
 alike: whatever the backend, a (token, k) pair's output does not depend on where its expert's weights
 sit (a bank through the map, a slot, a staging buffer, host memory) or on the other tokens, and the sum
-over k runs in routing order; an expert-major step gives the bits `fused` gives (`wisp.core.kernels`).
+over k runs in routing order; an expert-major step gives the bits `fused` gives (`wisp.core.kernels.registry`).
 So modes can be swapped without changing a single token.
 """
 
@@ -32,12 +32,13 @@ from typing import NamedTuple
 
 import torch
 
-from wisp.core.counters import COUNT_FIELDS, ExpertCounters, fold_many
-from wisp.core.expert_major import DOWN, GATE_UP, StagingBuffers, run_streamed_step, run_wide_step
-from wisp.core.expert_extras import extras_of
-from wisp.core.kernels import TORCH_KERNELS, MoEKernels
-from wisp.core.pager import ExpertPager, expert_bytes
-from wisp.core.recency import order_by_last_token
+from wisp.core.experts.counters import COUNT_FIELDS, ExpertCounters, fold_many
+from wisp.core.bank_keys import DOWN, GATE_UP
+from wisp.core.experts.expert_major import StagingBuffers, run_streamed_step, run_wide_step
+from wisp.core.kernels.expert_extras import extras_of
+from wisp.core.kernels.registry import TORCH_KERNELS, MoEKernels
+from wisp.core.experts.pager import ExpertPager, expert_bytes
+from wisp.core.experts.recency import order_by_last_token
 
 
 class ExpertStore(ABC):
@@ -134,7 +135,7 @@ class ResidentExperts(ExpertStore):
         return self.bank, self.expert_map
 
     def _count_on_device(self, topk_ids):
-        from wisp.core.device_pager import count_step
+        from wisp.core.experts.device_pager import count_step
 
         count_step(self.device_counts(topk_ids.device), topk_ids, self.expert_map.numel(), hits=True)
 
@@ -166,13 +167,13 @@ class PagedExperts(ExpertStore):
         self.pager = ExpertPager(host, capacity, device)
         self.pager.counters = counters
 
-    after_step = None  # called with each eager step's distinct experts (`wisp.core.prefetch` sets it)
-    slots_ready = None  # CUDA event: speculative copies into the slots have landed (`wisp.core.prefetch`)
+    after_step = None  # called with each eager step's distinct experts (`wisp.core.experts.prefetch` sets it)
+    slots_ready = None  # CUDA event: speculative copies into the slots have landed (`wisp.core.experts.prefetch`)
     slots_read = None  # CUDA event: the last kernel that read the slots is done
 
     def forward(self, hidden, topk_ids, topk_weights):
         counts, last_token = self._read_routing(hidden, topk_ids, self.pager.num_experts)
-        distinct = order_by_last_token(last_token)  # the step's touch order (wisp.core.recency)
+        distinct = order_by_last_token(last_token)  # the step's touch order (wisp.core.experts.recency)
         if self.slots_ready is not None:
             torch.cuda.current_stream(hidden.device).wait_event(self.slots_ready)
             self.slots_ready = None
@@ -254,7 +255,7 @@ class OffloadExperts(ExpertStore):
         return self.buffer.tensors, self.expert_map
 
     def _count_on_device(self, topk_ids):
-        from wisp.core.device_pager import count_step
+        from wisp.core.experts.device_pager import count_step
 
         n = self.host[GATE_UP].shape[0]
         count_step(self.device_counts(topk_ids.device), topk_ids, n, hits=False, loads=n, fixed_bytes=self.layer_bytes)
@@ -320,7 +321,7 @@ class ZeroCopyExperts(ExpertStore):
         return self.host, self.expert_map
 
     def _count_on_device(self, topk_ids):
-        from wisp.core.device_pager import count_step
+        from wisp.core.experts.device_pager import count_step
 
         count_step(self.device_counts(topk_ids.device), topk_ids, self.expert_map.numel(), hits=False,
                    pair_bytes=self.expert_bytes)

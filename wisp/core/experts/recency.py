@@ -9,8 +9,8 @@ which the next decode steps are most likely to route to again.
 
 The rule never depends on C, so LRU with it stays a stack algorithm and `wisp.plan.miss_curves`'s miss
 curves are exact at every capacity. The same rule is written three times, each checked against this
-one by tests: here (plain Python, for traces and models), in `wisp.core.experts` (from one device read
-of each expert's last token) and in `wisp.core.device_pager` (inside the graph-safe Triton decision).
+one by tests: here (plain Python, for traces and models), in `wisp.core.experts.stores` (from one device read
+of each expert's last token) and in `wisp.core.experts.device_pager` (inside the graph-safe Triton decision).
 
 A flat sequence of ids is a list of references in order: `distinct_in_order` keeps each id's last one.
 """

@@ -1,6 +1,6 @@
 """RMSNorm in Triton: one program per row, so a row's result never depends on the batch (CUDA).
 
-Same formula as `wisp.core.rows.rms_norm` (the HF one): in float32 h = x * rsqrt(mean(x^2) + eps),
+Same formula as `wisp.core.kernels.rows.rms_norm` (the HF one): in float32 h = x * rsqrt(mean(x^2) + eps),
 cast to x's dtype, times weight. The sum of squares is one fixed-order reduction over the row, so the
 kernel is row-invariant by construction and needs no row tiles; its bits differ from the torch path's
 (another reduction order), and every GPU path uses it, so they agree among themselves.

@@ -1,11 +1,11 @@
 """Quantized expert weights: the formats an expert bank may hold, told apart by the weight's dtype.
 
-- FP8 block-scaled (`wisp.core.fp8_blocks`): weight float8_e4m3fn [out, in], scale float32
+- FP8 block-scaled (`wisp.core.kernels.fp8_blocks`): weight float8_e4m3fn [out, in], scale float32
   [ceil(out/128), ceil(in/128)];
-- MXFP4 (`wisp.core.mxfp4`): weight uint8 [out, in/32, 16] (two e2m1 codes a byte), scale uint8 [out, in/32]
+- MXFP4 (`wisp.core.kernels.mxfp4`): weight uint8 [out, in/32, 16] (two e2m1 codes a byte), scale uint8 [out, in/32]
   (e8m0).
 
-An expert bank keeps each weight's scales beside it (`wisp.core.expert_extras`: "gate_up_scale",
+An expert bank keeps each weight's scales beside it (`wisp.core.kernels.expert_extras`: "gate_up_scale",
 "down_scale", [N, ...] like the weights), so whatever pages the bank's tensors moves them with no extra code;
 `dequantize_weight` turns one expert's weight into plain numbers in the compute dtype, exactly (each element
 from its own code and its block's scale), right before the GEMM that reads it.
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from wisp.core.fp8_blocks import FP8, dequantize_blocks
-from wisp.core.mxfp4 import dequantize_mxfp4
+from wisp.core.kernels.fp8_blocks import FP8, dequantize_blocks
+from wisp.core.kernels.mxfp4 import dequantize_mxfp4
 
 
 def dequantize_weight(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

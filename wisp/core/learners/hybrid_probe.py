@@ -2,7 +2,7 @@
 
 - copy_s: one expert copied from its pinned host master into a device tensor (the median of `repeats`);
 - cpu_s_at_rows: one expert's pairs computed on the CPU from the host master with the CPU kernel the layer
-  will use (`wisp.core.cpu_expert_kernels.CPU_EXPERT_KERNELS`) for each row count, the fastest of `repeats` + 2
+  will use (`wisp.core.kernels.cpu_expert_kernels.CPU_EXPERT_KERNELS`) for each row count, the fastest of `repeats` + 2
   after three warm-up calls
   (what the CPU can do: `CpuPace` scales it by what steps measure; a median let one busy moment at load,
   12 ms for a 0.24 ms OLMoE expert on the H200's host, shut the CPU out for good), then each row count's
@@ -26,10 +26,10 @@ import statistics
 import time
 import torch
 
-from wisp.core.expert_major import DOWN, GATE_UP
-from wisp.core.expert_extras import SILU, Activation, extras_at, extras_of
-from wisp.core.hybrid_split import HybridCosts
-from wisp.core.cpu_expert_kernels import CPU_EXPERT_KERNELS, default_cpu_kernel
+from wisp.core.bank_keys import DOWN, GATE_UP
+from wisp.core.kernels.expert_extras import SILU, Activation, extras_at, extras_of
+from wisp.core.learners.hybrid_costs import HybridCosts
+from wisp.core.kernels.cpu_expert_kernels import CPU_EXPERT_KERNELS, default_cpu_kernel
 
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 

@@ -1,6 +1,6 @@
-"""The MoE kernel families by backend name: the torch reference (`wisp.core.moe`) and Triton.
+"""The MoE kernel families by backend name: the torch reference (`wisp.core.kernels.moe`) and Triton.
 
-A family is four functions with one contract (`wisp.core.moe` states it; the Triton ones follow it bit
+A family is four functions with one contract (`wisp.core.kernels.moe` states it; the Triton ones follow it bit
 for bit, tested against it):
 - `fused(hidden, w_gate_up, w_down, topk_ids, topk_weights, expert_map) -> [T, D]`, a whole MoE step;
 - `pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map)`: every (token, k) pair whose
@@ -9,7 +9,7 @@ for bit, tested against it):
   all routed to the one expert whose weights are given (a slot or a staging buffer);
 - `combine(per_k [T, K, D], topk_weights, dtype) -> [T, D]`: the sum over k in routing order.
 An expert-major step is `pairs_by_map` + `pairs_of_one_expert` per streamed expert + `combine`, and
-gives the bits `fused` gives. The first three also take `extras=` (`wisp.core.expert_extras`: scales, biases)
+gives the bits `fused` gives. The first three also take `extras=` (`wisp.core.kernels.expert_extras`: scales, biases)
 and `activation=`; a model's family is bound to its activation once (`with_activation`), so the stores call
 every family alike.
 """
@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
-from wisp.core import moe
-from wisp.core.expert_extras import SILU, Activation
+from wisp.core.kernels import moe
+from wisp.core.kernels.expert_extras import SILU, Activation
 
 MOE_BACKEND_NAMES = ("torch", "triton")
 
@@ -54,7 +54,7 @@ def moe_kernels(backend: str) -> MoEKernels:
     if backend == "torch":
         return TORCH_KERNELS
     if backend == "triton":
-        from wisp.core import triton_moe as t
+        from wisp.core.kernels import triton_moe as t
 
         return MoEKernels("triton", t.triton_fused_moe, t.triton_pairs_by_map, t.triton_pairs_of_one_expert,
                           t.triton_combine)

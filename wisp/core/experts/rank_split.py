@@ -1,6 +1,6 @@
 """`RankSplit`: hybrid mode's CPU share of a decode step without slots, by routing rank, inside CUDA graphs.
 
-The eager hybrid step (`wisp.core.hybrid_experts`) splits a layer's experts by their measured costs, so it
+The eager hybrid step (`wisp.core.experts.hybrid_experts`) splits a layer's experts by their measured costs, so it
 needs the routing on the host before it can launch anything for the GPU: per layer a host read, a Python
 split, the launches, a write back. On the H200's host that is about as long as the CPU's experts take.
 Here the share is fixed by rank instead: of each token's top-k pairs, those of rank k < n (`cpu_share`,
@@ -47,11 +47,11 @@ from typing import NamedTuple
 
 import torch
 
-from wisp.core.cpu_expert_kernels import native_experts_mlp, rank_split_rows, whole_in_native
-from wisp.core.expert_extras import extras_of
-from wisp.core.expert_major import DOWN, GATE_UP
-from wisp.core.hybrid_experts import cpu_pair_rows
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.kernels.cpu_expert_kernels import native_experts_mlp, rank_split_rows, whole_in_native
+from wisp.core.kernels.expert_extras import extras_of
+from wisp.core.bank_keys import DOWN, GATE_UP
+from wisp.core.experts.hybrid_experts import cpu_pair_rows
+from wisp.core.learners.hybrid_costs import HybridCosts
 
 LIVE_EMA = 0.05  # the weight of a layer-step in `RankSplit.live`, each rank's share of pairs that were not hot
 

@@ -3,7 +3,7 @@ TRITON_INTERPRET=1 before any kernel module is imported), read once at import, a
 and the one rule the kernels follow because of it.
 
 Under the interpreter tl.dot misreads 16-bit float operands (Triton 3.9), so the kernels that multiply
-16-bit tiles (`wisp.core.triton_moe`, `wisp.core.triton_linear`, `wisp.engine.triton_attention`) widen them
+16-bit tiles (`wisp.core.kernels.triton_moe`, `wisp.core.kernels.triton_linear`, `wisp.engine.triton_attention`) widen them
 to float32 there first: exact products, IEEE sums (`ieee_products`, `dot_rows`). Compiled on a GPU they
 multiply the 16-bit tiles on tensor cores; float32 operands are multiplied in IEEE everywhere (never TF32).
 """

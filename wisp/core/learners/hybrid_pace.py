@@ -1,7 +1,7 @@
 """`CpuPace`: how fast hybrid mode's two servers really run in this process, learned while it serves: the
 CPU's experts (`factor`) and, in the rank split, the GPU's in-place reads (`link_factor`).
 
-The start-up probe (`wisp.core.hybrid_probe`) times the CPU kernel alone. In a step the CPU also shares
+The start-up probe (`wisp.core.learners.hybrid_probe`) times the CPU kernel alone. In a step the CPU also shares
 host memory with the copies in flight and pays the rows' trips both ways, and a host's speed drifts
 (on the H200's host one Mixtral expert took 6.4-9.5 ms on the CPU from one run to the next, and 7.8 ms
 while a copy ran). So every hybrid step that uses the CPU measures its wall time, from the split until
@@ -25,7 +25,7 @@ either: at the split's optimum the copies' side is as long as the CPU's, so the 
 a slow link read as a slow CPU (on one H200 run a 0.3 ms wait a layer for the GPU's side raised the factor
 and moved work off the CPU onto the slow side).
 
-The rank split (`wisp.core.rank_split`) reads its GPU's pairs in place, which the probe prices as pinned
+The rank split (`wisp.core.experts.rank_split`) reads its GPU's pairs in place, which the probe prices as pinned
 copies; inside a step they ran 8-40% slower on the H200 (the CPU reads the same host memory meanwhile), and
 that error moves work onto the slower side (one process on host C chose 4 CPU ranks and waited 0.3 ms a layer
 for the GPU's side). So that side is paced too: each split layer's GPU pairs graph, timed on the device between
@@ -47,7 +47,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, replace
 
-from wisp.core.hybrid_split import HybridCosts
+from wisp.core.learners.hybrid_costs import HybridCosts
 
 WINDOW = 16  # steps' ratios kept
 MIN_RATIOS = 3  # steps the window needs before it scales anything (a median of three outvotes one cold step)

@@ -1,4 +1,4 @@
-"""`fused_moe` on the GPU in Triton, with the reference's signature and contract (`wisp.core.moe`).
+"""`fused_moe` on the GPU in Triton, with the reference's signature and contract (`wisp.core.kernels.moe`).
 
 Pairs are grouped by slot into tiles of BLOCK_M rows that share one expert's weights, so each weight tile
 read feeds a tensor-core product for every token routed to that expert (a prefill chunk reads an expert
@@ -19,19 +19,19 @@ rows of its tile hold or where in the tile it sits. So a token's output depends 
 routing and expert bytes: batch-invariant and slot-invariant by construction (paged == resident bit for
 bit; a prefill chunk's tokens get the bits they get alone), and decode and prefill run the same kernels.
 Weights may be pinned host tensors (zero-copy mode): they are read in place over PCIe through UVA
-(`wisp.core.uva`), with the same arithmetic, so the bits match a device copy.
+(`wisp.core.kernels.uva`), with the same arithmetic, so the bits match a device copy.
 
 Quantized weights are dequantized in-kernel (`_weight_tile`), reading only their packed bytes and scales:
-FP8 block-scaled (`wisp.core.fp8_blocks`): each tile times its 128 x 128 block's float32 scale, rounded to
-hidden's dtype (`_rounded`, to nearest even by the bits); MXFP4 (`wisp.core.mxfp4`): codes and power-of-two
+FP8 block-scaled (`wisp.core.kernels.fp8_blocks`): each tile times its 128 x 128 block's float32 scale, rounded to
+hidden's dtype (`_rounded`, to nearest even by the bits); MXFP4 (`wisp.core.kernels.mxfp4`): codes and power-of-two
 scales built from their bits, exact. Those are the values the torch kernels multiply after dequantizing,
 and they enter the product in hidden's dtype like plain weights. Biases (GPT-OSS) are added in float32
 after each reduction, and the clamped SwiGLU replaces silu(gate) * up when asked
-(`wisp.core.expert_extras.Activation`). Under Triton's interpreter (the CPU tests) 16-bit operands are
+(`wisp.core.kernels.expert_extras.Activation`). Under Triton's interpreter (the CPU tests) 16-bit operands are
 widened to float32 before each product (exact), since its tl.dot misreads 16-bit floats.
 
 The same two kernels serve one expert (`triton_pairs_of_one_expert`): a list of pairs all routed to the
-expert whose weights sit at the given pointer (a slot, or a staging buffer of `wisp.core.expert_major`)
+expert whose weights sit at the given pointer (a slot, or a staging buffer of `wisp.core.experts.expert_major`)
 is one slot's tiles. Per row the arithmetic is the same, so the bits are too.
 """
 
@@ -41,10 +41,10 @@ import torch
 import triton
 import triton.language as tl
 
-from wisp.core.expert_extras import SILU, Activation, ExpertExtras
-from wisp.core.fp8_blocks import DEFAULT_BLOCK, FP8
-from wisp.core.triton_interpreter import dot_rows, ieee_products
-from wisp.core.uva import device_view
+from wisp.core.kernels.expert_extras import SILU, Activation, ExpertExtras
+from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8
+from wisp.core.kernels.triton_interpreter import dot_rows, ieee_products
+from wisp.core.kernels.uva import device_view
 
 
 @triton.jit
@@ -171,7 +171,7 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
             b = b_ptr + slot.to(tl.int64) * stride_bs
             gate += tl.load(b + rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
             up += tl.load(b + I + rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
-        if SWIGLU:  # GPT-OSS's clamped SwiGLU (wisp.core.expert_extras.Activation)
+        if SWIGLU:  # GPT-OSS's clamped SwiGLU (wisp.core.kernels.expert_extras.Activation)
             gate = tl.minimum(gate, limit)
             up = tl.minimum(tl.maximum(up, -limit), limit)
             h = (up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))
@@ -257,7 +257,7 @@ def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top
             extras: ExpertExtras | None = None, activation: Activation = SILU) -> None:
     """The two tiled kernels over `max_tiles` tiles of pairs (`order`, slot by slot as `counts` says):
     per_k [T*K, D] float32 gets each listed pair's output. extras: the bank's (or the one expert's) scales
-    and biases, if any (`wisp.core.expert_extras`)."""
+    and biases, if any (`wisp.core.kernels.expert_extras`)."""
     d, inter = hidden.shape[1], w_gate_up.shape[0 if one_expert else 1] // 2  # [S,] 2I, D (MXFP4: D/32, 16)
     fmt = _format(w_gate_up, hidden, extras)
     if w_down.dtype != w_gate_up.dtype:
@@ -292,7 +292,7 @@ def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top
 
 def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, extras=None,
                         activation: Activation = SILU) -> None:
-    """`wisp.core.moe.pairs_by_map` in Triton: per_k [T*K, D] float32 gets every pair whose expert has a
+    """`wisp.core.kernels.moe.pairs_by_map` in Triton: per_k [T*K, D] float32 gets every pair whose expert has a
     slot in expert_map [N] (None: identity); the other pairs are left as they are."""
     t, k = topk_ids.shape
     if expert_map is None:
@@ -306,7 +306,7 @@ def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, 
 
 def triton_pairs_of_one_expert(per_k, hidden, w_gate_up, w_down, pairs, top_k: int, extras=None,
                                activation: Activation = SILU) -> None:
-    """`wisp.core.moe.pairs_of_one_expert` in Triton: w_gate_up [2I, D] and w_down [D, I] are one
+    """`wisp.core.kernels.moe.pairs_of_one_expert` in Triton: w_gate_up [2I, D] and w_down [D, I] are one
     expert's weights (a slot or a staging buffer); pairs [M] the flat pair indices routed to it."""
     m = pairs.numel()
     counts = torch.full((1,), m, dtype=torch.int32, device=hidden.device)  # one slot: the tiles are the list's
@@ -316,7 +316,7 @@ def triton_pairs_of_one_expert(per_k, hidden, w_gate_up, w_down, pairs, top_k: i
 
 
 def triton_combine(per_k: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`wisp.core.moe.combine_in_routing_order` in one launch: per_k [T, K, D] float32 -> [T, D] dtype."""
+    """`wisp.core.kernels.moe.combine_in_routing_order` in one launch: per_k [T, K, D] float32 -> [T, D] dtype."""
     t, k, d = per_k.shape
     out = torch.empty((t, d), dtype=dtype, device=per_k.device)
     _combine[(t, triton.cdiv(d, 1024))](per_k, topk_weights.contiguous(), out, K=k, D=d, BLOCK_D=1024)

@@ -1,6 +1,6 @@
 // out[m, n] = sum_k x[m, k] * w[n, k]: float32 rows x [M, K] against bf16 weights w [N, K], float32 out [M, N],
 // for groups of rows each against its own w (a layer's CPU experts).
-// Hybrid mode's CPU expert kernel (wisp.core.cpu_expert_kernels). At a decode step's few rows it is bound by
+// Hybrid mode's CPU expert kernel (wisp.core.kernels.cpu_expert_kernels). At a decode step's few rows it is bound by
 // reading w, so it reads each weight once for all M rows, kBlock weight rows at a time (independent streams
 // and sums in registers). The kBlock rows of a block lie in kBlock different 4 KB pages wherever a row is
 // shorter than a page: rows n, n + P, n + 2P, ... with P rows to a page, the block's P passes covering the
@@ -215,7 +215,7 @@ at::Tensor bf16_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::Te
   return out;
 }
 
-// Hybrid's rank split on the host (wisp.core.rank_split): of the routing ids [B, K], the pairs of rank k < n are
+// Hybrid's rank split on the host (wisp.core.experts.rank_split): of the routing ids [B, K], the pairs of rank k < n are
 // the CPU's; each such pair (b, k) gets rows[b, k] = expert ids[b, k]'s SiLU-gated MLP of hidden[b] (bf16 [B, D]
 // widened exactly), from the banks gate_up [N, 2I, D] and down [N, D, I]; the other rows are left as they are.
 // The experts are taken in ascending id, each with its pairs in token order, exactly as bf16_experts_mlp is

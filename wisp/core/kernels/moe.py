@@ -9,7 +9,7 @@
 Weights are indexed by *slot*: `expert_map` [N] maps a logical expert id to the slot holding its bytes
 (-1: not present, and that term is skipped). Invariants:
 - the result does not depend on which slot holds which expert, nor on the other tokens in the call
-  (expert GEMMs run on fixed row tiles, see `wisp.core.rows`), so paged, resident and offloaded
+  (expert GEMMs run on fixed row tiles, see `wisp.core.kernels.rows`), so paged, resident and offloaded
   layouts give torch.equal outputs for the same routing;
 - the sum over k is taken in float32 in routing order, then cast to hidden's dtype.
 """
@@ -19,15 +19,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wisp.core.expert_extras import SILU, Activation, ExpertExtras, extras_at
-from wisp.core.quantized_weights import dequantize_expert
-from wisp.core.rows import map_row_tiles, tile_linear
+from wisp.core.kernels.expert_extras import SILU, Activation, ExpertExtras, extras_at
+from wisp.core.kernels.quantized_weights import dequantize_expert
+from wisp.core.kernels.rows import map_row_tiles, tile_linear
 
 
 def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None = None,
                activation: Activation = SILU) -> torch.Tensor:
     """One expert on rows x [M, D]: w_gate_up [2I, D], w_down [D, I] -> [M, D] (row-invariant). `extras`
-    (`wisp.core.expert_extras`): quantized weights' scales (FP8 or MXFP4, dequantized to x's dtype first) and
+    (`wisp.core.kernels.expert_extras`): quantized weights' scales (FP8 or MXFP4, dequantized to x's dtype first) and
     biases, each added to its GEMM's output in x's dtype."""
     w_gate_up, w_down = dequantize_expert(w_gate_up, w_down, extras, x.dtype)
     b_gate_up, b_down = (None, None) if extras is None else (extras.gate_up_bias, extras.down_bias)

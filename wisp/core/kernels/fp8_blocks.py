@@ -11,7 +11,7 @@ A weight W [out, in] is kept as `weight` float8_e4m3fn [out, in] and `weight_sca
 `dequantize_blocks` computes exactly that, elementwise in float32, then casts once to the compute dtype:
 each output element depends only on its own byte and its block's scale, so the result is the same bits on
 every machine and for any slicing of the weight (an expert, a slot, a host master). How an expert bank
-carries these weights and scales: `wisp.core.quantized_weights` (only (128, 128) blocks for now:
+carries these weights and scales: `wisp.core.kernels.quantized_weights` (only (128, 128) blocks for now:
 `DEFAULT_BLOCK`). `quantize_blocks` is the
 inverse used to write test checkpoints and dummy weights: per block, scale = absmax / 448 (e4m3's largest
 finite value), so every block uses the format's full range and nothing overflows.

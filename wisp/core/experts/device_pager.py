@@ -2,14 +2,14 @@
 
 The device state of one pager (`DeviceLRU`, plus the pager's `expert_map`): `expert_map` [N] expert ->
 slot or -1, `expert_in_slot` [C] slot -> expert or -1, `last_used` [C] the touch number of each slot's
-latest touch, `touch_count` [1] the touches so far; the same fields as `wisp.core.pager`'s host state.
+latest touch, `touch_count` [1] the touches so far; the same fields as `wisp.core.experts.pager`'s host state.
 
 Two launches per token group, both capturable in a CUDA graph:
 1. `_lru_decide` (one program): from the group's routed ids [P] and that state it finds the distinct
    routed experts, the misses, and their victims, and rewrites the state in place: exactly
    `ExpertPager.prepare`'s rule (misses in ascending id order take the least recently used slots the
    step does not need, ordered by (last_used, slot); then every routed expert is touched in
-   `wisp.core.recency`'s order: by the last of the group's tokens routing to it, then id). It writes
+   `wisp.core.experts.recency`'s order: by the last of the group's tokens routing to it, then id). It writes
    the miss list (expert, slot) and its length, and adds the step to the device counters [steps, hits,
    misses, evictions, loads, bytes].
 2. `_copy_misses`: programs (miss i, chunk c) copy chunk c of expert miss_e[i]'s bytes from the pinned
@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from wisp.core.counters import COUNT_FIELDS
-from wisp.core.uva import device_view
+from wisp.core.experts.counters import COUNT_FIELDS
+from wisp.core.kernels.uva import device_view
 
 
 @triton.jit

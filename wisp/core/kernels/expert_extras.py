@@ -2,7 +2,7 @@
 
 An expert bank is a dict of [N, ...] tensors: always "gate_up" [N, 2I, D] (gate rows first, then up rows) and
 "down" [N, D, I]; optionally
-- "gate_up_scale", "down_scale": the quantized weights' block scales (`wisp.core.quantized_weights`);
+- "gate_up_scale", "down_scale": the quantized weights' block scales (`wisp.core.kernels.quantized_weights`);
 - "gate_up_bias" [N, 2I], "down_bias" [N, D]: GPT-OSS's expert biases (gate's first, then up's).
 Every store pages a bank's tensors together (the pager, staging buffers, the device pager, prefetch move
 whatever the bank holds), so a slot always holds a whole expert. `extras_of(bank)` gathers the optional
@@ -11,7 +11,7 @@ tensors as an `ExpertExtras`, `at(slot)` takes one slot's, and the kernels take 
 The activation between the two GEMMs is a model property, not a bank tensor (`Activation`): SiLU-gated
 (`silu(gate) * up`, every family but GPT-OSS) or GPT-OSS's clamped SwiGLU:
     gate = min(gate, limit); up = clamp(up, -limit, limit); out = (up + 1) * gate * sigmoid(alpha * gate).
-Both are elementwise and row-invariant (`wisp.core.rows.pointwise`).
+Both are elementwise and row-invariant (`wisp.core.kernels.rows.pointwise`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Mapping
 
 import torch
 
-from wisp.core.rows import pointwise, silu_mul
+from wisp.core.kernels.rows import pointwise, silu_mul
 
 GATE_UP_SCALE, DOWN_SCALE = "gate_up_scale", "down_scale"
 GATE_UP_BIAS, DOWN_BIAS = "gate_up_bias", "down_bias"

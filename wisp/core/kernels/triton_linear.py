@@ -1,7 +1,7 @@
 """`triton_linear`: the dense projections (attention, router, dense MLPs, LM head) as one row-invariant
 Triton GEMM launch, on the GPU.
 
-`wisp.core.rows.linear` keeps a row's bits independent of its batch by cutting every input into 16-row
+`wisp.core.kernels.rows.linear` keeps a row's bits independent of its batch by cutting every input into 16-row
 tiles and calling the GEMM library once per tile: one launch per 16 tokens and weight, so a 2048-token
 prefill of OLMoE made 10,240 cuBLAS launches and its step was launch-bound (319 ms of wall for 126 ms of
 GPU work, `benchmarks/profile_steps.py`). Here one launch covers every row, and the invariance holds by
@@ -16,7 +16,7 @@ So `linear(x)[rows] == linear(x[rows])` bit for bit for any consecutive rows (te
 promises; the bits differ from cuBLAS's (another order of the sum). 16-bit operands multiply on tensor
 cores; float32 ones in IEEE (never TF32), as torch's default matmul. The bias is added in float32 to the
 sum before the one rounding to the output dtype. Under Triton's interpreter (the CPU tests) 16-bit
-operands are widened to float32 first, since its tl.dot misreads them (`wisp.core.triton_interpreter`).
+operands are widened to float32 first, since its tl.dot misreads them (`wisp.core.kernels.triton_interpreter`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wisp.core.triton_interpreter import dot_rows, ieee_products
+from wisp.core.kernels.triton_interpreter import dot_rows, ieee_products
 
 
 class Tile(NamedTuple):
