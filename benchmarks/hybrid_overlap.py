@@ -21,9 +21,8 @@ import time
 import torch
 
 from wisp.bench.records import print_and_save
-from wisp.core.experts.stores import PagedExperts
+from wisp.core.experts.presets import ModelParts, build_store
 from wisp.core.kernels.cpu_expert_kernels import plain_expert_mlp
-from wisp.core.experts.hybrid_experts import HybridExperts
 from wisp.core.learners.hybrid_probe import probe_hybrid_costs
 from wisp.core.kernels.registry import moe_kernels
 from wisp.models.presets import preset
@@ -98,8 +97,8 @@ def main() -> None:
     hidden = torch.randn((1, d), device=dev).to(torch.bfloat16)
     weights = torch.full((1, 2), 0.5, device=dev)
     rec["step_ms"] = {}
-    for name, store in (("paged", PagedExperts(host, 2, dev)), ("hybrid", HybridExperts(host, 2, dev, costs))):
-        store.kernels = kernels
+    for name in ("paged", "hybrid"):
+        store = build_store(name, host, dev, 2, ModelParts(costs=costs), kernels=kernels)
         pairs = iter(range(10**9))
 
         def step():

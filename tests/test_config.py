@@ -48,7 +48,7 @@ def test_expert_bytes_and_default_caps():
     assert EngineConfig(model="demo", mode="hybrid", expert_cap=0).resolve_cap(cfg) == 0  # no slots: read in place
     with pytest.raises(WispError, match=r"expert cap 0 is out of range: it must be between top_k=4 and num_experts=16$"):
         EngineConfig(model="demo", mode="paged", expert_cap=0).resolve_cap(cfg)
-    with pytest.raises(WispError, match=r"num_experts=16 \(or 0 with --mode hybrid\)"):
+    with pytest.raises(WispError, match=r"num_experts=16 \(or --mode hybrid-zero-copy, with no slots\)"):
         EngineConfig(model="demo", mode="hybrid", expert_cap=2).resolve_cap(cfg)
 
 
@@ -76,7 +76,7 @@ def test_backends_resolve_per_device_and_refuse_what_cannot_run():
     assert EngineConfig(model="demo", mode="zero-copy").resolve_backend("moe", cpu) == "torch"
     with pytest.raises(WispError, match="pinned"):
         EngineConfig(model="demo", mode="zero-copy", pin_memory=False).resolve_backend("moe", cuda)
-    with pytest.raises(WispError, match="--mode hybrid --expert-cap 0 reads experts from host memory in place"):
+    with pytest.raises(WispError, match="--mode hybrid-zero-copy reads experts from host memory in place"):
         EngineConfig(model="demo", mode="hybrid", expert_cap=0, moe_backend="torch").resolve_backend("moe", cuda)
     assert EngineConfig(model="demo", mode="hybrid", expert_cap=2, moe_backend="torch").resolve_backend("moe", cuda) == "torch"
     with pytest.raises(WispError, match="cuda-graph-max-batch"):
@@ -106,3 +106,15 @@ def test_config_edges_of_the_new_families_are_read_as_transformers_reads_them_or
     mixtral_mxfp4 = dict(preset("mixtral-8x7b"), quantization_config={"quant_method": "mxfp4"})
     with pytest.raises(WispError, match="MXFP4 experts are supported for GPT-OSS checkpoints only"):
         ModelConfig.from_hf(mixtral_mxfp4)
+
+
+def test_hybrid_zero_copy_has_a_name_and_the_old_spelling_still_works(caplog):
+    with caplog.at_level("WARNING", logger="wisp"):
+        old = EngineConfig(model="demo", mode="hybrid", expert_cap=0)
+    assert (old.mode, old.expert_cap) == ("hybrid-zero-copy", 0) and "deprecated" in caplog.text
+    new = EngineConfig(model="demo", mode="hybrid-zero-copy", hot_experts=2)
+    assert (new.mode, new.expert_cap, new.reads_in_place) == ("hybrid-zero-copy", 0, True)
+    with pytest.raises(WispError, match="keeps no expert slots"):
+        EngineConfig(model="demo", mode="hybrid-zero-copy", expert_cap=4)
+    with pytest.raises(WispError, match="needs --mode hybrid-zero-copy"):
+        EngineConfig(model="demo", mode="hybrid", expert_cap=2, hot_experts=1)

@@ -32,7 +32,7 @@ ARGUMENT_MODULES = {
     "cli_args.py": ("wisp.options",),
     "plan/args.py": ("wisp.cli_args", "wisp.models.presets"),
     "bench/args.py": ("wisp.cli_args",),
-    "cli.py": ("wisp.cli_args", "wisp.plan.args", "wisp.bench.args", "wisp.errors"),
+    "cli.py": ("wisp.cli_args", "wisp.plan.args", "wisp.bench.args", "wisp.errors", "wisp.options"),
 }
 HEAVY = ("torch", "numpy", "triton", "transformers", "fastapi", "uvicorn", "wisp.engine", "wisp.core", "wisp.config")
 
@@ -115,3 +115,20 @@ def test_argument_modules_import_no_torch(file, allowed):
         assert not name.startswith(HEAVY), f"wisp/{file} imports {name}"
         if name.startswith("wisp"):
             assert name.startswith(allowed), f"wisp/{file} imports {name}"
+
+
+def _expert_classes() -> set[str]:
+    """Every class defined in wisp/core/experts (stores, residencies, policies, servers)."""
+    return {node.name for path in (WISP / "core" / "experts").glob("*.py")
+            for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)}
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if "core/experts" not in p.as_posix()], ids=lambda p: str(p.relative_to(WISP)))
+def test_no_front_end_asks_a_store_for_its_type(path):
+    """Outside wisp/core/experts a store is asked for capabilities (slots, hot, cpu, rank_split), never its class."""
+    classes = _expert_classes()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("isinstance", "issubclass") and len(node.args) == 2:
+            named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)} | {
+                n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+            assert not named & classes, f"{module_of(path)} asks for the type of {sorted(named & classes)}"

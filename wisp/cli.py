@@ -23,6 +23,7 @@ from wisp.cli_args import (
     DTYPES, Parser, add_engine_args, backend_options, fail, parse_port, parse_positive_int, parse_size, parse_token_ids,
 )
 from wisp.errors import WispError
+from wisp.options import is_hybrid_zero_copy
 from wisp.plan.args import add_parsers as add_plan_parsers
 
 
@@ -178,12 +179,12 @@ def _apply_startup_plan(engine, plan) -> None:
 
 def _check_hot_budget_flags(args: argparse.Namespace) -> None:
     """Before loading: with --vram-budget, hybrid with no slots sizes its hot experts itself, once."""
-    if not (args.vram_budget and args.mode == "hybrid" and args.expert_cap == 0):
+    if not (args.vram_budget and is_hybrid_zero_copy(args.mode, args.expert_cap)):
         return
     if args.hot_experts:
         raise WispError("--hot-experts and --vram-budget both size hybrid's hot experts: give one")
     if args.split_controller:
-        raise WispError("--split-controller re-splits expert slots and KV blocks; hybrid with no slots has no slots "
+        raise WispError("--split-controller re-splits expert slots and KV blocks; hybrid-zero-copy has no slots "
                         "(--vram-budget sizes its hot experts once)")
 
 
@@ -203,7 +204,7 @@ def _hold_hot_for_budget(engine, args: argparse.Namespace) -> str:
                         f"{split.kv_blocks} KV blocks ({' '.join(str(exc).split())[:200]}): "
                         "give a smaller --vram-budget") from None
     return (f"wisp: budget applied: {split.hot_experts} hot experts a layer, {split.kv_blocks} KV blocks "
-            f"(hybrid with no slots)")
+            f"(hybrid-zero-copy)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -221,7 +222,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             kv_bytes=args.kv_bytes, max_concurrency=args.max_concurrency, max_model_len=args.max_model_len,
             max_num_batched_tokens=args.max_num_batched_tokens, load_format=args.load_format, **backend_options(args),
         ))
-        if args.vram_budget and engine.holds_no_slots:  # hybrid with no slots: the budget sizes its hot experts
+        if args.vram_budget and engine.can_hold_hot:  # hybrid-zero-copy: the budget sizes its hot experts
             print(_hold_hot_for_budget(engine, args), flush=True)
         elif args.plan or args.vram_budget:
             from wisp.engine.warmup import plan_from_file, plan_from_warmup

@@ -10,6 +10,7 @@ model code reads plain fields.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ from wisp.models.families import Family, family_for_architecture
 from wisp.models.mla import MlaShape
 from wisp.models.rope import RopeScaling
 from wisp.options import (ATTENTION_BACKENDS, DTYPE_NAMES, EMBEDDINGS, HYBRID_CPU_KERNELS, MAX_NUM_BATCHED_TOKENS, MODES,
-                          MOE_BACKENDS, SCRATCH_MODES)
+                          IN_PLACE_MODES, MOE_BACKENDS, SCRATCH_MODES)
+
+log = logging.getLogger("wisp")
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -272,8 +275,16 @@ class EngineConfig:
         if self.max_num_batched_tokens < self.max_concurrency:
             raise WispError(f"max-num-batched-tokens {self.max_num_batched_tokens} is below --max-concurrency "
                             f"{self.max_concurrency}: every running request's decode token must fit one step")
+        if self.mode == "hybrid" and self.expert_cap == 0:  # the old spelling of hybrid with no slots
+            log.warning("--mode hybrid --expert-cap 0 is deprecated: it is --mode hybrid-zero-copy")
+            object.__setattr__(self, "mode", "hybrid-zero-copy")
         if self.mode not in MODES:
             raise WispError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
+        if self.mode == "hybrid-zero-copy":
+            if self.expert_cap not in (None, 0) or self.per_layer_caps is not None:
+                raise WispError("--mode hybrid-zero-copy keeps no expert slots: give it no --expert-cap (use "
+                                "--hot-experts to hold the most-routed experts on the GPU)")
+            object.__setattr__(self, "expert_cap", 0)
         if self.load_format not in ("safetensors", "dummy"):
             raise WispError(f"unknown load format {self.load_format!r}; choose one of: safetensors, dummy")
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -286,9 +297,9 @@ class EngineConfig:
             raise WispError(f"--prefetch fills paged mode's expert slots: it needs --mode paged, not {self.mode}")
         if self.hot_experts < 0:
             raise WispError(f"hot-experts must be >= 0, got {self.hot_experts}")
-        if self.hot_experts and not (self.mode == "hybrid" and self.expert_cap == 0):
+        if self.hot_experts and self.mode != "hybrid-zero-copy":
             raise WispError("--hot-experts holds experts on the GPU for hybrid mode with no slots: it needs "
-                            f"--mode hybrid --expert-cap 0 (got --mode {self.mode} --expert-cap {self.expert_cap})")
+                            f"--mode hybrid-zero-copy (got --mode {self.mode})")
         if self.cuda_graph_max_batch < 0:
             raise WispError(f"cuda-graph-max-batch must be >= 0, got {self.cuda_graph_max_batch}")
         if self.moe_backend not in MOE_BACKENDS:
@@ -309,7 +320,7 @@ class EngineConfig:
         if name == "triton" and device.type != "cuda":
             raise WispError(f"--{kind}-backend triton needs a CUDA device (this run is on {device.type})")
         if kind == "moe" and self.reads_in_place and device.type == "cuda":
-            what = "--mode zero-copy" if self.mode == "zero-copy" else "--mode hybrid --expert-cap 0"
+            what = f"--mode {self.mode}"
             if name != "triton":
                 raise WispError(f"{what} reads experts from host memory in place and needs --moe-backend triton")
             if not self.pin_memory:
@@ -318,8 +329,8 @@ class EngineConfig:
 
     @property
     def reads_in_place(self) -> bool:
-        """Whether the GPU's kernel reads experts from pinned host memory: zero-copy, and hybrid with no slots."""
-        return self.mode == "zero-copy" or (self.mode == "hybrid" and self.expert_cap == 0)
+        """Whether the GPU's kernel reads experts from pinned host memory: zero-copy, and hybrid-zero-copy."""
+        return self.mode in IN_PLACE_MODES
 
     def resolve_max_model_len(self, model: ModelConfig) -> int:
         limit = model.max_position_embeddings
@@ -360,12 +371,12 @@ def resolve_device(name: str) -> torch.device:
 
 
 def check_cap(cap: int, model: ModelConfig, mode: str | None = None) -> int:
-    """top_k <= cap <= num_experts; hybrid mode also takes 0 (no slots: the GPU reads in place what the CPU
-    does not compute)."""
+    """top_k <= cap <= num_experts; hybrid-zero-copy keeps none (0: the GPU reads in place what the CPU does
+    not compute)."""
     n, k = model.num_experts, model.top_k
-    if cap == 0 and mode == "hybrid":
+    if cap == 0 and mode == "hybrid-zero-copy":
         return cap
     if cap < k or cap > n:
-        also = " (or 0 with --mode hybrid)" if mode == "hybrid" else ""
+        also = " (or --mode hybrid-zero-copy, with no slots)" if mode == "hybrid" else ""
         raise WispError(f"expert cap {cap} is out of range: it must be between top_k={k} and num_experts={n}{also}")
     return cap

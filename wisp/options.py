@@ -2,8 +2,9 @@
 budget's default, in one torch-free place: the engine's config and the command line both read them here,
 so `wisp --help` can list them without loading torch."""
 
-MODES = ("paged", "resident", "offload", "zero-copy", "hybrid")
+MODES = ("paged", "resident", "offload", "zero-copy", "hybrid", "hybrid-zero-copy")  # wisp.core.experts.presets
 SCRATCH_MODES = ("paged", "hybrid")  # modes with a C-slot expert scratch per layer (hybrid: paged + CPU misses)
+IN_PLACE_MODES = ("zero-copy", "hybrid-zero-copy")  # no slots: the GPU's kernel reads experts from pinned host memory
 HYBRID_CPU_KERNELS = ("native", "plain", "reference")  # hybrid mode's CPU kernels (wisp.core.kernels.cpu_expert_kernels)
 MOE_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch on the CPU
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
@@ -11,3 +12,8 @@ EMBEDDINGS = ("auto", "device", "host")  # where the token embedding table lives
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 CACHE_POLICIES = ("lru", "opt", "lfu", "lrfu", "arc", "static")  # the replacement policies `wisp sim` replays
 MAX_NUM_BATCHED_TOKENS = 2048  # tokens per engine step (decodes, then prefill chunks)
+
+
+def is_hybrid_zero_copy(mode: str, expert_cap: int | None) -> bool:
+    """hybrid-zero-copy, also in its deprecated spelling `--mode hybrid --expert-cap 0`."""
+    return mode == "hybrid-zero-copy" or (mode == "hybrid" and expert_cap == 0)

@@ -17,7 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wisp.core.experts import expert_major
-from wisp.core.experts.stores import DOWN, GATE_UP, PagedExperts, ResidentExperts
+from wisp.core.bank_keys import DOWN, GATE_UP
+from wisp.core.experts.miss_policies import STREAM_REUSE
+from tests.core.stores import paged_store, resident_store
 from wisp.core.experts.pager import ExpertPager
 from wisp.core.experts.recency import touch_order
 from wisp.plan.miss_curves import expert_miss_curve
@@ -74,8 +76,8 @@ def test_wide_steps_equal_resident_and_the_lru_model(case, dtype):
 def check_stream(case, dtype, monkeypatch):
     n, k, cap, lengths, seed = case
     host = bank(n, dtype, seed)
-    resident = ResidentExperts({name: t.clone() for name, t in host.items()})
-    store = PagedExperts(host, cap, "cpu")
+    resident = resident_store({name: t.clone() for name, t in host.items()})
+    store = paged_store(host, cap, "cpu")
     copies = []
     real_copy, real_slot_copy = expert_major._copy_expert, ExpertPager.copy_into_slot
     monkeypatch.setattr(expert_major, "_copy_expert", lambda p, e, dest: (copies.append(e), real_copy(p, e, dest)))
@@ -93,12 +95,12 @@ def check_stream(case, dtype, monkeypatch):
         assert sorted(copies) == sorted(set(copies)) and len(copies) == misses  # each miss copied once
         hits, model_step_misses, model_resident = lru_model(steps, cap)[-1]
         assert misses == model_step_misses
-        assert store.pager.resident_experts() == model_resident
+        assert store.residency.pager.resident_experts() == model_resident
         model_misses += model_step_misses
-        store.pager.check_integrity()
+        store.residency.pager.check_integrity()
     c = store.counters
     assert c.misses == model_misses == expert_miss_curve(touch_orders, n)[cap]
-    assert c.loads == c.misses and c.bytes_h2d == c.misses * store.pager.expert_bytes
+    assert c.loads == c.misses and c.bytes_h2d == c.misses * store.residency.pager.expert_bytes
     assert c.steps == len(lengths)
 
 
@@ -109,8 +111,8 @@ def test_chunking_a_batch_does_not_change_its_bits(dtype, sizes, cap, seed):
     n, k = 8, 2
     host = bank(n, dtype, seed)
     hidden, ids, weights = batch(n, sum(sizes), k, seed, dtype)
-    whole = PagedExperts(host, cap, "cpu").forward(hidden, ids, weights)
-    chunked_store = PagedExperts(host, cap, "cpu")
+    whole = paged_store(host, cap, "cpu").forward(hidden, ids, weights)
+    chunked_store = paged_store(host, cap, "cpu")
     parts, at = [], 0
     for size in sizes:
         parts.append(chunked_store.forward(hidden[at : at + size], ids[at : at + size], weights[at : at + size]))
@@ -121,7 +123,7 @@ def test_chunking_a_batch_does_not_change_its_bits(dtype, sizes, cap, seed):
 def test_a_wide_step_keeps_what_its_last_tokens_route_to_and_streams_the_rest(monkeypatch):
     n, k, cap = 8, 2, 3
     host = bank(n, torch.float32)
-    store = PagedExperts(host, cap, "cpu")
+    store = paged_store(host, cap, "cpu")
     hidden, _, weights = batch(n, 3, k, 0, torch.float32)
     store.forward(hidden[:2], torch.tensor([[5, 6], [6, 5]]), weights[:2])  # narrow: 5 and 6 resident
     decisions = []
@@ -132,7 +134,7 @@ def test_a_wide_step_keeps_what_its_last_tokens_route_to_and_streams_the_rest(mo
     (decision,) = decisions
     assert decision.hits == (5, 6)
     assert [e for e, _ in decision.loads] == [0, 2] and decision.streamed == (1,)
-    assert store.pager.resident_experts() == [0, 2, 5]
+    assert store.residency.pager.resident_experts() == [0, 2, 5]
     assert store.counters.misses == 2 + 3
 
 
@@ -140,12 +142,12 @@ ZERO_COPY_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the GPU:
 
 
 def zero_copy_stores(host):
-    from wisp.core.experts.stores import ZeroCopyExperts
+    from tests.core.stores import zero_copy_store
 
     if ZERO_COPY_DEVICE == "cuda":  # reading host memory in place needs the Triton kernels (UVA)
         host = {name: t.pin_memory() for name, t in host.items()}
-    staged = ZeroCopyExperts(host, ZERO_COPY_DEVICE, expert_major.StagingBuffers(host, ZERO_COPY_DEVICE))
-    in_place = ZeroCopyExperts(host, ZERO_COPY_DEVICE)  # no staging: it always reads in place
+    staged = zero_copy_store(host, ZERO_COPY_DEVICE, expert_major.StagingBuffers(host, ZERO_COPY_DEVICE))
+    in_place = zero_copy_store(host, ZERO_COPY_DEVICE)  # no staging: it always reads in place
     if ZERO_COPY_DEVICE == "cuda":
         from wisp.core.kernels.registry import moe_kernels
 
@@ -157,7 +159,7 @@ def zero_copy_stores(host):
 @settings(max_examples=15, deadline=None)
 @given(t=st.integers(1, 24), k=st.integers(1, 4), seed=st.integers(0, 999))
 def test_zero_copy_stages_a_step_that_reuses_its_experts_and_copies_each_once(dtype, t, k, seed):
-    from wisp.core.experts.stores import ZeroCopyExperts
+    from tests.core.stores import zero_copy_store
 
     n = 8
     host = bank(n, dtype, seed)
@@ -168,12 +170,12 @@ def test_zero_copy_stages_a_step_that_reuses_its_experts_and_copies_each_once(dt
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(expert_major, "_copy_expert", lambda h, e, dest: (copies.append(e), real_copy(h, e, dest)))
         out = staged.forward(hidden, ids, weights)
-    resident = ResidentExperts({name: w.to(ZERO_COPY_DEVICE) for name, w in host.items()})
+    resident = resident_store({name: w.to(ZERO_COPY_DEVICE) for name, w in host.items()})
     if ZERO_COPY_DEVICE == "cpu":  # on CUDA both run Triton's kernels, whose bits are not the torch reference's
         assert torch.equal(out, resident.forward(hidden, ids, weights))
     assert torch.equal(out, in_place.forward(hidden, ids, weights))
     distinct = sorted(set(ids.flatten().tolist()))
-    stages = ids.numel() >= ZeroCopyExperts.STREAM_REUSE * len(distinct)
+    stages = ids.numel() >= STREAM_REUSE * len(distinct)
     assert sorted(copies) == (distinct if stages else [])  # each routed expert copied once, or none
     bytes_of = staged.expert_bytes
     assert staged.counters.bytes_h2d == (len(distinct) if stages else ids.numel()) * bytes_of

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from tests.core.test_experts import make
-from wisp.core.experts.stores import PagedExperts, ResidentExperts, ZeroCopyExperts
+from tests.core.stores import paged_store, resident_store, zero_copy_store
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.experts.expert_major import StagingBuffers
 from wisp.core.kernels.cpu_expert_kernels import plain_expert_mlp
 from wisp.core.experts.hot_experts import HotExperts
-from wisp.core.experts.hybrid_experts import HybridExperts, ZeroCopyHybridExperts
+from tests.core.stores import hybrid_store, hybrid_zero_copy_store
 from wisp.core.learners.hybrid_pace import CpuPace
 from wisp.core.kernels.moe import expert_mlp
 from wisp.core.learners.hybrid_costs import HybridCosts
@@ -31,8 +31,8 @@ STEPS = [40, 1, 1, 3, 1, 23, 1, 2, 1]  # prefill-like and decode-like batches
 def test_hybrid_equals_resident_on_the_cpu_and_its_counters_add_up(device, dtype, n, k, cap):
     dev = torch.device(device)
     host, _, _, _ = make(n, 1, k, 0, dtype)
-    resident = ResidentExperts({name: t.to(dev) for name, t in host.items()})
-    hybrid = HybridExperts(host, cap, dev, CPU_CHEAP)
+    resident = resident_store({name: t.to(dev) for name, t in host.items()})
+    hybrid = hybrid_store(host, cap, dev, CPU_CHEAP)
     served_on_cpu = 0
     for step, t in enumerate(STEPS):
         hidden, ids, weights = (x.to(dev) for x in make(n, t, k, 200 + step, dtype)[1:])
@@ -42,25 +42,25 @@ def test_hybrid_equals_resident_on_the_cpu_and_its_counters_add_up(device, dtype
         else:  # the CPU's pairs are rounded by the CPU's GEMM
             tol = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
-        hybrid.pager.check_integrity()
-        split = hybrid.last_split
-        assert set(split.to_cpu).isdisjoint(hybrid.pager.resident_experts())  # CPU-served experts are not cached
+        hybrid.residency.pager.check_integrity()
+        split = hybrid.cpu.last_split
+        assert set(split.to_cpu).isdisjoint(hybrid.residency.pager.resident_experts())  # CPU-served experts are not cached
         served_on_cpu += len(split.to_cpu)
     c = hybrid.counters
     assert served_on_cpu > 0 and c.cpu_computed == served_on_cpu
-    assert c.misses == c.loads + c.cpu_computed and c.bytes_h2d == c.loads * hybrid.pager.expert_bytes
+    assert c.misses == c.loads + c.cpu_computed and c.bytes_h2d == c.loads * hybrid.residency.pager.expert_bytes
     assert c.steps == len(STEPS)
 
 
 def test_with_a_free_link_hybrid_makes_paged_decisions_exactly():
     n, k, cap = 16, 4, 6
     host, _, _, _ = make(n, 1, k, 3, torch.float32)
-    hybrid = HybridExperts(host, cap, torch.device("cpu"), LINK_FREE)
-    paged = PagedExperts(host, cap, "cpu")
+    hybrid = hybrid_store(host, cap, torch.device("cpu"), LINK_FREE)
+    paged = paged_store(host, cap, "cpu")
     for step, t in enumerate(STEPS):
         _, hidden, ids, weights = make(n, t, k, 300 + step, torch.float32)
         assert torch.equal(hybrid.forward(hidden, ids, weights), paged.forward(hidden, ids, weights))
-        assert hybrid.pager.slot_of == paged.pager.slot_of and hybrid.last_split.to_cpu == ()
+        assert hybrid.residency.pager.slot_of == paged.residency.pager.slot_of and hybrid.cpu.last_split.to_cpu == ()
     assert hybrid.counters.as_dict() == paged.counters.as_dict()
 
 
@@ -68,15 +68,15 @@ def test_a_wide_step_keeps_what_paged_keeps_and_streams_the_rest_of_its_copies()
     n, k, cap = 16, 4, 4
     host, hidden, ids, weights = make(n, 12, k, 5, torch.float32)
     costs = HybridCosts(copy_s=1.0, cpu_rows=(1, 2), cpu_s_at_rows=(0.5, 100.0))  # only 1-row experts suit the CPU
-    hybrid = HybridExperts(host, cap, torch.device("cpu"), costs)
+    hybrid = hybrid_store(host, cap, torch.device("cpu"), costs)
     out = hybrid.forward(hidden, ids, weights)
     distinct = torch.unique(ids).tolist()
     rows = {e: int((ids == e).sum()) for e in distinct}
-    split = hybrid.last_split
+    split = hybrid.cpu.last_split
     assert len(distinct) - len(split.to_cpu) > cap  # still a wide step on the GPU side
     assert split.to_cpu and all(rows[e] == 1 for e in split.to_cpu)
-    assert hybrid.counters.loads == len(split.to_copy) and len(hybrid.pager.resident_experts()) == cap
-    assert torch.equal(out, ResidentExperts(host).forward(hidden, ids, weights))
+    assert hybrid.counters.loads == len(split.to_copy) and len(hybrid.residency.pager.resident_experts()) == cap
+    assert torch.equal(out, resident_store(host).forward(hidden, ids, weights))
 
 
 def test_each_cpu_step_is_measured_and_a_cpu_measured_slow_gets_nothing_more():
@@ -84,15 +84,15 @@ def test_each_cpu_step_is_measured_and_a_cpu_measured_slow_gets_nothing_more():
     host, _, _, _ = make(n, 1, k, 0, torch.float32)
     pace = CpuPace()
     costs = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.5, 6.4))  # at most 16x slower: useless
-    hybrid = HybridExperts(host, cap, torch.device("cpu"), costs, pace=pace)
-    paged = PagedExperts(host, cap, "cpu")
+    hybrid = hybrid_store(host, cap, torch.device("cpu"), costs, pace=pace)
+    paged = paged_store(host, cap, "cpu")
     _, hidden, ids, weights = make(n, 1, k, 1, torch.float32)
     hybrid.forward(hidden, ids, weights)
     paged.forward(hidden, ids, weights)
     hybrid.begin_step(2)  # the next step begins: the first one's ratio is recorded
-    assert hybrid.last_split.to_cpu and len(pace.ratios) == 1  # one step, one measurement
+    assert hybrid.cpu.last_split.to_cpu and len(pace.ratios) == 1  # one step, one measurement
     assert pace.totals.steps == 1 and 0 < pace.totals.kernel_s <= pace.totals.wall_s
-    assert pace.totals.predicted_s == hybrid.last_split.predicted_s
+    assert pace.totals.predicted_s == hybrid.cpu.last_split.predicted_s
     assert not hybrid.graph_step_ok(2)
     for _ in range(pace.ratios.maxlen):
         pace.observe(100.0, 1.0)  # the CPU took far longer than predicted
@@ -102,16 +102,16 @@ def test_each_cpu_step_is_measured_and_a_cpu_measured_slow_gets_nothing_more():
     for step, t in enumerate(STEPS):
         _, hidden, ids, weights = make(n, t, k, 500 + step, torch.float32)
         assert torch.equal(hybrid.forward(hidden, ids, weights), paged.forward(hidden, ids, weights))
-        assert hybrid.last_split.to_cpu == ()
+        assert hybrid.cpu.last_split.to_cpu == ()
     assert hybrid.counters.cpu_computed == on_cpu
 
 
 def test_the_plain_cpu_kernel_is_close_to_the_reference_and_hybrid_with_it_close_to_resident():
     n, k, cap = 16, 4, 4
     host, _, _, _ = make(n, 1, k, 7, torch.float32)
-    resident = ResidentExperts(host)
-    hybrid = HybridExperts(host, cap, torch.device("cpu"), CPU_CHEAP, cpu_kernel="plain")
-    assert hybrid.cpu_kernel == "plain" and HybridExperts(host, cap, "cpu", CPU_CHEAP).cpu_kernel == "reference"
+    resident = resident_store(host)
+    hybrid = hybrid_store(host, cap, torch.device("cpu"), CPU_CHEAP, cpu_kernel="plain")
+    assert hybrid.cpu.cpu_kernel == "plain" and hybrid_store(host, cap, "cpu", CPU_CHEAP).cpu.cpu_kernel == "reference"
     for step, t in enumerate(STEPS):
         _, hidden, ids, weights = make(n, t, k, 400 + step, torch.float32)
         torch.testing.assert_close(hybrid.forward(hidden, ids, weights), resident.forward(hidden, ids, weights),
@@ -128,8 +128,8 @@ def zero_copy_pair(device, host, costs):
     dev = torch.device(device)
     if dev.type == "cuda":
         host = {name: t.pin_memory() for name, t in host.items()}
-    hybrid = ZeroCopyHybridExperts(host, dev, costs, StagingBuffers(host, dev))
-    zero_copy = ZeroCopyExperts(host, dev, StagingBuffers(host, dev))
+    hybrid = hybrid_zero_copy_store(host, dev, costs, StagingBuffers(host, dev))
+    zero_copy = zero_copy_store(host, dev, StagingBuffers(host, dev))
     if dev.type == "cuda":
         from wisp.core.kernels.registry import moe_kernels
 
@@ -155,7 +155,7 @@ def test_zero_copy_hybrid_equals_zero_copy_on_the_cpu_and_its_counters_add_up(de
         if hybrid.counters.loads > before:  # a prefill-like step: zero-copy's streamed step, no CPU
             streamed += hybrid.counters.loads - before
             continue
-        split = hybrid.last_split
+        split = hybrid.cpu.last_split
         assert sorted(split.to_cpu + split.to_copy) == sorted(set(ids.flatten().tolist()))
         on_cpu += len(split.to_cpu)
         gpu_pairs += sum(int((ids == e).sum()) for e in split.to_copy)
@@ -167,7 +167,7 @@ def test_zero_copy_hybrid_equals_zero_copy_on_the_cpu_and_its_counters_add_up(de
 
 def hold(store, experts: list[int]) -> None:
     """Give a zero-copy hybrid store hot experts: `experts`, scored far above anything a test routes."""
-    store.hot = HotExperts(store.host, len(experts), store.expert_map.device)
+    store.hold_hot(len(experts))
     store.hot.scores[experts] = 1e9
     assert store.hot.refresh() == len(experts)
 
@@ -215,7 +215,7 @@ def test_a_narrow_eager_step_runs_the_hot_experts_from_the_bank(device, costs):
         step_matches_zero_copy(device, hybrid, zero_copy, hidden, ids, weights)
         routed = set(ids.flatten().tolist())
         hits += len(routed & set(held))
-        split = hybrid.last_split
+        split = hybrid.cpu.last_split
         assert sorted(split.to_cpu + split.to_copy) == sorted(routed - set(held)), step
         assert bool(split.to_cpu) == (costs is not None) or not (routed - set(held))
         pairs_read += sum(int((ids == e).sum()) for e in split.to_copy)
@@ -230,7 +230,7 @@ def empty_bank(device, seed: int, hot: int, tokens: int, step_seed: int):
     n, k = 16, 4
     host, _, _, _ = make(n, 1, k, seed, torch.bfloat16)
     hybrid, zero_copy = zero_copy_pair(device, host, CPU_CHEAP)
-    hybrid.hot = HotExperts(hybrid.host, hot, torch.device(device))
+    hybrid.hold_hot(hot)
     steps = [[x.to(device) for x in make(n, tokens, k, step_seed + i, torch.bfloat16)[1:]] for i in range(2)]
     return hybrid, zero_copy, steps
 
@@ -297,13 +297,13 @@ def test_an_eager_cpu_steps_ratio_is_its_cpu_side_against_the_probes_costs():
     host = make(8, 1, 2, 0, torch.float32)[0]
     pace = CpuPace(min_ratios=1)
     costs = HybridCosts(copy_s=0.15, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))
-    hybrid = HybridExperts(host, 2, torch.device("cpu"), costs, pace=pace)
+    hybrid = hybrid_store(host, 2, torch.device("cpu"), costs, pace=pace)
     pace.observe(2.0, 1.0)
     pace.end_step()
     assert pace.factor == 2.0  # the CPU measured 2x slower than probed
     _, hidden, ids, weights = make(8, 1, 2, 1, torch.float32)
     hybrid.forward(hidden, ids, weights)
-    split = hybrid.last_split  # one copy beside one CPU expert: max(0.15, 2 x 0.1)
+    split = hybrid.cpu.last_split  # one copy beside one CPU expert: max(0.15, 2 x 0.1)
     assert len(split.to_cpu) == 1 and split.predicted_s == pytest.approx(0.2)
     assert pace._open[1] == pytest.approx(0.1)  # the CPU side at the probe's costs
     assert 0 < pace._open[0] <= pace.totals.wall_s
@@ -316,14 +316,14 @@ def test_the_pace_settles_at_the_cpus_real_slowness():
     host = make(64, 1, 2, 0, torch.float32)[0]
     pace = CpuPace()
     costs = HybridCosts(copy_s=0.2, cpu_rows=(1, 64), cpu_s_at_rows=(0.005, 0.32))
-    hybrid = HybridExperts(host, 2, torch.device("cpu"), costs, pace=pace)
-    kernel = hybrid.cpu_experts.kernel
+    hybrid = hybrid_store(host, 2, torch.device("cpu"), costs, pace=pace)
+    kernel = hybrid.cpu.cpu_experts.kernel
 
     def slow_kernel(*args, **kwargs):
         time.sleep(0.02)
         return kernel(*args, **kwargs)
 
-    hybrid.cpu_experts.kernel = slow_kernel
+    hybrid.cpu.cpu_experts.kernel = slow_kernel
     for step in range(1, 13):
         hybrid.begin_step(step)
         _, hidden, ids, weights = make(64, 1, 2, 900 + step, torch.float32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tests.core.test_experts import make
-from wisp.core.experts.stores import PagedExperts, ResidentExperts
+from tests.core.stores import paged_store, resident_store
 from wisp.core.experts.pager import ExpertPager
 from wisp.core.experts.prefetch import CrossLayerPrefetch, prefetch_into
 
@@ -30,9 +30,9 @@ def test_pager_prefetch_fills_the_least_recent_slots_and_leaves_them_least_recen
 def test_prefetch_changes_no_output_and_a_right_guess_is_a_hit():
     n, k, cap, layers = 16, 4, 6, 3
     banks = [make(n, 1, k, 10 + i, torch.float32)[0] for i in range(layers)]
-    plain = [PagedExperts(b, cap, "cpu") for b in banks]
-    fetched = [PagedExperts(b, cap, "cpu") for b in banks]
-    resident = [ResidentExperts(b) for b in banks]
+    plain = [paged_store(b, cap, "cpu") for b in banks]
+    fetched = [paged_store(b, cap, "cpu") for b in banks]
+    resident = [resident_store(b) for b in banks]
     prefetch = CrossLayerPrefetch(fetched, n, k)
     for step in range(30):
         _, hidden, ids, weights = make(n, 1 + step % 3, k, 100 + step, torch.float32)
@@ -41,7 +41,7 @@ def test_prefetch_changes_no_output_and_a_right_guess_is_a_hit():
             ref = resident[layer].forward(hidden, ids, weights)
             assert torch.equal(plain[layer].forward(hidden, ids, weights), ref)
             assert torch.equal(fetched[layer].forward(hidden, ids, weights), ref)
-            fetched[layer].pager.check_integrity()
+            fetched[layer].residency.pager.check_integrity()
     assert fetched[0].counters.prefetched == 0  # nothing before the first layer
     assert sum(s.counters.prefetched for s in fetched[1:]) > 0
     for p, f in zip(plain, fetched):  # every routed expert is a hit or a miss, whoever copied it
@@ -52,6 +52,6 @@ def test_prefetch_changes_no_output_and_a_right_guess_is_a_hit():
 
 def test_prefetch_into_a_store_without_anything_to_fetch_does_nothing():
     host = make(8, 1, 2, 0, torch.float32)[0]
-    store = PagedExperts(host, 4, "cpu")
-    store.pager.prepare([2, 3])
+    store = paged_store(host, 4, "cpu")
+    store.residency.pager.prepare([2, 3])
     assert prefetch_into(store, [2, 3]) == 0 and store.counters.prefetched == 0

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from wisp.core.bank_keys import DOWN, GATE_UP
-from wisp.core.experts.stores import LayerBuffer, OffloadExperts, PagedExperts, ResidentExperts, ZeroCopyExperts
+from tests.core.stores import SharedLayerBuffer, offload_store, paged_store, resident_store, zero_copy_store
 from wisp.core.kernels.fp8_blocks import dequantize_blocks, quantize_blocks
 from wisp.core.kernels.expert_extras import DOWN_SCALE, GATE_UP_SCALE, ExpertExtras
 from wisp.core.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from wisp.core.experts.hybrid_experts import HybridExperts
+from tests.core.stores import hybrid_store
 from wisp.core.learners.hybrid_costs import HybridCosts
 
 D, I = 256, 128  # two 128-blocks of the hidden size, one of the expert's width
@@ -48,15 +48,15 @@ def test_every_mode_on_quantized_experts_equals_resident_on_their_dequantized_we
     dev = torch.device(device)
     bank, plain = quantized_bank(n, 0, fmt)
     host = {name: t.pin_memory() if dev.type == "cuda" else t for name, t in bank.items()}
-    reference = ResidentExperts({name: t.to(dev) for name, t in plain.items()})
+    reference = resident_store({name: t.to(dev) for name, t in plain.items()})
     stores = {
-        "resident": ResidentExperts({name: t.to(dev) for name, t in bank.items()}),
-        "paged": PagedExperts(host, cap, dev),
-        "offload": OffloadExperts(host, LayerBuffer(host, dev), owns_buffer=True),
-        "hybrid": HybridExperts(host, cap, dev, HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))),
+        "resident": resident_store({name: t.to(dev) for name, t in bank.items()}),
+        "paged": paged_store(host, cap, dev),
+        "offload": offload_store(host, SharedLayerBuffer(host, dev), owns_buffer=True),
+        "hybrid": hybrid_store(host, cap, dev, HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))),
     }
     if dev.type == "cpu":  # on CUDA zero-copy needs the Triton kernel
-        stores["zero-copy"] = ZeroCopyExperts(host, dev)
+        stores["zero-copy"] = zero_copy_store(host, dev)
     for step, t in enumerate(STEPS):
         hidden, ids, weights = batch(n, t, k, 100 + step, dev)
         ref = reference.forward(hidden, ids, weights)
@@ -66,7 +66,7 @@ def test_every_mode_on_quantized_experts_equals_resident_on_their_dequantized_we
                 torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
             else:
                 assert torch.equal(out, ref), (mode, step)
-    pager = stores["paged"].pager
+    pager = stores["paged"].residency.pager
     pager.check_integrity()  # the slots hold the masters' bytes, scales included
     packed = {"fp8": 3 * I * D + 4 * (2 * 2 + 2 * 1), "mxfp4": 3 * I * D // 2 + 3 * I * D // 32}
     assert pager.expert_bytes == packed[fmt]  # quantized bytes plus scales: what crosses the link

@@ -46,7 +46,7 @@ def test_a_split_step_equals_the_eager_step_with_the_same_experts_on_the_cpu(dev
     c = hybrid.counters
     assert (c.steps, c.misses, c.cpu_computed) == (4, 16, 4 * n)
     assert c.bytes_h2d == 4 * (4 - n) * hybrid.expert_bytes  # the GPU reads its pairs in place
-    assert hybrid.pace.totals.steps == (4 if n else 0)  # a layer with CPU pairs is paced
+    assert hybrid.cpu.pace.totals.steps == (4 if n else 0)  # a layer with CPU pairs is paced
 
 
 def test_a_token_gets_the_same_bits_alone_and_in_a_batch(device):
@@ -78,10 +78,10 @@ def test_the_hosts_waits_are_recorded_where_they_happen():
     split.set_share(2)
     split.send(hidden, ids)
     split.serve(1, SlowEvent(0.02), SlowEvent(0.04))
-    t = hybrid.pace.totals
+    t = hybrid.cpu.pace.totals
     assert t.steps == 1 and 0.02 <= t.routing_wait_s < 0.04 <= t.gpu_wait_s
     assert t.wall_s == pytest.approx(t.kernel_s + t.gpu_wait_s)  # the routing wait is before the wall starts
-    cpu_s, cpu_predicted = hybrid.pace._open  # the pace's ratio: the CPU side alone, at the probe's costs
+    cpu_s, cpu_predicted = hybrid.cpu.pace._open  # the pace's ratio: the CPU side alone, at the probe's costs
     assert cpu_s < 0.04 and cpu_predicted == pytest.approx(CPU_CHEAP.cpu_overhead_s + 2 * CPU_CHEAP.cpu_s(1))
 
 
@@ -102,7 +102,7 @@ def test_timed_events_give_the_pace_the_gpu_pairs_against_their_copy_price():
     split = RankSplit(hybrid, 1, 4, hidden)
     split.set_share(1)  # 1 rank on the CPU, 3 read in place
     split.send(hidden, ids)
-    pace = hybrid.pace
+    pace = hybrid.cpu.pace
     split.serve(1, DeviceTimedEvent(4500.0), DeviceTimedEvent(0.0), timed=True)  # ms: the events' unit
     pace.end_step()
     assert list(pace.link_ratios) == pytest.approx([4.5 / (3 * CPU_CHEAP.copy_s)])  # 1.5 x the copy price
@@ -122,7 +122,7 @@ def test_a_layer_is_counted_and_paced_only_when_accounted_for_and_its_wall_is_th
     split.set_share(2)
     split.send(hidden, ids)
     side = split.rows_to_device(1, SlowEvent(0.01))
-    c, t = hybrid.counters, hybrid.pace.totals
+    c, t = hybrid.counters, hybrid.cpu.pace.totals
     assert side.computed == len(set(ids[0, :2].tolist())) and side.routing_wait_s >= 0.01
     assert (c.steps, c.misses, t.steps) == (0, 0, 0)  # nothing counted yet
     assert torch.equal(split.rows[0, :2], split.rows_host[0, :2])  # the CPU's rows already sent
@@ -139,7 +139,7 @@ def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
     split = RankSplit(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1]), device=device))
     assert split.cpu_share_for(1) == 3  # max(3 x 1, 1 x 3) = 3 beats 2 x 3 and 4 x 1
     assert split.predicted_s(1, 3) == 3.0 and split.predicted_s(1, 0) == 12.0
-    hybrid.costs = HybridCosts(copy_s=0.5, cpu_rows=(1,), cpu_s_at_rows=(4.0,))  # the CPU slower than the link
+    hybrid.cpu.costs = HybridCosts(copy_s=0.5, cpu_rows=(1,), cpu_s_at_rows=(4.0,))  # the CPU slower than the link
     assert split.cpu_share_for(1) == 0
     with pytest.raises(ValueError, match="0..4"):
         split.set_share(5)
@@ -148,7 +148,7 @@ def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
 def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
     """With the native kernel and SiLU bf16 experts the host's side is one native call (`rank_split_rows`): the
     same rows, bit for bit, and the same counters as grouping the pairs in Python and calling the kernel."""
-    from wisp.core.experts.hybrid_experts import ZeroCopyHybridExperts, StagingBuffers
+    from tests.core.stores import hybrid_zero_copy_store, StagingBuffers
 
     g = torch.Generator().manual_seed(51)
     d, i = 32, 16  # the native kernel reads multiples of 16
@@ -156,7 +156,7 @@ def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
             "down": torch.randn((8, d, i), generator=g).bfloat16()}
     hidden = torch.randn((3, d), generator=g).bfloat16()
     ids = torch.tensor([[5, 1, 7, 2], [1, 5, 0, 3], [6, 1, 5, 4]])  # experts shared across tokens and ranks
-    stores = [ZeroCopyHybridExperts(host, torch.device("cpu"), CPU_CHEAP, StagingBuffers(host, torch.device("cpu")),
+    stores = [hybrid_zero_copy_store(host, torch.device("cpu"), CPU_CHEAP, StagingBuffers(host, torch.device("cpu")),
                                     cpu_kernel="native") for _ in range(2)]
     native, python = (RankSplit(store, 3, 4, hidden) for store in stores)
     assert native._native
@@ -221,7 +221,7 @@ def test_a_refresh_between_steps_changes_which_pairs_the_cpu_skips_from_the_next
     host, _, _, weights = make(16, 1, 4, 33, torch.bfloat16)
     hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
     eager, _ = zero_copy_pair(device, host, CPU_CHEAP)
-    hybrid.hot = HotExperts(hybrid.host, 2, torch.device(device))
+    hybrid.hold_hot(2)
     split = RankSplit(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
     sets = []
     for step, row in enumerate(HOT_ROUTING):
@@ -244,7 +244,7 @@ def test_the_prediction_scales_both_sides_by_the_pairs_that_are_not_hot():
 
 
 def test_the_native_host_side_skips_the_hot_experts_as_the_kernel_path_does():
-    from wisp.core.experts.hybrid_experts import StagingBuffers, ZeroCopyHybridExperts
+    from tests.core.stores import StagingBuffers, hybrid_zero_copy_store
 
     g = torch.Generator().manual_seed(52)
     d, i = 32, 16
@@ -252,7 +252,7 @@ def test_the_native_host_side_skips_the_hot_experts_as_the_kernel_path_does():
             "down": torch.randn((8, d, i), generator=g).bfloat16()}
     hidden = torch.randn((3, d), generator=g).bfloat16()
     ids = torch.tensor([[5, 1, 7, 2], [1, 5, 0, 3], [6, 1, 5, 4]])
-    stores = [ZeroCopyHybridExperts(host, torch.device("cpu"), CPU_CHEAP, StagingBuffers(host, torch.device("cpu")),
+    stores = [hybrid_zero_copy_store(host, torch.device("cpu"), CPU_CHEAP, StagingBuffers(host, torch.device("cpu")),
                                     cpu_kernel="native") for _ in range(2)]
     for store in stores:
         hold(store, [1, 7])

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core.experts.stores import routed_counts_and_last_token
+from wisp.core.experts.recency import routed_counts_and_last_token
 from wisp.core.experts.recency import distinct_in_order, order_by_last_token, touch_order
 
 

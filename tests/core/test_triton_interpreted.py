@@ -126,7 +126,8 @@ def test_router_breaks_ties_toward_the_lower_id():
 def test_expert_major_wide_step_equals_the_resident_kernel(cap):
     """The wide path with the Triton family (hits by map, one launch pair per streamed or loaded expert,
     combine) gives the resident Triton kernel's bits, on the GPU with the side copy stream."""
-    from wisp.core.experts.stores import DOWN, GATE_UP, PagedExperts
+    from wisp.core.bank_keys import DOWN, GATE_UP
+    from tests.core.stores import paged_store
     from wisp.core.kernels.registry import moe_kernels
 
     g = torch.Generator().manual_seed(cap)
@@ -134,7 +135,7 @@ def test_expert_major_wide_step_equals_the_resident_kernel(cap):
     host = {GATE_UP: torch.randn(n, 2 * i, d, generator=g) * 0.1, DOWN: torch.randn(n, d, i, generator=g) * 0.1}
     if DEV.type == "cuda":
         host = {name: w.pin_memory() for name, w in host.items()}
-    store = PagedExperts(host, cap, DEV)
+    store = paged_store(host, cap, DEV)
     store.kernels = moe_kernels("triton")
     bank = {name: w.to(DEV) for name, w in host.items()}
     for step in range(2):
@@ -144,4 +145,4 @@ def test_expert_major_wide_step_equals_the_resident_kernel(cap):
         want = triton_fused_moe(hidden, bank[GATE_UP], bank[DOWN], ids, w)
         assert len(torch.unique(ids)) > cap
         assert torch.equal(store.forward(hidden, ids, w), want), step
-    store.pager.check_integrity()
+    store.residency.pager.check_integrity()

@@ -108,7 +108,7 @@ def test_a_hybrid_step_replayed_as_pieces_equals_its_eager_step():
     for position in range(6):
         tokens = [7 + position, 100 + 3 * position]
         pieces = graphs.run_pieces(tokens, [position] * 2, tables, model.routed_experts).clone()
-        assert all(store.last_split.to_cpu for store in model.experts.values())  # the CPU helped every layer
+        assert all(store.cpu.last_split.to_cpu for store in model.experts.values())  # the CPU helped every layer
         kv = DecodeBatchKV(eng.kv, graphs.tables[:2], graphs.positions[:2])  # the same staged inputs
         eager = model.logits(model.forward_batch(graphs.tokens[:2], graphs.positions[:2], kv))
         assert torch.equal(pieces, eager), position
@@ -161,7 +161,7 @@ def test_a_split_step_counts_and_paces_every_layer_once():
     graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True)
     stores, top_k = list(model.experts.values()), model.config.top_k
     pace = stores[0].pace
-    assert top_k >= 2 and all(store.pace is pace for store in stores)
+    assert top_k >= 2 and all(store.cpu.pace is pace for store in stores)
     share = top_k // 2  # both servers have pairs
     for split in graphs.splits.values():
         split.set_share(share)

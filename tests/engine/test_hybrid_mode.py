@@ -24,7 +24,7 @@ def test_hybrid_equals_resident_on_the_cpu_and_is_close_on_a_gpu(hf_checkpoints,
         prefill = llm.prompt_logits(prompt)
         out = llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True), return_logits=True)[0]
         stats = llm.stats()
-        assert stats["mode"] == "hybrid" and stats["expert_cpu_computed"] > 0
+        assert stats["mode"] == ("hybrid" if cap else "hybrid-zero-copy") and stats["expert_cpu_computed"] > 0
         assert stats["hybrid_costs"]["copy_s"] == CPU_CHEAP.copy_s  # what `wisp plan --hybrid-costs` can read
         assert stats["hybrid_cpu_steps"]["steps"] > 0 and stats["hybrid_cpu_factor"] > 0
         if cap:
@@ -63,13 +63,13 @@ def test_a_hybrid_engine_resizes_and_keeps_its_costs_and_kernel(hf_checkpoints, 
     llm = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="hybrid",
               expert_cap=2, dtype="float32", hybrid_costs=CPU_CHEAP)
     stores = list(llm.engine.model.experts.values())
-    kernels = {s.cpu_kernel for s in stores}
+    kernels = {s.cpu.cpu_kernel for s in stores}
     outs = []
     for caps in (4, 3, 2):
         llm.engine.apply_plan([caps] * len(stores), llm.engine.pool.num_blocks)
         outs.append(llm.generate([LONG_PROMPT], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids)
-        assert all(s.pager.capacity == caps and s.costs == CPU_CHEAP for s in stores)
-        assert {s.cpu_kernel for s in stores} == kernels
+        assert all(s.residency.pager.capacity == caps and s.cpu.costs == CPU_CHEAP for s in stores)
+        assert {s.cpu.cpu_kernel for s in stores} == kernels
     assert llm.stats()["expert_cpu_computed"] > 0
     if torch.device(device).type == "cpu":
         assert outs == [ref.token_ids] * 3
@@ -87,8 +87,8 @@ def test_steps_the_cpu_cannot_help_are_paged_steps_and_replay_cuda_graphs(hf_che
     out = llm.generate([LONG_PROMPT], SamplingParams(max_tokens=16, ignore_eos=True))[0]
     stats = llm.stats()
     assert out.token_ids == ref.token_ids and stats["expert_cpu_computed"] == 0  # paged mode, bit for bit
-    paces = {id(s.pace) for s in model.experts.values()}
-    assert len(paces) == 1 and next(iter(model.experts.values())).pace.step == model.steps_begun >= 16
+    paces = {id(s.cpu.pace) for s in model.experts.values()}
+    assert len(paces) == 1 and next(iter(model.experts.values())).cpu.pace.step == model.steps_begun >= 16
     if llm.engine.runner.graphs_enabled():
         assert stats["graph_steps"] >= 15
     cheap = LLM(str(path), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="hybrid",
@@ -120,7 +120,7 @@ def test_a_plan_for_an_engine_without_slots_says_it_has_none(hf_checkpoints, mod
 
     llm = LLM(str(hf_checkpoints["mixtral"]), device="cpu", mode=mode, expert_cap=cap, dtype="float32",
               hybrid_costs=CPU_CHEAP if mode == "hybrid" else None)
-    with pytest.raises(WispError, match=f"runs {mode} with no slots"):
+    with pytest.raises(WispError, match=f"runs {'hybrid-zero-copy' if mode == 'hybrid' else mode}, with no slots"):
         llm.engine.apply_plan([2] * len(llm.engine.model.experts), llm.engine.pool.num_blocks)
 
 
@@ -150,7 +150,7 @@ def test_hybrid_without_slots_holds_as_many_hot_experts_as_asked_and_resizes_kv(
     with pytest.raises(WispError, match="KV pool too small"):  # the floor holds
         engine.hold_hot_experts(1, blocks - 1)
     paged = LLM(str(path), device="cpu", mode="paged", expert_cap=2, dtype="float32")
-    with pytest.raises(WispError, match="hybrid with no slots"):
+    with pytest.raises(WispError, match="hot experts are --mode hybrid-zero-copy's; this engine runs paged"):
         paged.engine.hold_hot_experts(1, paged.engine.pool.num_blocks)
 
 

@@ -52,7 +52,7 @@ def test_a_wide_prefill_loads_each_expert_once(hf_checkpoints, device, moe_backe
         assert counters["steps"] == 1
         assert 2 < counters["loads"] == counters["misses"] <= 8  # wider than the slots, each expert once
     for store in llm.model.experts.values():
-        store.pager.check_integrity()
+        store.residency.pager.check_integrity()
 
 
 @pytest.mark.slow

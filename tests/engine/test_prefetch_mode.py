@@ -23,7 +23,7 @@ def test_prefetch_changes_no_logit(device, moe_backend, attention_backend):
         stats = llm.stats()
         assert stats["expert_prefetched"] > 0 and stats["graph_steps"] == 0
         for store in llm.engine.model.experts.values():
-            store.pager.check_integrity()
+            store.residency.pager.check_integrity()
 
 
 @pytest.mark.parametrize("mode", ["resident", "hybrid", "offload"])

@@ -24,7 +24,7 @@ def graphs_of(lives: list[list[float]] | None) -> SimpleNamespace:
     pace, splits = CpuPace(), {}
     for layer in range(2):
         store, _ = zero_copy_pair("cpu", host, LINK_SLOW)
-        store.pace = pace
+        store.cpu.pace = pace
         if lives:
             hold(store, [0])
         splits[layer] = RankSplit(store, 2, 4, torch.zeros((1, host["down"].shape[1])))

@@ -63,7 +63,7 @@ def test_fp8_runs_with_the_bits_of_its_dequantized_checkpoint(fp8_and_plain, mod
     llm8, llmp = assert_quantized_gives_its_twins_bits(fp8, plain, mode, cap, device, moe_backend, attention_backend,
                                                        PROMPT)
     store = next(iter(llm8.engine.model.experts.values()))
-    bank = getattr(store, "host", None) or getattr(store, "bank", None) or store.pager.host
+    bank = getattr(store, "host", None) or getattr(store, "bank", None) or store.residency.pager.host
     assert bank["gate_up"].dtype == FP8 and "gate_up_scale" in bank  # paged as FP8, scales beside
     if mode == "paged":
         s8, sp = llm8.stats(), llmp.stats()

@@ -51,7 +51,7 @@ def test_mxfp4_gpt_oss_matches_transformers_on_the_dequantized_weights(checkpoin
     mxfp4, _, ref = checkpoints
     llm = LLM(str(mxfp4), device=device, moe_backend=moe_backend, attention_backend=attention_backend, mode="resident")
     assert (llm.prompt_logits(PROMPT).cpu() - ref).abs().max().item() < (1e-4 if device == "cpu" else 1e-3)
-    bank = llm.engine.model.experts[0].bank
+    bank = llm.engine.model.experts[0].residency.bank
     assert bank["gate_up"].dtype == torch.uint8 and bank["gate_up"].shape[-1] == 16  # packed, in the slots too
 
 

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from wisp import LLM
 from wisp.config import ModelConfig
-from wisp.core.experts.stores import OffloadExperts, PagedExperts, ResidentExperts
+from tests.core.stores import offload_store, paged_store, resident_store
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
@@ -20,21 +20,21 @@ def test_expert_placement_by_mode(hf_checkpoints, device):
     dev = torch.device(device).type
     paged = LLM(str(path), device=device, mode="paged", expert_cap=3)
     for store in paged.model.experts.values():
-        assert isinstance(store, PagedExperts)
-        for name, master in store.pager.host.items():
+        assert store.mode == "paged" and store.slots == 3
+        for name, master in store.residency.pager.host.items():
             assert master.device.type == "cpu" and master.shape[0] == cfg.num_experts
             assert master.is_pinned() == (dev == "cuda")
-            assert store.pager.scratch[name].device.type == dev and store.pager.scratch[name].shape[0] == 3
+            assert store.residency.pager.scratch[name].device.type == dev and store.residency.pager.scratch[name].shape[0] == 3
         assert store.device_bytes == 3 * cfg.expert_bytes
     resident = LLM(str(path), device=device, mode="resident")
     for store in resident.model.experts.values():
-        assert isinstance(store, ResidentExperts)
-        assert all(t.device.type == dev for t in store.bank.values())
+        assert store.mode == "resident" and store.slots is None
+        assert all(t.device.type == dev for t in store.residency.bank.values())
         assert store.device_bytes == cfg.num_experts * cfg.expert_bytes
     offload = LLM(str(path), device=device, mode="offload")
     stores = list(offload.model.experts.values())
-    assert all(isinstance(s, OffloadExperts) for s in stores)
-    assert len({id(s.buffer) for s in stores}) == 1  # one layer-sized buffer for the whole model
+    assert all(s.mode == "offload" and s.slots is None for s in stores)
+    assert len({id(s.residency.buffer) for s in stores}) == 1  # one layer-sized buffer for the whole model
     assert sum(s.device_bytes for s in stores) == cfg.num_experts * cfg.expert_bytes
 
 

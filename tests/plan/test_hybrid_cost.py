@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from tests.core.test_experts import make
 from tests.plan.test_miss_curves import step_sequences
-from wisp.core.experts.stores import PagedExperts
-from wisp.core.experts.hybrid_experts import HybridExperts
+from tests.core.stores import paged_store
+from tests.core.stores import hybrid_store
 from wisp.core.learners.hybrid_pace import CpuPace
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.plan.hybrid_cost import (
@@ -81,14 +81,14 @@ def decode_traces(draw, max_experts=10, max_steps=25):
 
 def replay_store(store, k: int, steps):
     """Run every step through a real store on the CPU; per step its split (hybrid) and resident experts."""
-    host_d = store.pager.host[next(iter(store.pager.host))].shape[-1]
+    host_d = store.residency.pager.host[next(iter(store.residency.pager.host))].shape[-1]
     g = torch.Generator().manual_seed(len(steps))
     out = []
     for ids in steps:
         hidden = torch.randn(1, host_d, generator=g)
         weights = torch.softmax(torch.randn(1, k, generator=g), -1)
         store.forward(hidden, torch.tensor([ids]), weights)
-        out.append((getattr(store, "last_split", None), store.pager.resident_experts()))
+        out.append((store.cpu.last_split if store.cpu else None, store.residency.pager.resident_experts()))
     return out
 
 
@@ -98,7 +98,7 @@ def test_the_simulation_is_the_hybrid_store_step_by_step(trace, costs, data):
     n, k, steps = trace
     cap = data.draw(st.integers(1, n), label="cap")  # below k too: wide steps on the GPU side
     host, _, _, _ = make(n, 1, k, 0, torch.float32)
-    store = HybridExperts(host, cap, torch.device("cpu"), costs, pace=CpuPace(learn=False))  # costs as given
+    store = hybrid_store(host, cap, torch.device("cpu"), costs, pace=CpuPace(learn=False))  # costs as given
     real = replay_store(store, k, steps)
     lru = SlotLRU(cap)
     loads = cpu = 0
@@ -139,8 +139,8 @@ def test_with_the_cpu_never_chosen_the_store_is_paged_mode(trace):
     host, _, _, _ = make(n, 1, k, 0, torch.float32)
     never = HybridCosts(copy_s=1.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,), cpu_overhead_s=k + 1.0)
     for cap in {1, min(k, n), n}:
-        hybrid = HybridExperts(host, cap, torch.device("cpu"), never)
-        paged = PagedExperts(host, cap, "cpu")
+        hybrid = hybrid_store(host, cap, torch.device("cpu"), never)
+        paged = paged_store(host, cap, "cpu")
         assert [r for _, r in replay_store(hybrid, k, steps)] == [r for _, r in replay_store(paged, k, steps)]
         assert hybrid.counters.as_dict() == paged.counters.as_dict()
 

@@ -29,6 +29,7 @@ import torch
 
 from wisp.bench.routing import routing_for
 from wisp.cli_args import backend_options
+from wisp.options import is_hybrid_zero_copy
 from wisp.config import MODES, EngineConfig, ModelConfig, parse_dtype, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
@@ -62,7 +63,7 @@ def probe_h2d_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
 
 def options_for(opts: dict, mode: str, cap: int | None) -> dict:
     """The engine options that apply to one run: --prefetch to paged mode, --hot-experts to hybrid with no slots."""
-    keep = {"prefetch": mode == "paged", "hot_experts": mode == "hybrid" and cap == 0}
+    keep = {"prefetch": mode == "paged", "hot_experts": is_hybrid_zero_copy(mode, cap)}
     return {k: v for k, v in opts.items() if keep.get(k, True)}
 
 
@@ -284,7 +285,7 @@ def _run_one(args, mode: str, cap: int | None, batch: int, opts: dict, trace: Ro
 
         r = run_accelerate(args.model, args.prompt_len, args.peer_decode_tokens)
     else:
-        if args.vram_budget and mode == "hybrid" and cap == 0:
+        if args.vram_budget and is_hybrid_zero_copy(mode, cap):
             opts = {**opts, "hot_experts": _hot_for_budget(args, batch)}
         r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature, trace, batch)
     if trace is not None and mode != "accelerate":

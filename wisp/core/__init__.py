@@ -8,16 +8,10 @@ Dependency rule: nothing in `wisp.core` imports from `wisp.config`, `wisp.models
 or `wisp.cli`, so other front ends (a vLLM plug-in, a transformers adapter) can reuse it alone.
 """
 
-from wisp.core.experts.stores import ExpertCounters, ExpertStore, OffloadExperts, PagedExperts, ResidentExperts
-from wisp.core.kernels.moe import fused_moe
+from wisp.core.experts.counters import ExpertCounters
 from wisp.core.experts.pager import ExpertPager
+from wisp.core.experts.presets import PRESETS, build_store
+from wisp.core.experts.store import ExpertStore
+from wisp.core.kernels.moe import fused_moe
 
-__all__ = [
-    "ExpertCounters",
-    "ExpertPager",
-    "ExpertStore",
-    "OffloadExperts",
-    "PagedExperts",
-    "ResidentExperts",
-    "fused_moe",
-]
+__all__ = ["ExpertCounters", "ExpertPager", "ExpertStore", "PRESETS", "build_store", "fused_moe"]

@@ -43,7 +43,6 @@ from typing import Callable
 
 import torch
 
-from wisp.core.experts.hybrid_experts import ZeroCopyHybridExperts
 from wisp.core.experts.rank_split import RankSplit
 from wisp.engine.kv_cache import DecodeBatchKV, KVCache
 from wisp.models.moe_decoder import MoEDecoder, Piece
@@ -71,7 +70,7 @@ class DecodeGraphs:
         self.routed = torch.zeros((max_batch, model.config.hidden_size), dtype=model.dtype, device=dev)  # experts' out
         stores = model.experts
         split = (split and piecewise and bool(stores)
-                 and all(isinstance(s, ZeroCopyHybridExperts) for s in stores.values()))
+                 and all(s.rank_split for s in stores.values()))
         self.splits: dict[int, RankSplit] = {li: RankSplit(s, max_batch, model.config.top_k, self.routed)
                                              for li, s in stores.items()} if split else {}
         self._holds_hot = any(rank_split.hot is not None for rank_split in self.splits.values())
@@ -80,7 +79,7 @@ class DecodeGraphs:
         # sent, its GPU pairs done; between them the GPU's side (the link's pace)
         self._events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2)]
         pool = None
-        model.use_paging_side("device")
+        model.lru_state_on("device")
         with torch.cuda.device(model.device):  # Triton launches on the current device
             for b in range(max_batch, 0, -1):  # largest first: smaller graphs reuse its memory pool
                 pool = self._capture(b, pool)
@@ -161,7 +160,7 @@ class DecodeGraphs:
         of pairs of each rank that were not hot, since theirs differ); returns it. (Once a split step: cheap.)"""
         splits = list(self.splits.values())
         first = splits[0]
-        costs = first.store.pace.costs(first.store.costs)
+        costs = first.store.cpu.pace.costs(first.store.cpu.costs)
         live = [sum(col) / len(splits) for col in zip(*(split.live for split in splits))] if self._holds_hot else first.live
         n = first.cpu_share_for(b, live, costs)
         predicted = first.predicted_s(b, n, live, costs)
@@ -207,7 +206,7 @@ class DecodeGraphs:
         """Replay the graph of len(tokens) sequences; returns its logits [B, V] (valid until the next run)."""
         b = self._stage(tokens, positions, tables)
         with torch.cuda.device(self.model.device):
-            self.model.use_paging_side("device")
+            self.model.lru_state_on("device")
             self.graphs[b].replay()
         return self.logits[b]
 

@@ -25,8 +25,7 @@ import torch
 
 from wisp.config import EngineConfig, ModelConfig, parse_dtype
 from wisp.core.experts.counters import sum_counters
-from wisp.core.experts.stores import PagedExperts, sync_all_counters
-from wisp.core.experts.hybrid_experts import CpuServed, ZeroCopyHybridExperts
+from wisp.core.experts.store import sync_all_counters
 from wisp.core.experts.prefetch import CrossLayerPrefetch
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.detokenizer import IncrementalDetokenizer
@@ -234,10 +233,10 @@ class LLMEngine:
         excepted: what is resident decides what the CPU computes, which rounds differently). Returns how long each part
         took (the device synchronised between parts)."""
         self.check_floor(kv_blocks)
-        paged = {li: s for li, s in self.model.experts.items() if isinstance(s, PagedExperts)}
+        paged = {li: s for li, s in self.model.experts.items() if s.slots is not None}
         if len(paged) != len(self.model.experts):
-            raise WispError("a plan's expert caps resize expert slots: --mode paged, or hybrid with --expert-cap 1 or "
-                            f"more (this engine runs {self.config.mode} with no slots)")
+            raise WispError("a plan's expert caps resize expert slots: --mode paged or hybrid "
+                            f"(this engine runs {self.config.mode}, with no slots)")
         cfg = EngineConfig(**{**self.config.__dict__, "per_layer_caps": tuple(expert_caps), "expert_cap": None})
         caps = dict(zip(self.model_config.moe_layer_ids, cfg.resolve_layer_caps(self.model_config)))
         clock = ResizeClock(self.device)
@@ -247,7 +246,7 @@ class LLMEngine:
             self._resize_kv_tensors(kv_blocks)
             kv_s = clock.lap()
         for li, store in paged.items():
-            store.resize(caps[li])
+            store.resize_slots(caps[li])
         experts_s = clock.lap()
         if not kv_shrinks:
             self._resize_kv_tensors(kv_blocks)
@@ -258,20 +257,18 @@ class LLMEngine:
         return ResizeTimings(kv_s, experts_s, clock.lap())
 
     @property
-    def holds_no_slots(self) -> bool:
-        """Hybrid with no slots: every MoE store a `ZeroCopyHybridExperts` (its VRAM: a bank of hot experts)."""
+    def can_hold_hot(self) -> bool:
+        """hybrid-zero-copy: every MoE store reads in place what the CPU does not compute (its VRAM: hot experts)."""
         stores = list(self.model.experts.values())
-        return bool(stores) and all(isinstance(s, ZeroCopyHybridExperts) for s in stores)
+        return bool(stores) and all(s.rank_split for s in stores)
 
     def hold_hot_experts(self, hot: int, kv_blocks: int) -> None:
         """Hybrid with no slots: each MoE layer's device bank to `hot` experts (0: none; refilled from the next
         steps' routing) and the KV pool to kv_blocks, between steps, the shrinking side first (`apply_plan`'s
         rules; what `wisp.plan.hot_budget.hot_split` sizes from a VRAM budget)."""
         self.check_floor(kv_blocks)
-        if not self.holds_no_slots:
-            raise WispError(f"hot experts are hybrid with no slots' (--mode hybrid --expert-cap 0); this engine "
-                            f"runs {self.config.mode}" + (f" with {self.expert_cap} slots a layer"
-                                                          if self.config.mode == "hybrid" else ""))
+        if not self.can_hold_hot:
+            raise WispError(f"hot experts are --mode hybrid-zero-copy's; this engine runs {self.config.mode}")
         if not 0 <= hot <= self.model_config.num_experts:
             raise WispError(f"hot experts must be within 0..{self.model_config.num_experts}, got {hot}")
         self.runner.drop_graphs()  # they read the old banks and KV tensors
@@ -337,7 +334,7 @@ class LLMEngine:
             "mode": self.config.mode,
             "expert_cap": self.expert_cap,
             "embedding": "host" if self.model.embed.on_host else "device",
-            "expert_caps": {str(li): s.pager.capacity for li, s in stores.items() if isinstance(s, PagedExperts)},
+            "expert_caps": {str(li): s.slots for li, s in stores.items() if s.slots is not None},
             "expert_hits": total.hits,
             "expert_misses": total.misses,
             "expert_evictions": total.evictions,
@@ -355,18 +352,18 @@ class LLMEngine:
         --hybrid-costs` reads), the factor the CPU's costs are multiplied by now (`CpuPace`), and the median
         decode step time of each kind the runner chose between, per batch size, and the times behind it
         (`StepKindChooser`)."""
-        store = next((s for s in self.model.experts.values() if isinstance(s, CpuServed)), None)
-        if store is None:
+        cpu = next((s.cpu for s in self.model.experts.values() if s.cpu is not None), None)
+        if cpu is None:
             return {}
-        return {"hybrid_costs": asdict(store.costs), "hybrid_cpu_factor": round(store.pace.factor, 4),
-                "hybrid_link_factor": round(store.pace.link_factor, 4),
-                "hybrid_cpu_steps": asdict(store.pace.totals), "hybrid_step_kinds": self.runner.step_kinds.medians(),
+        return {"hybrid_costs": asdict(cpu.costs), "hybrid_cpu_factor": round(cpu.pace.factor, 4),
+                "hybrid_link_factor": round(cpu.pace.link_factor, 4),
+                "hybrid_cpu_steps": asdict(cpu.pace.totals), "hybrid_step_kinds": self.runner.step_kinds.medians(),
                 "hybrid_step_windows": self.runner.step_kinds.windows(),
                 **self._hot_stats()}
 
     def _hot_stats(self) -> dict:
         """Hybrid with hot experts only: how many a layer holds, the bank's bytes, the copies into it so far."""
-        hot = [s.hot for s in self.model.experts.values() if getattr(s, "hot", None) is not None]
+        hot = [s.hot for s in self.model.experts.values() if s.hot is not None]
         if not hot:
             return {}
         return {"hot_experts": hot[0].capacity, "hot_bytes": sum(h.bytes for h in hot),

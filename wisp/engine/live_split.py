@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wisp.core.experts.stores import PagedExperts
 from wisp.engine.block_pool import chain_hash
 from wisp.engine.resize_timings import ResizeTimings
 from wisp.engine.routing_log import RoutingLog
@@ -60,7 +59,7 @@ class SplitState:
 class LiveSplit:
     def __init__(self, engine, controller: SplitController):
         stores = engine.model.experts
-        if not all(isinstance(s, PagedExperts) for s in stores.values()):
+        if not all(s.slots is not None for s in stores.values()):
             raise ValueError("the live split controller resizes expert slots: it needs --mode paged, or hybrid with slots")
         self.engine, self.controller = engine, controller
         self.layers = list(stores)
@@ -75,7 +74,7 @@ class LiveSplit:
             self._log = RoutingLog(self.layers, engine.model_config.top_k, engine.device, 4 * self._largest_step)
             self._logged = 0  # rows since the last drain
             engine.runner.set_routing_log(self._log)
-        caps = {s.pager.capacity for s in stores.values()}
+        caps = {s.slots for s in stores.values()}
         if caps != {controller.expert_cap} or engine.pool.num_blocks != controller.kv_blocks:
             engine.apply_plan([controller.expert_cap] * len(self.layers), controller.kv_blocks)
 

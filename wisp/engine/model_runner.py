@@ -35,7 +35,7 @@ from typing import Callable, Protocol
 import torch
 
 from wisp.config import EngineConfig
-from wisp.core.experts.stores import PagedExperts, sync_all_counters
+from wisp.core.experts.store import sync_all_counters
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.step_kinds import EAGER, GRAPH, StepKindChooser
 from wisp.engine.cuda_graphs import DecodeGraphs
@@ -143,7 +143,7 @@ class ModelRunner:
         misses per layer and step; `benchmarks/wide_step_rules.py`)."""
         c = self.config
         limit = min(c.cuda_graph_max_batch, c.max_concurrency)
-        caps = [s.pager.capacity for s in self.model.experts.values() if isinstance(s, PagedExperts)]
+        caps = [s.slots for s in self.model.experts.values() if s.slots is not None]
         return min(limit, min(caps) // self.model.config.top_k) if caps else limit
 
     def drop_graphs(self) -> None:
@@ -187,8 +187,7 @@ class ModelRunner:
             self.model.routing_log.reset()  # nor is it logged
         for store, counters in zip(stores, before):  # the warm-up's routing is not traffic
             store.counters.copy_from(counters)
-            if isinstance(store, PagedExperts):
-                store.pager.clear()  # its copies overwrote slots: the LRU restarts empty, as after a resize
+            store.forget_residents()  # its copies overwrote slots: the LRU restarts empty, as after a resize
 
     # -- a step ---------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -225,7 +224,7 @@ class ModelRunner:
         if self.graphs.splits:  # no slots: the CPU's share by rank (set by `run`), inside the graphs
             logits = self.graphs.run_split(*self._graph_inputs(seqs))
         else:
-            self.model.use_paging_side("host")  # the experts run on the host's LRU state, as in an eager step
+            self.model.lru_state_on("host")  # the experts run on the host's LRU state, as in an eager step
             logits = self.graphs.run_pieces(*self._graph_inputs(seqs), self.model.routed_experts)
         self.piece_steps += 1
         self.tokens_decoded += len(seqs)
@@ -233,7 +232,7 @@ class ModelRunner:
 
     def _run_eager_step(self, batch: Batch) -> list[int | RequestFailure | None]:
         if self.graphs is not None:
-            self.model.use_paging_side("host")  # after graph decode: every layer's LRU state in one read
+            self.model.lru_state_on("host")  # after graph decode: every layer's LRU state in one read
         sampling = [seq.num_computed + n == len(seq) for seq, n in zip(batch.seqs, batch.num_tokens)]
         logits = iter(self._run_eager(batch, sampling))
         sampled = self._sample([s for s, keep in zip(batch.seqs, sampling) if keep], logits)

@@ -27,21 +27,12 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from wisp.config import EngineConfig, ModelConfig
-from wisp.core.experts.stores import (
-    ExpertStore,
-    LayerBuffer,
-    OffloadExperts,
-    PagedExperts,
-    ResidentExperts,
-    ZeroCopyExperts,
-)
+from wisp.core.experts.miss_policies import MISS_POLICIES
+from wisp.core.experts.presets import PRESETS, ModelParts, build_store
+from wisp.core.experts.store import ExpertStore
 from wisp.core.kernels.cpu_expert_kernels import native_kernel_error
-from wisp.core.experts.expert_major import StagingBuffers
 from wisp.core.kernels.fp8_blocks import FP8, dequantize_blocks, scale_key
-from wisp.core.experts.hybrid_experts import HybridExperts, ZeroCopyHybridExperts
-from wisp.core.learners.hybrid_pace import CpuPace
 from wisp.core.learners.hybrid_probe import probe_hybrid_costs
-from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.core.kernels.registry import moe_kernels
 from wisp.errors import WispError
 from wisp.models.expert_banks import bank_layout, fill_bank
@@ -314,54 +305,23 @@ def _load_experts(
     caps = dict(zip(cfg.moe_layer_ids, engine.resolve_layer_caps(cfg)))
     target = device if engine.mode == "resident" else None  # None: host masters, from `host`
     stores: dict[int, ExpertStore] = {}
-    shared = _SharedBuffers()
+    parts = ModelParts(costs=engine.hybrid_costs)
+    kernels = moe_kernels(engine.resolve_backend("moe", device)).with_activation(cfg.expert_activation)
     bar = tqdm(total=len(cfg.moe_layer_ids) * cfg.num_experts, desc="Loading experts", unit="expert", file=sys.stderr,
                disable=None)
     for li in cfg.moe_layer_ids:
         bank = _allocate_bank(cfg, li, target, host)
         fill_bank(bank, reader, cfg, n, li, bar)
-        stores[li] = _make_store(engine, cfg, bank, caps[li], device, shared)
+        if parts.costs is None and MISS_POLICIES[PRESETS[engine.mode].policy].needs_cpu:
+            parts.costs = _probe_cpu_costs(engine, cfg, bank, device)  # every layer has the same shapes: once
+        stores[li] = build_store(engine.mode, bank, device, caps[li], parts, hot=engine.hot_experts,
+                                 cpu_kernel=engine.hybrid_cpu_kernel, kernels=kernels)
     bar.close()
-    kernels = moe_kernels(engine.resolve_backend("moe", device)).with_activation(cfg.expert_activation)
-    for store in stores.values():
-        store.kernels = kernels
     return stores
 
 
-@dataclass
-class _SharedBuffers:
-    """Device buffers one model's stores share, made by the first layer that needs them."""
-
-    layer: LayerBuffer | None = None  # offload: one layer-sized buffer
-    staging: StagingBuffers | None = None  # paged, hybrid, zero-copy: two expert-sized buffers for wide steps
-    hybrid_costs: HybridCosts | None = None  # hybrid: the costs every layer splits its misses by
-    hybrid_pace: CpuPace = field(default_factory=CpuPace)  # hybrid: their correction, learned while serving
-
-
-def _make_store(engine: EngineConfig, cfg: ModelConfig, bank: dict[str, torch.Tensor], cap: int, device: torch.device,
-                shared: _SharedBuffers) -> ExpertStore:
-    mode = engine.mode
-    if mode == "resident":
-        return ResidentExperts(bank)
-    if mode == "paged":
-        shared.staging = shared.staging or StagingBuffers(bank, device)
-        return PagedExperts(bank, cap, device, shared.staging)
-    if mode == "hybrid":
-        shared.staging = shared.staging or StagingBuffers(bank, device)
-        if shared.hybrid_costs is None:  # every layer has the same shapes: probe once
-            if engine.hybrid_cpu_kernel == "native" and (why := native_kernel_error()) is not None:
-                raise WispError(f"hybrid CPU kernel 'native' could not be built here ({why}); choose plain or reference")
-            shared.hybrid_costs = engine.hybrid_costs or probe_hybrid_costs(
-                bank, device, engine.hybrid_cpu_kernel, dtype=cfg.dtype, activation=cfg.expert_activation)
-        if cap == 0:
-            return ZeroCopyHybridExperts(bank, device, shared.hybrid_costs, shared.staging, engine.hybrid_cpu_kernel,
-                                         shared.hybrid_pace, hot=engine.hot_experts)
-        return HybridExperts(bank, cap, device, shared.hybrid_costs, shared.staging, engine.hybrid_cpu_kernel,
-                             shared.hybrid_pace)
-    if mode == "zero-copy":
-        shared.staging = shared.staging or StagingBuffers(bank, device)
-        return ZeroCopyExperts(bank, device, shared.staging)
-    owner = shared.layer is None
-    if owner:
-        shared.layer = LayerBuffer(bank, device)
-    return OffloadExperts(bank, shared.layer, owns_buffer=owner)
+def _probe_cpu_costs(engine: EngineConfig, cfg: ModelConfig, bank: dict[str, torch.Tensor], device: torch.device):
+    """The copy and CPU costs a CPU-serving mode splits misses by, measured on one layer's bank."""
+    if engine.hybrid_cpu_kernel == "native" and (why := native_kernel_error()) is not None:
+        raise WispError(f"hybrid CPU kernel 'native' could not be built here ({why}); choose plain or reference")
+    return probe_hybrid_costs(bank, device, engine.hybrid_cpu_kernel, dtype=cfg.dtype, activation=cfg.expert_activation)

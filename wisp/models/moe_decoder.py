@@ -20,8 +20,7 @@ import torch.nn.functional as F
 
 from wisp.config import ModelConfig
 from wisp.core.kernels import rows
-from wisp.core.experts.stores import ExpertStore
-from wisp.core.experts.pager import use_host_many
+from wisp.core.experts.store import ExpertStore, lru_state_on
 from wisp.models.families import get_family
 from wisp.models.mla import MlaWeights, mla_attention
 from wisp.models.token_embedding import TokenEmbedding
@@ -296,15 +295,10 @@ class MoEDecoder:
         max_misses = min(batch_size * self.config.top_k, self.config.num_experts)
         return all(store.graph_step_ok(max_misses) for store in self.experts.values())
 
-    def use_paging_side(self, side: str) -> None:
-        """Hand every paged layer's LRU state to the host (one read for all layers) or the device (no-op
+    def lru_state_on(self, where: str) -> None:
+        """Hand every layer's LRU slot state to the "host" (one read for all layers) or the "device" (no-op
         where it already is)."""
-        pagers = [store.pager for store in self.experts.values() if getattr(store, "pager", None) is not None]
-        if side == "host":
-            use_host_many(pagers)
-        else:
-            for pager in pagers:
-                pager.use_device()
+        lru_state_on(self.experts.values(), where)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.linear(hidden, self.lm_head).float()

@@ -45,17 +45,20 @@ import torch
 
 from wisp.core.experts.counters import ExpertCounters, add_counts, fold_counts
 from wisp.core.experts.recency import distinct_in_order
+from wisp.core.experts.serve_plan import Serve, ServePlan, tally
 
 
 @dataclass(frozen=True)
 class StepDecision:
     """What one step does to a layer's slots (`ExpertPager.decide`): `hits` were resident before the
     step (they run from their slots through the map as it was); `loads` (expert, slot) are misses copied
-    into a slot and kept; `streamed` are misses of a wide step run from a staging buffer, not kept."""
+    into a slot and kept; `streamed` are misses of a wide step run from a staging buffer, not kept;
+    `evictions` the slots taken from other experts."""
 
     hits: tuple[int, ...]
     loads: tuple[tuple[int, int], ...]
     streamed: tuple[int, ...]
+    evictions: int = 0
 
 
 class ExpertPager:
@@ -146,11 +149,13 @@ class ExpertPager:
             self.copy_into_slot(expert, slot)
         if decision.loads:
             self.publish_map()
+        tally(self.counters, plan_of_decision(distinct_in_order(experts), decision), self.expert_bytes)
         return self.expert_map
 
     def decide(self, experts: Sequence[int]) -> "StepDecision":
-        """One step's LRU decision on the host state (no bytes move here; the caller copies `loads` into
-        their slots, streams `streamed` through staging, and then calls `publish_map`).
+        """One step's LRU decision on the host state (no bytes move and nothing is counted here; the caller
+        copies `loads` into their slots, streams `streamed` through staging, calls `publish_map`, and tallies
+        the step's serve plan, `wisp.core.experts.serve_plan.tally`).
 
         `experts` is the step's touch order (`wisp.core.experts.recency`), so its last C distinct experts are
         the most recently used after it (all of them when they number at most C): those stay in the
@@ -167,21 +172,15 @@ class ExpertPager:
         misses = [e for e in need if self.slot_of[e] < 0]
         keep_slots = {self.slot_of[e] for e in hits if e in kept}
         victims = sorted((s for s in range(self.capacity) if s not in keep_slots), key=lambda s: (self.last_used[s], s))
-        loads = []
+        loads, evictions = [], 0
         for expert, slot in zip((e for e in misses if e in kept), victims):
-            self._assign(expert, slot)
+            evictions += self._assign(expert, slot)
             loads.append((expert, slot))
         for e in order:
             if self.slot_of[e] >= 0:
                 self.last_used[self.slot_of[e]] = self._touch_count
             self._touch_count += 1
-        c = self.counters
-        c.steps += 1
-        c.hits += len(hits)
-        c.misses += len(misses)
-        c.loads += len(misses)
-        c.bytes_h2d += len(misses) * self.expert_bytes
-        return StepDecision(tuple(hits), tuple(loads), tuple(e for e in misses if e not in kept))
+        return StepDecision(tuple(hits), tuple(loads), tuple(e for e in misses if e not in kept), evictions)
 
     def prefetch(self, experts: Sequence[int]) -> list[tuple[int, int]]:
         """Speculatively give each of `experts` not resident a slot (no bytes move here; the caller copies
@@ -192,23 +191,23 @@ class ExpertPager:
         wanted = [e for e in dict.fromkeys(int(e) for e in experts) if 0 <= e < self.num_experts and self.slot_of[e] < 0]
         victims = sorted(range(self.capacity), key=lambda s: (self.last_used[s], s))[: len(wanted)]
         placed = list(zip(wanted, victims))
-        for expert, slot in placed:
-            self._assign(expert, slot)
-            self.last_used[slot] = -1
         c = self.counters
+        for expert, slot in placed:
+            c.evictions += self._assign(expert, slot)
+            self.last_used[slot] = -1
         c.loads += len(placed)
         c.prefetched += len(placed)
         c.bytes_h2d += len(placed) * self.expert_bytes
         return placed
 
-    def _assign(self, expert: int, slot: int) -> None:
-        """Give `slot` to `expert`, evicting (and counting) whatever held it; no bytes move here."""
+    def _assign(self, expert: int, slot: int) -> int:
+        """Give `slot` to `expert`, evicting whatever held it (returns 1 if it did); no bytes move here."""
         old = self.expert_in_slot[slot]
         if old >= 0:
             self.slot_of[old] = -1
-            self.counters.evictions += 1
         self.slot_of[expert] = slot
         self.expert_in_slot[slot] = expert
+        return int(old >= 0)
 
     def copy_into_slot(self, expert: int, slot: int) -> None:
         """Copy one expert's tensors from its host master into a slot, on the current stream."""
@@ -260,3 +259,12 @@ def use_host_many(pagers: Sequence[ExpertPager]) -> None:
         at += part.numel()
     with torch.inference_mode():
         torch._foreach_zero_([p.device_lru.counts for p in on_device])
+
+
+def plan_of_decision(order: Sequence[int], decision: StepDecision, counts: Sequence[int] = ()) -> ServePlan:
+    """A pager step's serve plan: hits HELD, loads COPY, streamed STAGE (`order`: the step's distinct experts)."""
+    serve = {e: Serve.HELD for e in decision.hits}
+    serve.update({e: Serve.COPY for e, _ in decision.loads})
+    serve.update({e: Serve.STAGE for e in decision.streamed})
+    return ServePlan(tuple(order), tuple(counts), serve, loads=decision.loads, staged=decision.streamed,
+                     evictions=decision.evictions)

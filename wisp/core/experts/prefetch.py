@@ -1,12 +1,12 @@
 """Speculative prefetch (`--prefetch`, opt-in, eager paged decode): while one MoE layer's step runs, copy the
 experts the next layer is predicted to route to into that layer's slots, on the copy stream.
 
-`CrossLayerPrefetch` hangs on every paged store of a model (`PagedExperts.after_step`). After layer l's eager
+`CrossLayerPrefetch` hangs on every paged store of a model (`ExpertStore.after_step`). After layer l's eager
 step it tells a `wisp.core.learners.coactivation.CrossLayerPredictor` what layer l routed, asks it for layer l+1's
 top_k, and `prefetch_into` gives each predicted expert not resident a slot of layer l+1 (`ExpertPager.prefetch`:
 the least recently used, a prefetched slot left least recent so a wrong guess goes first) and copies it there
 on the staging buffers' side stream. The copy into a slot waits only for the last kernel that read that
-layer's slots; layer l+1's step waits for the copies before it reads a slot (`PagedExperts.slots_ready`).
+layer's slots; layer l+1's step waits for the copies before it reads a slot (`ExpertStore.slots_ready`).
 
 Invariants: outputs are unchanged (a token's MoE result never depends on which slots hold its experts); the
 pager's state stays consistent (`check_integrity`); every prefetched expert counts as a load (bytes cross the
@@ -22,12 +22,12 @@ from functools import partial
 import torch
 
 from wisp.core.learners.coactivation import CrossLayerPredictor
-from wisp.core.experts.stores import PagedExperts
+from wisp.core.experts.store import ExpertStore
 
 
-def prefetch_into(store: PagedExperts, experts: Sequence[int]) -> int:
+def prefetch_into(store: ExpertStore, experts: Sequence[int]) -> int:
     """Copy the non-resident ones of `experts` into `store`'s slots (see the module docstring); how many."""
-    pager = store.pager
+    pager = store.residency.pager
     placed = pager.prefetch(experts)
     if not placed:
         return 0
@@ -49,7 +49,7 @@ def prefetch_into(store: PagedExperts, experts: Sequence[int]) -> int:
 class CrossLayerPrefetch:
     """Prefetch for a model's paged stores, in MoE-layer order (one predictor, learned online per engine)."""
 
-    def __init__(self, stores: Sequence[PagedExperts], num_experts: int, top_k: int, decay: float = 1.0):
+    def __init__(self, stores: Sequence[ExpertStore], num_experts: int, top_k: int, decay: float = 1.0):
         self.stores, self.top_k = list(stores), top_k
         self.predictor = CrossLayerPredictor(len(self.stores), num_experts, decay)
         for position, store in enumerate(self.stores):

@@ -1,6 +1,6 @@
 """`RankSplit`: hybrid mode's CPU share of a decode step without slots, by routing rank, inside CUDA graphs.
 
-The eager hybrid step (`wisp.core.experts.hybrid_experts`) splits a layer's experts by their measured costs, so it
+The eager hybrid step (`wisp.core.experts.miss_policies`' in-place-or-cpu) splits a layer's experts by their measured costs, so it
 needs the routing on the host before it can launch anything for the GPU: per layer a host read, a Python
 split, the launches, a write back. On the H200's host that is about as long as the CPU's experts take.
 Here the share is fixed by rank instead: of each token's top-k pairs, those of rank k < n (`cpu_share`,
@@ -50,7 +50,7 @@ import torch
 from wisp.core.kernels.cpu_expert_kernels import native_experts_mlp, rank_split_rows, whole_in_native
 from wisp.core.kernels.expert_extras import extras_of
 from wisp.core.bank_keys import DOWN, GATE_UP
-from wisp.core.experts.hybrid_experts import cpu_pair_rows
+from wisp.core.experts.cpu_server import cpu_pair_rows
 from wisp.core.learners.hybrid_costs import HybridCosts
 
 LIVE_EMA = 0.05  # the weight of a layer-step in `RankSplit.live`, each rank's share of pairs that were not hot
@@ -58,16 +58,16 @@ LIVE_EMA = 0.05  # the weight of a layer-step in `RankSplit.live`, each rank's s
 
 class RankSplit:
     def __init__(self, store, max_batch: int, top_k: int, hidden: torch.Tensor):
-        """`store`: a `ZeroCopyHybridExperts` (its masters, kernels, CPU kernel, costs, pace, counters);
+        """`store`: an `ExpertStore` whose `rank_split` holds (its masters, kernels, CPU server, counters);
         `hidden`: a row like the experts' input (its width, dtype and device)."""
         self.store, self.top_k = store, top_k
         device, d = hidden.device, hidden.shape[-1]
         pinned = device.type == "cuda"
-        n = store.expert_map.numel()
+        n = store.num_experts
         self.cpu_share = torch.zeros((), dtype=torch.int64, device=device)  # n: ranks below it are the CPU's
         self._share = 0  # its value, as last set
         self._predicted_s: float | None = None  # a layer's predicted time at that share (the pace's reference)
-        self.expert_map = torch.cat([store.expert_map, torch.full((1,), -1, dtype=torch.int32, device=device)])  # [N+1]
+        self.expert_map = torch.cat([store.residency.in_place_map, torch.full((1,), -1, dtype=torch.int32, device=device)])  # [N+1]
         self.placeholder = n  # the CPU's pairs' id on the GPU: no slot
         self.ranks = torch.arange(top_k, device=device)  # [K]
         self.hidden_host = torch.zeros((max_batch, d), dtype=hidden.dtype, pin_memory=pinned)
@@ -83,7 +83,7 @@ class RankSplit:
         self.live = [1.0] * top_k
         self._refresh_due = False  # a refresh for `refresh_hot` at the step's end
         host = store.host
-        self._native = (store.cpu_experts.kernel is native_experts_mlp and hidden.dtype == torch.bfloat16
+        self._native = (store.cpu.cpu_experts.kernel is native_experts_mlp and hidden.dtype == torch.bfloat16
                         and all(host[key].is_contiguous() for key in (GATE_UP, DOWN))
                         and whole_in_native(host[GATE_UP][0], host[DOWN][0], extras_of(host), store.kernels.activation))
 
@@ -182,13 +182,13 @@ class RankSplit:
         cpu_pairs, gpu_pairs, hits = self._pairs_of(side)
         if side.computed:
             predicted = self.predicted_s(b, n) if self._predicted_s is None else self._predicted_s
-            cpu_at_probe_s, gpu_at_probe_s = self.sides_s(cpu_pairs, gpu_pairs, store.costs)  # against the probe's costs
+            cpu_at_probe_s, gpu_at_probe_s = self.sides_s(cpu_pairs, gpu_pairs, store.cpu.costs)  # against the probe's costs
             timed_pairs = timed and routed is not None and gpu_done is not None and gpu_pairs > 0
             gpu_s = routed.elapsed_time(gpu_done) / 1e3 if timed_pairs else 0.0  # ms -> s
             # the GPU's side past the CPU's, both from the routing's arrival (the device's clock against the host's)
             gpu_wait_s = max(0.0, gpu_s - side.cpu_s) if timed_pairs else host_wait_s
             link = (gpu_s, gpu_at_probe_s) if timed_pairs else None
-            store.pace.observe(side.cpu_s + gpu_wait_s, predicted, side.cpu_s, side.routing_wait_s, gpu_wait_s,
+            store.cpu.pace.observe(side.cpu_s + gpu_wait_s, predicted, side.cpu_s, side.routing_wait_s, gpu_wait_s,
                                ratio=(side.cpu_s, cpu_at_probe_s), link=link, cpu_ranks=n, gpu_s=gpu_s)
         c = store.counters
         c.steps += 1
@@ -239,7 +239,7 @@ class RankSplit:
         ids = self.cpu_ids_host[:b]  # a hot expert's pairs are -1 here: not the CPU's
         experts = sorted(e for e in set(ids[:, :n].reshape(-1).tolist()) if e >= 0)
         if experts:  # pairs index the CPU's ranks [B, n], token-major
-            pairs, rows = cpu_pair_rows(self.hidden_host[:b], ids[:, :n], store.cpu_experts, experts, n,
+            pairs, rows = cpu_pair_rows(self.hidden_host[:b], ids[:, :n], store.cpu.cpu_experts, experts, n,
                                         store.kernels.activation)
             self.rows_host[:b, :n][pairs // n, pairs % n] = rows
         return len(experts), len({e for e in ids.reshape(-1).tolist() if e >= 0})
@@ -250,7 +250,7 @@ class RankSplit:
         pairs scaled by the share of its recent pairs that were not hot (`live`, this layer's unless given).
         costs: the paced costs (worked out here unless given)."""
         live = self.live if live is None else live
-        costs = self.store.pace.costs(self.store.costs) if costs is None else costs
+        costs = self.store.cpu.pace.costs(self.store.cpu.costs) if costs is None else costs
         return max(self.sides_s(b * sum(live[:n]), b * sum(live[n:]), costs))
 
     @staticmethod
@@ -264,7 +264,7 @@ class RankSplit:
         """The n with the least predicted time for a b-token step (the smallest such); `live`, `costs` as in
         `predicted_s` (worked out once here unless given)."""
         live = self.live if live is None else live
-        costs = self.store.pace.costs(self.store.costs) if costs is None else costs
+        costs = self.store.cpu.pace.costs(self.store.cpu.costs) if costs is None else costs
         return min(range(self.top_k + 1), key=lambda n: (self.predicted_s(b, n, live, costs), n))
 
 

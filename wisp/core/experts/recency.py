@@ -9,7 +9,7 @@ which the next decode steps are most likely to route to again.
 
 The rule never depends on C, so LRU with it stays a stack algorithm and `wisp.plan.miss_curves`'s miss
 curves are exact at every capacity. The same rule is written three times, each checked against this
-one by tests: here (plain Python, for traces and models), in `wisp.core.experts.stores` (from one device read
+one by tests: here (plain Python, for traces and models), in `wisp.core.experts.recency.routed_counts_and_last_token` (from one device read
 of each expert's last token) and in `wisp.core.experts.device_pager` (inside the graph-safe Triton decision).
 
 A flat sequence of ids is a list of references in order: `distinct_in_order` keeps each id's last one.
@@ -18,6 +18,8 @@ A flat sequence of ids is a list of references in order: `distinct_in_order` kee
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+
+import torch
 
 
 def order_by_last_token(last_token: Sequence[int]) -> list[int]:
@@ -38,3 +40,13 @@ def touch_order(tokens: Iterable[Iterable[int]]) -> list[int]:
 def distinct_in_order(references: Iterable[int]) -> list[int]:
     """Distinct ids of a reference sequence, each at its last reference (least recent first)."""
     return list(reversed(dict.fromkeys(int(e) for e in reversed(list(references)))))
+
+
+def routed_counts_and_last_token(topk_ids: torch.Tensor, num_experts: int) -> tuple[list[int], list[int]]:
+    """Per expert: the pairs of `topk_ids` [T, K] routed to it and the last token that routes to it (-1:
+    none), in one host read."""
+    ids = topk_ids.reshape(-1).long()
+    token = torch.arange(topk_ids.shape[0], device=ids.device).repeat_interleave(topk_ids.shape[1])  # [T*K]
+    last = torch.full((num_experts,), -1, dtype=torch.long, device=ids.device).scatter_reduce_(0, ids, token, "amax")
+    both = torch.stack([torch.bincount(ids, minlength=num_experts), last]).tolist()
+    return both[0], both[1]
