@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from wisp.core.experts.recency import order_by_last_token
-from wisp.plan.controller import ControllerConfig, SplitController
-from wisp.plan.expert_stacks import ExpertStacks
-from wisp.plan.lru_stack import LruStack
+from wisp.engine.split_controller.controller import ControllerConfig, SplitController
+from wisp.engine.split_controller.expert_stacks import ExpertStacks
+from wisp.engine.split_controller.lru_stack import LruStack
 from wisp.plan.split import SplitProblem
 
 SHAPES = {"olmoe-like": (16, 64, 8), "qwen3-like": (48, 128, 8)}  # MoE layers, experts, top-k

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from wisp.cli import main as wisp
-from wisp.plan.commands import one_step_per_token
 from wisp.plan.plots import pyplot
-from wisp.plan.policies import LRFU_DECAY_PER_STEP, OUT_OF_DOMAIN, POLICIES, lrfu_misses, miss_table
+from wisp.sim.commands import one_step_per_token
+from wisp.sim.policies import LRFU_DECAY_PER_STEP, OUT_OF_DOMAIN, POLICIES, lrfu_misses, miss_table
 from wisp.trace.readers import load_any
 
 SHOWN = ("lru", "lfu", "lrfu", "arc", "opt", "static")  # the table's order

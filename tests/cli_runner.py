@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,3 +25,17 @@ def run_many(cases: dict, cache: Path, command: str = "generate") -> dict[str, s
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         futures = {name: pool.submit(run_wisp, args, cache, command=command) for name, args in cases.items()}
         return {name: f.result() for name, f in futures.items()}
+
+
+# the planner's two costs given, so `wisp plan` and `wisp sim` runs are deterministic (no probe)
+PLAN_COSTS = ["--seconds-per-byte", "2e-11", "--recompute-cost", "1e-4"]
+
+
+def record_demo_routing(trace: Path, cache: Path) -> dict:
+    """Write a routing trace to `trace` with `wisp generate --record-routing` on the demo model; the run's JSON
+    output (cap 16 = N: no prefill grouping, so the pager's steps are exactly the trace's steps; a one-token
+    prompt, so no step routes to more than top_k = 4 experts and every cap from 4 up is in the pager's domain)."""
+    proc = run_wisp(["--model", "demo", "--prompt", "H", "--max-tokens", "24", "--expert-cap", "16",
+                     "--device", "cpu", "--record-routing", trace, "--json"], cache)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)

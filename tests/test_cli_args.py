@@ -33,7 +33,7 @@ def test_parse_size_rejects(text):
 
 def test_option_names_match_the_engine():
     from wisp import config
-    from wisp.plan.policies import POLICIES
+    from wisp.sim.policies import POLICIES
 
     assert cli_args.MODES == config.MODES
     assert cli_args.MOE_BACKENDS == config.MOE_BACKENDS
@@ -55,8 +55,9 @@ for argv in json.loads(sys.argv[1]):
         except SystemExit as exc:
             assert exc.code == 0, (argv, exc.code)
     helps[" ".join(argv)] = out.getvalue()
+heavy = ("wisp.engine", "wisp.core", "wisp.plan.planner", "wisp.plan.commands", "wisp.sim.commands")
 print(json.dumps({"helps": helps, "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "numpy")
-                                                   or m.startswith(("wisp.engine", "wisp.core", "wisp.plan.planner", "wisp.plan.commands")))}))
+                                                   or m.startswith(heavy))}))
 """
 
 

@@ -1,8 +1,9 @@
 """The import rules of docs/architecture.md, checked on every import statement under wisp/.
 
 1. Layers: a package imports only from its own layer and the layers below it
-   (0 errors, options, cli_args; 1 core; 2 config, models, trace; 3 plan; 4 engine; 5 server, bench; 6 cli).
-   So the core (pager, kernels) never reaches the engine, server or CLI, and planning never the engine.
+   (0 errors, options, cli_args; 1 core; 2 config, models, trace; 3 plan; 4 engine; 5 server, bench, sim; 6 cli).
+   So the core (pager, kernels) never reaches the engine, server or CLI, planning never the engine, and the
+   research simulators (sim, which replay the engine's split controller) are reached by nothing below them.
 2. The core imports nothing but itself and `wisp.errors`, so other front ends can reuse it alone. Inside it
    the rooms go down too: bank keys; kernels; learners (online estimates); experts (residency, miss policies,
    the pager and the stores), so the kernels never reach a store and a learner never a policy.
@@ -24,15 +25,16 @@ LAYERS = {
     "wisp.config": 2, "wisp.models": 2, "wisp.trace": 2,
     "wisp.plan": 3,
     "wisp.engine": 4,
-    "wisp.server": 5, "wisp.bench": 5,
+    "wisp.server": 5, "wisp.bench": 5, "wisp.sim": 5,
     "wisp.cli": 6, "wisp.__main__": 6, "wisp": 6,  # wisp/__init__.py re-exports the engine's API lazily
 }
 # module file -> the only wisp modules (and their submodules) it may import at module level
 ARGUMENT_MODULES = {
     "cli_args.py": ("wisp.options",),
     "plan/args.py": ("wisp.cli_args", "wisp.models.presets"),
+    "sim/args.py": ("wisp.cli_args", "wisp.plan.args"),
     "bench/args.py": ("wisp.cli_args",),
-    "cli.py": ("wisp.cli_args", "wisp.plan.args", "wisp.bench.args", "wisp.errors", "wisp.options"),
+    "cli.py": ("wisp.cli_args", "wisp.plan.args", "wisp.sim.args", "wisp.bench.args", "wisp.errors", "wisp.options"),
 }
 HEAVY = ("torch", "numpy", "triton", "transformers", "fastapi", "uvicorn", "wisp.engine", "wisp.core", "wisp.config")
 

@@ -1,7 +1,7 @@
 """The `wisp` command line: `wisp generate|serve|plan|sim|bench ...`.
 
 Building the parser imports neither torch nor the engine (the argument definitions live in torch-free
-modules: wisp/cli_args.py, wisp/plan_args.py, wisp/bench/args.py); a command's implementation is
+modules: wisp/cli_args.py, wisp/plan/args.py, wisp/sim/args.py, wisp/bench/args.py); a command's implementation is
 imported only when it runs, so `wisp --help` is instant.
 
 Bad input is one line on stderr and exit status 2, never a traceback: argparse errors and every
@@ -24,7 +24,8 @@ from wisp.cli_args import (
 )
 from wisp.errors import WispError
 from wisp.options import is_hybrid_zero_copy
-from wisp.plan.args import add_parsers as add_plan_parsers
+from wisp.plan.args import add_parser as add_plan_parser
+from wisp.sim.args import add_parser as add_sim_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_generate_parser(sub)
     _add_serve_parser(sub)
-    add_plan_parsers(sub)
+    add_plan_parser(sub)
+    add_sim_parser(sub)
     add_bench_parser(sub)
     return parser
 
@@ -83,7 +85,7 @@ def _add_serve_parser(sub) -> None:
 def _start_split_controller(engine, plan) -> None:
     import logging
 
-    from wisp.plan.controller import ControllerConfig, SplitController, problem_of_plan
+    from wisp.engine.split_controller.controller import ControllerConfig, SplitController, problem_of_plan
 
     if plan.report is None:
         raise WispError("--split-controller needs the budget and costs a plan was solved under: a plan file written "
@@ -270,10 +272,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
     """The function that runs command `name`; plan and sim are imported only now (they load torch)."""
-    if name in ("plan", "sim"):
-        from wisp.plan.commands import cmd_plan, cmd_sim
+    if name == "plan":
+        from wisp.plan.commands import cmd_plan
 
-        return cmd_plan if name == "plan" else cmd_sim
+        return cmd_plan
+    if name == "sim":
+        from wisp.sim.commands import cmd_sim
+
+        return cmd_sim
     return {"generate": cmd_generate, "serve": cmd_serve, "bench": cmd_bench}[name]
 
 

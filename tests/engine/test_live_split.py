@@ -13,7 +13,7 @@ import torch
 from wisp.config import EngineConfig
 from wisp.engine.engine import LLMEngine
 from wisp.engine.sampling import SamplingParams
-from wisp.plan.controller import ControllerConfig, SplitController
+from wisp.engine.split_controller.controller import ControllerConfig, SplitController
 from wisp.plan.split import SplitProblem
 from wisp.trace.format import RoutingTrace
 from wisp.trace.session_replay import SessionRoutingReplay

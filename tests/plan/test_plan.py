@@ -23,13 +23,36 @@ SAVED = sorted(DOCS.glob("plan_*.json"))
 POOLS = {"per_layer_caps": [4, 4], "kv_blocks": 64, "kv_block_size": 16}
 
 
+# the cost model's keys in plan files written before they were named for its fields -> the fields
+OLD_COST_KEYS = {"t_byte_s": "seconds_per_byte", "recompute_cost_s_per_token": "recompute_seconds_per_token",
+                 "c_exp_s": "expert_miss_seconds", "c_kv_s": "kv_miss_seconds"}
+
+
+def renamed_cost_keys(obj: dict, names: dict) -> dict:
+    """`obj` with its cost model's keys renamed by `names`, in the same order."""
+    return {**obj, "cost_model": {names.get(k, k): v for k, v in obj["cost_model"].items()}}
+
+
 @pytest.mark.parametrize("path", SAVED, ids=[p.name for p in SAVED])
 def test_saved_plans_read_back_key_for_key(path):
-    obj = json.loads(path.read_text())
+    obj = json.loads(path.read_text())  # as checked in: the old cost-model keys
+    assert set(OLD_COST_KEYS) <= set(obj["cost_model"])
     plan = Plan.from_json(obj)
     assert plan.report is not None and list(plan.to_json()) == list(obj) == list(FILE_ORDER)
-    assert plan.to_json() == obj and Plan.from_json(plan.to_json()) == plan
+    assert plan.to_json() == renamed_cost_keys(obj, OLD_COST_KEYS) and Plan.from_json(plan.to_json()) == plan
     assert plan.report.cost_model.seconds_per_byte == obj["cost_model"]["t_byte_s"]
+
+
+def test_a_plan_is_written_with_the_cost_models_field_names_and_read_in_either_spelling():
+    plan = Plan.from_json(json.loads(SAVED[0].read_text()))
+    written = plan.to_json()["cost_model"]
+    assert list(written) == ["seconds_per_byte", "recompute_seconds_per_token", "tokens_per_request",
+                             "expert_miss_seconds", "kv_miss_seconds"]
+    assert not set(OLD_COST_KEYS) & set(written)
+    new_keys = {v: k for k, v in OLD_COST_KEYS.items()}
+    assert Plan.from_json(renamed_cost_keys(plan.to_json(), new_keys)) == plan  # the old spelling, back again
+    with pytest.raises(WispError, match="cost_model.kv_miss_seconds must be a number"):
+        Plan.from_json({**plan.to_json(), "cost_model": {**written, "kv_miss_seconds": "x"}}, "plan p.json")
 
 
 def test_a_planned_plan_round_trips_without_its_curves():

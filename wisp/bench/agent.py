@@ -43,8 +43,8 @@ from wisp.cli_args import backend_options
 from wisp.config import EngineConfig, ModelConfig, resolve_device
 from wisp.engine.engine import LLMEngine
 from wisp.engine.sampling import SamplingParams
+from wisp.engine.split_controller.controller import ControllerConfig, SplitController
 from wisp.models.token_embedding import embedding_on_host
-from wisp.plan.controller import ControllerConfig, SplitController
 from wisp.plan.planner import PlanInputs, make_plan
 from wisp.trace.format import RoutingTrace
 from wisp.trace.kv_trace import KVTrace

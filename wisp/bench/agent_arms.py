@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wisp.errors import WispError
-from wisp.plan.arms import half_half_cap, kv_blind_cap
 from wisp.plan.plan import Plan
+from wisp.sim.arms import half_half_cap, kv_blind_cap
 
 ARMS = ("mv-wsa", "50-50", "kv-blind", "zero-copy", "offload", "controller")
 CONTROLLER_STARTS = ("plan", "50-50", "kv-blind")

@@ -1,4 +1,4 @@
-"""LiveSplit: the online split controller (`wisp.plan.controller.SplitController`) driving a running engine.
+"""LiveSplit: the online split controller (`wisp.engine.split_controller.controller.SplitController`) driving a running engine.
 
 Registered with `LLMEngine.set_live_split`. It feeds the controller, live, what the offline planner reads
 from traces:
@@ -30,9 +30,9 @@ import numpy as np
 from wisp.engine.block_pool import chain_hash
 from wisp.engine.resize_timings import ResizeTimings
 from wisp.engine.routing_log import RoutingLog
-from wisp.plan.controller import Resize, SplitController
-from wisp.plan.expert_stacks import ExpertStacks
-from wisp.plan.lru_stack import LruStack
+from wisp.engine.split_controller.controller import Resize, SplitController
+from wisp.engine.split_controller.expert_stacks import ExpertStacks
+from wisp.engine.split_controller.lru_stack import LruStack
 
 log = logging.getLogger("wisp.controller")
 

@@ -2,24 +2,21 @@
 
 One concept per module:
 - `miss_curves`: exact LRU miss curves of the expert and KV streams (stack distances, one pass);
-  `decayed_histogram`: the online, exponentially forgotten version of such a curve;
 - `split`: one pageable budget split between expert slots and KV blocks (exact optimum, equimarginal
   cap); `per_layer`: per-layer curves from a routing trace and uneven per-layer caps;
 - `sizes`: a model's byte sizes; `probes`: the measured costs; `cost_model`: seconds per miss;
   `hybrid_cost`: a cap's expected decode miss time when misses have two servers (`--mode hybrid`), from
-  the per-step miss distribution (paged: exact LRU; hybrid: a replay of its policy), and the paged-or-hybrid advice (`wisp plan --hybrid-costs`);
+  the per-step miss distribution (paged: exact LRU; hybrid: a replay of its policy), and the paged-or-hybrid
+  advice (`wisp plan --hybrid-costs`); `hot_budget`: hybrid's hot experts sized from a budget;
 - `planner`: `make_plan`, inputs -> `plan.Plan` (typed, with its JSON form); `plan_file`, `plots`;
-- `policies` (ARC in `adaptive_replacement`), `simulate`, `arms`: the trace simulator (replacement
-  policies, allocator arms);
-- `controller`: the online split controller, fed stack distances online by `lru_stack` (KV blocks) and
-  `expert_stacks` (every MoE layer's experts, a step at a time); `controller_sim`, `session_sim`,
-  `session_arms`: it replayed over request streams (agent sessions) against fixed splits and a
-  per-workflow oracle;
-- `commands`: `wisp plan` and `wisp sim`.
+- `args` (torch-free) and `commands`: `wisp plan`.
+
+Elsewhere: the trace simulators behind `wisp sim` are wisp.sim; the online split controller and the
+live stack distances it is fed are wisp.engine.split_controller.
 
 Dependency rule: this package may import wisp.core, wisp.trace, wisp.models, wisp.config and
-wisp.errors, never wisp.engine, wisp.server, wisp.cli or wisp.bench (tests/test_layering.py);
-the engine's warm-up and the bench import it, not the other way round.
+wisp.errors, never wisp.engine, wisp.sim, wisp.server, wisp.cli or wisp.bench (tests/test_layering.py);
+the engine's warm-up and split controller, the simulators and the bench import it, not the other way round.
 
 The paper's symbols and their names in code (the symbols are used nowhere else in code):
 
@@ -40,6 +37,7 @@ The paper's symbols and their names in code (the symbols are used nowhere else i
     m_exp, m_kv expert curve, kv curve (PlanCurves)            misses at each cap / pool size
     T(C, kappa) latency, predicted_latency_s                   seconds per request
 
-Kept for compatibility: the plan file's cost-model keys t_byte_s, recompute_cost_s_per_token, c_exp_s
-and c_kv_s; the flags --t-byte and --recompute-cost; the symbols C, kappa, f and T(f) in plot labels.
+Kept for compatibility: plan files' old cost-model keys t_byte_s, recompute_cost_s_per_token, c_exp_s
+and c_kv_s (read, never written: `wisp.plan.plan`), and the flag --t-byte (a hidden alias of
+--seconds-per-byte).
 """

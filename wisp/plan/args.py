@@ -1,13 +1,15 @@
-"""The arguments of `wisp plan` and `wisp sim` (their implementations are in wisp/plan/commands.py).
+"""The arguments of `wisp plan` (its implementation is in wisp/plan/commands.py), and the budget arguments
+`wisp sim` shares (wisp/sim/args.py).
 
 Invariant: imports neither torch nor the engine (see wisp/cli_args.py), so building the parser is cheap.
+A renamed flag keeps its old spelling as a hidden alias: --t-byte is --seconds-per-byte.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from wisp.cli_args import CACHE_POLICIES, EMBEDDINGS, parse_size
+from wisp.cli_args import EMBEDDINGS, parse_size
 from wisp.models.presets import PRESETS
 
 
@@ -19,7 +21,8 @@ def add_budget_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-trace", default=None, help="KV workload (JSONL of requests, AgentInstruct sessions, ...)")
-    p.add_argument("--t-byte", type=float, default=None, help="seconds per host->device byte (default: probe)")
+    p.add_argument("--seconds-per-byte", type=float, default=None, help="seconds per host->device byte (default: probe)")
+    p.add_argument("--t-byte", type=float, dest="seconds_per_byte", default=None, help=argparse.SUPPRESS)  # old name
     p.add_argument("--recompute-cost", type=float, default=None, help="seconds per recomputed token (default: estimate)")
     p.add_argument("--reserve", type=parse_size, default=1 << 29, help="activations/workspace reserve (default 512MiB)")
     p.add_argument("--tokens-per-request", type=int, default=None)
@@ -29,32 +32,14 @@ def add_budget_args(p: argparse.ArgumentParser, required: bool) -> None:
                         "is not also the LM head): a host table is not budgeted")
 
 
-def add_parsers(sub) -> None:
+def add_parser(sub) -> None:
     plan = sub.add_parser("plan", help="split a VRAM budget between expert slots and the KV pool")
     add_budget_args(plan, required=True)
     plan.add_argument("--trace", required=True, help="routing trace (.npz/.jsonl, or a shared real trace)")
     plan.add_argument("--out", default=None, help="write the plan JSON here (default: stdout)")
-    plan.add_argument("--plot", default=None, help="write a PNG with both miss curves and T(f)")
+    plan.add_argument("--plot", default=None, help="write a PNG with both miss curves and the predicted latency by expert fraction")
     plan.add_argument("--hybrid-costs", default=None, metavar="FILE.json",
                       help="a JSON object of hybrid mode's costs (copy_s, cpu_rows, cpu_s_at_rows, optional "
                            "cpu_overhead_s; seconds): also compare paged (exact LRU) and --mode hybrid (simulated) "
                            "decode time per cap, and say whether hybrid at a smaller cap wins (docs/hybrid.md)")
 
-    sim = sub.add_parser("sim", help="replay a routing trace under cache policies and allocator arms")
-    sim.add_argument("--trace", required=True)
-    sim.add_argument("--policies", default="lru,opt,lfu,static", help=f"comma list of: {', '.join(CACHE_POLICIES)}")
-    sim.add_argument("--caps", default=None, help="comma list of capacities (default: top_k..N, up to 12 values)")
-    sim.add_argument("--per-token", action="store_true",
-                     help="every token its own step (the batch-1 decode view the planner prices), ignoring the "
-                          "trace's step column (e.g. the Qwen1.5 log's batched passes of up to 57 experts)")
-    sim.add_argument("--json", default=None, help="also write the results as JSON here")
-    sim.add_argument("--plot", default=None, help="write a PNG of hit rate against capacity per policy")
-    sim.add_argument("--sessions", nargs="+", default=None, metavar="FILE",
-                     help="agent-session KV traces (needs --model, --vram-budget): the online controller against the "
-                          "oracle, best static, the plan, 50-50 and KV-blind splits, per file and all back to back")
-    sim.add_argument("--replay-layers", action="store_true",
-                     help="with --sessions: replay a trace of fewer layers for every MoE layer at token offsets "
-                          "(an approximation, labelled as such in the output)")
-    sim.add_argument("--max-request-tokens", type=int, default=256,
-                     help="with --sessions: tokens one request computes, at most (default 256)")
-    add_budget_args(sim, required=False)

@@ -4,7 +4,7 @@ This module owns the miss curves m(C) that size the expert scratch and the KV po
 (`expert_miss_curve`, one MoE layer's routed-expert sets, replayed by `ExpertPager`) and the KV stream
 (`kv_miss_curve`, requests' full-block chain keys, replayed by `BlockPool`'s prefix cache). Here C is
 a capacity (expert slots, or KV blocks) and m[C] the misses at that capacity; the online, exponentially
-forgotten version of the same curve is `wisp.plan.decayed_histogram`.
+forgotten version of the same curve is `wisp.engine.split_controller.decayed_histogram`.
 
 Why one pass suffices (LRU with set semantics is a stack algorithm)
 ------------------------------------------------------------------

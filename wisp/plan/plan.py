@@ -5,8 +5,10 @@ blocks of `kv_block_size` tokens) plus, for a plan the planner made, its `report
 admission floor, the predictions and the cost model it chose by) and its `curves` (the miss curves and
 split problem behind it, for the plots and the simulator; never written to a file).
 
-JSON form: one flat object with the keys `wisp plan` has always written, in the same order (the cost
-model keeps its historical keys t_byte_s, recompute_cost_s_per_token, c_exp_s and c_kv_s). `from_json`
+JSON form: one flat object with the keys `wisp plan` has always written, in the same order; the cost
+model's keys are its field names (seconds_per_byte, recompute_seconds_per_token, expert_miss_seconds,
+kv_miss_seconds). Files written before those keys were renamed spell them t_byte_s,
+recompute_cost_s_per_token, c_exp_s and c_kv_s: they are still read (`_OLD_KEYS`), never written. `from_json`
 is the one place a plan is validated, with errors naming the file and the key: per_layer_caps (a list
 of integers) and kv_blocks (an integer) are required and kv_block_size defaults to 16, since a
 hand-written file may carry only what the engine applies; the report is read when the object has every
@@ -15,8 +17,9 @@ A plan made with `--hybrid-costs` carries one more key, last: "hybrid", the `Hyb
 when present; the engine does not apply it). `read_fields` checks other small JSON objects the same way
 (the `--hybrid-costs` file).
 
-Invariants: Plan.from_json(p.to_json()) == p (curves are not compared); without a hybrid advice the
-planner's to_json() is key for key and value for value what earlier versions wrote.
+Invariants: Plan.from_json(p.to_json()) == p (curves are not compared); a file in the old spelling loads
+to the same Plan as its rewrite with the new keys; without a hybrid advice the planner's to_json() is key
+for key and value for value what earlier versions wrote, but for the cost model's renamed keys.
 """
 
 from __future__ import annotations
@@ -127,7 +130,7 @@ def read_fields(cls, obj: object, source: str):
     a default may be left out), every value type-checked; WispError naming `source` otherwise."""
     if not isinstance(obj, dict):
         raise WispError(f"{source} is not a JSON object")
-    unknown = [k for k in obj if k not in _keys(cls)]
+    unknown = [k for k in obj if k not in _keys(cls) and k not in _OLD_KEYS.get(cls, {}).values()]
     if unknown:
         raise WispError(f"{source}: unknown key {unknown[0]!r}; the keys are {', '.join(_keys(cls))}")
     return _read(cls, obj, source, "")
@@ -140,9 +143,9 @@ FILE_ORDER = ("model", "expert_cap", "per_layer_caps", "kv_blocks", "kv_bytes", 
               "predicted_expert_misses_per_token_per_layer_caps", "predicted_kv_block_misses_per_request",
               "predicted_latency_s", "equimarginal_cap", "unconstrained", "cost_model", "trace")
 
-# field -> file key where they differ (the cost model's historical keys)
-_RENAMED = {CostModel: {"seconds_per_byte": "t_byte_s", "recompute_seconds_per_token": "recompute_cost_s_per_token",
-                        "expert_miss_seconds": "c_exp_s", "kv_miss_seconds": "c_kv_s"}}
+# field -> the key earlier plan files gave it, read when the field's own key is absent (never written)
+_OLD_KEYS = {CostModel: {"seconds_per_byte": "t_byte_s", "recompute_seconds_per_token": "recompute_cost_s_per_token",
+                         "expert_miss_seconds": "c_exp_s", "kv_miss_seconds": "c_kv_s"}}
 _NESTED = {"SplitOption": SplitOption, "CostModel": CostModel, "TraceSummary": TraceSummary,
            "HybridCosts": HybridCosts, "HybridCapCost": HybridCapCost}
 _SCALARS = {  # annotation -> (what it must be, check)
@@ -154,11 +157,19 @@ _TUPLE = "tuple[{}, ...]"  # a tuple field: a JSON list of its element type
 
 
 def _keys(cls) -> list[str]:
-    return [_RENAMED.get(cls, {}).get(f.name, f.name) for f in fields(cls)]
+    return [f.name for f in fields(cls)]
+
+
+def _key_in(cls, name: str, obj: dict) -> str | None:
+    """The key `obj` holds field `name` under: its own, else its old one (`_OLD_KEYS`); None if neither."""
+    if name in obj:
+        return name
+    old = _OLD_KEYS.get(cls, {}).get(name)
+    return old if old is not None and old in obj else None
 
 
 def _to_json(obj) -> dict:
-    return {key: _json_value(v) for key, v in zip(_keys(type(obj)), (getattr(obj, f.name) for f in fields(obj)))}
+    return {f.name: _json_value(getattr(obj, f.name)) for f in fields(obj)}
 
 
 def _json_value(v):
@@ -184,11 +195,13 @@ def _pools(obj: dict, source: str) -> tuple[list[int], int, int]:
 def _read(cls, obj: dict, source: str, prefix: str):
     """A (nested) dataclass from a JSON object whose keys are present; every value type-checked."""
     values = {}
-    for f, key in zip(fields(cls), _keys(cls)):
-        if key in obj:
+    for f in fields(cls):
+        key = _key_in(cls, f.name, obj)
+        if key is not None:
             values[f.name] = _value(f.type, obj[key], source, prefix + key)
         elif f.default is MISSING:
-            raise WispError(f"{source}: {prefix.rstrip('.')} has no {key}" if prefix else f"{source} has no {key}")
+            where = f"{source}: {prefix.rstrip('.')}" if prefix else source
+            raise WispError(f"{where} has no {f.name}")
     try:
         return cls(**values)
     except ValueError as exc:  # the dataclass's own checks (HybridCosts, HybridAdvice)

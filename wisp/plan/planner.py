@@ -16,7 +16,7 @@ and whether hybrid at a smaller cap (more KV) or at the same cap wins. The caps 
 applies stay the paged optimum's.
 
 The plan is a pure function of its inputs: give seconds_per_byte and recompute_seconds_per_token
-(--t-byte, --recompute-cost) and it is deterministic; left out, they are probed on `device`.
+(--seconds-per-byte, --recompute-cost) and it is deterministic; left out, they are probed on `device`.
 """
 
 from __future__ import annotations

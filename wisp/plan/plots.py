@@ -1,8 +1,8 @@
-"""The PNGs of `wisp plan --plot` (both miss curves and predicted latency by expert fraction) and
-`wisp sim --plot` (hit rate by capacity per policy).
+"""The PNG of `wisp plan --plot`: both miss curves and the predicted latency by expert fraction.
 
 matplotlib is optional: `pyplot` raises a WispError saying how to install it, and only when a plot is
-asked for. Plots are written with the file-only Agg backend.
+asked for (`wisp sim --plot`, wisp/sim/plots.py, uses it too). Plots are written with the file-only Agg
+backend.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from pathlib import Path
 
 from wisp.errors import WispError
 from wisp.plan.plan import Plan
-from wisp.plan.policies import OUT_OF_DOMAIN
 from wisp.plan.split import latency
 
 
@@ -52,17 +51,17 @@ def plot_plan(plan: Plan, path: str | Path) -> None:
 def _plot_expert_curve(ax, plan: Plan) -> None:
     exp, cap = plan.curves.expert, plan.report.expert_cap
     ax.plot(range(len(exp)), exp)
-    ax.axvline(cap, color="C3", ls="--", label=f"C = {cap}")
-    ax.set(xlabel="expert slots per layer (C)", ylabel="expert misses per token", title="expert miss curve (LRU, exact)")
+    ax.axvline(cap, color="C3", ls="--", label=f"{cap} slots")
+    ax.set(xlabel="expert slots per layer", ylabel="expert misses per token", title="expert miss curve (LRU, exact)")
     ax.legend()
 
 
 def _plot_kv_curve(ax, plan: Plan) -> None:
     kv = plan.curves.kv
     ax.plot(range(len(kv)), kv)
-    ax.axvline(plan.kv_blocks, color="C3", ls="--", label=f"kappa = {plan.kv_blocks}")
+    ax.axvline(plan.kv_blocks, color="C3", ls="--", label=f"{plan.kv_blocks} KV blocks")
     ax.axvline(plan.report.admission_floor_blocks, color="k", ls=":", label="admission floor")
-    ax.set(xlabel="KV blocks (kappa)", ylabel="block misses per request", title="KV miss curve (prefix cache, exact)")
+    ax.set(xlabel="KV blocks", ylabel="block misses per request", title="KV miss curve (prefix cache, exact)")
     ax.legend()
 
 
@@ -70,22 +69,9 @@ def _plot_latency(ax, plan: Plan) -> None:
     report = plan.report
     _, fractions, lat = latency_by_cap(plan)
     ax.plot(fractions, lat)
-    ax.axvline(report.expert_bytes / report.pageable_bytes, color="C3", ls="--", label="chosen f")
-    floor_f = 1 - report.admission_floor_blocks * report.block_bytes / report.pageable_bytes
-    ax.axvspan(floor_f, max(fractions + [floor_f]), color="0.85", label="below the KV floor")
-    ax.set(xlabel="expert fraction f of the pageable budget", ylabel="predicted latency per request (s)", title="T(f)")
+    ax.axvline(report.expert_bytes / report.pageable_bytes, color="C3", ls="--", label="chosen fraction")
+    floor_fraction = 1 - report.admission_floor_blocks * report.block_bytes / report.pageable_bytes
+    ax.axvspan(floor_fraction, max(fractions + [floor_fraction]), color="0.85", label="below the KV floor")
+    ax.set(xlabel="expert fraction of the pageable budget", ylabel="predicted latency per request (s)",
+           title="predicted latency by expert fraction")
     ax.legend()
-
-
-def plot_policies(caps: list[int], table: dict[str, list[int]], refs: int, path: str | Path) -> None:
-    """Hit rate (1 - misses / references) against capacity, one line per policy; OUT_OF_DOMAIN cells left out."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for p, misses in table.items():
-        pts = [(c, 1 - m / refs) for c, m in zip(caps, misses) if m != OUT_OF_DOMAIN]
-        ax.plot([c for c, _ in pts], [h for _, h in pts], marker="o", label=p)
-    ax.set(xlabel="expert slots per layer (C)", ylabel="hit rate", title="expert cache policies on the trace")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -3,7 +3,7 @@
 `probe_seconds_per_byte`: host->device copy time per byte (pinned memory on CUDA), best of 5 timed
 copies after one warm-up. `estimate_recompute_cost`: seconds to prefill one token, the model's active
 FLOPs per token at this device's measured GEMM rate. Both are only as good as the device is quiet;
-give `--t-byte` and `--recompute-cost` to make a plan deterministic.
+give `--seconds-per-byte` and `--recompute-cost` to make a plan deterministic.
 """
 
 from __future__ import annotations

@@ -20,13 +20,12 @@ Policies (misses counted per distinct expert per step, as `ExpertCounters.misses
 - "lrfu":   LRFU (Lee et al., 2001): an expert's combined recency and frequency CRF is the sum over its
             past references of (1/2)^(lambda * age), age in steps; evict the non-needed resident with
             the smallest CRF, ties by least recent use. lambda = LRFU_DECAY_PER_STEP = 0.03 (a reference's
-            weight halves every 33 steps), the best of a sweep on the Mixtral HumanEval trace only
-            (docs/replacement_policies.md; the other real traces are held out).
+            weight halves every 33 steps; why this value: docs/decisions/lrfu-decay-per-step.md).
             lambda = 0 is LFU exactly; a lambda so large that older references vanish below a double's
             precision (>= 53) is LRU exactly (both tested). History is kept for evicted experts too;
             like LFU it needs a step counter and a float per expert ever seen;
 - "arc":    ARC adapted to set steps (recency/frequency lists, ghost lists adapting the target, victims
-            only among non-needed residents): `wisp.plan.adaptive_replacement`;
+            only among non-needed residents): `wisp.sim.adaptive_replacement`;
 - "static": the C experts most referenced over the whole trace (ties: lowest id) are pinned and never
             change; every reference to another expert is a miss (served without caching). Not a demand
             policy: it is defined for every C >= 0, may hold fewer experts than a step needs, and can
@@ -59,8 +58,8 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from wisp.options import CACHE_POLICIES as POLICIES
-from wisp.plan.adaptive_replacement import arc_misses
 from wisp.plan.miss_curves import expert_miss_curve, expert_sets
+from wisp.sim.adaptive_replacement import arc_misses
 
 OUT_OF_DOMAIN = -1  # miss_table's entry where a demand policy cannot run (C < largest step set)
 LRFU_DECAY_PER_STEP = 0.03  # LRFU's lambda: a reference's weight halves every 1 / 0.03 = 33 steps

@@ -10,9 +10,9 @@ workload under these arms:
 - "controller": a `SplitController` started at the plan's cap, resizing between requests;
 - "best-static": the one fixed split best for the whole workload (it knows the future too);
 - "mv-wsa": the plan's cap, decided once beforehand;
-- "50-50" and "kv-blind": the caps of `wisp.plan.arms`.
+- "50-50" and "kv-blind": the caps of `wisp.sim.arms`.
 
-Streams come from `wisp.plan.session_sim`, seconds from `wisp.plan.controller_sim` (exact LRU misses
+Streams come from `wisp.sim.session_sim`, seconds from `wisp.sim.controller_sim` (exact LRU misses
 per request; the controller's figure is a lower bound once it grows a side). The controller prices an
 expert miss per token times the workload's mean tokens per request (the one figure it is given rather
 than learns), so its latency model and the simulator's agree.
@@ -29,12 +29,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from wisp.plan.arms import half_half_cap, kv_blind_cap
-from wisp.plan.controller import ControllerConfig, Resize
-from wisp.plan.controller_sim import (SimRequest, best_cap, oracle_splits, run_controller, static_seconds,
-                                      stream_seconds)
-from wisp.plan.session_sim import session_requests
+from wisp.engine.split_controller.controller import ControllerConfig, Resize
 from wisp.plan.split import SplitProblem
+from wisp.sim.arms import half_half_cap, kv_blind_cap
+from wisp.sim.controller_sim import (SimRequest, best_cap, oracle_splits, run_controller, static_seconds,
+                                      stream_seconds)
+from wisp.sim.session_sim import session_requests
 from wisp.trace.format import RoutingTrace
 from wisp.trace.kv_trace import KVTrace
 

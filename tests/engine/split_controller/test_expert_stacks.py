@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from wisp.core.experts.recency import order_by_last_token
-from wisp.plan.controller import ControllerConfig, SplitController
-from wisp.plan.expert_stacks import ExpertStacks
-from wisp.plan.lru_stack import LruStack
+from wisp.engine.split_controller.controller import ControllerConfig, SplitController
+from wisp.engine.split_controller.expert_stacks import ExpertStacks
+from wisp.engine.split_controller.lru_stack import LruStack
 from wisp.plan.split import SplitProblem
 
 

@@ -1,4 +1,4 @@
-"""The decayed histogram (`wisp.plan.decayed_histogram`): without decay it is the exact miss curve;
+"""The decayed histogram (`wisp.engine.split_controller.decayed_histogram`): without decay it is the exact miss curve;
 half-lives, explicit decay, the far bucket and long runs behave as documented."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tests.plan.test_miss_curves import SETTINGS, step_sequences
-from wisp.plan.decayed_histogram import DecayedHistogram
+from wisp.engine.split_controller.decayed_histogram import DecayedHistogram
 from wisp.plan.miss_curves import COLD, expert_miss_curve, stack_distances
 
 

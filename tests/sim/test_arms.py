@@ -1,4 +1,4 @@
-"""The allocator arms (`wisp.plan.arms`): the mv-wsa row is the plan's own prediction, every arm fits
+"""The allocator arms (`wisp.sim.arms`): the mv-wsa row is the plan's own prediction, every arm fits
 the pageable budget, and the JSON rows keep `wisp sim --json`'s keys."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 
 from wisp.config import ModelConfig
 from wisp.models.presets import preset
-from wisp.plan.arms import allocator_arms
 from wisp.plan.planner import PlanInputs, make_plan
+from wisp.sim.arms import allocator_arms
 from wisp.trace.format import RoutingTrace
 
 TRACE = Path(__file__).resolve().parents[2] / "docs" / "traces" / "qwen3_shape_random_8layer_trace.npz"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wisp.plan.decayed_histogram import DecayedHistogram
+from wisp.engine.split_controller.decayed_histogram import DecayedHistogram
 from wisp.plan.split import Split, SplitProblem, curve_at, latency, split
 
 

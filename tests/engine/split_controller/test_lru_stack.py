@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from wisp.core.experts.recency import distinct_in_order
-from wisp.plan.lru_stack import LruStack
+from wisp.engine.split_controller.lru_stack import LruStack
 from wisp.plan.miss_curves import kv_stack_distances, stack_distances
 
 steps = st.lists(st.lists(st.integers(0, 11), min_size=1, max_size=6), min_size=1, max_size=40)

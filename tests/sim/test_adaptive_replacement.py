@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.plan.adaptive_replacement import ArcLists, arc_misses
 from wisp.plan.miss_curves import expert_sets
+from wisp.sim.adaptive_replacement import ArcLists, arc_misses
 
 SETTINGS = settings(max_examples=80, deadline=None)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wisp.plan.controller import ControllerConfig, Resize, SplitController
+from wisp.engine.split_controller.controller import ControllerConfig, Resize, SplitController
 from wisp.plan.miss_curves import COLD
 from wisp.plan.split import SplitProblem
 

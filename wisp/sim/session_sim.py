@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wisp.plan.controller_sim import SimRequest
 from wisp.plan.miss_curves import COLD, kv_stack_distances, stack_distances
+from wisp.sim.controller_sim import SimRequest
 from wisp.trace.format import RoutingTrace
 from wisp.trace.kv_trace import KVTrace
 

@@ -1,4 +1,4 @@
-"""The controller replayed over a drifting request stream (`wisp.plan.controller_sim`)."""
+"""The controller replayed over a drifting request stream (`wisp.sim.controller_sim`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.plan.controller import ControllerConfig
-from wisp.plan.controller_sim import SimRequest, misses, simulate_controller, stream_seconds
+from wisp.engine.split_controller.controller import ControllerConfig
 from wisp.plan.miss_curves import COLD, miss_curve_from_distances
 from wisp.plan.split import SplitProblem
+from wisp.sim.controller_sim import SimRequest, misses, simulate_controller, stream_seconds
 
 EXPERT_MISS_S, TOKENS = 1e-3, 8
 

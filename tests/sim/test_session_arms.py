@@ -1,4 +1,4 @@
-"""The controller against fixed splits on session workloads (`wisp.plan.session_arms`), on synthetic streams."""
+"""The controller against fixed splits on session workloads (`wisp.sim.session_arms`), on synthetic streams."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from wisp.plan.controller_sim import SimRequest
-from wisp.plan.session_arms import SessionSetup, WorkloadResult, compare, compare_workloads, workflow_name
 from wisp.plan.split import SplitProblem
+from wisp.sim.controller_sim import SimRequest
+from wisp.sim.session_arms import SessionSetup, WorkloadResult, compare, compare_workloads, workflow_name
 from wisp.trace.format import RoutingTrace
 from wisp.trace.kv_trace import KVTrace
 

@@ -1,6 +1,6 @@
 """ARC (adaptive replacement cache) for one MoE layer's expert cache, adapted to set-valued steps.
 
-Owns `arc_misses(sets, capacity)`, the "arc" policy of `wisp.plan.policies.simulate`. It follows
+Owns `arc_misses(sets, capacity)`, the "arc" policy of `wisp.sim.policies.simulate`. It follows
 Megiddo and Modha's ARC (FAST 2003) with capacity c:
 - T1 holds residents referenced once since they were last loaded (recency), T2 residents referenced at
   least twice (frequency), each ordered least recently used first;
@@ -12,7 +12,7 @@ Megiddo and Modha's ARC (FAST 2003) with capacity c:
   into B2; a new id enters T1, a hit or a ghost hit moves the id to T2's most recent end.
 Ghost housekeeping is ARC's: |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c.
 
-The set adaptation (the pager's semantics, as every demand policy in `wisp.plan.policies`): a step's
+The set adaptation (the pager's semantics, as every demand policy in `wisp.sim.policies`): a step's
 experts, distinct and in touch order, are processed one by one as ARC requests, but a victim is never an
 expert of the current step (already processed or not). REPLACE takes the least recently used
 NON-NEEDED entry of the list ARC picks, and of the other list when that one holds only needed experts;

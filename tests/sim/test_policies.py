@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from wisp.core.experts.pager import ExpertPager
 from wisp.plan.miss_curves import expert_miss_curve, expert_sets
-from wisp.plan.policies import (
+from wisp.sim.policies import (
     OUT_OF_DOMAIN,
     POLICIES,
     lrfu_misses,

@@ -1,4 +1,4 @@
-"""Agent sessions as controller-simulation streams (`wisp.plan.session_sim`)."""
+"""Agent sessions as controller-simulation streams (`wisp.sim.session_sim`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wisp.plan.controller_sim import misses
 from wisp.plan.miss_curves import COLD, expert_miss_curve, stack_distances
-from wisp.plan.session_sim import session_requests
+from wisp.sim.controller_sim import misses
+from wisp.sim.session_sim import session_requests
 from wisp.trace.format import RoutingTrace
 from wisp.trace.kv_trace import KVTrace, read_kv_trace
 

@@ -1,6 +1,6 @@
 """`wisp sim`'s table: replacement policies replayed over every layer of a routing trace.
 
-`policy_table` sums each policy's misses (`wisp.plan.policies`) over the trace's layers at every
+`policy_table` sums each policy's misses (`wisp.sim.policies`) over the trace's layers at every
 capacity (LRU is the exact miss curve; OPT is the offline bound); `references` is the number of
 (step, expert) references those misses are out of. Invariant: a cell is OUT_OF_DOMAIN when any layer's
 cell is (a demand policy with a capacity below that layer's largest step).
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wisp.plan.policies import OUT_OF_DOMAIN, miss_table
+from wisp.sim.policies import OUT_OF_DOMAIN, miss_table
 from wisp.trace.format import RoutingTrace
 
 

@@ -1,4 +1,4 @@
-"""The online split controller (`wisp.plan.controller`): bounds, hysteresis, agreement with the offline
+"""The online split controller (`wisp.engine.split_controller.controller`): bounds, hysteresis, agreement with the offline
 split on exact counts, and the direction it moves when the workload drifts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.plan.controller import ControllerConfig, SplitController
+from wisp.engine.split_controller.controller import ControllerConfig, SplitController
 from wisp.plan.miss_curves import COLD, kv_miss_curve, kv_stack_distances, miss_curve_from_distances, stack_distances
 from wisp.plan.split import SplitProblem, split
 
