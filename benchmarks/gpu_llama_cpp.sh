@@ -71,8 +71,8 @@ a = torch.ones(64, 64, device='cuda'); (a @ a).sum().item(); time.sleep(1)"
   # RUNS: placement:llama.cpp's nvidia-smi peak there:our modes (the first also runs the TTFT prompts)
   for run in ${RUNS:?RUNS: placement:bytes:mode,mode ...}; do
     IFS=: read -r placement budget modes <<< "$run"; first_mcap=""
-    cap=$(python3 -c "from wisp.config import ModelConfig; from wisp.models.presets import preset
-from wisp.plan.sizes import cap_for_budget; print(cap_for_budget(ModelConfig.from_hf(preset('$wmodel')), $budget - $context, 2112))")
+    cap=$(python3 -c "from wisp.models.config_parsers import model_config; from wisp.models.presets import preset
+from wisp.plan.sizes import cap_for_budget; print(cap_for_budget(model_config(preset('$wmodel')), $budget - $context, 2112))")
     echo "$placement: llama.cpp $budget bytes, bare CUDA context $context: cap $cap"
     first_flags=()
     for spec in ${modes//,/ }; do  # mode[@cap][+hotH][+eager]: hybrid@0 is hybrid with no slots; +hot33: 33 hot

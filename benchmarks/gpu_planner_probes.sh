@@ -7,11 +7,11 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/server --wisp-device cuda -x 2>&1 | tee "$out/pytest_cuda.txt" | tail -3
 python3 - <<'PY' 2>&1 | tee "$out/probes.txt"
 import torch
-from wisp.config import ModelConfig
+from wisp.models.config_parsers import model_config
 from wisp.models.presets import preset
 from wisp.plan.probes import estimate_recompute_cost, probe_seconds_per_byte
 dev = torch.device("cuda")
-cfg = ModelConfig.from_hf(preset("qwen3-30b-a3b"))
+cfg = model_config(preset("qwen3-30b-a3b"))
 t = probe_seconds_per_byte(dev, 1 << 30)
 print(f"t_byte {t:.4e} s/B = {1 / t / 1e9:.1f} GB/s; recompute_cost {estimate_recompute_cost(cfg, dev):.4e} s/token")
 PY

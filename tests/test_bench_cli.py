@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.cli_runner import run_wisp
-from wisp.config import ModelConfig
+from wisp.models.config_parsers import model_config
 from wisp.models.loader import CheckpointReader
 from wisp.models.random_checkpoint import DEMO_CONFIG, RandomWeights, write_random_checkpoint
 
@@ -57,7 +57,7 @@ def test_a_budget_sizes_hybrid_without_slots_hot_experts(tmp_path):
     from wisp.plan.planner import PlanInputs
     from wisp.plan.sizes import ModelSizes
 
-    sizes, floor = ModelSizes.of(ModelConfig.from_hf(DEMO_CONFIG), 16), -(-(16 + 4 + 8) // 16)
+    sizes, floor = ModelSizes.of(model_config(DEMO_CONFIG), 16), -(-(16 + 4 + 8) // 16)
     budget = sizes.non_expert_bytes + PlanInputs.reserve_bytes + floor * sizes.block_bytes + 5 * sizes.slot_bytes
     out = tmp_path / "hot.json"
     flags = ["decode", "--model", "demo", "--load-format", "dummy", "--mode", "hybrid", "--expert-cap", "0",
@@ -78,7 +78,7 @@ def test_a_preset_needs_dummy_weights(tmp_path):
 
 def test_dummy_weights_equal_the_written_random_checkpoint(tmp_path):
     write_random_checkpoint(DEMO_CONFIG, tmp_path, seed=5)
-    disk, dummy = CheckpointReader(Path(tmp_path)), RandomWeights(ModelConfig.from_hf(DEMO_CONFIG), seed=5)
+    disk, dummy = CheckpointReader(Path(tmp_path)), RandomWeights(model_config(DEMO_CONFIG), seed=5)
     assert set(disk.where) == set(dummy.specs)
     assert all(torch.equal(disk.get(k), dummy.get(k)) for k in dummy.specs)
     disk.close()

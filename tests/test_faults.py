@@ -25,8 +25,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from wisp import LLM, SamplingParams, WispError
-from wisp.config import EngineConfig, ModelConfig
+from wisp.config import EngineConfig
 from wisp.engine.load_oom import RESERVE, DeviceBytes, oom_message
+from wisp.models.config_parsers import model_config, read_model_config
 from wisp.models.random_checkpoint import DEMO_CONFIG, write_random_checkpoint
 from wisp.trace.format import RoutingTrace
 
@@ -84,7 +85,7 @@ def pinning_fails(monkeypatch):
 
 @pytest.mark.parametrize("mode", ["paged", "offload"])
 def test_failed_pinning_falls_back_to_pageable_with_one_warning(ckpt, reference, pinning_fails, caplog, mode):
-    cfg = ModelConfig.from_dir(ckpt)
+    cfg = read_model_config(ckpt)
     with caplog.at_level(logging.WARNING):
         llm = LLM(str(ckpt), device="cpu", mode=mode, expert_cap=8 if mode == "paged" else None)
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -99,7 +100,7 @@ def test_failed_pinning_falls_back_to_pageable_with_one_warning(ckpt, reference,
 
 
 def test_failed_pinning_stops_zero_copy_with_the_size(ckpt, pinning_fails):
-    cfg = ModelConfig.from_dir(ckpt)
+    cfg = read_model_config(ckpt)
     with pytest.raises(WispError) as info:
         LLM(str(ckpt), device="cpu", mode="zero-copy")
     message = _one_line_error(info)
@@ -209,7 +210,7 @@ def test_oom_at_load_names_the_bytes_and_the_flags(ckpt, monkeypatch, where):
         engine_mod.LLMEngine(config)
     message = _one_line_error(info)
     monkeypatch.undo()
-    cfg = ModelConfig.from_dir(ckpt)
+    cfg = read_model_config(ckpt)
     engine = LLM(str(ckpt), device="cpu", expert_cap=8, kv_blocks=96).engine  # the same configuration, loaded
     stats = engine.stats()
     need = DeviceBytes.of(cfg, config, 96, engine.floor_blocks, engine.block_bytes)
@@ -234,7 +235,7 @@ def _non_expert_tensors(model):
 
 
 def test_oom_message_names_a_budget_that_fits():
-    cfg = ModelConfig.from_hf(SMALL)
+    cfg = model_config(SMALL)
     config = EngineConfig(model="x", expert_cap=16, max_model_len=256)
     floor_blocks, block_bytes = 4 * 256 // 16, 2 * 2 * 2 * 16 * 32 * 4
     need = DeviceBytes.of(cfg, config, 4 * floor_blocks, floor_blocks, block_bytes)

@@ -9,6 +9,9 @@
    the pager and the stores), so the kernels never reach a store and a learner never a policy.
 3. The modules that define the command line's arguments import neither torch nor the engine at module
    level, so `wisp --help` stays instant (tests/test_cli_args.py checks the whole import closure).
+4. Through everything it imports, at any depth: `wisp.config` reaches no `wisp.models` module (families
+   parse checkpoint configs, the config only holds them), and no `wisp.models` module reaches the engine,
+   the server or the CLI.
 """
 
 from __future__ import annotations
@@ -134,3 +137,60 @@ def test_no_front_end_asks_a_store_for_its_type(path):
             named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)} | {
                 n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
             assert not named & classes, f"{module_of(path)} asks for the type of {sorted(named & classes)}"
+
+
+def module_file(module: str) -> Path | None:
+    """The file of a wisp module (a package's __init__.py), or None when the name is no module."""
+    base = WISP.parent.joinpath(*module.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """The wisp modules a file imports anywhere (inside functions too), not under `if TYPE_CHECKING:`;
+    `from wisp.a import b` names wisp.a and, when b is a module, wisp.a.b."""
+    found: set[str] = set()
+    todo: list[ast.AST] = [ast.parse(path.read_text())]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo += node.orelse
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names if module_file(f"{node.module}.{a.name}"))
+        todo += ast.iter_child_nodes(node)
+    return {name for name in found if name == "wisp" or name.startswith("wisp.")}
+
+
+def import_closure(module: str) -> set[str]:
+    """Every wisp module that importing `module` can run: its imports, theirs, and the packages above each."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or (path := module_file(name)) is None:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))] + sorted(runtime_imports(path))
+    return seen
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_config_reaches_no_model_module():
+    closure = import_closure("wisp.config")
+    assert "wisp.errors" in closure and "wisp.options" in closure  # the walk follows the config's imports
+    assert not [m for m in closure if within(m, "wisp.models")]
+
+
+@pytest.mark.parametrize("path", sorted((WISP / "models").rglob("*.py")), ids=lambda p: str(p.relative_to(WISP)))
+def test_models_reach_no_engine_server_or_cli(path):
+    module = module_of(path)
+    above = [m for m in import_closure(module) if within(m, "wisp.engine") or within(m, "wisp.server")
+             or within(m, "wisp.cli")]
+    assert not above, f"{module} reaches {sorted(above)}"

@@ -1,28 +1,21 @@
 """Configuration: one normalised model config and the engine options, both frozen and validated once.
 
-`ModelConfig.from_hf` is the only place that reads a Hugging Face `config.json`. Naming differences
-shared by all families (num_experts vs num_local_experts, rope_theta vs rope_parameters) are resolved
-here; each family's own quirks (Mixtral's always-renormalised router, Qwen2-MoE's shared expert and
-sparse-step layout, OLMoE's full-width q/k norms) live in its entry of `wisp.models.families`. So the
-model code reads plain fields.
+`ModelConfig` holds a model's shape with one name per concept, whatever its checkpoint calls it; the value
+types it holds (`RopeScaling`, `MlaShape`) live here too. Reading a checkpoint's own config into one is the
+job of `wisp.models.config_parsers` (each family's quirks in its entry of `wisp.models.families`), so this
+module imports nothing from `wisp.models` and the model code reads plain fields.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from wisp.core.kernels.expert_extras import SILU, Activation
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
-from wisp.models.families import Family, family_for_architecture
-from wisp.models.mla import MlaShape
-from wisp.models.rope import RopeScaling
 from wisp.options import (ATTENTION_BACKENDS, DTYPE_NAMES, EMBEDDINGS, HYBRID_CPU_KERNELS, MAX_NUM_BATCHED_TOKENS, MODES,
                           IN_PLACE_MODES, MOE_BACKENDS, SCRATCH_MODES)
 
@@ -41,6 +34,42 @@ def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
     if key not in DTYPES:
         raise WispError(f"unsupported dtype {name!r}; choose one of: auto, {', '.join(DTYPES)}")
     return DTYPES[key]
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """The rotary embedding's scaling: "default", "linear" (frequencies / factor) or "yarn" (a blend of
+    both over beta_fast..beta_slow rotations of the original context, cos and sin times attention_factor).
+    `wisp.models.rope` turns it into inverse frequencies."""
+
+    kind: str = "default"
+    theta: float = 10000.0
+    factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    original_max_position_embeddings: int = 4096
+    truncate: bool = True
+    attention_factor: float = 1.0
+    mscale_all_dim: float = 0.0  # yarn's softmax-scale correction, read by MLA's scale (`wisp.models.hf_config`)
+
+
+@dataclass(frozen=True)
+class MlaShape:
+    """Multi-head latent attention's shape (DeepSeek-V2, `wisp.models.mla`): per head a query of nope_dim +
+    rope_dim and a value of v_dim, a latent of kv_lora_rank per token, queries through a LoRA pair of
+    q_lora_rank (None: one projection); softmax_scale includes yarn's correction."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_dim: int
+    softmax_scale: float
+
+    @property
+    def cache_dim(self) -> int:
+        """One token's cache entry: the latent, then the rope key."""
+        return self.kv_lora_rank + self.rope_dim
 
 
 @dataclass(frozen=True)
@@ -117,118 +146,6 @@ class ModelConfig:
             scales = (2 * inter // bo) * -(-d // bi) + -(-d // bo) * -(-inter // bi)
             return 3 * d * inter + 4 * scales + biases
         return 3 * d * inter * size + biases
-
-    @classmethod
-    def from_dir(cls, path: str | Path) -> "ModelConfig":
-        cfg_path = Path(path) / "config.json"
-        if not cfg_path.is_file():
-            raise WispError(f"no config.json in {path}")
-        try:
-            raw = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise WispError(f"{cfg_path} is not valid JSON: {exc}") from None
-        gen_path = Path(path) / "generation_config.json"
-        try:
-            gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-        except json.JSONDecodeError as exc:
-            raise WispError(f"{gen_path} is not valid JSON: {exc}") from None
-        try:
-            return cls.from_hf(raw, gen)
-        except KeyError as exc:
-            raise WispError(f"{cfg_path} has no {exc.args[0]!r} field") from None
-        except (TypeError, ValueError) as exc:
-            raise WispError(f"{cfg_path} has an invalid value: {exc}") from None
-
-    @classmethod
-    def from_hf(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None) -> "ModelConfig":
-        """A Hugging Face config.json (and generation_config.json) as one normalised config."""
-        archs = raw.get("architectures") or []
-        family = family_for_architecture(archs[0] if archs else None)
-        fp8_block, mxfp4 = _quantization(raw)
-        if mxfp4 and family.weights.fused_layout != "gpt_oss":
-            raise WispError(f"MXFP4 experts are supported for GPT-OSS checkpoints only, not {family.architecture}")
-        layout = _layout_fields(raw)
-        experts = _expert_fields(raw, family, layout["num_layers"])
-        rope = RopeScaling.from_hf(raw)
-        window = family.sliding_window(raw)
-        eos = _eos_token_ids(raw, generation or {})
-        attention = _attention_fields(raw)
-        mla = None
-        if family.mla:
-            mla = MlaShape.from_hf(raw, rope)
-            layout["head_dim"], attention["num_kv_heads"] = mla.cache_dim, 1
-            if raw.get("topk_method", "greedy") != "greedy":
-                raise WispError(f"unsupported topk_method {raw['topk_method']!r}; supported: greedy")
-        dtype = parse_dtype(raw.get("dtype") or raw.get("torch_dtype") or "float32") or torch.float32
-        return cls(family=family.name, architecture=family.architecture, vocab_size=int(raw["vocab_size"]),
-                   **layout, **attention, rope=rope, top_k=int(raw["num_experts_per_tok"]), **experts,
-                   attention_bias=family.attention_bias(raw), qk_norm=family.qk_norm, clip_qkv=raw.get("clip_qkv"),
-                   sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                   eos_token_ids=eos, dtype=dtype, fp8_block=fp8_block, mxfp4_experts=mxfp4,
-                   window_layers=family.window_layers(raw), attention_sinks=family.attention_sinks,
-                   routing=family.routing, expert_activation=family.expert_activation(raw),
-                   expert_bias=family.expert_bias, norm_weight_float32=family.norm_weight_float32, mla=mla,
-                   routed_scaling=float(raw.get("routed_scaling_factor") or 1.0), router_float32=family.router_float32,
-                   shared_expert_gated=family.shared_expert_gated)
-
-
-SUPPORTED_QUANTIZATION = ("fp8 (float8_e4m3fn weights with weight_scale_inv in 128 x 128 blocks), mxfp4 (GPT-OSS "
-                          "experts as *_blocks and *_scales)")
-
-
-def _quantization(raw: dict[str, Any]) -> tuple[tuple[int, int] | None, bool]:
-    """(the block of an FP8 block-scaled checkpoint or None, whether its experts are MXFP4). Any other
-    quantization (GPTQ, AWQ, bitsandbytes, compressed-tensors, other blocks...) is refused: its weights need
-    scales wisp does not apply, so loading it anyway would compute garbage."""
-    if raw.get("compression_config"):
-        raise WispError(f"the checkpoint is quantized (compression_config), which wisp does not support; supported: "
-                        f"{SUPPORTED_QUANTIZATION}, or float32, float16 and bfloat16 weights")
-    quant = raw.get("quantization_config")
-    if not quant:
-        return None, False
-    method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-    if method == "mxfp4":
-        return None, True
-    block = tuple(quant.get("weight_block_size") or ()) if isinstance(quant, dict) else ()
-    fmt = quant.get("fmt", "e4m3") if isinstance(quant, dict) else None
-    if method != "fp8" or block != (128, 128) or fmt != "e4m3":
-        raise WispError(f"the checkpoint is quantized (quant_method {method!r}, weight_block_size {list(block)}), "
-                        f"which wisp does not support; supported: {SUPPORTED_QUANTIZATION}, or float32, float16 "
-                        "and bfloat16 weights")
-    return (128, 128), False
-
-
-def _layout_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    hidden, n_heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
-    n_layers = int(raw["num_hidden_layers"])
-    head_dim = raw.get("head_dim") or hidden // n_heads
-    return dict(hidden_size=hidden, num_heads=n_heads, num_layers=n_layers, head_dim=int(head_dim))
-
-
-def _attention_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    return dict(num_kv_heads=int(raw.get("num_key_value_heads") or raw["num_attention_heads"]),
-                max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)))
-
-
-def _expert_fields(raw: dict[str, Any], family: Family, num_layers: int) -> dict[str, Any]:
-    n_experts = raw.get("num_experts") or raw.get("num_local_experts") or raw.get("n_routed_experts")
-    if not n_experts:
-        raise WispError(f"{family.architecture} config has no num_experts / num_local_experts / n_routed_experts")
-    moe_width, dense_width = family.expert_widths(raw)
-    return dict(num_experts=int(n_experts), moe_intermediate_size=moe_width, dense_intermediate_size=dense_width,
-                moe_layers=family.moe_layers(raw, num_layers), norm_topk_prob=family.norm_topk_prob(raw),
-                shared_expert_intermediate_size=family.shared_expert_width(raw))
-
-
-def _eos_token_ids(raw: dict[str, Any], generation: dict[str, Any]) -> tuple[int, ...]:
-    """EOS ids of config.json, then generation_config.json: in-vocabulary ints, each once, in order."""
-    eos: list[int] = []
-    for src in (raw.get("eos_token_id"), generation.get("eos_token_id")):
-        for tok in src if isinstance(src, list) else [src]:
-            if isinstance(tok, int) and 0 <= tok < int(raw["vocab_size"]) and tok not in eos:
-                eos.append(tok)
-    return tuple(eos)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from wisp.config import ModelConfig  # noqa: E402
+from wisp.models.config_parsers import model_config  # noqa: E402
 from wisp.models.presets import preset  # noqa: E402
 
 ARCHES = {"olmoe": gguf.MODEL_ARCH.OLMOE, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE}
@@ -102,7 +103,7 @@ def q8_0(x: torch.Tensor) -> np.ndarray:
 
 
 def write_gguf(model: str, out: Path, kind: str = "bf16", seed: int = 0) -> Path:
-    cfg = ModelConfig.from_hf(json.loads(Path(model).read_text()) if Path(model).is_file() else preset(model))
+    cfg = model_config(json.loads(Path(model).read_text()) if Path(model).is_file() else preset(model))
     if cfg.family not in ARCHES:
         raise SystemExit(f"no GGUF layout for {cfg.family}; supported: {', '.join(ARCHES)}")
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[ARCHES[cfg.family]])

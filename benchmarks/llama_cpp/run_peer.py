@@ -33,6 +33,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]  # wisp; gpu_pe
 
 from gpu_peak import PeakGpuMemory  # noqa: E402
 from wisp.config import ModelConfig  # noqa: E402
+from wisp.models.config_parsers import model_config  # noqa: E402
 from wisp.models.presets import preset  # noqa: E402
 
 PLACEMENTS = ("all-cpu", "half", "all-gpu")
@@ -105,7 +106,7 @@ def main() -> None:
     commit_file = ROOT / ".llama_cpp" / "COMMIT"
     args.commit = args.commit or (commit_file.read_text().strip() if commit_file.is_file() else "unknown")
     raw = json.loads(Path(args.model).read_text()) if Path(args.model).is_file() else preset(args.model)
-    cfg = ModelConfig.from_hf(raw)
+    cfg = model_config(raw)
     records = []
     for placement in args.placements.split(","):
         record = run_placement(args, placement, cfg)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from wisp.config import ModelConfig
+from wisp.models.config_parsers import model_config
 from wisp.models.presets import preset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def test_the_gguf_has_llama_cpps_tensors_in_the_presets_shapes(tmp_path, family,
     raw = dict(preset(family), num_hidden_layers=2, num_experts=4, hidden_size=64, intermediate_size=64,
                moe_intermediate_size=32, vocab_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    cfg = ModelConfig.from_hf(raw)
+    cfg = model_config(raw)
     out = gguf_random.write_gguf(str(tmp_path / "config.json"), tmp_path / "m.gguf", kind)
     reader = gguf.GGUFReader(out)
     arch = gguf_random.ARCHES[cfg.family]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from wisp.bench.routing import routing_for, uniform_trace
-from wisp.config import ModelConfig
+from wisp.models.config_parsers import model_config
 from wisp.models.random_checkpoint import DEMO_CONFIG
 from wisp.trace.format import RoutingTrace
 
 
 def test_the_uniform_trace_draws_distinct_experts_per_token_and_layer():
-    cfg = ModelConfig.from_hf(DEMO_CONFIG)
+    cfg = model_config(DEMO_CONFIG)
     trace = uniform_trace(cfg, 2100)  # spans three 1024-row draws
     ids = trace.ids
     assert ids.shape == (2100, len(cfg.moe_layer_ids), cfg.top_k) and trace.num_experts == cfg.num_experts
@@ -23,7 +23,7 @@ def test_the_uniform_trace_draws_distinct_experts_per_token_and_layer():
 
 
 def test_routing_labels_say_what_was_replayed(tmp_path):
-    cfg = ModelConfig.from_hf(DEMO_CONFIG)
+    cfg = model_config(DEMO_CONFIG)
     assert routing_for(None, cfg) == (None, "random-router")
     assert routing_for("uniform", cfg, 64)[1] == "uniform-iid"
     one_layer = tmp_path / "l0.npz"

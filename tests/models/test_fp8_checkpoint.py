@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 
 from tests.helpers import assert_quantized_gives_its_twins_bits
 from wisp import LLM
-from wisp.config import ModelConfig
 from wisp.core.kernels.fp8_blocks import FP8, dequantize_blocks
 from wisp.errors import WispError
+from wisp.models.config_parsers import model_config
 from wisp.models.presets import preset
 from wisp.plan.sizes import ModelSizes
 from wisp.models.random_checkpoint import RandomWeights, write_random_checkpoint
@@ -71,12 +71,12 @@ def test_fp8_runs_with_the_bits_of_its_dequantized_checkpoint(fp8_and_plain, mod
 
 
 def test_dummy_fp8_weights_and_sizes_follow_the_fp8_layout():
-    cfg = ModelConfig.from_hf(FP8_QWEN3)
+    cfg = model_config(FP8_QWEN3)
     reader = RandomWeights(cfg)
     key = "model.layers.0.mlp.experts.3.up_proj.weight"
     assert reader.get(key).dtype == FP8 and reader.get(key.replace(".weight", ".weight_scale_inv")).shape == (1, 2)
     assert reader.get("model.layers.0.mlp.gate.weight").dtype == torch.bfloat16  # the router stays plain
-    fp8, bf16 = (ModelConfig.from_hf(preset(name)) for name in ("qwen3-30b-a3b-fp8", "qwen3-30b-a3b"))
+    fp8, bf16 = (model_config(preset(name)) for name in ("qwen3-30b-a3b-fp8", "qwen3-30b-a3b"))
     assert fp8.expert_bytes == 3 * 2048 * 768 + 4 * (12 * 16 + 16 * 6)  # FP8 bytes + float32 block scales
     assert bf16.expert_bytes == 2 * 3 * 2048 * 768
     fp8_sizes, bf16_sizes = ModelSizes.of(fp8, 16), ModelSizes.of(bf16, 16)  # what `wisp plan` divides the budget by

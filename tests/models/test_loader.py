@@ -8,15 +8,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from wisp import LLM
-from wisp.config import ModelConfig
-from tests.core.stores import offload_store, paged_store, resident_store
+from wisp.models.config_parsers import read_model_config
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
 
 def test_expert_placement_by_mode(hf_checkpoints, device):
     path = hf_checkpoints["qwen3_moe"]
-    cfg = ModelConfig.from_dir(path)
+    cfg = read_model_config(path)
     dev = torch.device(device).type
     paged = LLM(str(path), device=device, mode="paged", expert_cap=3)
     for store in paged.model.experts.values():
@@ -48,7 +47,7 @@ def test_fused_expert_tensors_load_the_same(hf_checkpoints, tmp_path, device):
         tensors.update(load_file(f))
         f.unlink()
     (dst / "model.safetensors.index.json").unlink()
-    cfg = ModelConfig.from_dir(dst)
+    cfg = read_model_config(dst)
     for li in range(cfg.num_layers):
         p = f"model.layers.{li}.mlp.experts"
         gate_up, down = [], []

@@ -12,8 +12,8 @@ import transformers
 
 from tests.helpers import COMMON, FAMILY_SPECS
 from wisp import LLM
-from wisp.config import ModelConfig
 from wisp.errors import WispError
+from wisp.models.config_parsers import model_config
 from wisp.models.host_rows import gather_host_rows
 from wisp.models.presets import preset
 from wisp.models.token_embedding import TokenEmbedding, embedding_on_host
@@ -41,7 +41,7 @@ def test_the_table_leaves_the_device_only_beside_a_gpu_and_when_it_is_not_the_lm
     assert embedding_on_host("auto", cuda, tied=False) and embedding_on_host("host", cuda, tied=False)
     assert not embedding_on_host("device", cuda, tied=False) and not embedding_on_host("auto", cuda, tied=True)
     assert not embedding_on_host("auto", cpu, tied=False) and not embedding_on_host("host", cpu, tied=False)
-    cfg = ModelConfig.from_hf(preset("olmoe-1b-7b"))  # the planner's device bytes leave a host table out
+    cfg = model_config(preset("olmoe-1b-7b"))  # the planner's device bytes leave a host table out
     assert non_expert_params(cfg) - non_expert_params(cfg, embedding_on_host=True) == cfg.vocab_size * cfg.hidden_size
     tied = dataclasses.replace(cfg, tie_word_embeddings=True)
     assert non_expert_params(tied) == non_expert_params(tied, embedding_on_host=True)
@@ -76,7 +76,7 @@ def test_a_table_that_cannot_be_pinned_stays_on_the_device_unless_host_was_asked
     from wisp.models import loader
     from wisp.models.random_checkpoint import DEMO_CONFIG, RandomWeights
 
-    cfg = ModelConfig.from_hf(DEMO_CONFIG)
+    cfg = model_config(DEMO_CONFIG)
     reader = RandomWeights(cfg)
 
     def no_pinning(*args, **kwargs):

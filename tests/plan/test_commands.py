@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.cli_runner import PLAN_COSTS, record_demo_routing, run_many, run_wisp
-from wisp.config import ModelConfig
+from wisp.models.config_parsers import model_config
 from wisp.models.random_checkpoint import DEMO_CONFIG
 from wisp.trace.format import RoutingTrace
 
@@ -46,7 +46,7 @@ def test_plan_is_deterministic_and_complete(recorded, tmp_path):
     a, b = json.loads((tmp_path / "a.json").read_text()), json.loads((tmp_path / "b.json").read_text())
     assert a == b and PLAN_FIELDS <= set(a)
     host = json.loads((tmp_path / "h.json").read_text())
-    demo = ModelConfig.from_hf(DEMO_CONFIG)
+    demo = model_config(DEMO_CONFIG)
     assert a["non_expert_bytes"] - host["non_expert_bytes"] == demo.vocab_size * demo.hidden_size * 4  # float32
     assert (tmp_path / "a.png").stat().st_size > 10_000
     assert a["kv_blocks"] >= a["admission_floor_blocks"] == 4 * 512 // 16

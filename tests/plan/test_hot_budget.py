@@ -8,13 +8,14 @@ from hypothesis import strategies as st
 
 from wisp.config import ModelConfig
 from wisp.errors import WispError
+from wisp.models.config_parsers import model_config
 from wisp.models.presets import preset
 from wisp.models.random_checkpoint import DEMO_CONFIG
 from wisp.plan.hot_budget import hot_split
 from wisp.plan.planner import PlanInputs
 from wisp.plan.sizes import ModelSizes
 
-CONFIGS = {"demo": ModelConfig.from_hf(DEMO_CONFIG), "olmoe-1b-7b": ModelConfig.from_hf(preset("olmoe-1b-7b"))}
+CONFIGS = {"demo": model_config(DEMO_CONFIG), "olmoe-1b-7b": model_config(preset("olmoe-1b-7b"))}
 
 
 def smallest_budget(cfg: ModelConfig, inputs: PlanInputs) -> int:

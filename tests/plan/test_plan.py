@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from wisp.config import ModelConfig
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
+from wisp.models.config_parsers import model_config
 from wisp.models.presets import preset
 from wisp.plan.plan import FILE_ORDER, Plan
 from wisp.plan.planner import PlanInputs, make_plan
@@ -56,7 +56,7 @@ def test_a_plan_is_written_with_the_cost_models_field_names_and_read_in_either_s
 
 
 def test_a_planned_plan_round_trips_without_its_curves():
-    cfg = ModelConfig.from_hf(preset("qwen3-30b-a3b"))
+    cfg = model_config(preset("qwen3-30b-a3b"))
     trace = RoutingTrace.load(DOCS / "traces" / "qwen3_shape_random_8layer_trace.npz")
     inputs = PlanInputs(20 << 30, 4, 4096, seconds_per_byte=1.8e-11, recompute_seconds_per_token=2.3e-5)
     plan = make_plan(cfg, inputs, trace, None, torch.device("cpu"))
@@ -101,7 +101,7 @@ def test_plans_are_frozen():
 
 
 def test_hybrid_costs_add_an_advice_and_change_nothing_else():
-    cfg = ModelConfig.from_hf(preset("qwen3-30b-a3b"))
+    cfg = model_config(preset("qwen3-30b-a3b"))
     trace = RoutingTrace.load(DOCS / "traces" / "qwen3_shape_random_8layer_trace.npz")
     inputs = PlanInputs(20 << 30, 4, 4096, seconds_per_byte=1.8e-11, recompute_seconds_per_token=2.3e-5)
     costs = HybridCosts(copy_s=3.4e-3, cpu_rows=(1, 8), cpu_s_at_rows=(2e-3, 4e-3), cpu_overhead_s=1e-4)
@@ -134,7 +134,7 @@ def test_a_bad_hybrid_advice_names_the_key(change, fragment):
 
 
 def test_an_embedding_table_in_host_memory_leaves_its_bytes_to_the_split():
-    cfg = ModelConfig.from_hf(preset("qwen3-30b-a3b"))  # untied: 151936 x 2048 bf16, 622 MB
+    cfg = model_config(preset("qwen3-30b-a3b"))  # untied: 151936 x 2048 bf16, 622 MB
     trace = RoutingTrace.load(DOCS / "traces" / "qwen3_shape_random_8layer_trace.npz")
     inputs = PlanInputs(20 << 30, 4, 4096, seconds_per_byte=1.8e-11, recompute_seconds_per_token=2.3e-5)
     on_device = make_plan(cfg, inputs, trace, None, torch.device("cpu")).report

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from wisp.config import ModelConfig
 from wisp.engine.kv_cache import KVCache
+from wisp.models.config_parsers import model_config
 from wisp.models.presets import PRESETS, preset
 from wisp.models.random_checkpoint import DEMO_CONFIG, tensor_specs
 from wisp.plan.planner import PlanInputs
@@ -15,7 +15,7 @@ from wisp.plan.sizes import ModelSizes, cap_for_budget, non_expert_params
 
 
 def test_cap_for_budget_fills_the_budget_and_clamps():
-    cfg = ModelConfig.from_hf(DEMO_CONFIG)
+    cfg = model_config(DEMO_CONFIG)
     sizes = ModelSizes.of(cfg, 16)
     base = sizes.non_expert_bytes + -(-40 // 16) * sizes.block_bytes + PlanInputs.reserve_bytes
     assert cap_for_budget(cfg, base + 7 * sizes.slot_bytes + 1, 40) == 7
@@ -26,7 +26,7 @@ def test_cap_for_budget_fills_the_budget_and_clamps():
 @pytest.mark.parametrize("name", ["demo", *PRESETS])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_sizes_agree_with_the_engine_kv_cache_and_the_config(name, block_size):
-    cfg = ModelConfig.from_hf(DEMO_CONFIG if name == "demo" else preset(name))
+    cfg = model_config(DEMO_CONFIG if name == "demo" else preset(name))
     sizes = ModelSizes.of(cfg, block_size)
     engine_block = KVCache.block_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, cfg.dtype,
                                        cfg.kv_tensors)
@@ -39,7 +39,7 @@ def test_sizes_agree_with_the_engine_kv_cache_and_the_config(name, block_size):
 def test_sizes_count_every_tensor_a_checkpoint_of_the_shape_holds(name):
     """Against the tensors of a (random) checkpoint of that shape: the non-expert parameters, and for plain and
     MXFP4 experts the bytes of one expert (biases included)."""
-    cfg = ModelConfig.from_hf(DEMO_CONFIG if name == "demo" else preset(name))
+    cfg = model_config(DEMO_CONFIG if name == "demo" else preset(name))
     element = cfg.dtype.itemsize
     expert_bytes = other = 0
     for _, tensor, shape, _ in tensor_specs(cfg):

@@ -77,12 +77,12 @@ def test_split_controller_needs_a_budget_it_can_split(capsys, tmp_path):
 
 def _hot_budget(extra: int) -> str:
     """A --vram-budget for the demo model (4 x 256 tokens of KV) with `extra` slots' bytes past the KV floor."""
-    from wisp.config import ModelConfig
+    from wisp.models.config_parsers import model_config
     from wisp.models.random_checkpoint import DEMO_CONFIG
     from wisp.plan.planner import PlanInputs
     from wisp.plan.sizes import ModelSizes
 
-    sizes = ModelSizes.of(ModelConfig.from_hf(DEMO_CONFIG), 16)
+    sizes = ModelSizes.of(model_config(DEMO_CONFIG), 16)
     inputs = PlanInputs(0, 4, 256)
     return str(sizes.non_expert_bytes + inputs.reserve_bytes + inputs.admission_floor_blocks * sizes.block_bytes
                + extra * sizes.slot_bytes)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from wisp.config import ModelConfig
+from wisp.models.config_parsers import model_config
 from wisp.models.presets import preset
 from wisp.plan.planner import PlanInputs, make_plan
 from wisp.sim.arms import allocator_arms
@@ -17,7 +17,7 @@ TRACE = Path(__file__).resolve().parents[2] / "docs" / "traces" / "qwen3_shape_r
 
 
 def test_arms_price_the_plan():
-    cfg = ModelConfig.from_hf(preset("qwen3-30b-a3b"))
+    cfg = model_config(preset("qwen3-30b-a3b"))
     inputs = PlanInputs(24 << 30, 4, 4096, seconds_per_byte=1.8e-11, recompute_seconds_per_token=2.3e-5)
     plan = make_plan(cfg, inputs, RoutingTrace.load(TRACE), None, torch.device("cpu"))
     arms = allocator_arms(plan, cfg.num_experts)

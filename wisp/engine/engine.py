@@ -197,7 +197,7 @@ class LLMEngine:
         return [_output(seq) for seq in done]
 
     def set_live_split(self, controller) -> None:
-        """Let the online split controller (`wisp.plan.controller.SplitController`) resize the pools while
+        """Let the online split controller (`wisp.engine.split_controller.controller.SplitController`) resize the pools while
         serving, starting from its current split (None: stop); see `wisp.engine.live_split`."""
         if self.live_split is not None:
             self.live_split.close()

@@ -1,4 +1,4 @@
-"""Model code: the family registry, the generic MoE decoder, checkpoint loading, random checkpoints.
+"""Model code: the family registry, config parsing, the generic MoE decoder, checkpoint loading, random checkpoints.
 
-Nothing is imported here: `wisp.config` imports the family registry, and `wisp.models.source` imports
-`wisp.config`, so an eager import would be a cycle."""
+Nothing is imported here: `wisp --help` imports `wisp.models.presets` without torch, which an eager import
+of the rest would load. A checkpoint's config is read through `wisp.models.config_parsers`."""

@@ -1,7 +1,7 @@
 """The supported model families: one registry entry per architecture, registered by name.
 
 A `Family` holds everything that differs between architectures: how its config.json names things
-(read by `wisp.config.ModelConfig.from_hf` through the methods below), plain fields the model code
+(read by `wisp.models.hf_config` through the methods below), plain fields the model code
 reads (`qk_norm`, `router_dtype`), and where its checkpoint keeps each tensor (`weights`, a
 `wisp.models.weight_names.WeightNames`). No other module tests a family's name, so adding a family is
 one `register(Family(...))` here plus, if its tensors are named in a new style, one `WeightNames`.

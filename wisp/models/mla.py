@@ -1,6 +1,6 @@
 """Multi-head latent attention (DeepSeek-V2), computed on the compressed cache ("absorbed").
 
-Shapes (`MlaShape`): H heads; per head a query of nope_dim + rope_dim and a value of v_dim; a latent of
+Shapes (`wisp.config.MlaShape`): H heads; per head a query of nope_dim + rope_dim and a value of v_dim; a latent of
 kv_lora_rank per token. Per token and layer:
     latent = norm(kv_a(x)[:kv_lora_rank]),  k_rope = rope(kv_a(x)[kv_lora_rank:])   (one rope key for all heads)
     q = q_proj(x) (or q_b(norm(q_a(x)))), per head [q_nope | q_rope], q_rope = rope(q_rope)
@@ -22,41 +22,12 @@ Every per-token op is row-invariant (`wisp.core.kernels.rows`), so batch invaria
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from wisp.config import MlaShape
 from wisp.core.kernels import rows
-from wisp.models.rope import RopeScaling
-
-
-@dataclass(frozen=True)
-class MlaShape:
-    q_lora_rank: int | None
-    kv_lora_rank: int
-    nope_dim: int
-    rope_dim: int
-    v_dim: int
-    softmax_scale: float
-
-    @classmethod
-    def from_hf(cls, raw: dict[str, Any], rope: RopeScaling) -> "MlaShape":
-        """The shape from config.json, the softmax scale from its rope (`RopeScaling.from_hf` of the same)."""
-        nope, rope_dim = int(raw["qk_nope_head_dim"]), int(raw["qk_rope_head_dim"])
-        scale = (nope + rope_dim) ** -0.5
-        if rope.kind != "default" and rope.mscale_all_dim and rope.factor > 1:
-            m = 0.1 * rope.mscale_all_dim * math.log(rope.factor) + 1.0
-            scale *= m * m
-        q_lora = raw.get("q_lora_rank")
-        return cls(int(q_lora) if q_lora else None, int(raw["kv_lora_rank"]), nope, rope_dim, int(raw["v_head_dim"]),
-                   scale)
-
-    @property
-    def cache_dim(self) -> int:
-        """One token's cache entry: the latent, then the rope key."""
-        return self.kv_lora_rank + self.rope_dim
 
 
 @dataclass

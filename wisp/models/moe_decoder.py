@@ -23,6 +23,7 @@ from wisp.core.kernels import rows
 from wisp.core.experts.store import ExpertStore, lru_state_on
 from wisp.models.families import get_family
 from wisp.models.mla import MlaWeights, mla_attention
+from wisp.models.rope import inv_freq
 from wisp.models.token_embedding import TokenEmbedding
 
 
@@ -168,7 +169,7 @@ class MoEDecoder:
                 from wisp.core.kernels.triton_linear import triton_linear
 
                 self.linear = triton_linear
-        self.inv_freq = config.rope.inv_freq(config.rope_dim).to(self.device)
+        self.inv_freq = inv_freq(config.rope, config.rope_dim).to(self.device)
 
     # -- pieces -------------------------------------------------------------------------------------
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from wisp.config import ModelConfig
 from wisp.core.kernels.fp8_blocks import quantize_blocks, scale_key
+from wisp.models.config_parsers import model_config
 from wisp.models.families import get_family
 
 DEMO_VERSION = "v2"
@@ -217,7 +218,7 @@ def write_random_checkpoint(raw_config: dict[str, Any], path: str | Path, seed: 
     weights and their scales where the config has an fp8 quantization_config)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    cfg = ModelConfig.from_hf(raw_config)
+    cfg = model_config(raw_config)
     n_shards = cfg.num_layers + 1
     weight_map: dict[str, str] = {}
     reader = RandomWeights(cfg, seed, device)

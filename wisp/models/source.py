@@ -7,6 +7,7 @@ from pathlib import Path
 
 from wisp.config import EngineConfig, ModelConfig
 from wisp.errors import WispError
+from wisp.models.config_parsers import model_config, read_model_config
 from wisp.models.presets import PRESETS, preset
 
 
@@ -16,9 +17,9 @@ def model_source(config: EngineConfig) -> tuple[Path | None, ModelConfig]:
     if config.model in PRESETS:
         if config.load_format != "dummy":
             raise WispError(f"{config.model} is a shape preset with no weights: use --load-format dummy")
-        return None, ModelConfig.from_hf(preset(config.model))
+        return None, model_config(preset(config.model))
     path = resolve_model_path(config.model)
-    return path, ModelConfig.from_dir(path)
+    return path, read_model_config(path)
 
 
 def resolve_model_path(model: str | Path) -> Path:
