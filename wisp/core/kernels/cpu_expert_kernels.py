@@ -3,13 +3,13 @@
 Hybrid mode computes some experts of a decode step on the host, from the pinned masters, while the GPU
 computes the rest; a step's CPU side is bound by how fast the CPU reads those experts' weights.
 - "native" (the default with a GPU, where it builds): `native/bf16_rows_matmul.cpp`, bf16 weights against
-  float32 rows. On the H200's 16-core host it reads an OLMoE expert at about 71 GB/s, where torch's bf16
-  GEMV reads 25-47 and llama.cpp's CPU path about 64. Built on first use with torch's extension builder
-  (ninja and a C++ compiler; cached under torch's extension folder, rebuilt when the source changes).
+  float32 rows, read once for all rows (docs/decisions/native-cpu-expert-kernel.md). Built on first use with
+  torch's extension builder (ninja and a C++ compiler; cached under torch's extension folder, rebuilt when the
+  source changes).
 - "plain" (the fallback): torch's GEMM on exactly the routed rows.
 - "reference": `wisp.core.kernels.moe.expert_mlp`, the device's own row-invariant kernel, whose fixed 16-row tiles
-  cost 13x more at one row on a 2-core AVX2 host (11.9 against 0.9 ms for an OLMoE expert in bf16) but
-  give the device's bits on the CPU (the default for a CPU-only run, where nothing could be gained anyway).
+  make it slow at one row but give the device's bits on the CPU (the default for a CPU-only run, where nothing
+  could be gained anyway).
 
 Invariants:
 - one OpenMP runtime: the library links the one torch loaded, so its threads are torch's team, never a

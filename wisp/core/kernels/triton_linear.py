@@ -2,10 +2,9 @@
 Triton GEMM launch, on the GPU.
 
 `wisp.core.kernels.rows.linear` keeps a row's bits independent of its batch by cutting every input into 16-row
-tiles and calling the GEMM library once per tile: one launch per 16 tokens and weight, so a 2048-token
-prefill of OLMoE made 10,240 cuBLAS launches and its step was launch-bound (319 ms of wall for 126 ms of
-GPU work, `benchmarks/profile_steps.py`). Here one launch covers every row, and the invariance holds by
-construction instead:
+tiles and calling the GEMM library once per tile: one launch per 16 tokens and weight, which left a long
+prefill launch-bound (docs/decisions/dense-projections-as-one-triton-launch.md). Here one launch covers every
+row, and the invariance holds by construction instead:
 - program (block of N, block of M) computes a [BLOCK_M, BLOCK_N] output tile as a sum of `tl.dot`s over
   K in blocks of BLOCK_K, always in the same order, accumulated in float32 (no split-K);
 - the tile shape depends on (N, K) and the dtype only (`tile_for`), never on M, and M is not specialised

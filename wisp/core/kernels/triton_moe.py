@@ -67,8 +67,8 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
     dequantized as the torch kernels do: FMT 0 plain; 1 FP8 (float32 product with the 128 x 128 block's scale,
     rounded to the compute dtype); 2 MXFP4 (two e2m1 codes a byte, even column in the low nibble, times
     2^(e8m0 - 127): exact, built from the bits). col0 is a multiple of BLOCK_C, which divides the FP8 block, so
-    the tile's columns share one FP8 scale block: its scales are read once a row (a per-element gather made
-    the FP8 kernels 30x slower than plain bf16), and every element gets the same scale and product."""
+    the tile's columns share one FP8 scale block: its scales are read once a row
+    (docs/decisions/fp8-block-scale-read-once-a-row.md), and every element gets the same scale and product."""
     cols = col0 + tl.arange(0, BLOCK_C)
     mask = row_ok[:, None] & (cols < COLS)[None, :]
     if FMT == 2:
@@ -78,8 +78,7 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
         frac = 1.0 + 0.5 * (mag & 1).to(tl.float32)
         value = tl.where(e == 0, 0.5 * (mag & 1).to(tl.float32), frac * tl.where(e == 3, 4.0, tl.where(e == 2, 2.0, 1.0)))
         value = tl.where((code & 8) != 0, -value, value)
-        # a scale per element: broadcasting one per 32-column group instead was 26% slower on the H200
-        # (gpt-oss-20b resident prefill of 2048 tokens, 0.94 against 0.75 s: the layout conversions cost more)
+        # a scale per element, not one per 32-column group: docs/decisions/mxfp4-scale-gathered-per-element.md
         s = tl.load(sc + rows[:, None] * (COLS // 32) + cols[None, :] // 32, mask=mask, other=127).to(tl.uint32)
         return _rounded(value * (s << 23).to(tl.float32, bitcast=True), ROUND)
     tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)

@@ -2,15 +2,13 @@
 CPU's experts (`factor`) and, in the rank split, the GPU's in-place reads (`link_factor`).
 
 The start-up probe (`wisp.core.learners.hybrid_probe`) times the CPU kernel alone. In a step the CPU also shares
-host memory with the copies in flight and pays the rows' trips both ways, and a host's speed drifts
-(on the H200's host one Mixtral expert took 6.4-9.5 ms on the CPU from one run to the next, and 7.8 ms
-while a copy ran). So every hybrid step that uses the CPU measures its wall time, from the split until
-both sides are done (the CPU's rows computed, then a wait on the GPU's side); when the model's next
-step begins, the step's ratio, its layers' wall over their predicted times, joins the window. The split
-then multiplies the CPU's costs by `factor`, the median of the last WINDOW steps' ratios once there are
-MIN_RATIOS of them: a CPU slower in practice than in the probe gets fewer experts, and one that cannot
-help gets none. (Not from one step: on the H200 a process's first CPU
-steps took 8-16x their prediction, and one layer's ratio of 16 shut the CPU out until the next exploration.)
+host memory with the copies in flight and pays the rows' trips both ways, and a host's speed drifts. So every
+hybrid step that uses the CPU measures its wall time, from the split until both sides are done (the CPU's rows
+computed, then a wait on the GPU's side); when the model's next step begins, the step's ratio, its layers' wall
+over their predicted times, joins the window. The split then multiplies the CPU's costs by `factor`, the median
+of the last WINDOW steps' ratios once there are MIN_RATIOS of them: a CPU slower in practice than in the probe
+gets fewer experts, and one that cannot help gets none. Why a median over steps, not one step's ratio:
+docs/decisions/cpu-pace-is-a-median-of-steps.md.
 
 Where the CPU cannot help any step of a batch (with the scaled costs, one CPU expert of one row plus
 the overhead is no faster than the copies it would leave: `cpu_can_help`), the step is a paged step, so
@@ -19,22 +17,19 @@ probe's costs unscaled and a cleared window (`begin_step`), eagerly, so a CPU th
 (start-up, a noisy neighbour) is measured again.
 
 Each ratio is the CPU side's own time (the hybrid steps give it through `observe`'s `ratio`) against its
-time at the probe's costs. Not against the scaled costs the split used: the ratio would measure what is left
-after the scaling, and the factor would settle at the square root of the CPU's real slowness. Not the wall
-either: at the split's optimum the copies' side is as long as the CPU's, so the wall measures the link, and
-a slow link read as a slow CPU (on one H200 run a 0.3 ms wait a layer for the GPU's side raised the factor
-and moved work off the CPU onto the slow side).
+time at the probe's costs: not against the scaled costs the split used (the factor would settle at the square
+root of the CPU's real slowness), and not the wall (at the split's optimum the copies' side is as long as the
+CPU's, so the wall measures the link).
 
 The rank split (`wisp.core.experts.rank_split`) reads its GPU's pairs in place, which the probe prices as pinned
-copies; inside a step they ran 8-40% slower on the H200 (the CPU reads the same host memory meanwhile), and
-that error moves work onto the slower side (one process on host C chose 4 CPU ranks and waited 0.3 ms a layer
-for the GPU's side). So that side is paced too: each split layer's GPU pairs graph, timed on the device between
-two CUDA events (whichever side finished last; the span also holds the graph's launch and zero-fill, a few
-microseconds against 0.85 ms), against its pairs' time at the probed copy price, gives the step a link ratio,
-and `copy_s` is scaled by `link_factor`, the median of the window's link ratios, on the same rules (MIN_RATIOS,
-WINDOW, clamps, exploration). A step with no GPU pairs (a CPU share of every rank) adds no link ratio, so
-there the factor holds until the next exploration (EXPLORE_EVERY steps). Only the rank split measures it:
-the eager step's and `cpu_can_help`'s copy price is the probe's times whatever factor the split learnt.
+copies, and that price can be wrong too (the CPU reads the same host memory meanwhile). So that side is paced
+too: each split layer's GPU pairs graph, timed on the device between two CUDA events (whichever side finished
+last; the span also holds the graph's launch and zero-fill), against its pairs' time at the probed copy price,
+gives the step a link ratio, and `copy_s` is scaled by `link_factor`, the median of the window's link ratios,
+on the same rules (MIN_RATIOS, WINDOW, clamps, exploration). A step with no GPU pairs (a CPU share of every
+rank) adds no link ratio, so there the factor holds until the next exploration (EXPLORE_EVERY steps). Only the
+rank split measures it: the eager step's and `cpu_can_help`'s copy price is the probe's times whatever factor
+the split learnt. Why each side is learnt apart: docs/decisions/cpu-pace-learns-each-side-apart.md.
 
 Invariants: `factor` and `link_factor` are 1 until MIN_RATIOS steps' ratios are recorded, change only
 between steps, and are always within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as

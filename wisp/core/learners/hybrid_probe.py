@@ -2,16 +2,13 @@
 
 - copy_s: one expert copied from its pinned host master into a device tensor (the median of `repeats`);
 - cpu_s_at_rows: one expert's pairs computed on the CPU from the host master with the CPU kernel the layer
-  will use (`wisp.core.kernels.cpu_expert_kernels.CPU_EXPERT_KERNELS`) for each row count, the fastest of `repeats` + 2
-  after three warm-up calls
-  (what the CPU can do: `CpuPace` scales it by what steps measure; a median let one busy moment at load,
-  12 ms for a 0.24 ms OLMoE expert on the H200's host, shut the CPU out for good), then each row count's
-  time capped by the next larger one's, so the curve never falls with rows (a dip would break
-  `split_misses`' exactness argument) and a stall while timing a few rows is clipped rather than spread
-  to every row count (it was a running maximum: one load on the H200 timed one row at 16 ms against 0.24
-  ms in the run before, every row count inherited it, and the CPU got nothing for the whole process;
-  erring low is the safe side: `CpuPace` corrects a CPU slower than probed once steps use it, while one
-  probed too slow is never used, so never measured again);
+  will use (`wisp.core.kernels.cpu_expert_kernels.CPU_EXPERT_KERNELS`) for each row count, the fastest of
+  `repeats` + 2 after three warm-up calls (what the CPU can do: `CpuPace` scales it by what steps measure),
+  then each row count's time capped by the next larger one's, so the curve never falls with rows (a dip would
+  break `split_misses`' exactness argument) and a stall while timing a few rows is clipped rather than spread
+  to every row count. Erring low is the safe side: `CpuPace` corrects a CPU slower than probed once steps use
+  it, while one probed too slow is never used, so never measured again
+  (docs/decisions/probe-keeps-the-fastest-cpu-time.md);
 - cpu_overhead_s: one step's fixed cost of using the CPU at all: the hidden rows to the host and one row
   back to the device.
 

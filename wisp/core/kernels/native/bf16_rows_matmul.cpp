@@ -5,10 +5,8 @@
 // and sums in registers). The kBlock rows of a block lie in kBlock different 4 KB pages wherever a row is
 // shorter than a page: rows n, n + P, n + 2P, ... with P rows to a page, the block's P passes covering the
 // P x kBlock rows between. The CPU's L2 prefetcher follows one stream a page; two rows of one page read
-// side by side defeat it. Measured on the H200's 16-core host (one row against 4 OLMoE experts at once):
-// OLMoE's down [2048, 1024] read at 61 GB/s with 4 adjacent rows a block and 108 page-strided with 8,
-// its gate_up [2048, 2048] 102 against 123, Qwen3-30B-A3B's down [2048, 768] 53 against 129; a software
-// prefetch only slowed it. Threads come from ATen's pool (at::parallel_for; the library links the OpenMP
+// side by side defeat it (the measurements: docs/decisions/cpu-kernel-reads-rows-a-page-apart.md).
+// Threads come from ATen's pool (at::parallel_for; the library links the OpenMP
 // runtime torch loaded), the same team as torch's own CPU kernels; they claim the work a few blocks at a
 // time rather than in fixed shares. Each sum over k runs in 16 lanes (lane l takes k = l mod 16) folded
 // pairwise (8, 4, 2, 1) at the end, compiled without contraction into FMAs: the bits are the same on every
