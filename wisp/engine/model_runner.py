@@ -1,9 +1,10 @@
 """ModelRunner: a scheduled batch -> the model's forward over the KV pool -> one sampled token per sequence.
 
 Owns the tensor side of a step: the step's input tensors (token ids, per-sequence chunks of the KV
-pool), the choice between the eager forward and a CUDA-graph replay, graph capture, sampling, and the
-step-kind counters (tokens prefilled / decoded, graph steps). It reads the sequences of a batch and
-never changes their progress: the scheduler's `postprocess` does that with what `run` returns.
+pool), the eager forward, the decode strategy (`wisp.engine.decode`: chosen when the graphs are captured, it runs
+decode batches), graph capture, sampling, and the step-kind counters (tokens prefilled / decoded, graph and piece
+steps). It reads the sequences of a batch and never changes their progress: the scheduler's `postprocess` does
+that with what `run` returns.
 
 Extension points (benchmarks and tracing), in place of attributes patched onto the model:
 - routing observers (`add_routing_observer`): see every eager step's routed experts per MoE layer and
@@ -18,12 +19,10 @@ Sampling is per request: a sequence whose sampler raises gets a `RequestFailure`
 (`wisp.engine.request_failure`), and the others sample as usual; a failing forward raises from `run`.
 
 Invariants: a step samples exactly the sequences whose tokens this step reach their end (a prefill
-chunk short of its prompt's end only writes KV); a decode batch replays a graph only when graphs exist,
-it fits `graph_max_batch`, and no observer is registered (and, in hybrid mode, where the CPU could help
-a step, only when `StepKindChooser` measured graph steps faster; otherwise it replays the graph's pieces
-with the experts run eagerly between them, `DecodeGraphs.run_pieces`); capture writes only a block it holds from the
-pool meanwhile (so it may run while requests hold KV), and `capture_graphs` re-captures after the KV
-tensors or an expert scratch are reallocated.
+chunk short of its prompt's end only writes KV); a decode batch goes to the decode strategy only when it fits
+the strategy's `max_batch` and no observer is registered, every other batch runs eagerly; capture writes only a
+block it holds from the pool meanwhile (so it may run while requests hold KV), and `capture_graphs` re-captures
+after the KV tensors or an expert scratch are reallocated.
 """
 
 from __future__ import annotations
@@ -37,8 +36,10 @@ import torch
 from wisp.config import EngineConfig
 from wisp.core.experts.store import sync_all_counters
 from wisp.engine.block_pool import BlockPool
-from wisp.engine.step_kinds import EAGER, GRAPH, StepKindChooser
-from wisp.engine.cuda_graphs import DecodeGraphs
+from wisp.engine.decode.graphs import GraphCapture, GraphInputs
+from wisp.engine.decode.select import graph_strategy
+from wisp.engine.decode.step_kinds import StepKindChooser
+from wisp.engine.decode.strategy import DecodeStrategy, EagerDecode
 from wisp.engine.kv_cache import BlockTableKV, KVCache
 from wisp.engine.request_failure import SAMPLING, RequestFailure
 from wisp.engine.scheduler import Batch, decodes
@@ -81,10 +82,9 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.observers: list[RoutingObserver] = []
         self.replay: RoutingReplayer | None = None
-        self.graphs: DecodeGraphs | None = None
-        self.step_kinds = StepKindChooser()  # hybrid: graph or eager decode steps, by measured time
+        self.strategy: DecodeStrategy = EagerDecode(self)  # until graphs are captured
         self._capture_pending = False  # a capture that found no block to write its warm-up into
-        self._capture_stream: torch.cuda.Stream | None = None  # one for every (re-)capture: see DecodeGraphs
+        self._capture_stream: torch.cuda.Stream | None = None  # one for every (re-)capture (`GraphCapture`)
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -146,16 +146,20 @@ class ModelRunner:
         caps = [s.slots for s in self.model.experts.values() if s.slots is not None]
         return min(limit, min(caps) // self.model.config.top_k) if caps else limit
 
+    @property
+    def step_kinds(self) -> StepKindChooser:
+        """The measured choice between a CPU-helped and a whole-graph step (a fresh one where there is none)."""
+        return self.strategy.chooser or StepKindChooser()
+
     def drop_graphs(self) -> None:
         """Forget the graphs (before the KV tensors or a scratch they point at are reallocated)."""
-        self.graphs = None
+        self.strategy = EagerDecode(self)
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:
         """(Re)capture the decode graphs, writing only one block taken from the pool meanwhile."""
-        self.graphs = None
+        self.strategy = EagerDecode(self)  # new graphs (a new cap, a replay): a new strategy, measured afresh
         self._capture_pending = False
-        self.step_kinds = StepKindChooser()  # new graphs (a new cap, a replay): measure both kinds again
         if not self.graphs_enabled():
             return
         if self.pool.available() == 0:  # every block in use: decode eagerly until a step finds one free
@@ -178,8 +182,13 @@ class ModelRunner:
             width = -(-self.max_model_len // self.pool.block_size)
             if self._capture_stream is None:
                 self._capture_stream = torch.cuda.Stream(device=self.device)
-            self.graphs = DecodeGraphs(self.model, self.kv, self.graph_max_batch(), width, scratch_block,
-                                       self._capture_stream, piecewise=self.config.mode == "hybrid")
+            inputs = GraphInputs(self.device, self.graph_max_batch(), width, scratch_block)
+            strategy, capture = graph_strategy(self, self.model, self.kv, inputs), GraphCapture(self._capture_stream)
+            self.model.lru_state_on("device")
+            with torch.cuda.device(self.device):  # Triton launches on the current device
+                for b in range(inputs.max_batch, 0, -1):  # largest first: smaller graphs reuse its memory pool
+                    strategy.capture(b, capture)
+            self.strategy = strategy
         finally:
             self.model.routing_hook = hook
         sync_all_counters(stores)
@@ -198,61 +207,32 @@ class ModelRunner:
         if self._capture_pending and self.pool.available():
             self.capture_graphs()
         self._begin_step(batch)
-        if not self._may_replay_graph(batch):
-            return self._run_eager_step(batch)
-        b = len(batch.seqs)
-        if self.model.graph_step_ok(b):  # nothing an eager step could do better
-            return self._run_graph_step(batch)
-        kind, start = self.step_kinds.pick(b), time.perf_counter()  # hybrid: both kinds measured, the faster run
-        if kind == EAGER and self.graphs.splits and self.graphs.set_cpu_share(b) == 0 and not self.graphs.holds_hot:
-            kind = GRAPH  # no rank is worth the CPU's while: the whole graph, timed as what it is (with hot experts
-            # the split step still reads those from their bank, the whole graph would not)
-        out = self._run_graph_step(batch) if kind == GRAPH else self._run_pieces_step(batch)
-        self.step_kinds.record(b, kind, time.perf_counter() - start)
-        return out
+        if batch.is_decode and len(batch.seqs) <= self.strategy.max_batch and not self.observers:
+            return self.strategy.run(batch)
+        return self.eager_step(batch)
 
-    def _run_graph_step(self, batch: Batch) -> list[int | RequestFailure]:
-        return self._sample(batch.seqs, self._run_graph(batch.seqs))
-
-    def _run_pieces_step(self, batch: Batch) -> list[int | RequestFailure]:
-        """A decode step the CPU may help: the graphs' pieces with each MoE layer's experts run eagerly
-        between them (eagerly throughout where no pieces were captured); with no slots, the pieces with the
-        CPU's share of ranks between them (`DecodeGraphs.run_split`)."""
-        if not self.graphs.pieces:
-            return self._run_eager_step(batch)
-        seqs = batch.seqs
-        if self.graphs.splits:  # no slots: the CPU's share by rank (set by `run`), inside the graphs
-            logits = self.graphs.run_split(*self._graph_inputs(seqs))
-        else:
-            self.model.lru_state_on("host")  # the experts run on the host's LRU state, as in an eager step
-            logits = self.graphs.run_pieces(*self._graph_inputs(seqs), self.model.routed_experts)
-        self.piece_steps += 1
-        self.tokens_decoded += len(seqs)
-        return self._sample(seqs, logits)
-
-    def _run_eager_step(self, batch: Batch) -> list[int | RequestFailure | None]:
-        if self.graphs is not None:
+    # -- what a decode strategy asks of the runner (`wisp.engine.decode.strategy.DecodeRunner`) ----------------
+    def eager_step(self, batch: Batch) -> list[int | RequestFailure | None]:
+        if self.strategy.captured:
             self.model.lru_state_on("host")  # after graph decode: every layer's LRU state in one read
         sampling = [seq.num_computed + n == len(seq) for seq, n in zip(batch.seqs, batch.num_tokens)]
         logits = iter(self._run_eager(batch, sampling))
-        sampled = self._sample([s for s, keep in zip(batch.seqs, sampling) if keep], logits)
+        sampled = self.sample([s for s, keep in zip(batch.seqs, sampling) if keep], logits)
         tokens = iter(sampled)
         return [next(tokens) if keep else None for keep in sampling]
 
-    def _may_replay_graph(self, batch: Batch) -> bool:
-        return (batch.is_decode and self.graphs is not None and len(batch.seqs) <= self.graphs.max_batch
-                and not self.observers)
-
     @staticmethod
-    def _graph_inputs(seqs: list[Sequence]) -> tuple[list[int], list[int], list[list[int]]]:
+    def graph_inputs(seqs: list[Sequence]) -> tuple[list[int], list[int], list[list[int]]]:
         """A decode step's inputs as the graphs take them: each sequence's next token, its position, its blocks."""
         return [s.token_ids[s.num_computed] for s in seqs], [s.num_computed for s in seqs], [s.block_table for s in seqs]
 
-    def _run_graph(self, seqs: list[Sequence]) -> torch.Tensor:
-        logits = self.graphs.run(*self._graph_inputs(seqs))
-        self.graph_steps += 1
-        self.tokens_decoded += len(seqs)
-        return logits
+    def count(self, kind: str, batch_size: int) -> None:
+        """A decode step of `batch_size` sequences ran as "graph" (one replay) or "pieces"."""
+        if kind == "graph":
+            self.graph_steps += 1
+        else:
+            self.piece_steps += 1
+        self.tokens_decoded += batch_size
 
     def _run_eager(self, batch: Batch, sampling: list[bool]) -> torch.Tensor | list:
         """The logits [S, V] at the last token of each sequence that samples (S of them)."""
@@ -273,7 +253,7 @@ class ModelRunner:
             self.tokens_prefilled += n
 
     @staticmethod
-    def _sample(seqs: list[Sequence], logits) -> list[int | RequestFailure]:
+    def sample(seqs: list[Sequence], logits) -> list[int | RequestFailure]:
         """Each sequence's next token from its logits row, or its RequestFailure if its sampler raised."""
         tokens: list[int | RequestFailure] = []
         for seq, row in zip(seqs, logits):

@@ -268,7 +268,7 @@ class MoEDecoder:
         routed experts output `routed` [T, D]; runs layers until the next MoE layer is routed (a Piece at
         that layer) or through the last layer and the final norm (a Piece with layer None and x final).
         A piece is graph-safe unless a routing hook is set (it reads routing on the host): only the routed
-        experts between pieces may sync (piecewise CUDA graphs, `wisp.engine.cuda_graphs`)."""
+        experts between pieces may sync (the piece strategies, `wisp.engine.decode`)."""
         eps = self.config.rms_norm_eps
         if before is None:
             x, rope, start = self.embed(tokens), self.rope(positions), 0  # the rotation: once per forward

@@ -3,7 +3,9 @@
 Every expert mode, bfloat16, several requests at once so the batch size changes while they run; the
 graph engine must have replayed graphs and the eager engine none; a request's logits must not depend
 on its batch; paged counters at batch 1 equal the host pager's; a step replayed as pieces (hybrid mode's
-CPU-helped steps) equals the whole graph when the same experts run between the pieces.
+CPU-helped steps) equals the whole graph when the same experts run between the pieces. The strategies
+(`wisp.engine.decode`) are captured here directly, driven by a stand-in runner whose "sequences" are a step's
+(tokens, positions, tables) themselves.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import torch
 
 from wisp.config import EngineConfig
 from wisp.core.learners.hybrid_costs import HybridCosts
-from wisp.engine.cuda_graphs import DecodeGraphs
+from wisp.engine.decode.cpu_ranks import PiecesWithCpuRanks
+from wisp.engine.decode.graphs import GraphCapture, GraphInputs
+from wisp.engine.decode.pieces import PiecesWithEagerExperts
+from wisp.engine.decode.whole_graph import WholeGraph
 from wisp.engine.engine import LLMEngine
 from wisp.engine.kv_cache import DecodeBatchKV
 from wisp.engine.sampling import SamplingParams
@@ -23,6 +28,31 @@ if not torch.cuda.is_available():
 
 PROMPTS = [[(5 * i + 1) % 250 for i in range(n)] for n in (3, 21, 40)]
 MODES = [("paged", 4), ("paged", 6), ("resident", None), ("offload", None), ("zero-copy", None)]
+
+
+class StepRunner:
+    """A stand-in `DecodeRunner`: a step is given as its (tokens, positions, tables)."""
+
+    @staticmethod
+    def graph_inputs(step):
+        return step
+
+    def count(self, kind, batch_size):
+        pass
+
+
+def captured(eng: LLMEngine, scratch_block: int, *kinds):
+    """`kinds` captured for batches of 1 and 2 (4 blocks a table), in one pool; (their inputs, the strategies)."""
+    model = eng.model
+    inputs = GraphInputs(model.device, 2, 4, scratch_block)
+    strategies = [kind(StepRunner(), model, eng.kv, inputs) for kind in kinds]
+    capture = GraphCapture(torch.cuda.Stream())
+    model.lru_state_on("device")
+    with torch.cuda.device(model.device):
+        for b in (2, 1):
+            for strategy in strategies:
+                strategy.capture(b, capture)
+    return inputs, strategies
 
 
 def engine(mode, cap, eager, **kw) -> LLMEngine:
@@ -44,7 +74,7 @@ def run(eng: LLMEngine, prompts, max_tokens=(9, 14, 6)) -> list[list[torch.Tenso
 @pytest.mark.parametrize("mode,cap", MODES)
 def test_graph_decode_equals_eager(mode, cap):
     graphed, eager = engine(mode, cap, False), engine(mode, cap, True)
-    assert graphed.runner.graphs is not None and eager.runner.graphs is None
+    assert graphed.runner.strategy.captured and not eager.runner.strategy.captured
     a, b = run(graphed, PROMPTS), run(eager, PROMPTS)
     assert graphed.stats()["graph_steps"] > 0 and eager.stats()["graph_steps"] == 0
     for la, lb in zip(a, b):
@@ -71,7 +101,7 @@ def test_plan_resize_recaptures_graphs():
     eng = engine("paged", 6, False)
     before = run(eng, PROMPTS[:1], (8,))[0]
     eng.apply_plan([4] * len(eng.model.experts), eng.pool.num_blocks + 3)
-    assert eng.runner.graphs is not None
+    assert eng.runner.strategy.captured
     after = run(eng, PROMPTS[:1], (8,))[0]
     assert all(torch.equal(x, y) for x, y in zip(before, after))
 
@@ -80,16 +110,16 @@ def test_plan_resize_recaptures_graphs():
 def test_a_step_replayed_as_pieces_equals_the_whole_graph(mode, cap):
     eng = engine(mode, cap, False)
     model, blocks = eng.model, eng.pool.allocate(3)
-    graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True)
+    _, (graph, graphs) = captured(eng, blocks[2], WholeGraph, PiecesWithEagerExperts)
     moe_layers = sum(lw.router is not None for lw in model.layers)
     assert set(graphs.pieces) == {1, 2} and len(graphs.pieces[2]) == moe_layers + 1
     tables = [[blocks[0]], [blocks[1]]]
     for position in range(6):
         tokens = [7 + position, 100 + 3 * position]
-        whole = graphs.run(tokens, [position] * 2, tables).clone()
-        pieces = graphs.run_pieces(tokens, [position] * 2, tables, lambda p: model.routed_experts(p, graph_safe=True))
+        whole = graph.replay((tokens, [position] * 2, tables)).clone()
+        pieces = graphs.replay((tokens, [position] * 2, tables), lambda p: model.routed_experts(p, graph_safe=True))
         assert torch.equal(whole, pieces), position
-        one = graphs.run_pieces(tokens[:1], [position], tables[:1], lambda p: model.routed_experts(p, graph_safe=True))
+        one = graphs.replay((tokens[:1], [position], tables[:1]), lambda p: model.routed_experts(p, graph_safe=True))
         assert torch.equal(one[0], whole[0]), position  # and batch invariant
 
 
@@ -99,75 +129,73 @@ def test_a_hybrid_step_replayed_as_pieces_equals_its_eager_step():
     cpu_cheap = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))
     eng = engine("hybrid", 0, False, hybrid_costs=cpu_cheap)
     model, blocks = eng.model, eng.pool.allocate(3)
-    next(iter(model.experts.values())).pace.learn = False  # one pace for every layer: the costs stay as given
-    graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True, split=False)
-    with pytest.raises(RuntimeError):  # split pieces merge themselves
-        DecodeGraphs(model, eng.kv, 1, 4, blocks[2], torch.cuda.Stream(), piecewise=True).run_pieces(
-            [7], [0], [[blocks[0]]], model.routed_experts)
+    next(iter(model.experts.values())).cpu.pace.learn = False  # one pace for every layer: the costs stay as given
+    inputs, (graphs,) = captured(eng, blocks[2], PiecesWithEagerExperts)
     tables = [[blocks[0]], [blocks[1]]]
     for position in range(6):
         tokens = [7 + position, 100 + 3 * position]
-        pieces = graphs.run_pieces(tokens, [position] * 2, tables, model.routed_experts).clone()
+        model.lru_state_on("host")
+        pieces = graphs.replay((tokens, [position] * 2, tables), model.routed_experts).clone()
         assert all(store.cpu.last_split.to_cpu for store in model.experts.values())  # the CPU helped every layer
-        kv = DecodeBatchKV(eng.kv, graphs.tables[:2], graphs.positions[:2])  # the same staged inputs
-        eager = model.logits(model.forward_batch(graphs.tokens[:2], graphs.positions[:2], kv))
+        kv = DecodeBatchKV(eng.kv, inputs.tables[:2], inputs.positions[:2])  # the same staged inputs
+        eager = model.logits(model.forward_batch(inputs.tokens[:2], inputs.positions[:2], kv))
         assert torch.equal(pieces, eager), position
 
 
 @pytest.mark.parametrize("hot", [0, 2])
 def test_a_split_step_replayed_equals_the_same_split_run_eagerly(hot):
-    """Hybrid with no slots replays the CPU's share of ranks between the graphs (`run_split`): for each share,
-    the same as each layer's RankSplit run eagerly between eager pieces, and a token's logits do not
+    """Hybrid with no slots replays the CPU's share of ranks between the graphs (`PiecesWithCpuRanks`): for each share,
+    the same as each layer's RankShare run eagerly between eager pieces, and a token's logits do not
     depend on its batch. With hot experts, held in the bank after the graphs were captured (their pairs the
     GPU's from there, whatever their rank)."""
     eng = engine("hybrid", 0, False, hybrid_costs=HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4)),
                  hot_experts=hot)
     model, blocks = eng.model, eng.pool.allocate(3)
-    graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True)
+    inputs, (graphs,) = captured(eng, blocks[2], PiecesWithCpuRanks)
     for store in model.experts.values() if hot else ():
         store.hot.scores[[1, 4]] = 1e9  # held whatever the test routes
         assert store.hot.refresh() == 2
-    assert set(graphs.splits) == set(model.experts) and graphs.split_graphs[1] and graphs.split_graphs[2]
+    assert set(graphs.shares) == set(model.experts) and graphs.gpu_graphs[1] and graphs.gpu_graphs[2]
     tables, top_k = [[blocks[0]], [blocks[1]]], model.config.top_k
     for position in range(2 * top_k):
         share = position % (top_k + 1)
-        for split in graphs.splits.values():
-            split.set_share(share)
+        for split in graphs.shares.values():
+            split.worker.set_share(share)
         tokens = [7 + position, 100 + 3 * position]
-        replayed = graphs.run_split(tokens, [position] * 2, tables).clone()
-        alone = graphs.run_split(tokens[:1], [position], tables[:1])[0].clone()
-        kv = DecodeBatchKV(eng.kv, graphs.tables[:2], graphs.positions[:2])
-        piece = model.forward_piece(graphs.tokens[:2], graphs.positions[:2], kv)
+        replayed = graphs.replay((tokens, [position] * 2, tables)).clone()
+        alone = graphs.replay((tokens[:1], [position], tables[:1]))[0].clone()
+        kv = DecodeBatchKV(eng.kv, inputs.tables[:2], inputs.positions[:2])
+        piece = model.forward_piece(inputs.tokens[:2], inputs.positions[:2], kv)
         while piece.layer is not None:
-            split = graphs.splits[piece.layer]
-            split.send(piece.hidden, piece.topk_ids)
-            per_k = split.gpu_pairs(piece.hidden, piece.topk_ids)
+            split = graphs.shares[piece.layer]
+            split.captured.send(piece.hidden, piece.topk_ids)
+            per_k = split.captured.gpu_pairs(piece.hidden, piece.topk_ids)
             torch.cuda.synchronize()
-            split.serve(2, None, None)
-            piece = model.forward_piece(graphs.tokens[:2], graphs.positions[:2], kv, piece,
-                                        split.merge(per_k, piece.topk_ids, piece.topk_weights, model.dtype))
+            split.worker.serve(2, None, None)
+            piece = model.forward_piece(inputs.tokens[:2], inputs.positions[:2], kv, piece,
+                                        split.captured.merge(per_k, piece.topk_ids, piece.topk_weights, model.dtype))
         eager = model.logits(piece.x)
-        for split in graphs.splits.values():
-            split.refresh_hot()
+        for split in graphs.shares.values():
+            split.worker.refresh_hot()
         assert torch.equal(replayed, eager), (position, share)
         assert torch.equal(alone, replayed[0]), (position, share)
 
 
 def test_a_split_step_counts_and_paces_every_layer_once():
-    """`run_split` accounts for each layer after queuing the next one's graphs: every layer still counts one
+    """`PiecesWithCpuRanks` accounts for each layer after queuing the next one's graphs: every layer still counts one
     step and feeds the (shared) pace once a step, the last one too, with its GPU pairs timed on the device."""
     eng = engine("hybrid", 0, False, hybrid_costs=HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4)))
     model, blocks = eng.model, eng.pool.allocate(3)
-    graphs = DecodeGraphs(model, eng.kv, 2, 4, blocks[2], torch.cuda.Stream(), piecewise=True)
+    _, (graphs,) = captured(eng, blocks[2], PiecesWithCpuRanks)
     stores, top_k = list(model.experts.values()), model.config.top_k
-    pace = stores[0].pace
+    pace = stores[0].cpu.pace
     assert top_k >= 2 and all(store.cpu.pace is pace for store in stores)
     share = top_k // 2  # both servers have pairs
-    for split in graphs.splits.values():
-        split.set_share(share)
+    for split in graphs.shares.values():
+        split.worker.set_share(share)
     counted, paced, ranks, gpu_s = [s.counters.steps for s in stores], pace.totals.steps, pace.totals.cpu_ranks, pace.totals.gpu_s
     for position in range(3):
-        graphs.run_split([7 + position], [position], [[blocks[0]]])
+        graphs.replay(([7 + position], [position], [[blocks[0]]]))
     assert [s.counters.steps - c for s, c in zip(stores, counted)] == [3] * len(stores)
     assert pace.totals.steps - paced == 3 * len(stores)
     assert pace.totals.cpu_ranks - ranks == 3 * len(stores) * share and pace.totals.gpu_s > gpu_s

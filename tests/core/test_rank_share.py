@@ -1,5 +1,5 @@
-"""RankSplit: the CPU's share of a no-slot hybrid step by routing rank. Run eagerly here (the graphs are
-tests/engine/test_cuda_graphs.py's): it equals the eager hybrid step that sends the same experts to the CPU,
+"""RankShare: the CPU's share of a no-slot hybrid step by routing rank. Run eagerly here (the graphs are
+tests/engine/decode/test_graphs.py's): it equals the eager hybrid step that sends the same experts to the CPU,
 bit for bit; it is batch invariant for a fixed share; its counters and choice of share add up."""
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from tests.core.test_hybrid_experts import CPU_CHEAP, hold, zero_copy_pair
 from wisp.core.experts.hot_experts import HotExperts
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.core.experts.hybrid_split import MissSplit
-from wisp.core.experts.rank_split import RankSplit
+from wisp.core.experts.rank_share import RankShare
 
 
-def split_step(split: RankSplit, hidden, ids, weights, n: int) -> torch.Tensor:
+def split_step(split: RankShare, hidden, ids, weights, n: int) -> torch.Tensor:
     """One layer of a split step as the graphs run it, eagerly."""
-    split.set_share(n)
-    split.send(hidden, ids)
+    split.worker.set_share(n)
+    split.captured.send(hidden, ids)
     events = [torch.cuda.current_stream().record_event() for _ in range(2)] if hidden.is_cuda else [None, None]
-    per_k = split.gpu_pairs(hidden, ids)
-    split.serve(hidden.shape[0], *events)
-    out = split.merge(per_k, ids, weights, hidden.dtype)
-    split.refresh_hot()  # after the merge, as `run_split` does after the step's last layer
+    per_k = split.captured.gpu_pairs(hidden, ids)
+    split.worker.serve(hidden.shape[0], *events)
+    out = split.captured.merge(per_k, ids, weights, hidden.dtype)
+    split.worker.refresh_hot()  # after the merge, as `run_split` does after the step's last layer
     return out
 
 
@@ -35,7 +35,7 @@ def test_a_split_step_equals_the_eager_step_with_the_same_experts_on_the_cpu(dev
     host, _, _, _ = make(16, 1, 4, 31, dtype)
     hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
     eager, _ = zero_copy_pair(device, host, CPU_CHEAP)
-    split = RankSplit(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=dtype, device=device))
+    split = RankShare(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=dtype, device=device))
     for step in range(4):
         hidden, ids, weights = (x.to(device) for x in make(16, 1, 4, 700 + step, dtype)[1:])
         row = ids[0].tolist()
@@ -53,7 +53,7 @@ def test_a_token_gets_the_same_bits_alone_and_in_a_batch(device):
     """For a fixed share, which server computes a pair depends on its rank alone: batch invariant."""
     host, hidden, ids, weights = make(8, 3, 4, 41, torch.bfloat16)
     hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
-    split = RankSplit(hybrid, 4, 4, hidden.to(device))
+    split = RankShare(hybrid, 4, 4, hidden.to(device))
     hidden, ids, weights = hidden.to(device), ids.to(device), weights.to(device)
     batch = split_step(split, hidden, ids, weights, 2).clone()
     for t in range(3):
@@ -74,10 +74,10 @@ class SlowEvent:
 def test_the_hosts_waits_are_recorded_where_they_happen():
     host, hidden, ids, _ = make(8, 1, 4, 11, torch.float32)
     hybrid, _ = zero_copy_pair("cpu", host, CPU_CHEAP)
-    split = RankSplit(hybrid, 1, 4, hidden)
-    split.set_share(2)
-    split.send(hidden, ids)
-    split.serve(1, SlowEvent(0.02), SlowEvent(0.04))
+    split = RankShare(hybrid, 1, 4, hidden)
+    split.worker.set_share(2)
+    split.captured.send(hidden, ids)
+    split.worker.serve(1, SlowEvent(0.02), SlowEvent(0.04))
     t = hybrid.cpu.pace.totals
     assert t.steps == 1 and 0.02 <= t.routing_wait_s < 0.04 <= t.gpu_wait_s
     assert t.wall_s == pytest.approx(t.kernel_s + t.gpu_wait_s)  # the routing wait is before the wall starts
@@ -99,16 +99,16 @@ class DeviceTimedEvent(SlowEvent):
 def test_timed_events_give_the_pace_the_gpu_pairs_against_their_copy_price():
     host, hidden, ids, _ = make(8, 1, 4, 13, torch.float32)
     hybrid, _ = zero_copy_pair("cpu", host, CPU_CHEAP)
-    split = RankSplit(hybrid, 1, 4, hidden)
-    split.set_share(1)  # 1 rank on the CPU, 3 read in place
-    split.send(hidden, ids)
+    split = RankShare(hybrid, 1, 4, hidden)
+    split.worker.set_share(1)  # 1 rank on the CPU, 3 read in place
+    split.captured.send(hidden, ids)
     pace = hybrid.cpu.pace
-    split.serve(1, DeviceTimedEvent(4500.0), DeviceTimedEvent(0.0), timed=True)  # ms: the events' unit
+    split.worker.serve(1, DeviceTimedEvent(4500.0), DeviceTimedEvent(0.0), timed=True)  # ms: the events' unit
     pace.end_step()
     assert list(pace.link_ratios) == pytest.approx([4.5 / (3 * CPU_CHEAP.copy_s)])  # 1.5 x the copy price
     assert pace.totals.gpu_s == pytest.approx(4.5) and pace.totals.cpu_ranks == 1
-    split.set_share(4)
-    split.serve(1, DeviceTimedEvent(4500.0), DeviceTimedEvent(0.0), timed=True)  # no GPU pairs: no link ratio
+    split.worker.set_share(4)
+    split.worker.serve(1, DeviceTimedEvent(4500.0), DeviceTimedEvent(0.0), timed=True)  # no GPU pairs: no link ratio
     pace.end_step()
     assert len(pace.link_ratios) == 1 and pace.totals.gpu_s == pytest.approx(4.5) and pace.totals.cpu_ranks == 5
 
@@ -118,15 +118,15 @@ def test_a_layer_is_counted_and_paced_only_when_accounted_for_and_its_wall_is_th
     layer's graphs are queued), and with device-timed GPU pairs its wall is the later of the two sides."""
     host, hidden, ids, _ = make(8, 1, 4, 17, torch.float32)
     hybrid, _ = zero_copy_pair("cpu", host, CPU_CHEAP)
-    split = RankSplit(hybrid, 1, 4, hidden)
-    split.set_share(2)
-    split.send(hidden, ids)
-    side = split.rows_to_device(1, SlowEvent(0.01))
+    split = RankShare(hybrid, 1, 4, hidden)
+    split.worker.set_share(2)
+    split.captured.send(hidden, ids)
+    side = split.worker.rows_to_device(1, SlowEvent(0.01))
     c, t = hybrid.counters, hybrid.cpu.pace.totals
     assert side.computed == len(set(ids[0, :2].tolist())) and side.routing_wait_s >= 0.01
     assert (c.steps, c.misses, t.steps) == (0, 0, 0)  # nothing counted yet
-    assert torch.equal(split.rows[0, :2], split.rows_host[0, :2])  # the CPU's rows already sent
-    split.account(side, DeviceTimedEvent(3000.0), DeviceTimedEvent(0.0), timed=True)  # the GPU's side: 3 s
+    assert torch.equal(split.captured.rows[0, :2], split.captured.rows_host[0, :2])  # the CPU's rows already sent
+    split.worker.account(side, DeviceTimedEvent(3000.0), DeviceTimedEvent(0.0), timed=True)  # the GPU's side: 3 s
     assert (c.steps, c.misses, c.cpu_computed, t.steps) == (1, 4, side.computed, 1)
     assert t.kernel_s == side.cpu_s and t.gpu_wait_s == pytest.approx(3.0 - side.cpu_s)
     assert t.wall_s == pytest.approx(3.0) and t.gpu_s == pytest.approx(3.0)  # max(CPU side, GPU side)
@@ -136,13 +136,13 @@ def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
     host = make(8, 1, 4, 5, torch.float32)[0]
     link_slow = HybridCosts(copy_s=3.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # a pair read in place: 3 CPU experts
     hybrid, _ = zero_copy_pair(device, host, link_slow)
-    split = RankSplit(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1]), device=device))
-    assert split.cpu_share_for(1) == 3  # max(3 x 1, 1 x 3) = 3 beats 2 x 3 and 4 x 1
-    assert split.predicted_s(1, 3) == 3.0 and split.predicted_s(1, 0) == 12.0
+    split = RankShare(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1]), device=device))
+    assert split.worker.cpu_share_for(1) == 3  # max(3 x 1, 1 x 3) = 3 beats 2 x 3 and 4 x 1
+    assert split.worker.predicted_s(1, 3) == 3.0 and split.worker.predicted_s(1, 0) == 12.0
     hybrid.cpu.costs = HybridCosts(copy_s=0.5, cpu_rows=(1,), cpu_s_at_rows=(4.0,))  # the CPU slower than the link
-    assert split.cpu_share_for(1) == 0
+    assert split.worker.cpu_share_for(1) == 0
     with pytest.raises(ValueError, match="0..4"):
-        split.set_share(5)
+        split.worker.set_share(5)
 
 
 def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
@@ -158,23 +158,23 @@ def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
     ids = torch.tensor([[5, 1, 7, 2], [1, 5, 0, 3], [6, 1, 5, 4]])  # experts shared across tokens and ranks
     stores = [hybrid_zero_copy_store(host, torch.device("cpu"), CPU_CHEAP, StagingBuffers(host, torch.device("cpu")),
                                     cpu_kernel="native") for _ in range(2)]
-    native, python = (RankSplit(store, 3, 4, hidden) for store in stores)
-    assert native._native
-    python._native = False
+    native, python = (RankShare(store, 3, 4, hidden) for store in stores)
+    assert native.worker._native
+    python.worker._native = False
     for n in (1, 2, 3):
         for split in (native, python):
-            split.set_share(n)
-            split.rows_host.fill_(float("nan"))
-            split.send(hidden, ids)
-            split.serve(3, None, None)
+            split.worker.set_share(n)
+            split.captured.rows_host.fill_(float("nan"))
+            split.captured.send(hidden, ids)
+            split.worker.serve(3, None, None)
         cpu = (torch.arange(4) < n).expand(3, 4)  # the CPU's ranks: the only rows written
-        assert torch.equal(native.rows_host[cpu], python.rows_host[cpu]), n
-        assert native.rows_host[~cpu].isnan().all()
+        assert torch.equal(native.captured.rows_host[cpu], python.captured.rows_host[cpu]), n
+        assert native.captured.rows_host[~cpu].isnan().all()
     a, b = (store.counters for store in stores)
     assert (a.steps, a.misses, a.cpu_computed) == (b.steps, b.misses, b.cpu_computed) == (3, 3 * 8, 3 + 3 + 5)
 
 
-def split_step_against_eager(split: RankSplit, eager, row: list[int], hot: set[int], n: int, weights, seed: int,
+def split_step_against_eager(split: RankShare, eager, row: list[int], hot: set[int], n: int, weights, seed: int,
                              device) -> tuple[int, ...]:
     """One split step of routing `row` against the eager step that sends its non-hot experts of ranks < n to the
     CPU: equal bit for bit. Returns those experts."""
@@ -199,7 +199,7 @@ def test_hot_experts_pairs_come_from_the_bank_and_the_cpu_gets_only_the_others(d
     hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
     eager, _ = zero_copy_pair(device, host, CPU_CHEAP)
     hold(hybrid, HOT)
-    split = RankSplit(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
+    split = RankShare(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
     hits = misses = cpu = gpu_pairs = 0
     for step, row in enumerate(HOT_ROUTING):
         to_cpu = split_step_against_eager(split, eager, row, set(HOT), n, weights, 700 + step, device)
@@ -211,7 +211,7 @@ def test_hot_experts_pairs_come_from_the_bank_and_the_cpu_gets_only_the_others(d
     assert (c.steps, c.hits, c.misses, c.cpu_computed) == (len(HOT_ROUTING), hits, misses, cpu)
     assert c.bytes_h2d == gpu_pairs * hybrid.expert_bytes
     assert hybrid.hot.held == set(HOT) and hybrid.hot.steps == len(HOT_ROUTING)  # refreshed at step 4: kept
-    assert all(live < 1.0 for live in split.live)  # the prediction knows some pairs of every rank are hot
+    assert all(live < 1.0 for live in split.worker.live)  # the prediction knows some pairs of every rank are hot
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -222,7 +222,7 @@ def test_a_refresh_between_steps_changes_which_pairs_the_cpu_skips_from_the_next
     hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
     eager, _ = zero_copy_pair(device, host, CPU_CHEAP)
     hybrid.hold_hot(2)
-    split = RankSplit(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
+    split = RankShare(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
     sets = []
     for step, row in enumerate(HOT_ROUTING):
         held = set(hybrid.hot.held)
@@ -236,11 +236,11 @@ def test_the_prediction_scales_both_sides_by_the_pairs_that_are_not_hot():
     host = make(8, 1, 4, 5, torch.float32)[0]
     hybrid, _ = zero_copy_pair("cpu", host, HybridCosts(copy_s=3.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,)))
     hold(hybrid, [0])
-    split = RankSplit(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1])))
-    assert split.predicted_s(1, 3) == 3.0
-    split.live = [0.0, 0.5, 1.0, 1.0]  # hot experts are mostly the first ranks
-    assert split.predicted_s(1, 2) == 6.0 and split.predicted_s(1, 0) == 7.5  # max(0.5 x 1, 2 x 3), 2.5 x 3
-    assert split.cpu_share_for(1) == 4  # 2.5 CPU experts against nothing read in place
+    split = RankShare(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1])))
+    assert split.worker.predicted_s(1, 3) == 3.0
+    split.worker.live = [0.0, 0.5, 1.0, 1.0]  # hot experts are mostly the first ranks
+    assert split.worker.predicted_s(1, 2) == 6.0 and split.worker.predicted_s(1, 0) == 7.5  # max(0.5 x 1, 2 x 3), 2.5 x 3
+    assert split.worker.cpu_share_for(1) == 4  # 2.5 CPU experts against nothing read in place
 
 
 def test_the_native_host_side_skips_the_hot_experts_as_the_kernel_path_does():
@@ -256,16 +256,16 @@ def test_the_native_host_side_skips_the_hot_experts_as_the_kernel_path_does():
                                     cpu_kernel="native") for _ in range(2)]
     for store in stores:
         hold(store, [1, 7])
-    native, python = (RankSplit(store, 3, 4, hidden) for store in stores)
-    assert native._native
-    python._native = False
+    native, python = (RankShare(store, 3, 4, hidden) for store in stores)
+    assert native.worker._native
+    python.worker._native = False
     for split in (native, python):
-        split.set_share(3)
-        split.rows_host.fill_(float("nan"))
-        split.send(hidden, ids)
-        split.serve(3, None, None)
+        split.worker.set_share(3)
+        split.captured.rows_host.fill_(float("nan"))
+        split.captured.send(hidden, ids)
+        split.worker.serve(3, None, None)
     cpu = (torch.arange(4) < 3) & ~torch.isin(ids, torch.tensor([1, 7]))  # the CPU's pairs: the only rows written
-    assert torch.equal(native.rows_host[cpu], python.rows_host[cpu])
-    assert not native.rows_host[cpu].isnan().any() and native.rows_host[~cpu].isnan().all()
+    assert torch.equal(native.captured.rows_host[cpu], python.captured.rows_host[cpu])
+    assert not native.captured.rows_host[cpu].isnan().any() and native.captured.rows_host[~cpu].isnan().all()
     a, b = (store.counters for store in stores)
     assert (a.hits, a.misses, a.cpu_computed) == (b.hits, b.misses, b.cpu_computed) == (2, 6, 3)  # 5, 0 and 6 on the CPU

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wisp.engine.step_kinds import EAGER, GRAPH, StepKindChooser
+from wisp.engine.decode.step_kinds import EAGER, GRAPH, StepKindChooser
 
 
 def drive(chooser: StepKindChooser, steps: int, seconds: dict[str, float], batch: int = 1) -> list[str]:
