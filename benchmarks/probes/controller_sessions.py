@@ -1,7 +1,7 @@
 """Question (the paper's Table 5, simulated on the CPU): does the online split controller come within 5% of the
 per-workflow oracle on agent sessions, and beat the best static split when the workload drifts? Against the
 oracle, the best static split, the plan, 50-50 and KV-blind, each as `wisp sim --sessions` runs it
-(`wisp.plan.session_arms`); one record of every run.
+(`wisp.sim.session_arms`); one record of every run.
 
 Asked: 2026-12-01.
 

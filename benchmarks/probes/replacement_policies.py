@@ -10,7 +10,7 @@ behind, ARC is LRU in practice (within 0.14 points on Mixtral), and OPT sits 4.4
 Not adopted in the pager: the rule is a win on the GPU too, and none was run.
 
 The method: the expert-cache hit rate of lru / lfu / lrfu / arc / opt / static per trace and capacity, each
-trace replayed by `wisp sim` (in process), plus each layer's own rate from `wisp.plan.policies.miss_table`.
+trace replayed by `wisp sim` (in process), plus each layer's own rate from `wisp.sim.policies.miss_table`.
 CPU only, no subsampling (the whole run takes about 75 s on 2 cores).
 
 Traces (../shared/data, see its README): Mixtral-8x7B decode, HumanEval and GSM8K (32 layers, top-2 of 8);
@@ -58,7 +58,7 @@ TRACES = {  # name -> (path under --data, capacities)
     "qwen15-layer0": ("layer0_only_vllm_logs/qwen15moe_a27b_layer0_gsm8k_TotaniYash.jsonl", [4, 8, 12, 16, 24, 32, 48]),
 }
 SWEEP_TRACE = "mixtral-humaneval"
-SWEEP_DECAYS = [0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 64.0]  # 0 = LFU, 64 = LRU (see wisp.plan.policies)
+SWEEP_DECAYS = [0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 64.0]  # 0 = LFU, 64 = LRU (see wisp.sim.policies)
 
 
 def hit_rates(misses: list[int], refs: int) -> list[float | None]:

@@ -16,17 +16,17 @@ CUDA = torch.cuda.is_available()
 
 def test_cpu_experts_gives_a_rate_per_bank_call_size_and_kernel(tmp_path):
     out = tmp_path / "cpu.json"
-    proc = run_wisp(["sweep", "cpu-experts", "--hidden", "64", "--intermediate", "32", "--experts", "8", "--top-k", "2",
+    proc = run_wisp(["sweep", "cpu-experts", "--hidden", "256", "--intermediate", "128", "--experts", "8", "--top-k", "2",
                      "--repeats", "2", "--threads", "1", "--per-call", "1,2", "--kernels", "plain,reference",
                      "--bank", "pinned,huge", "--out", out], tmp_path, timeout=300, command="bench")
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())
     assert record["cpu_kernels"] == ["plain", "reference"] and set(record["banks"]) == {"pinned", "huge"}
     for bank in record["banks"].values():
-        assert bank["bank_bytes"] == 8 * (2 * 32 * 64 + 64 * 32) * 2  # bf16 gate_up and down of every expert
+        assert bank["bank_bytes"] == 8 * (2 * 128 * 256 + 256 * 128) * 2  # bf16 gate_up and down of every expert
         for key in ("1_per_call/1_threads", "2_per_call/1_threads"):
             rates = bank[key]["alone"]
-            assert set(rates) == {"plain", "reference"} and all(v > 0 for v in rates.values())
+            assert set(rates) == {"plain", "reference"} and all(v > 0 for v in rates.values())  # GB/s, 0.1 apart
             assert CUDA or set(bank[key]) == {"alone"}  # the GPU's reads beside it need CUDA
 
 

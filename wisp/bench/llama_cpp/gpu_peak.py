@@ -6,11 +6,10 @@ llama.cpp and wisp can be held to.
 llama.cpp reports no allocator peak of its own, so the llama.cpp placements are compared by the device
 memory in use (nvidia-smi's `memory.used`: the CUDA context, cuBLAS workspaces and the allocator's cache
 included), sampled every 100 ms. It is read through NVML (nvidia-ml-py: one driver call a sample, the count
-nvidia-smi prints), not by starting nvidia-smi: that process, started every 100 ms, took the CPU from the
-programs being timed (on the H200 host it made one wisp decode step in about seven 4-28 ms slower: a mean
-step of 21.4 ms against 17.7 without it, `wisp bench llama-cpp sampler-cost`). Run wisp's side under the
-same sampler to compare like with like; `baseline_bytes` is what was in use before the program started
-(other processes), and is included in the peak.
+nvidia-smi prints) from this one process, never by starting nvidia-smi, which takes the CPU from the programs
+being timed (docs/decisions/gpu-memory-sampled-through-nvml.md). Run wisp's side under the same sampler to
+compare like with like; `baseline_bytes` is what was in use before the program started (other processes),
+and is included in the peak.
 """
 
 from __future__ import annotations

@@ -7,11 +7,7 @@ This decodes one request and runs the same sampler, in its own process as there,
 context), so both arms share the process, the host and the routing. Prints and saves per arm: the mean,
 median, 90th-percentile and slowest step and tok/s, and the arm of every round in order.
 
-What it found on the H200 (`benchmarks/results/logs/sampler_cost_*.json`): the sampler as it was, starting
-`nvidia-smi` every 100 ms, made about one wisp step in seven 4-28 ms slower (the CPU's kernels lost their
-cores to it): mean step 21.4 ms against 17.7 quiet, p90 32.1 against 18.3. Reading NVML from one process
-(as `gpu_peak` now does) costs nothing past the sampler's own start: median 18.2 against 18.5 ms quiet,
-p90 19.4 against 20.0.
+What it found, and why the sampler reads NVML: docs/decisions/gpu-memory-sampled-through-nvml.md.
 
     wisp bench llama-cpp sampler-cost --model olmoe-1b-7b --mode hybrid --expert-cap 0 \
         --routing-trace ../shared/data/layer0_only_vllm_logs/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl --out cost.json

@@ -2,12 +2,12 @@
 reads other experts in place or copies them.
 
 Hybrid mode with no slots splits a decode step's experts between the CPU (`wisp.core.kernels.cpu_expert_kernels`)
-and the GPU's kernel reading the rest straight from the same pinned host memory. On the H200 the native
-kernel read an OLMoE expert at about 71 GB/s alone, but inside a step it took about 1 ms (13 GB/s). This
-separates the suspects: for each kernel and thread count it times one expert at `--rows` rows, cycling over
-the bank so no cache helps (GB/s of weights read, median), alone and, on CUDA, while a side stream keeps the
-Triton MoE kernel reading the other half of the experts in place (`pairs_by_map`, top-k of them a launch),
-and while it copies them to the GPU instead (pinned cudaMemcpyAsync); each side's rate alone is reported too.
+and the GPU's kernel reading the rest straight from the same pinned host memory, so an expert that the CPU
+computes fast alone can be slow inside a step (docs/hybrid.md). This separates the suspects: for each kernel
+and thread count it times one expert at `--rows` rows, cycling over the bank so no cache helps (GB/s of
+weights read, median), alone and, on CUDA, while a side stream keeps the Triton MoE kernel reading the other
+half of the experts in place (`pairs_by_map`, top-k of them a launch), and while it copies them to the GPU
+instead (pinned cudaMemcpyAsync); each side's rate alone is reported too.
 
     wisp bench sweep cpu-experts --threads 16,8 --out cpu_expert_kernels.json
     wisp bench sweep cpu-experts --kernels native --per-call 1,2,4,8 --bank pinned,huge --out calls.json
