@@ -1,5 +1,5 @@
 """Helpers the test modules share (import them from here; tests/conftest.py keeps only fixtures,
-options and hooks): small random Hugging Face models of every supported family."""
+options and hooks): small random Hugging Face models of every supported family, and random routing traces."""
 
 from __future__ import annotations
 
@@ -113,3 +113,25 @@ def assert_quantized_gives_its_twins_bits(quantized, twin, mode, cap, device, mo
             rq, ro, _ = run_prompt(quantized, "resident", None, device, moe_backend, attention_backend, prompt)
             assert torch.equal(pq, rq) and oq.token_ids == ro.token_ids
     return llm_q, llm_p
+
+
+def routing_traces(max_tokens: int = 10):
+    """A hypothesis strategy: (ids [T, L, K] with distinct experts per cell and a few cells missing (-1),
+    the number of experts)."""
+    import numpy as np
+    from hypothesis import strategies as st
+
+    @st.composite
+    def traces(draw):
+        n = draw(st.integers(2, 7))
+        k = draw(st.integers(1, min(n, 3)))
+        layers = draw(st.integers(1, 3))
+        tokens = draw(st.integers(1, max_tokens))
+        ids = np.full((tokens, layers, k), -1, dtype=np.int16)
+        for t in range(tokens):
+            for layer in range(layers):
+                if draw(st.integers(0, 9)) > 0:
+                    ids[t, layer] = draw(st.lists(st.integers(0, n - 1), min_size=k, max_size=k, unique=True))
+        return ids, n
+
+    return traces()

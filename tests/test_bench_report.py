@@ -53,11 +53,7 @@ def test_prefill_records_get_their_own_columns(tmp_path):
 
 
 def test_llama_cpp_comparison_rows_pair_each_placement_and_render_as_a_peer_table(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("compare", ROOT / "benchmarks" / "llama_cpp" / "compare.py")
-    compare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare)
+    from wisp.bench.llama_cpp import compare
     peer = [{"placement": "all-cpu", "placement_flags": "-ngl 99 -ncmoe 16", "weights": "BF16", "decode_tok_s": 40.0,
              "ttft_s": {"512": 0.8, "2048": 2.0}, "peak_gpu_bytes": 2.0e9, "gpu": "H200", "command": "llama-bench", "preset": "p"}]
     tagged = {"placement": "all-cpu", "vram_budget_nvidia_smi": 2.0e9, "gpu": "H200", "preset": "p", "command": "wisp bench"}

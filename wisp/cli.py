@@ -79,7 +79,7 @@ def _add_serve_parser(sub) -> None:
                           "tokenizer: prompts as token ids)")
     srv.add_argument("--enable-resize-endpoint", action="store_true",
                      help="(debug) mount POST /admin/resize {expert_cap, kv_blocks}: resize both pools live; "
-                          "for soak tests (benchmarks/soak.py), never for production")
+                          "for soak tests (`wisp bench soak`), never for production")
 
 
 def _start_split_controller(engine, plan) -> None:
@@ -254,20 +254,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.bench == "agent":
-        from wisp.bench.agent import bench_agent
+    """The bench kind's function (named by wisp/bench/args.py in `run_bench`), imported only now; its exit
+    status where it returns one (an int), else 0."""
+    import importlib
 
-        bench_agent(args)
-        return 0
-    if args.bench == "prefill":
-        from wisp.bench.prefill import bench_prefill
-
-        bench_prefill(args)
-    else:
-        from wisp.bench.decode import bench_decode
-
-        bench_decode(args)
-    return 0
+    module, _, function = args.run_bench.rpartition(".")
+    status = getattr(importlib.import_module(module), function)(args)
+    return status if isinstance(status, int) else 0
 
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:

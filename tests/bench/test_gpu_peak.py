@@ -1,18 +1,14 @@
-"""benchmarks/llama_cpp/gpu_peak.py: the peak is the largest sample taken while the block runs, and a
-machine with no GPU to read (this one) gives None rather than a number."""
+"""wisp.bench.llama_cpp.gpu_peak (`wisp bench llama-cpp peak`): the peak is the largest sample taken while the
+block runs, and a machine with no GPU to read (this one) gives None rather than a number."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "llama_cpp"))
-
-from gpu_peak import DeviceMemory, PeakGpuMemory  # noqa: E402
+from tests.cli_runner import run_wisp
+from wisp.bench.llama_cpp.gpu_peak import DeviceMemory, PeakGpuMemory
 
 
 def test_the_peak_is_the_largest_sample_until_the_block_ends():
@@ -39,7 +35,7 @@ def test_a_reader_with_nothing_to_read_leaves_no_peak():
 
 
 class FakeNvml:
-    """pynvml's calls gpu_peak.py makes, over two GPUs whose used bytes a test sets."""
+    """pynvml's calls gpu_peak makes, over two GPUs whose used bytes a test sets."""
 
     class NVMLError(Exception):
         pass
@@ -80,11 +76,18 @@ def test_nvml_is_read_at_once_on_every_gpu_and_closed_after(monkeypatch):
 
 def test_the_command_runs_under_the_sampler_and_its_exit_code_is_kept(tmp_path):
     out = tmp_path / "peak.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "llama_cpp" / "gpu_peak.py"), "--out", str(out),
-                           "--", sys.executable, "-c", "import sys; sys.exit(3)"], capture_output=True, text=True)
-    assert proc.returncode == 3
+    proc = run_wisp(["llama-cpp", "peak", "--out", out, "--", sys.executable, "-c", "import sys; sys.exit(3)"],
+                    tmp_path, timeout=120, command="bench")
+    assert proc.returncode == 3, proc.stderr
     record = json.loads(out.read_text())
     assert record["returncode"] == 3 and record["command"].endswith("sys.exit(3)")
     with DeviceMemory() as device:
         here = device.used()
     assert (record["peak_gpu_bytes"] is None) == (here is None) == (record["baseline_bytes"] is None)
+
+
+def test_a_peak_without_a_program_or_with_a_missing_one_is_one_line(tmp_path):
+    for program in ([], ["--", str(tmp_path / "no-such-program")]):
+        proc = run_wisp(["llama-cpp", "peak", "--out", tmp_path / "peak.json", *program], tmp_path, timeout=120,
+                        command="bench")
+        assert proc.returncode == 2 and proc.stderr.startswith("wisp: error: ") and "Traceback" not in proc.stderr

@@ -1,24 +1,20 @@
-"""benchmarks/llama_cpp/gguf_random.py: the random GGUF llama.cpp is benchmarked on has llama.cpp's names,
-the preset's shapes and metadata, and Q8_0 blocks bit-equal to the gguf package's (ggml's) quantizer."""
+"""`wisp bench llama-cpp gguf` (wisp.bench.llama_cpp.random_gguf): the random GGUF llama.cpp is benchmarked on
+has llama.cpp's names, the preset's shapes and metadata, and Q8_0 blocks bit-equal to the gguf package's
+(ggml's) quantizer."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 import torch
 
+from tests.cli_runner import run_wisp
+from wisp.bench.llama_cpp import random_gguf as gguf_random
 from wisp.models.config_parsers import model_config
 from wisp.models.presets import preset
-
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("gguf_random", ROOT / "benchmarks" / "llama_cpp" / "gguf_random.py")
-gguf_random = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gguf_random)
 
 
 def test_q8_0_is_bit_equal_to_ggml_including_halves():
@@ -40,7 +36,11 @@ def test_the_gguf_has_llama_cpps_tensors_in_the_presets_shapes(tmp_path, family,
                moe_intermediate_size=32, vocab_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     (tmp_path / "config.json").write_text(json.dumps(raw))
     cfg = model_config(raw)
-    out = gguf_random.write_gguf(str(tmp_path / "config.json"), tmp_path / "m.gguf", kind)
+    proc = run_wisp(["llama-cpp", "gguf", "--model", tmp_path / "config.json", "--out", tmp_path / "m.gguf",
+                     "--type", kind], tmp_path / "cache", timeout=300, command="bench")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.strip()
+    assert out == str(tmp_path / "m.gguf")
     reader = gguf.GGUFReader(out)
     arch = gguf_random.ARCHES[cfg.family]
     assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == gguf.MODEL_ARCH_NAMES[arch]
@@ -57,3 +57,9 @@ def test_the_gguf_has_llama_cpps_tensors_in_the_presets_shapes(tmp_path, family,
     assert len(reader.fields["tokenizer.ggml.tokens"].data) == cfg.vocab_size
     weights = gguf.quants.dequantize(gate.data, gate.tensor_type)  # random normal * 0.02, as written
     assert 0.015 < float(np.std(weights)) < 0.025
+
+
+def test_a_family_llama_cpp_has_no_layout_for_is_one_line(tmp_path):
+    proc = run_wisp(["llama-cpp", "gguf", "--model", "mixtral-8x7b", "--out", tmp_path / "m.gguf"], tmp_path,
+                    timeout=120, command="bench")
+    assert proc.returncode == 2 and "no GGUF layout for mixtral" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,4 +1,4 @@
-"""benchmarks/llama_cpp/run_peer.py against a stand-in llama-bench: placements become flags, llama-bench's JSON
+"""`wisp bench llama-cpp run` against a stand-in llama-bench: placements become flags, llama-bench's JSON
 becomes our records (decode tok/s, TTFT per prompt length = tokens / pp rate), and a failure is one line."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-RUN_PEER = ROOT / "benchmarks" / "llama_cpp" / "run_peer.py"
+from tests.cli_runner import run_wisp
+from wisp.bench.llama_cpp.llama_bench import placement_flags
+from wisp.errors import WispError
 
 FAKE_BENCH = '''#!{python}
 import json, sys
@@ -34,9 +35,10 @@ def _fake(tmp_path: Path, fail_at: str = "none") -> tuple[Path, Path]:
 
 
 def _run(tmp_path: Path, bench: Path, placements: str, *more: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(RUN_PEER), "--bench", str(bench), "--gguf", "m.gguf", "--model", "olmoe-1b-7b",
-                           "--placements", placements, "--prompts", "512,2048", "--decode-tokens", "8", "--extra", "-t 4",
-                           "--commit", "abc", "--out", str(tmp_path / "peer.json"), *more], capture_output=True, text=True)
+    return run_wisp(["llama-cpp", "run", "--llama-bench", bench, "--gguf", "m.gguf", "--model", "olmoe-1b-7b",
+                     "--placements", placements, "--prompts", "512,2048", "--decode-tokens", "8", "--extra", "-t 4",
+                     "--commit", "abc", "--out", tmp_path / "peer.json", *more], tmp_path / "cache", timeout=120,
+                    command="bench")
 
 
 def test_each_placement_is_one_llama_bench_run_and_one_record(tmp_path):
@@ -66,15 +68,18 @@ def test_the_unsampled_decode_is_a_second_decode_only_run(tmp_path):
 def test_a_failed_llama_bench_is_one_clear_line(tmp_path):
     bench, _ = _fake(tmp_path, fail_at="8")
     proc = _run(tmp_path, bench, "all-cpu,half")
-    assert proc.returncode != 0 and "llama-bench failed" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "llama-bench failed" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_placements_name_the_layers_whose_experts_stay_on_the_cpu():
-    import importlib.util
+    assert placement_flags("half", 48) == ["-ngl", "99", "-ncmoe", "24"]
+    with pytest.raises(WispError, match="unknown placement 'most'; choose from all-cpu, half, all-gpu"):
+        placement_flags("most", 48)
 
-    spec = importlib.util.spec_from_file_location("run_peer", RUN_PEER)
-    run_peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run_peer)
-    assert run_peer.placement_flags("half", 48) == ["-ngl", "99", "-ncmoe", "24"]
-    with pytest.raises(SystemExit, match="unknown placement 'most'; choose from all-cpu, half, all-gpu"):
-        run_peer.placement_flags("most", 48)
+
+def test_an_unknown_placement_stops_before_llama_bench_runs(tmp_path):
+    bench, log = _fake(tmp_path)
+    proc = _run(tmp_path, bench, "all-cpu,most")
+    assert proc.returncode == 2 and "unknown placement 'most'" in proc.stderr and "Traceback" not in proc.stderr
+    assert not log.exists()

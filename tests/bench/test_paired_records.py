@@ -1,15 +1,12 @@
-"""benchmarks/llama_cpp/paired_records.py: a paired run's folder (wisp, llama.cpp, wisp again) becomes one
-llama.cpp row and one row per wisp run, with the ratios worked out against that llama.cpp run."""
+"""`wisp bench llama-cpp pair`: a paired run's folder (wisp, llama.cpp, wisp again) becomes one llama.cpp row
+and one row per wisp run, with the ratios worked out against that llama.cpp run."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "llama_cpp" / "paired_records.py"
+from tests.cli_runner import run_wisp
 
 
 def write(path: Path, data) -> None:
@@ -40,8 +37,8 @@ def test_a_paired_folder_becomes_a_llama_cpp_row_and_a_row_per_wisp_run(tmp_path
     paired_folder(tmp_path, {"before": 60.0, "after": 44.0}, {"before": 990, "after": 1010})
     results = tmp_path / "paired.json"
     write(results, [{"host": "A"}])
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out-dir", str(tmp_path), "--host", "Z", "--commit", "c0ffee",
-                           "--append", str(results)], capture_output=True, text=True, timeout=60)
+    proc = run_wisp(["llama-cpp", "pair", "--out-dir", tmp_path, "--host", "Z", "--commit", "c0ffee", "--append", results],
+                    tmp_path / "cache", timeout=60, command="bench")
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(results.read_text())
     assert [r["host"] for r in rows] == ["A", "Z", "Z", "Z"]  # kept, then added
@@ -57,6 +54,5 @@ def test_a_paired_folder_becomes_a_llama_cpp_row_and_a_row_per_wisp_run(tmp_path
 
 
 def test_a_folder_without_llama_cpp_s_record_is_one_clear_error(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out-dir", str(tmp_path)], capture_output=True, text=True,
-                          timeout=60)
+    proc = run_wisp(["llama-cpp", "pair", "--out-dir", tmp_path], tmp_path / "cache", timeout=60, command="bench")
     assert proc.returncode == 2 and "llama_cpp_*.json" in proc.stderr and "Traceback" not in proc.stderr

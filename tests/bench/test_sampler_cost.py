@@ -1,22 +1,18 @@
-"""benchmarks/llama_cpp/sampler_cost.py end to end on the demo model (CPU: no nvidia-smi, so the sampler's
+"""`wisp bench llama-cpp sampler-cost` end to end on the demo model (CPU: no GPU for NVML, so the sampler's
 process finds none and idles): the arms take turns in ABBA order within one request, each its rounds' steps."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cli_runner import run_wisp
 
 
 def test_the_arms_take_turns_in_one_request_and_are_summarised(tmp_path):
     out = tmp_path / "cost.json"
-    script = ROOT / "benchmarks" / "llama_cpp" / "sampler_cost.py"
-    flags = ["--model", "demo", "--device", "cpu", "--mode", "paged", "--expert-cap", "6", "--prompt-len", "8",
-             "--round", "3", "--rounds", "2", "--out", str(out)]
-    proc = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, timeout=300)
+    flags = ["llama-cpp", "sampler-cost", "--model", "demo", "--device", "cpu", "--mode", "paged", "--expert-cap", "6",
+             "--prompt-len", "8", "--round", "3", "--rounds", "2", "--out", out]
+    proc = run_wisp(flags, tmp_path / "cache", timeout=300, command="bench")
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())
     assert record["order"] == ["quiet", "sampled", "sampled", "quiet"]

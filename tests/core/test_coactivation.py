@@ -1,54 +1,23 @@
-"""The online expert predictors (`wisp.core.learners.coactivation`) and the scoring helpers of
-benchmarks/prefetch_precision.py.
+"""The online expert predictors (`wisp.core.learners.coactivation`); their scores are
+tests/bench/test_predictor_scores.py's.
 
 - counts after a hand-made sequence (frequency, same-layer transitions, cross-layer pairs; decay);
 - `predict` returns at most k distinct, seen, in-range ids, and the top-k is a prefix of the top-(k+1);
-- the benchmark's online precision equals a brute-force recount (a fresh predictor fed only the past);
-- no look-ahead: changing the trace from cell (t, l) on never changes the predictions up to that cell;
-- the benchmark's LRU replay agrees with `wisp.plan.miss_curves`; the last-token predictor names no miss.
+- no look-ahead: changing the trace from cell (t, l) on never changes the predictions up to that cell.
 """
 
 from __future__ import annotations
-
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import routing_traces
 from wisp.core.learners.coactivation import (CrossLayerPredictor, FrequencyPredictor, RecencyPredictor, TransitionPredictor,
                                     predict_online)
-from wisp.plan.miss_curves import expert_miss_curve
 
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "prefetch_precision.py"
 KINDS = (RecencyPredictor, FrequencyPredictor, TransitionPredictor, CrossLayerPredictor)
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("wisp_prefetch_precision", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@st.composite
-def traces(draw, max_tokens: int = 10):
-    """ids [T, L, K] with distinct experts per cell, a few cells missing (-1)."""
-    n = draw(st.integers(2, 7))
-    k = draw(st.integers(1, min(n, 3)))
-    layers = draw(st.integers(1, 3))
-    tokens = draw(st.integers(1, max_tokens))
-    ids = np.full((tokens, layers, k), -1, dtype=np.int16)
-    for t in range(tokens):
-        for layer in range(layers):
-            if draw(st.integers(0, 9)) > 0:
-                ids[t, layer] = draw(st.lists(st.integers(0, n - 1), min_size=k, max_size=k, unique=True))
-    return ids, n
 
 
 def test_counts_after_a_hand_made_sequence():
@@ -105,7 +74,7 @@ def test_recency_at_top_k_is_the_last_token():
 
 
 @settings(max_examples=60, deadline=None)
-@given(traces(), st.integers(0, 9), st.sampled_from(KINDS), st.sampled_from([1.0, 0.8]))
+@given(routing_traces(), st.integers(0, 9), st.sampled_from(KINDS), st.sampled_from([1.0, 0.8]))
 def test_predict_returns_at_most_k_distinct_seen_ids(case, k, kind, decay):
     ids, n = case
     predictor = kind(ids.shape[1], n, decay)
@@ -122,29 +91,7 @@ def test_predict_returns_at_most_k_distinct_seen_ids(case, k, kind, decay):
 
 
 @settings(max_examples=60, deadline=None)
-@given(traces(max_tokens=8), st.integers(1, 4), st.sampled_from(KINDS))
-def test_online_precision_equals_a_brute_force_recount(bench, case, k, kind):
-    ids, n = case
-    T, L, _ = ids.shape
-    layers = list(range(L))
-    online = bench.online_precision(kind, ids, n, k, layers)
-    for layer in layers:
-        hits = made = 0
-        for t in range(T):
-            fresh = kind(L, n)  # fed only what came before cell (t, layer)
-            for past in range(t + 1):
-                for earlier in range(L if past < t else layer):
-                    fresh.observe(earlier, ids[past, earlier].tolist())
-            actual = {int(e) for e in ids[t, layer] if e >= 0}
-            if actual:
-                guess = fresh.predict(layer, k)
-                hits, made = hits + len(set(guess) & actual), made + len(guess)
-        expected = hits / made if made else float("nan")
-        assert online[layer] == pytest.approx(expected, nan_ok=True)
-
-
-@settings(max_examples=60, deadline=None)
-@given(traces(), st.integers(1, 4), st.sampled_from(KINDS), st.data())
+@given(routing_traces(), st.integers(1, 4), st.sampled_from(KINDS), st.data())
 def test_no_look_ahead(case, k, kind, data):
     ids, n = case
     T, L, K = ids.shape
@@ -158,25 +105,3 @@ def test_no_look_ahead(case, k, kind, data):
     before = predict_online(kind(L, n), ids, k).reshape(T * L, k)
     after = predict_online(kind(L, n), changed, k).reshape(T * L, k)
     assert np.array_equal(before[: t * L + layer + 1], after[: t * L + layer + 1])
-
-
-@settings(max_examples=40, deadline=None)
-@given(traces(max_tokens=16), st.integers(1, 6))
-def test_lru_replay_matches_the_miss_curves(bench, case, cap):
-    ids, n = case
-    for layer in range(ids.shape[1]):
-        resident = bench.lru_resident_before(ids, layer, cap)
-        misses = sum(len(bench.routed(ids, t, layer) - r) for t, r in enumerate(resident))
-        steps = [sorted(bench.routed(ids, t, layer)) for t in range(ids.shape[0])]
-        assert misses == expert_miss_curve(steps, n)[min(cap, n)]  # the curve stops at C = n
-
-
-@settings(max_examples=30, deadline=None)
-@given(traces(max_tokens=16))
-def test_the_last_token_predictor_names_no_lru_miss(bench, case):
-    ids, n = case
-    K = ids.shape[2]
-    predicted = predict_online(RecencyPredictor(ids.shape[1], n), ids, K)
-    for cap in (K, K + 2):
-        split = bench.lru_split(predicted, ids, list(range(ids.shape[1])), cap)
-        assert split["useful"] == 0

@@ -41,7 +41,7 @@ PREFILL_COLUMNS = [  # `wisp bench prefill` records: one per (run, prompt length
     ("bytes_h2d", "GB host->GPU", "GB"),
     ("h2d_gbps_probe", "probe GB/s", "{:.1f}"),
 ]
-PEER_COLUMNS = [  # benchmarks/llama_cpp/compare.py records: llama.cpp and wisp at each llama.cpp expert placement
+PEER_COLUMNS = [  # `wisp bench llama-cpp compare` records: llama.cpp and wisp at each llama.cpp expert placement
     ("system", "system", "{}"),
     ("placement", "placement", "{}"),
     ("mode", "mode / flags", "{}"),

@@ -44,7 +44,7 @@ def tile_for(n: int, k: int, dtype: torch.dtype) -> Tile:
     the tile is part of every row's arithmetic (the pipeline depth, `stages`, is not: it fits the shared
     memory of consumer GPUs, about 100 KB a block). 64 rows feed the Hopper tensor cores' smallest product;
     narrow N blocks keep a one-row decode step spread over the GPU's multiprocessors
-    (`benchmarks/linear_sweep.py` times the alternatives)."""
+    (`wisp bench sweep linear` times the alternatives)."""
     if dtype == torch.float32:
         return Tile(64, 32, 32, 4, 2)
     block_n = 64 if n >= 8192 else 32

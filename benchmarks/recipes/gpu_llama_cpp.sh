@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The llama.cpp peer: llama.cpp with experts on the CPU, in our harness, on the GPU machine. Needs .llama_cpp/ from
+# `bash benchmarks/recipes/llama_cpp/fetch.sh` on the CPU machine; carry .llama_cpp/src, .llama_cpp/COMMIT,
+# .llama_cpp/wheels and .gpu_data (not a local build-cpu folder). Results in $OUT.
+#   peer: build llama-bench for sm_90 (skipped when a warm machine still has it) while the GGUF (MODEL, TYPE)
+#         is written to local disk, then llama-bench at the three placements (`wisp bench llama-cpp run`),
+#         then delete the GGUF. With the build: 5.5 minutes for OLMoE BF16, 8.5 for Qwen3-30B Q8_0 (measured).
+#   wisp: our modes on the preset WISP_MODEL (default MODEL) at each llama.cpp placement's footprint: RUNS is
+#         "placement:nvidia-smi bytes:mode,mode ..." (the bytes from the peer stage's records; a mode may be
+#         written mode@cap, e.g. hybrid@0 for hybrid with no slots, +hotH for H hot experts a layer on the GPU
+#         (hybrid@0+hot33), and +eager to run without CUDA graphs), each mode in
+#         its own process under the same memory sampler, its cap sized for the bytes less the CUDA
+#         context a bare torch process holds; decode with ROUTING replayed (default: OLMoE's real layer-0
+#         trace; `uniform` for models no trace of ours fits), and cold TTFT at 512 / 2048 tokens in the
+#         placement's first mode, for each prefill chunk in PREFILL_CHUNKS (default 2048; "2048 512" to add
+#         llama.cpp's micro-batch, which needs less VRAM).
+#   paired: hybrid with no slots (our best mode at llama.cpp's all-CPU footprint: decode, then cold TTFT at 512 and
+#         2048 tokens in CHUNK-token prefill steps, default 512 as llama.cpp's micro-batch), then the peer stage at
+#         that placement alone, then hybrid again: both sides on the same host minutes apart (the host's memory
+#         bandwidth varies between machines and processes). About 7.5 minutes with the build. llama.cpp's decode is
+#         also timed without the memory sampler (UNSAMPLED). The comparison is printed at the end
+#         (`wisp bench llama-cpp pair`; with --append it joins the paired results file), and every
+#         record and log is packed into $OUT/paired_stage.tgz (unpack it, then run `wisp bench llama-cpp pair` on it). The
+#         sampler's cost to wisp's decode, in one process:
+#         python3 -m wisp bench llama-cpp sampler-cost --routing-trace <trace> --out "$OUT/sampler_cost.json" (about 1 min).
+set -uo pipefail
+out=${OUT:-gpu-out}; mkdir -p "$out"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# gguf (the GGUF writer), nvidia-ml-py (`wisp bench llama-cpp peak`'s NVML sampler); numpy, pyyaml, tqdm: in the image
+python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/*.whl 2>&1 | tail -1
+model=${MODEL:-olmoe-1b-7b}; type=${TYPE:-bf16}
+bench=.llama_cpp/build-cuda/bin/llama-bench
+case "${STAGE:-peer}" in
+peer)
+  gguf=/tmp/$model-$type.gguf
+  (time python3 -m wisp bench llama-cpp gguf --model "$model" --type "$type" --out "$gguf") > "$out/gguf.log" 2>&1 &
+  writer=$!
+  if [ -x "$bench" ]; then echo "llama-bench already built" > "$out/build.txt"
+  else (time JOBS=16 BACKEND=cuda bash benchmarks/recipes/llama_cpp/build.sh) > "$out/build.txt" 2>&1; cp .llama_cpp/build-cuda.log "$out/" 2>/dev/null
+  fi
+  wait $writer; tail -4 "$out/gguf.log"; tail -4 "$out/build.txt"; df -h /tmp | tail -1
+  timeout "${PEER_TIMEOUT:-300}" python3 -m wisp bench llama-cpp run --llama-bench "$bench" \
+    --gguf "$gguf" --model "$model" --placements "${PLACEMENTS:-all-cpu,half,all-gpu}" --prompts 512,2048 \
+    --decode-tokens 64 --repetitions 2 --extra "-t 16" ${UNSAMPLED:+--unsampled-decode} \
+    --out "$out/llama_cpp_${model}_${type}.json" 2>&1 | tail -6
+  rm -f "$gguf" ;;
+paired)
+  peak="-m wisp bench llama-cpp peak"
+  for run in before peer after; do
+    if [ $run = peer ]; then UNSAMPLED=1 PLACEMENTS=all-cpu PEER_TIMEOUT=${PEER_TIMEOUT:-200} STAGE=peer bash "$0" 2>&1 | tail -3; continue; fi
+    python3 $peak --out "$out/smi_decode_hybrid_c0_$run.json" -- python3 -m wisp bench decode --load-format dummy \
+      --model "$model" --mode hybrid --expert-cap 0 --prompt-len 512 --decode-tokens "${TOKENS:-128}" \
+      --routing-trace "${ROUTING:-.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl}" \
+      --out "$out/decode_hybrid_c0_$run.json" 2>"$out/decode_hybrid_c0_$run.log" | tail -2
+    python3 $peak --out "$out/smi_prefill_hybrid_c0_$run.json" -- python3 -m wisp bench prefill --load-format dummy \
+      --model "$model" --mode hybrid --expert-cap 0 --prompt-len 512,2048 --max-num-batched-tokens "${CHUNK:-512}" \
+      --out "$out/prefill_hybrid_c0_$run.json" 2>"$out/prefill_hybrid_c0_$run.log" | tail -3
+  done
+  python3 -m wisp bench llama-cpp pair --out-dir "$out" | tee "$out/paired_summary.txt"  # --append ... keeps it
+  # the device tool returns at most 8 files: the stage's records and logs travel as one archive
+  # (written beside $out, then moved in: tar reading the folder it writes into warns and exits 1)
+  tar czf "$out.paired_stage.tgz" -C "$out" --exclude paired_summary.txt . \
+    && (cd "$out" && find . -mindepth 1 ! -name paired_summary.txt -delete) && mv "$out.paired_stage.tgz" "$out/paired_stage.tgz" ;;
+wisp)
+  wmodel=${WISP_MODEL:-$model}
+  routing=${ROUTING:-.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl}
+  peak="-m wisp bench llama-cpp peak"; mkdir -p "$out/runs"
+  python3 $peak --out "$out/context.json" -- python3 -c "import torch, time
+a = torch.ones(64, 64, device='cuda'); (a @ a).sum().item(); time.sleep(1)"
+  context=$(python3 -c "import json; print(json.load(open('$out/context.json'))['peak_gpu_bytes'])")
+  # RUNS: placement:llama.cpp's nvidia-smi peak there:our modes (the first also runs the TTFT prompts)
+  for run in ${RUNS:?RUNS: placement:bytes:mode,mode ...}; do
+    IFS=: read -r placement budget modes <<< "$run"; first_mcap=""
+    cap=$(python3 -c "from wisp.models.config_parsers import model_config; from wisp.models.presets import preset
+from wisp.plan.sizes import cap_for_budget; print(cap_for_budget(model_config(preset('$wmodel')), $budget - $context, 2112))")
+    echo "$placement: llama.cpp $budget bytes, bare CUDA context $context: cap $cap"
+    first_flags=()
+    for spec in ${modes//,/ }; do  # mode[@cap][+hotH][+eager]: hybrid@0 is hybrid with no slots; +hot33: 33 hot
+      mode=${spec%%[@+]*}; mcap=$cap; name=$mode; flags=()  # experts a layer on the GPU; +eager: no CUDA graphs
+      if [[ $spec == *@* ]]; then mcap=${spec#*@}; mcap=${mcap%%+*}; name+="_c$mcap"; fi
+      if [[ $spec =~ \+hot([0-9]+) ]]; then flags+=(--hot-experts "${BASH_REMATCH[1]}"); name+="_hot${BASH_REMATCH[1]}"; fi
+      [ -z "${first_mcap:-}" ] && first_mcap=$mcap && first_flags=("${flags[@]}")
+      if [[ $spec == *+eager ]]; then flags+=(--enforce-eager); name+="_eager"; fi
+      timeout 200 python3 $peak --out "$out/runs/smi_decode_${placement}_$name.json" -- python3 -m wisp bench decode \
+        --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$mcap" --prompt-len 512 --decode-tokens 64 \
+        "${flags[@]}" --routing-trace "$routing" --out "$out/runs/decode_${placement}_$name.json" \
+        2>"$out/runs/decode_${placement}_$name.log" | tail -1
+    done
+    mode=${modes%%[,@+]*}  # the first spec's mode, cap and hot experts
+    for chunk in ${PREFILL_CHUNKS-2048}; do  # tokens per prefill step (llama.cpp: 512); PREFILL_CHUNKS="": none
+      timeout 200 python3 $peak --out "$out/runs/smi_prefill_${placement}_${mode}_$chunk.json" -- python3 -m wisp bench prefill \
+        --load-format dummy --model "$wmodel" --mode "$mode" --expert-cap "$first_mcap" "${first_flags[@]}" --prompt-len 512,2048 \
+        --max-num-batched-tokens "$chunk" --out "$out/runs/prefill_${placement}_${mode}_$chunk.json" \
+        2>"$out/runs/prefill_${placement}_${mode}_$chunk.log" | tail -3
+    done
+  done
+  python3 - "$out" "$wmodel" "$context" "$RUNS" <<'PY'
+import json, sys
+from pathlib import Path
+out, model, context = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+budgets = {run.split(":")[0]: int(run.split(":")[1]) for run in sys.argv[4].split()}
+for kind in ("decode", "prefill"):
+    records = []
+    for placement, budget in budgets.items():
+        for f in sorted((out / "runs").glob(f"{kind}_{placement}_*.json")):
+            smi_file = out / "runs" / f"smi_{f.name}"
+            peak = json.loads(smi_file.read_text())["peak_gpu_bytes"] if smi_file.is_file() else None
+            if peak is None:
+                print(f"warning: no nvidia-smi peak for {f.name}: its records say within_budget null", file=sys.stderr)
+            for r in json.loads(f.read_text()):
+                r.update(placement=placement, vram_budget_nvidia_smi=budget, peak_gpu_bytes_nvidia_smi=peak,
+                         cuda_context_bytes=context, within_budget=None if peak is None else peak <= budget)
+                records.append(r)
+    (out / f"{kind}_{model}_vs_llama_cpp.json").write_text(json.dumps(records, indent=1) + "\n")
+    for r in records:
+        print(kind, r["placement"], r["mode"], r.get("expert_cap"), r.get("prompt_len"), "tok/s", r.get("decode_tok_s"),
+              "TTFT", r.get("ttft_s"), "smi", r["peak_gpu_bytes_nvidia_smi"], "within", r["within_budget"])
+PY
+  ;;
+esac

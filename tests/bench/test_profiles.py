@@ -1,0 +1,58 @@
+"""`wisp bench profile`: `steps` end to end on the demo model (CPU: the CPU's operators, or the host's Python),
+and `timeline` reading a split step's layers from a hand-made Chrome trace (and one line for a trace without
+them)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cli_runner import run_wisp
+
+STEPS = ["profile", "steps", "--model", "demo", "--device", "cpu", "--mode", "paged", "--cap", "4", "--prompt-len", "16",
+         "--warm", "2", "--steps", "2", "--rows", "5"]
+
+
+def test_steps_profiles_the_demo_and_its_trace_has_no_split_step(tmp_path):
+    trace = tmp_path / "trace.json"
+    proc = run_wisp([*STEPS, "--trace", trace], tmp_path / "cache", command="bench")
+    assert proc.returncode == 0, proc.stderr
+    assert "demo paged decode: 2 step(s)" in proc.stdout and "Self CPU time total" in proc.stdout
+    assert json.loads(trace.read_text())["traceEvents"]
+    proc = run_wisp(["profile", "timeline", trace], tmp_path, timeout=60, command="bench")
+    assert proc.returncode == 2 and "no split layer-steps" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_steps_on_the_host_lists_python_functions(tmp_path):
+    proc = run_wisp([*STEPS, "--host"], tmp_path / "cache", command="bench")
+    assert proc.returncode == 0, proc.stderr
+    assert "ms a step unprofiled" in proc.stdout and "Ordered by: cumulative time" in proc.stdout
+
+
+def _host(name: str, ts: float, dur: float, correlation: int | None = None) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "args": {"correlation": correlation}}
+
+
+def _device(cat: str, name: str, ts: float, dur: float, correlation: int) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"correlation": correlation}}
+
+
+def test_timeline_splits_each_layer_step_into_cpu_and_serial_parts(tmp_path):
+    events = [_host("cudaEventSynchronize", 0, 10), _host("cudaGraphLaunch", 200, 5, 1),  # CPU 190 us, then piece 1
+              _device("kernel", "merge", 210, 40, 1), _device("gpu_memcpy", "Memcpy DtoH", 260, 10, 1),
+              _host("cudaEventSynchronize", 300, 20), _host("cudaGraphLaunch", 500, 5, 2),  # CPU 180 us, piece 2
+              _device("kernel", "merge", 510, 30, 2), _device("gpu_memcpy", "Memcpy DtoH", 550, 10, 2),
+              _host("cudaEventSynchronize", 600, 20), _host("cudaGraphLaunch", 800, 5, 3)]
+    trace = tmp_path / "split.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    proc = run_wisp(["profile", "timeline", trace], tmp_path, timeout=60, command="bench")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "2 layer-steps inside steps, 0 step boundaries; means in us"
+    assert lines[1] == "inside: cpu 185.0, serial 120.0, to_gpu 10.0, gpu_busy 45.0, gpu_idle 10.0, wake 55.0"
+    assert "35.00  merge" in proc.stdout and "10.00  Memcpy DtoH" in proc.stdout
+
+
+def test_a_file_that_is_no_chrome_trace_is_one_line(tmp_path):
+    (tmp_path / "x.json").write_text("[1, 2]")
+    proc = run_wisp(["profile", "timeline", tmp_path / "x.json"], tmp_path, timeout=60, command="bench")
+    assert proc.returncode == 2 and "not a Chrome trace" in proc.stderr and "Traceback" not in proc.stderr

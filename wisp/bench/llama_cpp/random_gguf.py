@@ -1,0 +1,124 @@
+"""`wisp bench llama-cpp gguf`: a random-weight GGUF in a wisp preset's real shapes, for the llama.cpp peer
+(benchmarks/recipes/gpu_llama_cpp.sh).
+
+    wisp bench llama-cpp gguf --model olmoe-1b-7b --out /tmp/olmoe.gguf [--type bf16|q8_0]
+
+The architecture's metadata and tensor names are llama.cpp's (through the `gguf` package's constants), the
+weights random normal (std 0.02, the router's too: llama.cpp's CPU path costs the same whatever the routing),
+the norms ones, and the vocabulary a placeholder of the preset's size (`<t0>`, `<t1>`, ...: llama-bench feeds
+token ids, never text). Tensors are written one at a time, so the host never holds the model. Supported:
+the OLMoE and Qwen3-MoE presets (llama.cpp's `olmoe` and `qwen3moe`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from wisp.config import ModelConfig
+from wisp.errors import WispError
+from wisp.models.config_parsers import model_config
+from wisp.models.presets import preset
+
+ARCHES = {"olmoe": gguf.MODEL_ARCH.OLMOE, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE}
+TYPES = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
+
+
+def tensor_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(GGUF name, numpy shape: outermost first) of every tensor, in llama.cpp's layout for the family."""
+    d, v, h, hkv, hd = cfg.hidden_size, cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    n, inter = cfg.num_experts, cfg.moe_intermediate_size
+    shapes = [("token_embd.weight", (v, d)), ("output_norm.weight", (d,)), ("output.weight", (v, d))]
+    q_norm, k_norm = {"full": (h * hd, hkv * hd), "per_head": (hd, hd)}.get(cfg.qk_norm, (0, 0))
+    for i in range(cfg.num_layers):
+        b = f"blk.{i}"
+        shapes += [(f"{b}.attn_norm.weight", (d,)), (f"{b}.attn_q.weight", (h * hd, d)),
+                   (f"{b}.attn_k.weight", (hkv * hd, d)), (f"{b}.attn_v.weight", (hkv * hd, d)),
+                   (f"{b}.attn_output.weight", (d, h * hd)), (f"{b}.ffn_norm.weight", (d,)),
+                   (f"{b}.ffn_gate_inp.weight", (n, d)), (f"{b}.ffn_gate_exps.weight", (n, inter, d)),
+                   (f"{b}.ffn_up_exps.weight", (n, inter, d)), (f"{b}.ffn_down_exps.weight", (n, d, inter))]
+        if q_norm:
+            shapes += [(f"{b}.attn_q_norm.weight", (q_norm,)), (f"{b}.attn_k_norm.weight", (k_norm,))]
+    return shapes
+
+
+def _metadata(writer: gguf.GGUFWriter, cfg: ModelConfig, file_type: int) -> None:
+    writer.add_name(f"random {cfg.family}")
+    writer.add_file_type(file_type)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.dense_intermediate_size)
+    writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    writer.add_block_count(cfg.num_layers)
+    writer.add_head_count(cfg.num_heads)
+    writer.add_head_count_kv(cfg.num_kv_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_rope_freq_base(cfg.rope.theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_expert_count(cfg.num_experts)
+    writer.add_expert_used_count(cfg.top_k)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
+    writer.add_token_scores([0.0] * cfg.vocab_size)
+    types = [gguf.TokenType.NORMAL] * cfg.vocab_size
+    types[0], types[1], types[2] = gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+
+def _random(name: str, shape: tuple[int, ...], kind: str, seed: int) -> np.ndarray:
+    """The tensor as GGUF data: norms ones, the rest normal * 0.02; bf16 as raw uint16, q8_0 quantized."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=gen) * 0.02
+    if len(shape) == 1:  # norms stay float32, as converters write them
+        return x.numpy()
+    if kind == "bf16":
+        return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return q8_0(x)
+
+
+def q8_0(x: torch.Tensor) -> np.ndarray:
+    """ggml's Q8_0 in torch (the gguf package's numpy version is slow at 30B parameters), bit-equal to it: per
+    32 values an fp16 scale max|x| / 127, then the values / scale rounded half away from zero, as ggml's
+    roundf (gguf's np_roundf, step for step); 34 bytes a block, rows kept."""
+    blocks = x.float().reshape(-1, 32)
+    scale = blocks.abs().amax(dim=1, keepdim=True) / 127
+    inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    v = blocks * inv
+    a = v.abs()
+    floored = torch.floor(a)
+    codes = (torch.sign(v) * (floored + torch.floor(2 * (a - floored)))).to(torch.int8)
+    packed = torch.cat([scale.half().view(torch.uint8), codes.view(torch.uint8)], dim=1)  # [blocks, 2 + 32]
+    return packed.reshape(*x.shape[:-1], x.shape[-1] // 32 * 34).numpy()
+
+
+def write_gguf(model: str, out: Path, kind: str = "bf16", seed: int = 0) -> Path:
+    cfg = model_config(json.loads(Path(model).read_text()) if Path(model).is_file() else preset(model))
+    if cfg.family not in ARCHES:
+        raise WispError(f"no GGUF layout for {cfg.family}; supported: {', '.join(ARCHES)}")
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[ARCHES[cfg.family]])
+    _metadata(writer, cfg, {"bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind])
+    shapes = tensor_shapes(cfg)
+    for name, shape in shapes:  # the header first: every tensor's name, shape, type and size
+        qtype = gguf.GGMLQuantizationType.F32 if len(shape) == 1 else TYPES[kind]
+        nbytes = gguf.quant_shape_to_byte_shape(shape, qtype)
+        writer.add_tensor_info(name, nbytes, np.dtype(np.uint8), int(np.prod(nbytes)), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for i, (name, shape) in enumerate(shapes):  # then the data, one tensor in memory at a time
+        writer.write_tensor_data(_random(name, shape, kind, seed + i).view(np.uint8))
+    writer.close()
+    return out
+
+
+def bench_gguf(args) -> None:
+    """`wisp bench llama-cpp gguf`: write the GGUF and print its path."""
+    print(write_gguf(args.model, Path(args.out), args.type, args.seed))

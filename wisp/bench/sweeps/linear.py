@@ -1,0 +1,97 @@
+"""`wisp bench sweep linear`: a preset's dense projections timed both ways on the GPU: `rows.linear` (cuBLAS on
+16-row tiles, one launch a tile) against `triton_linear` (one launch), at one-token decode and prefill row
+counts, for the default tile and a sweep of tiles (one tile serves every row count of a weight: a row's bits
+depend on it). Prints a table per weight and saves every timing as JSON.
+
+    wisp bench sweep linear --models olmoe-1b-7b,qwen3-30b-a3b --out linear_sweep.json
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import torch
+
+from wisp.bench.sweeps import require_cuda
+from wisp.models.presets import preset
+
+L2_FLUSH_BYTES = 128 << 20  # more than an H200's 50 MB of L2
+
+
+def tiles():
+    """The tiles swept: 64-row blocks, every column block and reduction depth, 4 warps, 3 or 4 stages."""
+    from wisp.core.kernels.triton_linear import Tile
+
+    return [Tile(64, bn, bk, w, s) for bn, bk, w, s in itertools.product((16, 32, 64, 128), (64, 128, 256), (4,), (3, 4))]
+
+
+def weights_of(model: str) -> dict[str, tuple[int, int]]:
+    """name -> (out, in) of the preset's dense projections."""
+    c = preset(model)
+    d, h, hkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim") or d // h
+    return {"q": (h * hd, d), "kv": (hkv * hd, d), "o": (d, h * hd), "router": (c["num_experts"], d),
+            "lm_head": (c["vocab_size"], d)}
+
+
+def time_weight(model: str, name: str, n: int, k: int, args) -> list[dict]:
+    """One record per row count of one [n, k] weight: cuBLAS tiles, triton_linear, and each swept tile (ms)."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    from wisp.core.kernels import rows
+    from wisp.core.kernels.triton_linear import tile_for, triton_linear
+
+    def ms(fn, t: int) -> float:
+        return do_bench_cudagraph(fn, rep=25) if t <= args.graph_rows else do_bench(fn, warmup=5, rep=25)
+
+    copies = -(-L2_FLUSH_BYTES // (2 * n * k))  # a call reads a weight no earlier call left in L2
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
+    w = itertools.cycle(ws).__next__  # each call the next copy (graph captures too: one copy per replayed call)
+    default = tile_for(n, k, torch.bfloat16)
+    print(f"\n{model} {name} [{n}, {k}]  default tile {tuple(default)}")
+    print(f"{'rows':>6} {'cuBLAS tiles ms':>16} {'triton ms':>10} {'best tile':>28} {'best ms':>8}")
+    records = []
+    for t in args.rows:
+        x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+        r = dict(model=model, weight=name, n=n, k=k, rows=t, cublas_tiles_ms=ms(lambda: rows.linear(x, w()), t),
+                 triton_ms=ms(lambda: triton_linear(x, w()), t), default_tile=list(default), tiles={},
+                 timing="cuda-graph" if t <= args.graph_rows else "launched")
+        if not args.no_sweep:
+            for tile in tiles():
+                key = ",".join(map(str, tile))
+                try:
+                    r["tiles"][key] = ms(lambda: triton_linear(x, w(), tile=tile), t)
+                except Exception as e:  # a tile the compiler refuses (shared memory): skipped, said
+                    r["tiles"][key] = f"{type(e).__name__}"
+        timed = {key: v for key, v in r["tiles"].items() if isinstance(v, float)}
+        best = min(timed, key=timed.get) if timed else "-"
+        print(f"{t:>6} {r['cublas_tiles_ms']:>16.4f} {r['triton_ms']:>10.4f} {best:>28} "
+              f"{timed.get(best, float('nan')):>8.4f}", flush=True)
+        records.append(r)
+    return records
+
+
+def print_closest_tiles(records: list[dict]) -> None:
+    """Per weight, the tiles with the least summed slowdown against each row count's best."""
+    print("\nper weight: the tile closest to every row count's best (sum of time / best)")
+    for (model, name), group in itertools.groupby(records, key=lambda r: (r["model"], r["weight"])):
+        group = list(group)
+        keys = [key for key in group[0]["tiles"] if all(isinstance(g["tiles"].get(key), float) for g in group)]
+        score = {key: sum(g["tiles"][key] / min(v for v in g["tiles"].values() if isinstance(v, float))
+                          for g in group) for key in keys}
+        top = sorted(score, key=score.get)[:3]
+        print(f"{model} {name}: " + "; ".join(f"{key} ({score[key]:.2f})" for key in top))
+
+
+def sweep_linear(args) -> list[dict]:
+    """`wisp bench sweep linear`: every weight of every model, printed, and written to `--out` when given."""
+    require_cuda("wisp bench sweep linear")
+    records = [r for model in args.models.split(",") for name, (n, k) in weights_of(model).items()
+               for r in time_weight(model, name, n, k, args)]
+    if not args.no_sweep:
+        print_closest_tiles(records)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), records=records), f, indent=1)
+    return records
