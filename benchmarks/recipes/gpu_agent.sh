@@ -13,7 +13,7 @@ case "${STAGE:-table4}" in
 table4)  # live resizes and the controller on the GPU (graphs, Triton), then the paper's Table 4 setting, every arm
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
   timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_live_resize.py tests/engine/test_live_split.py \
-    tests/engine/test_cuda_graphs.py --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton \
+    tests/engine/decode/test_graphs.py --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton \
     2>&1 | tee "$out/pytest_live_split_cuda.txt" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || exit 1
   olmoe agent_olmoe_1b_7b_os --sessions $d/agentinstruct_os_sample5.json ;;
@@ -26,7 +26,7 @@ drift_qwen3)  # both below in one call, each cut at under five minutes (records 
 recover)  # the controller started at the 50-50 split, live: OLMoE (as table4) and Qwen3-30B-A3B at 24 GiB with
   # i.i.d. uniform routing replayed (a no-locality bound), after the capture-stream change's GPU tests
   timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_live_resize.py tests/engine/test_live_split.py \
-    tests/engine/test_cuda_graphs.py --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton \
+    tests/engine/decode/test_graphs.py --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton \
     2>&1 | tee "$out/pytest_live_split_cuda_one_stream.txt" | tail -2
   [ "${PIPESTATUS[0]}" = 0 ] || exit 1
   timeout 150 bash -c "$(declare -f olmoe); d=$d out=$out; olmoe agent_olmoe_1b_7b_os_controller_from_50_50 \

@@ -39,7 +39,7 @@ background)
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
   if [ -n "${TESTS:-}" ]; then  # first the live-resize tests on the GPU (graphs, Triton), if asked
     timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_kv_cache.py tests/engine/test_live_resize.py \
-      tests/engine/test_live_split.py tests/engine/test_routing_log.py tests/engine/test_cuda_graphs.py --wisp-device cuda \
+      tests/engine/test_live_split.py tests/engine/test_routing_log.py tests/engine/decode/test_graphs.py --wisp-device cuda \
       --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 | tee "$out/pytest_live_resize_cuda.txt" | tail -3
     [ "${PIPESTATUS[0]}" = 0 ] || exit 1
   fi

@@ -52,12 +52,9 @@ class RoutedUnion:
 def _resident_mask(llm: LLM, union: RoutedUnion) -> torch.Tensor:
     """[L, N] True where an expert sits on the device now: every expert in resident mode, a paged layer's
     slots, none in offload and zero-copy mode (each routed expert must cross PCIe)."""
-    resident = llm.engine.config.mode == "resident"
-    mask = torch.full(union.seen.shape, resident, dtype=torch.bool)
+    mask = torch.zeros(union.seen.shape, dtype=torch.bool)
     for layer, store in llm.model.experts.items():
-        pager = getattr(store, "pager", None)
-        if pager is not None:
-            mask[union.row[layer], pager.resident_experts()] = True
+        mask[union.row[layer], store.resident_experts()] = True
     return mask
 
 

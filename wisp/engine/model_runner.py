@@ -140,7 +140,7 @@ class ModelRunner:
         cap: a graph pages in device groups of C // top_k tokens, and a wider batch would evict and reload
         experts group after group within one step; it runs eagerly instead, expert-major, each missing
         expert copied once (replayed real Mixtral decode routing, four streams at once, C = 4: 3.34 -> 2.55
-        misses per layer and step; `benchmarks/wide_step_rules.py`)."""
+        misses per layer and step; `benchmarks/probes/wide_step_rules.py`)."""
         c = self.config
         limit = min(c.cuda_graph_max_batch, c.max_concurrency)
         caps = [s.slots for s in self.model.experts.values() if s.slots is not None]

@@ -87,6 +87,10 @@ class Residency(ABC):
     def holds(self, expert: int) -> bool:
         return False
 
+    def held_experts(self) -> list[int]:
+        """The experts on the device now, ascending (a layer buffer's count as none: it refills every step)."""
+        return [e for e in range(self.num_experts) if self.holds(e)] if self.capacity else []
+
     def begin(self, counts: Sequence[int], tokens: int) -> frozenset[int]:
         """Before a step is planned: observe its routing (`counts` [N] pairs per expert over `tokens` tokens) and
         copy into the bank what it refills now; returns the experts copied (loads of this step)."""
@@ -230,6 +234,9 @@ class LayerBuffer(Residency):
     def holds(self, expert):
         return True  # after `begin`, which copies the whole layer in
 
+    def held_experts(self):
+        return []
+
     def begin(self, counts, tokens):
         self._fill()
         return frozenset(range(self.num_experts))
@@ -283,6 +290,9 @@ class LruSlots(Residency):
 
     def holds(self, expert):
         return self.pager.slot_of[expert] >= 0
+
+    def held_experts(self):
+        return self.pager.resident_experts()
 
     def place(self, order):
         return self.pager.decide(order)

@@ -105,6 +105,10 @@ class ExpertStore:
         self.residency = HotBank(host, device, hot) if hot else NoBank(host, device)
         self.residency.counters.copy_from(counters)
 
+    def resident_experts(self) -> list[int]:
+        """The experts whose weights sit on the device now (ascending)."""
+        return self.residency.held_experts()
+
     def forget_residents(self) -> None:
         """Forget which experts the device holds (state only): after a capture's warm-up wrote the slots."""
         self.residency.forget()
