@@ -121,7 +121,7 @@ FLAG_CASES: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "unknown_mode": (["--prompt-ids", "1,2", "--mode", "bogus"], ("--mode", "bogus", "paged", "resident", "offload")),
     "unknown_dtype": (["--prompt-ids", "1,2", "--dtype", "int8"], ("--dtype", "int8", "float32", "bfloat16")),
     "hot_experts_without_hybrid": (["--prompt-ids", "1,2", "--hot-experts", "2"],
-                                   ("--hot-experts", "--mode hybrid --expert-cap 0", "--mode paged")),
+                                   ("--hot-experts", "--mode hybrid-zero-copy", "--mode paged")),
 }
 
 

@@ -188,14 +188,22 @@ def test_a_wide_step_runs_the_hot_experts_from_the_bank_and_copies_only_the_othe
     assert c.bytes_h2d == (len(routed) - 3) * hybrid.expert_bytes
 
 
+def bf16_ulp(x: torch.Tensor) -> float:
+    """The spacing of bfloat16 values at |x|."""
+    x = x.abs().to(torch.bfloat16)
+    return float(torch.nextafter(x, torch.tensor(float("inf"), dtype=torch.bfloat16)).float() - x.float())
+
+
 def step_matches_zero_copy(device, hybrid, zero_copy, hidden, ids, weights) -> None:
-    """One step of both stores: zero-copy's output bit for bit on the CPU, within bf16 rounding on a GPU (where
-    the CPU's pairs are rounded by the CPU's GEMM)."""
+    """One step of both stores: zero-copy's output bit for bit on the CPU; on a GPU, where the CPU's GEMM rounds
+    its pairs, within two bf16 steps at the step's largest output. Not relative to each element: pairs of that
+    size that cancel leave small elements whose error is still the summands' (measured on the H200 over 82 steps:
+    the hybrid store at most 0.058 from the exact float64 result, zero-copy 0.021, at outputs up to 12-28)."""
     out, ref = hybrid.forward(hidden, ids, weights), zero_copy.forward(hidden, ids, weights)
     if torch.device(device).type == "cpu":
         assert torch.equal(out, ref)
     else:
-        torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(out, ref, rtol=0, atol=2 * bf16_ulp(ref.abs().max()))
 
 
 @pytest.mark.parametrize("costs", [CPU_CHEAP, None])  # None: the CPU never pays (only the bank and the link)

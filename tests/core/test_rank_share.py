@@ -39,12 +39,13 @@ def test_a_split_step_equals_the_eager_step_with_the_same_experts_on_the_cpu(dev
     for step in range(4):
         hidden, ids, weights = (x.to(device) for x in make(16, 1, 4, 700 + step, dtype)[1:])
         row = ids[0].tolist()
-        eager._split = lambda misses, row=row: MissSplit(tuple(row[n:]), tuple(row[:n]), 0.0, (1,) * n)
+        eager.cpu.split = lambda misses, row=row: MissSplit(tuple(row[n:]), tuple(row[:n]), 0.0, (1,) * n)
         out = split_step(split, hidden, ids, weights, n)
         ref = eager.forward(hidden, ids, weights)
         assert torch.equal(out, ref), (n, step)
     c = hybrid.counters
     assert (c.steps, c.misses, c.cpu_computed) == (4, 16, 4 * n)
+    assert eager.counters.cpu_computed == 4 * n  # the eager step did send those experts to the CPU
     assert c.bytes_h2d == 4 * (4 - n) * hybrid.expert_bytes  # the GPU reads its pairs in place
     assert hybrid.cpu.pace.totals.steps == (4 if n else 0)  # a layer with CPU pairs is paced
 
@@ -182,7 +183,7 @@ def split_step_against_eager(split: RankShare, eager, row: list[int], hot: set[i
     ids, weights = torch.tensor([row], device=device), weights.to(device)
     to_cpu = tuple(sorted(e for e in row[:n] if e not in hot))
     to_gpu = tuple(sorted(e for e in row if e not in to_cpu))
-    eager._split = lambda misses: MissSplit(to_gpu, to_cpu, 0.0, (1,) * len(to_cpu))
+    eager.cpu.split = lambda misses: MissSplit(to_gpu, to_cpu, 0.0, (1,) * len(to_cpu))
     assert torch.equal(split_step(split, hidden, ids, weights, n), eager.forward(hidden, ids, weights)), (n, row, hot)
     return to_cpu
 
