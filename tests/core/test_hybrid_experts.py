@@ -190,7 +190,7 @@ def test_a_wide_step_runs_the_hot_experts_from_the_bank_and_copies_only_the_othe
 
 def bf16_ulp(x: torch.Tensor) -> float:
     """The spacing of bfloat16 values at |x|."""
-    x = x.abs().to(torch.bfloat16)
+    x = x.abs().to(torch.bfloat16).cpu()
     return float(torch.nextafter(x, torch.tensor(float("inf"), dtype=torch.bfloat16)).float() - x.float())
 
 

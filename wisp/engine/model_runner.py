@@ -82,7 +82,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.observers: list[RoutingObserver] = []
         self.replay: RoutingReplayer | None = None
-        self.strategy: DecodeStrategy = EagerDecode(self)  # until graphs are captured
+        self.strategy: DecodeStrategy = EagerDecode()  # until graphs are captured
         self._capture_pending = False  # a capture that found no block to write its warm-up into
         self._capture_stream: torch.cuda.Stream | None = None  # one for every (re-)capture (`GraphCapture`)
         self.reset_counters()
@@ -153,12 +153,12 @@ class ModelRunner:
 
     def drop_graphs(self) -> None:
         """Forget the graphs (before the KV tensors or a scratch they point at are reallocated)."""
-        self.strategy = EagerDecode(self)
+        self.strategy = EagerDecode()
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:
         """(Re)capture the decode graphs, writing only one block taken from the pool meanwhile."""
-        self.strategy = EagerDecode(self)  # new graphs (a new cap, a replay): a new strategy, measured afresh
+        self.strategy = EagerDecode()  # new graphs (a new cap, a replay): a new strategy, measured afresh
         self._capture_pending = False
         if not self.graphs_enabled():
             return
@@ -183,7 +183,7 @@ class ModelRunner:
             if self._capture_stream is None:
                 self._capture_stream = torch.cuda.Stream(device=self.device)
             inputs = GraphInputs(self.device, self.graph_max_batch(), width, scratch_block)
-            strategy, capture = graph_strategy(self, self.model, self.kv, inputs), GraphCapture(self._capture_stream)
+            strategy, capture = graph_strategy(self.model, self.kv, inputs), GraphCapture(self._capture_stream)
             self.model.lru_state_on("device")
             with torch.cuda.device(self.device):  # Triton launches on the current device
                 for b in range(inputs.max_batch, 0, -1):  # largest first: smaller graphs reuse its memory pool
@@ -208,7 +208,7 @@ class ModelRunner:
             self.capture_graphs()
         self._begin_step(batch)
         if batch.is_decode and len(batch.seqs) <= self.strategy.max_batch and not self.observers:
-            return self.strategy.run(batch)
+            return self.strategy.run(batch, self)
         return self.eager_step(batch)
 
     # -- what a decode strategy asks of the runner (`wisp.engine.decode.strategy.DecodeRunner`) ----------------

@@ -45,7 +45,7 @@ def captured(eng: LLMEngine, scratch_block: int, *kinds):
     """`kinds` captured for batches of 1 and 2 (4 blocks a table), in one pool; (their inputs, the strategies)."""
     model = eng.model
     inputs = GraphInputs(model.device, 2, 4, scratch_block)
-    strategies = [kind(StepRunner(), model, eng.kv, inputs) for kind in kinds]
+    strategies = [kind(model, eng.kv, inputs) for kind in kinds]
     capture = GraphCapture(torch.cuda.Stream())
     model.lru_state_on("device")
     with torch.cuda.device(model.device):
@@ -116,10 +116,10 @@ def test_a_step_replayed_as_pieces_equals_the_whole_graph(mode, cap):
     tables = [[blocks[0]], [blocks[1]]]
     for position in range(6):
         tokens = [7 + position, 100 + 3 * position]
-        whole = graph.replay((tokens, [position] * 2, tables)).clone()
-        pieces = graphs.replay((tokens, [position] * 2, tables), lambda p: model.routed_experts(p, graph_safe=True))
+        whole = graph.replay(StepRunner(), (tokens, [position] * 2, tables)).clone()
+        pieces = graphs.replay(StepRunner(), (tokens, [position] * 2, tables), lambda p: model.routed_experts(p, graph_safe=True))
         assert torch.equal(whole, pieces), position
-        one = graphs.replay((tokens[:1], [position], tables[:1]), lambda p: model.routed_experts(p, graph_safe=True))
+        one = graphs.replay(StepRunner(), (tokens[:1], [position], tables[:1]), lambda p: model.routed_experts(p, graph_safe=True))
         assert torch.equal(one[0], whole[0]), position  # and batch invariant
 
 
@@ -135,7 +135,7 @@ def test_a_hybrid_step_replayed_as_pieces_equals_its_eager_step():
     for position in range(6):
         tokens = [7 + position, 100 + 3 * position]
         model.lru_state_on("host")
-        pieces = graphs.replay((tokens, [position] * 2, tables), model.routed_experts).clone()
+        pieces = graphs.replay(StepRunner(), (tokens, [position] * 2, tables), model.routed_experts).clone()
         assert all(store.cpu.last_split.to_cpu for store in model.experts.values())  # the CPU helped every layer
         kv = DecodeBatchKV(eng.kv, inputs.tables[:2], inputs.positions[:2])  # the same staged inputs
         eager = model.logits(model.forward_batch(inputs.tokens[:2], inputs.positions[:2], kv))
@@ -162,8 +162,8 @@ def test_a_split_step_replayed_equals_the_same_split_run_eagerly(hot):
         for split in graphs.shares.values():
             split.worker.set_share(share)
         tokens = [7 + position, 100 + 3 * position]
-        replayed = graphs.replay((tokens, [position] * 2, tables)).clone()
-        alone = graphs.replay((tokens[:1], [position], tables[:1]))[0].clone()
+        replayed = graphs.replay(StepRunner(), (tokens, [position] * 2, tables)).clone()
+        alone = graphs.replay(StepRunner(), (tokens[:1], [position], tables[:1]))[0].clone()
         kv = DecodeBatchKV(eng.kv, inputs.tables[:2], inputs.positions[:2])
         piece = model.forward_piece(inputs.tokens[:2], inputs.positions[:2], kv)
         while piece.layer is not None:
@@ -195,7 +195,7 @@ def test_a_split_step_counts_and_paces_every_layer_once():
         split.worker.set_share(share)
     counted, paced, ranks, gpu_s = [s.counters.steps for s in stores], pace.totals.steps, pace.totals.cpu_ranks, pace.totals.gpu_s
     for position in range(3):
-        graphs.replay(([7 + position], [position], [[blocks[0]]]))
+        graphs.replay(StepRunner(), ([7 + position], [position], [[blocks[0]]]))
     assert [s.counters.steps - c for s, c in zip(stores, counted)] == [3] * len(stores)
     assert pace.totals.steps - paced == 3 * len(stores)
     assert pace.totals.cpu_ranks - ranks == 3 * len(stores) * share and pace.totals.gpu_s > gpu_s

@@ -29,8 +29,8 @@ from wisp.models.moe_decoder import MoEDecoder, Piece
 class PiecesWithCpuRanks(DecodeStrategy):
     name = "pieces with CPU ranks"
 
-    def __init__(self, runner: DecodeRunner, model: MoEDecoder, cache: KVCache, inputs: GraphInputs):
-        self.runner, self.model, self.cache, self.inputs = runner, model, cache, inputs
+    def __init__(self, model: MoEDecoder, cache: KVCache, inputs: GraphInputs):
+        self.model, self.cache, self.inputs = model, cache, inputs
         self.max_batch = inputs.max_batch
         self.routed = torch.zeros((inputs.max_batch, model.config.hidden_size), dtype=model.dtype,
                                   device=model.device)  # the experts' output between pieces
@@ -83,10 +83,10 @@ class PiecesWithCpuRanks(DecodeStrategy):
         hot (the split step reads those from their bank, the whole graph would not)."""
         return self.set_cpu_share(b) == 0 and not self.holds_hot
 
-    def replay(self, seqs) -> torch.Tensor:
+    def replay(self, runner: DecodeRunner, seqs) -> torch.Tensor:
         """Replay a len(seqs)-sequence step's pieces with each MoE layer's share computed on the host between the
         GPU's graphs; returns the logits [B, V] (valid until the next run)."""
-        b = self.inputs.stage(*self.runner.graph_inputs(seqs))
+        b = self.inputs.stage(*runner.graph_inputs(seqs))
         pending = None  # the previous MoE layer's accounting, not yet done
         layers = 0
         with torch.cuda.device(self.model.device):
@@ -110,7 +110,7 @@ class PiecesWithCpuRanks(DecodeStrategy):
                 share.worker.refresh_hot()
         return logits
 
-    def run(self, batch):
-        logits = self.replay(batch.seqs)
-        self.runner.count("pieces", len(batch.seqs))
-        return self.runner.sample(batch.seqs, logits)
+    def run(self, batch, runner):
+        logits = self.replay(runner, batch.seqs)
+        runner.count("pieces", len(batch.seqs))
+        return runner.sample(batch.seqs, logits)

@@ -30,13 +30,13 @@ class FasterOfTwo(DecodeStrategy):
         self.whole.capture(b, capture)  # the whole step first, then its pieces, as one pool
         self.helped.capture(b, capture)
 
-    def run(self, batch):
+    def run(self, batch, runner):
         b = len(batch.seqs)
         if self.model.graph_step_ok(b):  # nothing the CPU could do better
-            return self.whole.run(batch)
+            return self.whole.run(batch, runner)
         kind, start = self.chooser.pick(b), time.perf_counter()
         if kind == EAGER and self.helped.prefers_whole_graph(b):
             kind = GRAPH
-        out = self.whole.run(batch) if kind == GRAPH else self.helped.run(batch)
+        out = self.whole.run(batch, runner) if kind == GRAPH else self.helped.run(batch, runner)
         self.chooser.record(b, kind, time.perf_counter() - start)
         return out

@@ -56,8 +56,8 @@ def capture_pieces(model: MoEDecoder, cache: KVCache, inputs: GraphInputs, route
 class PiecesWithEagerExperts(DecodeStrategy):
     name = "pieces with eager experts"
 
-    def __init__(self, runner: DecodeRunner, model: MoEDecoder, cache: KVCache, inputs: GraphInputs):
-        self.runner, self.model, self.cache, self.inputs = runner, model, cache, inputs
+    def __init__(self, model: MoEDecoder, cache: KVCache, inputs: GraphInputs):
+        self.model, self.cache, self.inputs = model, cache, inputs
         self.max_batch = inputs.max_batch
         self.routed = torch.zeros((inputs.max_batch, model.config.hidden_size), dtype=model.dtype,
                                   device=model.device)  # the experts' output between pieces
@@ -67,10 +67,10 @@ class PiecesWithEagerExperts(DecodeStrategy):
     def capture(self, b: int, capture: GraphCapture) -> None:
         self.pieces[b], self._kv[b] = capture_pieces(self.model, self.cache, self.inputs, self.routed, b, capture)
 
-    def replay(self, seqs, routed_experts: Callable[[Piece], torch.Tensor]) -> torch.Tensor:
+    def replay(self, runner: DecodeRunner, seqs, routed_experts: Callable[[Piece], torch.Tensor]) -> torch.Tensor:
         """Replay the pieces of a len(seqs)-sequence step, `routed_experts(piece)` computing each MoE layer's
         experts between them; returns the logits [B, V] (valid until the next run)."""
-        b = self.inputs.stage(*self.runner.graph_inputs(seqs))
+        b = self.inputs.stage(*runner.graph_inputs(seqs))
         with torch.cuda.device(self.model.device):
             for graph, piece, logits in self.pieces[b]:
                 graph.replay()
@@ -82,8 +82,8 @@ class PiecesWithEagerExperts(DecodeStrategy):
         """Whether a b-sequence step would rather be the whole graph: never decided here (the runner's chooser does)."""
         return False
 
-    def run(self, batch):
+    def run(self, batch, runner):
         self.model.lru_state_on("host")  # the experts run on the host's LRU state, as in an eager step
-        logits = self.replay(batch.seqs, self.model.routed_experts)
-        self.runner.count("pieces", len(batch.seqs))
-        return self.runner.sample(batch.seqs, logits)
+        logits = self.replay(runner, batch.seqs, self.model.routed_experts)
+        runner.count("pieces", len(batch.seqs))
+        return runner.sample(batch.seqs, logits)

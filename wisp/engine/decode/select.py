@@ -12,17 +12,17 @@ from wisp.engine.decode.cpu_ranks import PiecesWithCpuRanks
 from wisp.engine.decode.faster_of_two import FasterOfTwo
 from wisp.engine.decode.graphs import GraphInputs
 from wisp.engine.decode.pieces import PiecesWithEagerExperts
-from wisp.engine.decode.strategy import DecodeRunner, DecodeStrategy
+from wisp.engine.decode.strategy import DecodeStrategy
 from wisp.engine.decode.whole_graph import WholeGraph
 from wisp.engine.kv_cache import KVCache
 from wisp.models.moe_decoder import MoEDecoder
 
 
-def graph_strategy(runner: DecodeRunner, model: MoEDecoder, cache: KVCache, inputs: GraphInputs) -> DecodeStrategy:
+def graph_strategy(model: MoEDecoder, cache: KVCache, inputs: GraphInputs) -> DecodeStrategy:
     """The strategy to capture for `model`'s stores (graphs enabled)."""
     stores = list(model.experts.values())
-    whole = WholeGraph(runner, model, cache, inputs)
+    whole = WholeGraph(model, cache, inputs)
     if not any(s.cpu is not None for s in stores):
         return whole
-    helped = (PiecesWithCpuRanks if all(s.rank_split for s in stores) else PiecesWithEagerExperts)(runner, model, cache, inputs)
+    helped = (PiecesWithCpuRanks if all(s.rank_split for s in stores) else PiecesWithEagerExperts)(model, cache, inputs)
     return FasterOfTwo(helped, whole, model)

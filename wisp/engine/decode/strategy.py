@@ -1,5 +1,8 @@
 """The contract of a decode strategy, and what it may ask of the runner that drives it.
 
+Strategies hold no reference to the runner (it is passed to `run`): a cycle between them would leave a dropped
+engine's graphs and events to the garbage collector, which may run in the middle of the next engine's capture.
+
 Invariants: `run` gets only decode batches of at most `max_batch` sequences, one token each, with no routing
 observer registered; it computes exactly what the eager engine would for them (tested with torch.equal, the
 CPU's rounding in hybrid modes aside) and returns each sequence's sampled token (or its `RequestFailure`);
@@ -41,7 +44,7 @@ class DecodeStrategy(ABC):
         """Capture the graphs of a b-sequence step (nothing for an eager strategy)."""
 
     @abstractmethod
-    def run(self, batch: Batch) -> list:
+    def run(self, batch: Batch, runner: DecodeRunner) -> list:
         """The batch's sampled tokens, one per sequence."""
 
 
@@ -50,8 +53,5 @@ class EagerDecode(DecodeStrategy):
     max_batch = sys.maxsize
     captured = False
 
-    def __init__(self, runner: DecodeRunner):
-        self.runner = runner
-
-    def run(self, batch):
-        return self.runner.eager_step(batch)
+    def run(self, batch, runner):
+        return runner.eager_step(batch)

@@ -22,8 +22,8 @@ from wisp.models.moe_decoder import MoEDecoder
 class WholeGraph(DecodeStrategy):
     name = "whole graph"
 
-    def __init__(self, runner: DecodeRunner, model: MoEDecoder, cache: KVCache, inputs: GraphInputs):
-        self.runner, self.model, self.cache, self.inputs = runner, model, cache, inputs
+    def __init__(self, model: MoEDecoder, cache: KVCache, inputs: GraphInputs):
+        self.model, self.cache, self.inputs = model, cache, inputs
         self.max_batch = inputs.max_batch
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -37,14 +37,14 @@ class WholeGraph(DecodeStrategy):
     def capture(self, b: int, capture: GraphCapture) -> None:
         self.graphs[b], self.logits[b] = capture.graph_of(lambda: self._body(b))
 
-    def replay(self, seqs) -> torch.Tensor:
+    def replay(self, runner: DecodeRunner, seqs) -> torch.Tensor:
         """Replay the graph of len(seqs) sequences; returns its logits [B, V] (valid until the next run)."""
-        b = self.inputs.stage(*self.runner.graph_inputs(seqs))
+        b = self.inputs.stage(*runner.graph_inputs(seqs))
         with torch.cuda.device(self.model.device):
             self.model.lru_state_on("device")
             self.graphs[b].replay()
-        self.runner.count("graph", b)
+        runner.count("graph", b)
         return self.logits[b]
 
-    def run(self, batch):
-        return self.runner.sample(batch.seqs, self.replay(batch.seqs))
+    def run(self, batch, runner):
+        return runner.sample(batch.seqs, self.replay(runner, batch.seqs))
