@@ -130,7 +130,7 @@ def _expert_classes() -> set[str]:
 
 @pytest.mark.parametrize("path", [p for p in SOURCES if "core/experts" not in p.as_posix()], ids=lambda p: str(p.relative_to(WISP)))
 def test_no_front_end_asks_a_store_for_its_type(path):
-    """Outside wisp/core/experts a store is asked for capabilities (slots, hot, cpu, rank_split), never its class."""
+    """Outside wisp/core/experts a store is asked for capabilities (slots, hot, cpu, rank_share), never its class."""
     classes = _expert_classes()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("isinstance", "issubclass") and len(node.args) == 2:

@@ -12,7 +12,7 @@ A decode step that computes some experts on the CPU (reading host RAM) while the
 others over PCIe is bounded by what host memory serves to both at once. This measures, on the machine it
 runs on:
 - host_read_gbps: all torch threads summing a pinned buffer (a plain read, no kernel of ours), alone;
-- h2d_gbps: pinned host -> device copies on a side stream, alone (CUDA only);
+- h2d_gbps: pinned host -> device copies on a copy stream, alone (CUDA only);
 - the two started together: each one's rate while the other runs (the CPU reads again and again until the
   queued copies are done), and their sum.
 `--peer-gbps X --target Y` adds the verdict for a peer that reads X GB/s of experts (llama.cpp all-CPU on
@@ -57,16 +57,16 @@ def main() -> None:
     if cuda:
         src = torch.ones(n, dtype=torch.float32, pin_memory=True)  # a second buffer: the copies' source
         dst = torch.empty(n, dtype=torch.float32, device="cuda")
-        side = torch.cuda.Stream()
+        copy_stream = torch.cuda.Stream()
 
         def copies(times: int) -> tuple[torch.cuda.Event, torch.cuda.Event]:
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(copy_stream):
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
-                start.record(side)
+                start.record(copy_stream)
                 for _ in range(times):
                     dst.copy_(src, non_blocking=True)
-                end.record(side)
+                end.record(copy_stream)
             return start, end
 
         start, end = copies(1)

@@ -12,7 +12,7 @@ Qwen3-30B-A3B 0.94 against 0.96.
 Measures on the machine it runs on (a CUDA device), each the median over --repeats:
 - copy_ms: one expert host (pinned) -> device, alone;
 - cpu_ms[threads]: one expert on the CPU over one row (hybrid's "plain" kernel), alone, per torch thread count;
-- cpu_during_copy_ms / copy_during_cpu_ms: the same two started together (copy on a side stream, then
+- cpu_during_copy_ms / copy_during_cpu_ms: the same two started together (copy on a copy stream, then
   the CPU kernel on this thread): how much each slows the other through host memory;
 - step_ms: one layer's decode step at C = 2 (batch 1, top-2, both experts missing every step), paged
   against hybrid (HybridExperts with probed costs): the per-layer gain hybrid can give before any
@@ -66,12 +66,12 @@ def main() -> None:
     for t in host.values():
         t.uniform_(-0.02, 0.02)
     dest = {k: torch.empty(v.shape[1:], dtype=v.dtype, device=dev) for k, v in host.items()}
-    side = torch.cuda.Stream()
+    copy_stream = torch.cuda.Stream()
     x = torch.randn((1, d)).to(torch.bfloat16)
     turn = iter(range(10**9))
 
     def copy(e):
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(copy_stream):
             for k, v in host.items():
                 dest[k].copy_(v[e], non_blocking=True)
 

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wisp.bench.predictor_scores import PredictorFactory, lru_split, precision_by_layer, prefetch_replay
+from wisp.bench.predictor_scores import PredictorFactory, lru_breakdown, precision_by_layer, prefetch_replay
 from wisp.core.learners.coactivation import (CrossLayerPredictor, FrequencyPredictor, RecencyPredictor,
                                              TransitionPredictor, predict_online)
 from wisp.trace.readers import load_any
@@ -91,7 +91,7 @@ def measure_trace(name: str, path: Path, caps: tuple[int, ...], echo: Callable[[
                   "precision_at_top_k": float(np.nanmean(by_layer["top_k"])),
                   "precision_at_2x_top_k": float(np.nanmean(by_layer["2x_top_k"])),
                   "precision_by_layer": by_layer,
-                  "lru": {str(c): lru_split(at_k, ids, layers, c) for c in caps},
+                  "lru": {str(c): lru_breakdown(at_k, ids, layers, c) for c in caps},
                   "prefetch_replay": {str(c): prefetch_replay(at_k, ids, layers, c) for c in caps}}
         result["seconds"] = round(time.perf_counter() - start, 2)
         record["predictors"][pname] = result

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import routing_traces
-from wisp.bench.predictor_scores import lru_resident_before, lru_split, online_precision, routed
+from wisp.bench.predictor_scores import lru_resident_before, lru_breakdown, online_precision, routed
 from wisp.core.learners.coactivation import (CrossLayerPredictor, FrequencyPredictor, RecencyPredictor, TransitionPredictor,
                                              predict_online)
 from wisp.plan.miss_curves import expert_miss_curve
@@ -59,5 +59,5 @@ def test_the_last_token_predictor_names_no_lru_miss(case):
     K = ids.shape[2]
     predicted = predict_online(RecencyPredictor(ids.shape[1], n), ids, K)
     for cap in (K, K + 2):
-        split = lru_split(predicted, ids, list(range(ids.shape[1])), cap)
-        assert split["useful"] == 0
+        breakdown = lru_breakdown(predicted, ids, list(range(ids.shape[1])), cap)
+        assert breakdown["useful"] == 0

@@ -1,5 +1,5 @@
 """`wisp bench profile`: `steps` end to end on the demo model (CPU: the CPU's operators, or the host's Python),
-and `timeline` reading a split step's layers from a hand-made Chrome trace (and one line for a trace without
+and `timeline` reading a rank-share step's layers from a hand-made Chrome trace (and one line for a trace without
 them)."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ STEPS = ["profile", "steps", "--model", "demo", "--device", "cpu", "--mode", "pa
          "--warm", "2", "--steps", "2", "--rows", "5"]
 
 
-def test_steps_profiles_the_demo_and_its_trace_has_no_split_step(tmp_path):
+def test_steps_profiles_the_demo_and_its_trace_has_no_rank_share_step(tmp_path):
     trace = tmp_path / "trace.json"
     proc = run_wisp([*STEPS, "--trace", trace], tmp_path / "cache", command="bench")
     assert proc.returncode == 0, proc.stderr
     assert "demo paged decode: 2 step(s)" in proc.stdout and "Self CPU time total" in proc.stdout
     assert json.loads(trace.read_text())["traceEvents"]
     proc = run_wisp(["profile", "timeline", trace], tmp_path, timeout=60, command="bench")
-    assert proc.returncode == 2 and "no split layer-steps" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "no rank-share layer-steps" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_steps_on_the_host_lists_python_functions(tmp_path):
@@ -36,7 +36,7 @@ def _device(cat: str, name: str, ts: float, dur: float, correlation: int) -> dic
     return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"correlation": correlation}}
 
 
-def test_timeline_splits_each_layer_step_into_cpu_and_serial_parts(tmp_path):
+def test_timeline_divides_each_layer_step_into_cpu_and_serial_parts(tmp_path):
     events = [_host("cudaEventSynchronize", 0, 10), _host("cudaGraphLaunch", 200, 5, 1),  # CPU 190 us, then piece 1
               _device("kernel", "merge", 210, 40, 1), _device("gpu_memcpy", "Memcpy DtoH", 260, 10, 1),
               _host("cudaEventSynchronize", 300, 20), _host("cudaGraphLaunch", 500, 5, 2),  # CPU 180 us, piece 2

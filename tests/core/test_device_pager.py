@@ -81,7 +81,7 @@ def test_many_layers_hand_their_state_back_in_one_read():
     pairs[2][1].use_host()  # already on the host: left as it is
     use_host_many([dev for _, dev in pairs])
     for host, dev in pairs:
-        assert dev.side == "host"
+        assert dev.state_on == "host"
         assert (dev.slot_of, dev.expert_in_slot, dev.last_used, dev._touch_count) == (host.slot_of, host.expert_in_slot, host.last_used, host._touch_count)
         assert dev.counters == host.counters and int(dev.device_lru.counts.abs().sum()) == 0
         dev.check_integrity()
@@ -95,11 +95,11 @@ def test_device_decision_under_cuda_graph_replay():
     host, dev = ExpertPager(bank, c, CUDA), ExpertPager(bank, c, CUDA)
     ids = torch.zeros((2, k), dtype=torch.int64, device=CUDA)
     dev.use_device()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
         dev.prepare_on_device(ids)  # warm-up (compiles); mirrored on the host pager below
-    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.current_stream().wait_stream(stream)
     host.prepare([0])  # the warm-up routed every pair to expert 0
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -114,7 +114,7 @@ def test_device_decision_under_cuda_graph_replay():
 
 
 @pytest.mark.slow
-def test_state_survives_switching_sides():
+def test_state_survives_moving_between_host_and_device():
     n, c, k = 16, 4, 2
     rng = random.Random(5)
     bank = masters(n)

@@ -1,4 +1,4 @@
-"""Hybrid mode's store: misses split between copies and the CPU; on the CPU it is torch.equal to resident
+"""Hybrid mode's store: misses assigned to copies or the CPU; on the CPU it is torch.equal to resident
 (the same kernel computes every pair), on a GPU close to it; its counters add up, and with a free link it IS
 paged mode. Run with --wisp-device cuda on the GPU machine (the device's side stream and copies)."""
 
@@ -43,9 +43,9 @@ def test_hybrid_equals_resident_on_the_cpu_and_its_counters_add_up(device, dtype
             tol = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
         hybrid.residency.pager.check_integrity()
-        split = hybrid.cpu.last_split
-        assert set(split.to_cpu).isdisjoint(hybrid.residency.pager.resident_experts())  # CPU-served experts are not cached
-        served_on_cpu += len(split.to_cpu)
+        assignment = hybrid.cpu.last_assignment
+        assert set(assignment.to_cpu).isdisjoint(hybrid.residency.pager.resident_experts())  # CPU-served experts are not cached
+        served_on_cpu += len(assignment.to_cpu)
     c = hybrid.counters
     assert served_on_cpu > 0 and c.cpu_computed == served_on_cpu
     assert c.misses == c.loads + c.cpu_computed and c.bytes_h2d == c.loads * hybrid.residency.pager.expert_bytes
@@ -60,7 +60,7 @@ def test_with_a_free_link_hybrid_makes_paged_decisions_exactly():
     for step, t in enumerate(STEPS):
         _, hidden, ids, weights = make(n, t, k, 300 + step, torch.float32)
         assert torch.equal(hybrid.forward(hidden, ids, weights), paged.forward(hidden, ids, weights))
-        assert hybrid.residency.pager.slot_of == paged.residency.pager.slot_of and hybrid.cpu.last_split.to_cpu == ()
+        assert hybrid.residency.pager.slot_of == paged.residency.pager.slot_of and hybrid.cpu.last_assignment.to_cpu == ()
     assert hybrid.counters.as_dict() == paged.counters.as_dict()
 
 
@@ -72,10 +72,10 @@ def test_a_wide_step_keeps_what_paged_keeps_and_streams_the_rest_of_its_copies()
     out = hybrid.forward(hidden, ids, weights)
     distinct = torch.unique(ids).tolist()
     rows = {e: int((ids == e).sum()) for e in distinct}
-    split = hybrid.cpu.last_split
-    assert len(distinct) - len(split.to_cpu) > cap  # still a wide step on the GPU side
-    assert split.to_cpu and all(rows[e] == 1 for e in split.to_cpu)
-    assert hybrid.counters.loads == len(split.to_copy) and len(hybrid.residency.pager.resident_experts()) == cap
+    assignment = hybrid.cpu.last_assignment
+    assert len(distinct) - len(assignment.to_cpu) > cap  # still a wide step on the GPU side
+    assert assignment.to_cpu and all(rows[e] == 1 for e in assignment.to_cpu)
+    assert hybrid.counters.loads == len(assignment.to_copy) and len(hybrid.residency.pager.resident_experts()) == cap
     assert torch.equal(out, resident_store(host).forward(hidden, ids, weights))
 
 
@@ -90,9 +90,9 @@ def test_each_cpu_step_is_measured_and_a_cpu_measured_slow_gets_nothing_more():
     hybrid.forward(hidden, ids, weights)
     paged.forward(hidden, ids, weights)
     hybrid.begin_step(2)  # the next step begins: the first one's ratio is recorded
-    assert hybrid.cpu.last_split.to_cpu and len(pace.ratios) == 1  # one step, one measurement
+    assert hybrid.cpu.last_assignment.to_cpu and len(pace.ratios) == 1  # one step, one measurement
     assert pace.totals.steps == 1 and 0 < pace.totals.kernel_s <= pace.totals.wall_s
-    assert pace.totals.predicted_s == hybrid.cpu.last_split.predicted_s
+    assert pace.totals.predicted_s == hybrid.cpu.last_assignment.predicted_s
     assert not hybrid.graph_step_ok(2)
     for _ in range(pace.ratios.maxlen):
         pace.observe(100.0, 1.0)  # the CPU took far longer than predicted
@@ -102,7 +102,7 @@ def test_each_cpu_step_is_measured_and_a_cpu_measured_slow_gets_nothing_more():
     for step, t in enumerate(STEPS):
         _, hidden, ids, weights = make(n, t, k, 500 + step, torch.float32)
         assert torch.equal(hybrid.forward(hidden, ids, weights), paged.forward(hidden, ids, weights))
-        assert hybrid.cpu.last_split.to_cpu == ()
+        assert hybrid.cpu.last_assignment.to_cpu == ()
     assert hybrid.counters.cpu_computed == on_cpu
 
 
@@ -155,10 +155,10 @@ def test_zero_copy_hybrid_equals_zero_copy_on_the_cpu_and_its_counters_add_up(de
         if hybrid.counters.loads > before:  # a prefill-like step: zero-copy's streamed step, no CPU
             streamed += hybrid.counters.loads - before
             continue
-        split = hybrid.cpu.last_split
-        assert sorted(split.to_cpu + split.to_copy) == sorted(set(ids.flatten().tolist()))
-        on_cpu += len(split.to_cpu)
-        gpu_pairs += sum(int((ids == e).sum()) for e in split.to_copy)
+        assignment = hybrid.cpu.last_assignment
+        assert sorted(assignment.to_cpu + assignment.to_copy) == sorted(set(ids.flatten().tolist()))
+        on_cpu += len(assignment.to_cpu)
+        gpu_pairs += sum(int((ids == e).sum()) for e in assignment.to_copy)
     c = hybrid.counters
     assert on_cpu > 0 and c.cpu_computed == on_cpu and c.misses == zero_copy.counters.misses
     assert c.bytes_h2d == (gpu_pairs + streamed) * hybrid.expert_bytes < zero_copy.counters.bytes_h2d
@@ -223,10 +223,10 @@ def test_a_narrow_eager_step_runs_the_hot_experts_from_the_bank(device, costs):
         step_matches_zero_copy(device, hybrid, zero_copy, hidden, ids, weights)
         routed = set(ids.flatten().tolist())
         hits += len(routed & set(held))
-        split = hybrid.cpu.last_split
-        assert sorted(split.to_cpu + split.to_copy) == sorted(routed - set(held)), step
-        assert bool(split.to_cpu) == (costs is not None) or not (routed - set(held))
-        pairs_read += sum(int((ids == e).sum()) for e in split.to_copy)
+        assignment = hybrid.cpu.last_assignment
+        assert sorted(assignment.to_cpu + assignment.to_copy) == sorted(routed - set(held)), step
+        assert bool(assignment.to_cpu) == (costs is not None) or not (routed - set(held))
+        pairs_read += sum(int((ids == e).sum()) for e in assignment.to_copy)
     c = hybrid.counters
     assert c.hits == hits > 0 and c.loads == 0 and c.bytes_h2d == pairs_read * hybrid.expert_bytes
     assert hybrid.hot.held == set(held)  # their scores stay far above: no refresh moved them
@@ -311,8 +311,8 @@ def test_an_eager_cpu_steps_ratio_is_its_cpu_side_against_the_probes_costs():
     assert pace.factor == 2.0  # the CPU measured 2x slower than probed
     _, hidden, ids, weights = make(8, 1, 2, 1, torch.float32)
     hybrid.forward(hidden, ids, weights)
-    split = hybrid.cpu.last_split  # one copy beside one CPU expert: max(0.15, 2 x 0.1)
-    assert len(split.to_cpu) == 1 and split.predicted_s == pytest.approx(0.2)
+    assignment = hybrid.cpu.last_assignment  # one copy beside one CPU expert: max(0.15, 2 x 0.1)
+    assert len(assignment.to_cpu) == 1 and assignment.predicted_s == pytest.approx(0.2)
     assert pace._open[1] == pytest.approx(0.1)  # the CPU side at the probe's costs
     assert 0 < pace._open[0] <= pace.totals.wall_s
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from wisp.core.learners.hybrid_pace import MAX_FACTOR, MIN_FACTOR, CpuPace
 from wisp.core.learners.hybrid_costs import HybridCosts
-from wisp.core.experts.hybrid_split import split_misses
+from wisp.core.experts.cpu_assignment import assign_misses
 
 
 def step(pace: CpuPace, wall_s: float, predicted_s: float) -> None:
@@ -105,8 +105,8 @@ def test_cpu_can_help_is_exact(copy_ms, cpu_ms, overhead_ms, factor, max_misses,
     pace = CpuPace(min_ratios=1)
     step(pace, factor, 1.0)
     scaled = pace.costs(costs)
-    used = [split_misses(list(enumerate(rows[:n])), scaled).to_cpu for n in range(1, max_misses + 1)]
-    one_row_each = split_misses([(e, 1) for e in range(max_misses)], scaled).to_cpu
+    used = [assign_misses(list(enumerate(rows[:n])), scaled).to_cpu for n in range(1, max_misses + 1)]
+    one_row_each = assign_misses([(e, 1) for e in range(max_misses)], scaled).to_cpu
     if not pace.cpu_can_help(costs, max_misses):
         assert not any(used) and not one_row_each  # a graph step loses nothing
     else:

@@ -1,4 +1,4 @@
-"""The hybrid cost probe gives costs the split can use: positive, and CPU times that never fall with rows."""
+"""The hybrid cost probe gives costs the CPU assignment can use: positive, and CPU times that never fall with rows."""
 
 import time
 
@@ -8,7 +8,7 @@ from tests.core.test_experts import make
 from wisp.core.learners import hybrid_probe
 from wisp.core.kernels.cpu_expert_kernels import CPU_EXPERT_KERNELS
 from wisp.core.learners.hybrid_probe import probe_hybrid_costs
-from wisp.core.experts.hybrid_split import split_misses
+from wisp.core.experts.cpu_assignment import assign_misses
 
 
 def test_probe_returns_usable_costs():
@@ -16,8 +16,8 @@ def test_probe_returns_usable_costs():
     costs = probe_hybrid_costs(host, "cpu", rows=(1, 4, 16), repeats=2)
     assert costs.cpu_rows == (1, 4, 16) and costs.copy_s > 0 and costs.cpu_overhead_s >= 0
     assert all(b >= a > 0 for a, b in zip(costs.cpu_s_at_rows, costs.cpu_s_at_rows[1:]))
-    split = split_misses([(0, 1), (3, 16)], costs)
-    assert sorted(split.to_copy + split.to_cpu) == [0, 3]
+    assignment = assign_misses([(0, 1), (3, 16)], costs)
+    assert sorted(assignment.to_copy + assignment.to_cpu) == [0, 3]
 
 
 def test_a_stall_while_timing_few_rows_is_clipped_not_spread(monkeypatch):

@@ -13,34 +13,34 @@ from tests.core.test_experts import make
 from tests.core.test_hybrid_experts import CPU_CHEAP, hold, zero_copy_pair
 from wisp.core.experts.hot_experts import HotExperts
 from wisp.core.learners.hybrid_costs import HybridCosts
-from wisp.core.experts.hybrid_split import MissSplit
+from wisp.core.experts.cpu_assignment import CpuAssignment
 from wisp.core.experts.rank_share import RankShare
 
 
-def split_step(split: RankShare, hidden, ids, weights, n: int) -> torch.Tensor:
-    """One layer of a split step as the graphs run it, eagerly."""
-    split.worker.set_share(n)
-    split.captured.send(hidden, ids)
+def share_step(share: RankShare, hidden, ids, weights, n: int) -> torch.Tensor:
+    """One layer of a rank-share step as the graphs run it, eagerly."""
+    share.worker.set_share(n)
+    share.captured.send(hidden, ids)
     events = [torch.cuda.current_stream().record_event() for _ in range(2)] if hidden.is_cuda else [None, None]
-    per_k = split.captured.gpu_pairs(hidden, ids)
-    split.worker.serve(hidden.shape[0], *events)
-    out = split.captured.merge(per_k, ids, weights, hidden.dtype)
-    split.worker.refresh_hot()  # after the merge, as `run_split` does after the step's last layer
+    per_k = share.captured.gpu_pairs(hidden, ids)
+    share.worker.serve(hidden.shape[0], *events)
+    out = share.captured.merge(per_k, ids, weights, hidden.dtype)
+    share.worker.refresh_hot()  # after the merge, as `PiecesWithCpuRanks.replay` does after the step's last layer
     return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [0, 1, 3, 4])
-def test_a_split_step_equals_the_eager_step_with_the_same_experts_on_the_cpu(device, dtype, n):
+def test_a_rank_share_step_equals_the_eager_step_with_the_same_experts_on_the_cpu(device, dtype, n):
     host, _, _, _ = make(16, 1, 4, 31, dtype)
     hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
     eager, _ = zero_copy_pair(device, host, CPU_CHEAP)
-    split = RankShare(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=dtype, device=device))
+    share = RankShare(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=dtype, device=device))
     for step in range(4):
         hidden, ids, weights = (x.to(device) for x in make(16, 1, 4, 700 + step, dtype)[1:])
         row = ids[0].tolist()
-        eager.cpu.split = lambda misses, row=row: MissSplit(tuple(row[n:]), tuple(row[:n]), 0.0, (1,) * n)
-        out = split_step(split, hidden, ids, weights, n)
+        eager.cpu.assign = lambda misses, row=row: CpuAssignment(tuple(row[n:]), tuple(row[:n]), 0.0, (1,) * n)
+        out = share_step(share, hidden, ids, weights, n)
         ref = eager.forward(hidden, ids, weights)
         assert torch.equal(out, ref), (n, step)
     c = hybrid.counters
@@ -54,11 +54,11 @@ def test_a_token_gets_the_same_bits_alone_and_in_a_batch(device):
     """For a fixed share, which server computes a pair depends on its rank alone: batch invariant."""
     host, hidden, ids, weights = make(8, 3, 4, 41, torch.bfloat16)
     hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
-    split = RankShare(hybrid, 4, 4, hidden.to(device))
+    share = RankShare(hybrid, 4, 4, hidden.to(device))
     hidden, ids, weights = hidden.to(device), ids.to(device), weights.to(device)
-    batch = split_step(split, hidden, ids, weights, 2).clone()
+    batch = share_step(share, hidden, ids, weights, 2).clone()
     for t in range(3):
-        alone = split_step(split, hidden[t : t + 1], ids[t : t + 1], weights[t : t + 1], 2)
+        alone = share_step(share, hidden[t : t + 1], ids[t : t + 1], weights[t : t + 1], 2)
         assert torch.equal(alone[0], batch[t]), t
 
 
@@ -75,10 +75,10 @@ class SlowEvent:
 def test_the_hosts_waits_are_recorded_where_they_happen():
     host, hidden, ids, _ = make(8, 1, 4, 11, torch.float32)
     hybrid, _ = zero_copy_pair("cpu", host, CPU_CHEAP)
-    split = RankShare(hybrid, 1, 4, hidden)
-    split.worker.set_share(2)
-    split.captured.send(hidden, ids)
-    split.worker.serve(1, SlowEvent(0.02), SlowEvent(0.04))
+    share = RankShare(hybrid, 1, 4, hidden)
+    share.worker.set_share(2)
+    share.captured.send(hidden, ids)
+    share.worker.serve(1, SlowEvent(0.02), SlowEvent(0.04))
     t = hybrid.cpu.pace.totals
     assert t.steps == 1 and 0.02 <= t.routing_wait_s < 0.04 <= t.gpu_wait_s
     assert t.wall_s == pytest.approx(t.kernel_s + t.gpu_wait_s)  # the routing wait is before the wall starts
@@ -100,16 +100,16 @@ class DeviceTimedEvent(SlowEvent):
 def test_timed_events_give_the_pace_the_gpu_pairs_against_their_copy_price():
     host, hidden, ids, _ = make(8, 1, 4, 13, torch.float32)
     hybrid, _ = zero_copy_pair("cpu", host, CPU_CHEAP)
-    split = RankShare(hybrid, 1, 4, hidden)
-    split.worker.set_share(1)  # 1 rank on the CPU, 3 read in place
-    split.captured.send(hidden, ids)
+    share = RankShare(hybrid, 1, 4, hidden)
+    share.worker.set_share(1)  # 1 rank on the CPU, 3 read in place
+    share.captured.send(hidden, ids)
     pace = hybrid.cpu.pace
-    split.worker.serve(1, DeviceTimedEvent(4500.0), DeviceTimedEvent(0.0), timed=True)  # ms: the events' unit
+    share.worker.serve(1, DeviceTimedEvent(4500.0), DeviceTimedEvent(0.0), timed=True)  # ms: the events' unit
     pace.end_step()
     assert list(pace.link_ratios) == pytest.approx([4.5 / (3 * CPU_CHEAP.copy_s)])  # 1.5 x the copy price
     assert pace.totals.gpu_s == pytest.approx(4.5) and pace.totals.cpu_ranks == 1
-    split.worker.set_share(4)
-    split.worker.serve(1, DeviceTimedEvent(4500.0), DeviceTimedEvent(0.0), timed=True)  # no GPU pairs: no link ratio
+    share.worker.set_share(4)
+    share.worker.serve(1, DeviceTimedEvent(4500.0), DeviceTimedEvent(0.0), timed=True)  # no GPU pairs: no link ratio
     pace.end_step()
     assert len(pace.link_ratios) == 1 and pace.totals.gpu_s == pytest.approx(4.5) and pace.totals.cpu_ranks == 5
 
@@ -119,17 +119,17 @@ def test_a_layer_is_counted_and_paced_only_when_accounted_for_and_its_wall_is_th
     layer's graphs are queued), and with device-timed GPU pairs its wall is the later of the two sides."""
     host, hidden, ids, _ = make(8, 1, 4, 17, torch.float32)
     hybrid, _ = zero_copy_pair("cpu", host, CPU_CHEAP)
-    split = RankShare(hybrid, 1, 4, hidden)
-    split.worker.set_share(2)
-    split.captured.send(hidden, ids)
-    side = split.worker.rows_to_device(1, SlowEvent(0.01))
+    share = RankShare(hybrid, 1, 4, hidden)
+    share.worker.set_share(2)
+    share.captured.send(hidden, ids)
+    done = share.worker.rows_to_device(1, SlowEvent(0.01))
     c, t = hybrid.counters, hybrid.cpu.pace.totals
-    assert side.computed == len(set(ids[0, :2].tolist())) and side.routing_wait_s >= 0.01
+    assert done.computed == len(set(ids[0, :2].tolist())) and done.routing_wait_s >= 0.01
     assert (c.steps, c.misses, t.steps) == (0, 0, 0)  # nothing counted yet
-    assert torch.equal(split.captured.rows[0, :2], split.captured.rows_host[0, :2])  # the CPU's rows already sent
-    split.worker.account(side, DeviceTimedEvent(3000.0), DeviceTimedEvent(0.0), timed=True)  # the GPU's side: 3 s
-    assert (c.steps, c.misses, c.cpu_computed, t.steps) == (1, 4, side.computed, 1)
-    assert t.kernel_s == side.cpu_s and t.gpu_wait_s == pytest.approx(3.0 - side.cpu_s)
+    assert torch.equal(share.captured.rows[0, :2], share.captured.rows_host[0, :2])  # the CPU's rows already sent
+    share.worker.account(done, DeviceTimedEvent(3000.0), DeviceTimedEvent(0.0), timed=True)  # the GPU's side: 3 s
+    assert (c.steps, c.misses, c.cpu_computed, t.steps) == (1, 4, done.computed, 1)
+    assert t.kernel_s == done.cpu_s and t.gpu_wait_s == pytest.approx(3.0 - done.cpu_s)
     assert t.wall_s == pytest.approx(3.0) and t.gpu_s == pytest.approx(3.0)  # max(CPU side, GPU side)
 
 
@@ -137,17 +137,17 @@ def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
     host = make(8, 1, 4, 5, torch.float32)[0]
     link_slow = HybridCosts(copy_s=3.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,))  # a pair read in place: 3 CPU experts
     hybrid, _ = zero_copy_pair(device, host, link_slow)
-    split = RankShare(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1]), device=device))
-    assert split.worker.cpu_share_for(1) == 3  # max(3 x 1, 1 x 3) = 3 beats 2 x 3 and 4 x 1
-    assert split.worker.predicted_s(1, 3) == 3.0 and split.worker.predicted_s(1, 0) == 12.0
+    share = RankShare(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1]), device=device))
+    assert share.worker.cpu_share_for(1) == 3  # max(3 x 1, 1 x 3) = 3 beats 2 x 3 and 4 x 1
+    assert share.worker.predicted_s(1, 3) == 3.0 and share.worker.predicted_s(1, 0) == 12.0
     hybrid.cpu.costs = HybridCosts(copy_s=0.5, cpu_rows=(1,), cpu_s_at_rows=(4.0,))  # the CPU slower than the link
-    assert split.worker.cpu_share_for(1) == 0
+    assert share.worker.cpu_share_for(1) == 0
     with pytest.raises(ValueError, match="0..4"):
-        split.worker.set_share(5)
+        share.worker.set_share(5)
 
 
 def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
-    """With the native kernel and SiLU bf16 experts the host's side is one native call (`rank_split_rows`): the
+    """With the native kernel and SiLU bf16 experts the host's side is one native call (`rank_share_rows`): the
     same rows, bit for bit, and the same counters as grouping the pairs in Python and calling the kernel."""
     from tests.core.stores import hybrid_zero_copy_store, StagingBuffers
 
@@ -163,11 +163,11 @@ def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
     assert native.worker._native
     python.worker._native = False
     for n in (1, 2, 3):
-        for split in (native, python):
-            split.worker.set_share(n)
-            split.captured.rows_host.fill_(float("nan"))
-            split.captured.send(hidden, ids)
-            split.worker.serve(3, None, None)
+        for share in (native, python):
+            share.worker.set_share(n)
+            share.captured.rows_host.fill_(float("nan"))
+            share.captured.send(hidden, ids)
+            share.worker.serve(3, None, None)
         cpu = (torch.arange(4) < n).expand(3, 4)  # the CPU's ranks: the only rows written
         assert torch.equal(native.captured.rows_host[cpu], python.captured.rows_host[cpu]), n
         assert native.captured.rows_host[~cpu].isnan().all()
@@ -175,16 +175,16 @@ def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
     assert (a.steps, a.misses, a.cpu_computed) == (b.steps, b.misses, b.cpu_computed) == (3, 3 * 8, 3 + 3 + 5)
 
 
-def split_step_against_eager(split: RankShare, eager, row: list[int], hot: set[int], n: int, weights, seed: int,
+def share_step_against_eager(share: RankShare, eager, row: list[int], hot: set[int], n: int, weights, seed: int,
                              device) -> tuple[int, ...]:
-    """One split step of routing `row` against the eager step that sends its non-hot experts of ranks < n to the
+    """One rank-share step of routing `row` against the eager step that sends its non-hot experts of ranks < n to the
     CPU: equal bit for bit. Returns those experts."""
     hidden = make(16, 1, 4, seed, torch.bfloat16)[1].to(device)
     ids, weights = torch.tensor([row], device=device), weights.to(device)
     to_cpu = tuple(sorted(e for e in row[:n] if e not in hot))
     to_gpu = tuple(sorted(e for e in row if e not in to_cpu))
-    eager.cpu.split = lambda misses: MissSplit(to_gpu, to_cpu, 0.0, (1,) * len(to_cpu))
-    assert torch.equal(split_step(split, hidden, ids, weights, n), eager.forward(hidden, ids, weights)), (n, row, hot)
+    eager.cpu.assign = lambda misses: CpuAssignment(to_gpu, to_cpu, 0.0, (1,) * len(to_cpu))
+    assert torch.equal(share_step(share, hidden, ids, weights, n), eager.forward(hidden, ids, weights)), (n, row, hot)
     return to_cpu
 
 
@@ -200,10 +200,10 @@ def test_hot_experts_pairs_come_from_the_bank_and_the_cpu_gets_only_the_others(d
     hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
     eager, _ = zero_copy_pair(device, host, CPU_CHEAP)
     hold(hybrid, HOT)
-    split = RankShare(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
+    share = RankShare(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
     hits = misses = cpu = gpu_pairs = 0
     for step, row in enumerate(HOT_ROUTING):
-        to_cpu = split_step_against_eager(split, eager, row, set(HOT), n, weights, 700 + step, device)
+        to_cpu = share_step_against_eager(share, eager, row, set(HOT), n, weights, 700 + step, device)
         hits += sum(e in HOT for e in row)
         misses += sum(e not in HOT for e in row)
         cpu += len(to_cpu)
@@ -212,7 +212,7 @@ def test_hot_experts_pairs_come_from_the_bank_and_the_cpu_gets_only_the_others(d
     assert (c.steps, c.hits, c.misses, c.cpu_computed) == (len(HOT_ROUTING), hits, misses, cpu)
     assert c.bytes_h2d == gpu_pairs * hybrid.expert_bytes
     assert hybrid.hot.held == set(HOT) and hybrid.hot.steps == len(HOT_ROUTING)  # refreshed at step 4: kept
-    assert all(live < 1.0 for live in split.worker.live)  # the prediction knows some pairs of every rank are hot
+    assert all(live < 1.0 for live in share.worker.live)  # the prediction knows some pairs of every rank are hot
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -223,12 +223,12 @@ def test_a_refresh_between_steps_changes_which_pairs_the_cpu_skips_from_the_next
     hybrid, _ = zero_copy_pair(device, host, CPU_CHEAP)
     eager, _ = zero_copy_pair(device, host, CPU_CHEAP)
     hybrid.hold_hot(2)
-    split = RankShare(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
+    share = RankShare(hybrid, 4, 4, torch.zeros((1, host["down"].shape[1]), dtype=torch.bfloat16, device=device))
     sets = []
     for step, row in enumerate(HOT_ROUTING):
         held = set(hybrid.hot.held)
         sets.append(held)
-        split_step_against_eager(split, eager, row, held, n, weights, 800 + step, device)
+        share_step_against_eager(share, eager, row, held, n, weights, 800 + step, device)
     assert sets[0] == set() and sets[1] == {3, 5} and sets[1] != sets[-1]  # chosen after step 1, changed after 4
     assert hybrid.counters.loads == hybrid.hot.copies >= 3
 
@@ -237,11 +237,11 @@ def test_the_prediction_scales_both_sides_by_the_pairs_that_are_not_hot():
     host = make(8, 1, 4, 5, torch.float32)[0]
     hybrid, _ = zero_copy_pair("cpu", host, HybridCosts(copy_s=3.0, cpu_rows=(1,), cpu_s_at_rows=(1.0,)))
     hold(hybrid, [0])
-    split = RankShare(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1])))
-    assert split.worker.predicted_s(1, 3) == 3.0
-    split.worker.live = [0.0, 0.5, 1.0, 1.0]  # hot experts are mostly the first ranks
-    assert split.worker.predicted_s(1, 2) == 6.0 and split.worker.predicted_s(1, 0) == 7.5  # max(0.5 x 1, 2 x 3), 2.5 x 3
-    assert split.worker.cpu_share_for(1) == 4  # 2.5 CPU experts against nothing read in place
+    share = RankShare(hybrid, 2, 4, torch.zeros((1, host["down"].shape[1])))
+    assert share.worker.predicted_s(1, 3) == 3.0
+    share.worker.live = [0.0, 0.5, 1.0, 1.0]  # hot experts are mostly the first ranks
+    assert share.worker.predicted_s(1, 2) == 6.0 and share.worker.predicted_s(1, 0) == 7.5  # max(0.5 x 1, 2 x 3), 2.5 x 3
+    assert share.worker.cpu_share_for(1) == 4  # 2.5 CPU experts against nothing read in place
 
 
 def test_the_native_host_side_skips_the_hot_experts_as_the_kernel_path_does():
@@ -260,11 +260,11 @@ def test_the_native_host_side_skips_the_hot_experts_as_the_kernel_path_does():
     native, python = (RankShare(store, 3, 4, hidden) for store in stores)
     assert native.worker._native
     python.worker._native = False
-    for split in (native, python):
-        split.worker.set_share(3)
-        split.captured.rows_host.fill_(float("nan"))
-        split.captured.send(hidden, ids)
-        split.worker.serve(3, None, None)
+    for share in (native, python):
+        share.worker.set_share(3)
+        share.captured.rows_host.fill_(float("nan"))
+        share.captured.send(hidden, ids)
+        share.worker.serve(3, None, None)
     cpu = (torch.arange(4) < 3) & ~torch.isin(ids, torch.tensor([1, 7]))  # the CPU's pairs: the only rows written
     assert torch.equal(native.captured.rows_host[cpu], python.captured.rows_host[cpu])
     assert not native.captured.rows_host[cpu].isnan().any() and native.captured.rows_host[~cpu].isnan().all()

@@ -27,8 +27,8 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 @st.composite
-def split_rows(draw, max_rows=70):
-    """(T, sizes): T rows and the sizes of a split of them into consecutive non-empty chunks."""
+def chunked_rows(draw, max_rows=70):
+    """(T, sizes): T rows and the sizes of a cut of them into consecutive non-empty chunks."""
     t = draw(st.integers(1, max_rows))
     cuts = sorted(draw(st.sets(st.integers(1, t - 1), max_size=8))) if t > 1 else []
     bounds = [0, *cuts, t]
@@ -44,7 +44,7 @@ ANY_SHAPE = st.tuples(st.integers(1, 80), st.integers(1, 48))
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @SETTINGS
-@given(data=st.data(), case=split_rows(), use_bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(data=st.data(), case=chunked_rows(), use_bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_linear_is_row_invariant(dtype, data, case, use_bias, seed):
     t, sizes = case
     d_in, d_out = data.draw(ANY_SHAPE, label="d_in, d_out")
@@ -73,7 +73,7 @@ def test_linear_row_invariance_float32_odd_inner_dim(d_in, d_out):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ndim", [2, 3])
 @SETTINGS
-@given(case=split_rows(), d=st.integers(1, 96), seq=st.integers(1, 5), seed=st.integers(0, 2**31 - 1))
+@given(case=chunked_rows(), d=st.integers(1, 96), seq=st.integers(1, 5), seed=st.integers(0, 2**31 - 1))
 def test_rms_norm_is_row_invariant(dtype, ndim, case, d, seq, seed):
     t, sizes = case
     shape = (t, d) if ndim == 2 else (t, seq, d)

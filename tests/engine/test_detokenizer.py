@@ -42,7 +42,7 @@ def test_incremental_text_equals_decoding_all_tokens(ids):
         assert text.startswith(detok.stable) and detok.stable == tok.decode(ids[: detok.read_offset])  # final text
 
 
-def test_a_split_character_is_held_back_until_complete():
+def test_a_character_cut_across_tokens_is_held_back_until_complete():
     tok = tokenizer()
     ids = tok.encode("a\u20acb")  # the euro sign is three bytes
     detok = IncrementalDetokenizer(tok)

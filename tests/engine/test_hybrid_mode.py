@@ -96,7 +96,7 @@ def test_steps_the_cpu_cannot_help_are_paged_steps_and_replay_cuda_graphs(hf_che
     assert not cheap.engine.model.graph_step_ok(1)  # the CPU can help a batch of one: eager, split on the host
 
 
-@pytest.mark.parametrize("cap", [2, 0])  # 0: no slots, the CPU's share by rank inside the graphs (RankSplit)
+@pytest.mark.parametrize("cap", [2, 0])  # 0: no slots, the CPU's share by rank inside the graphs (RankShare)
 def test_where_the_cpu_could_help_graph_and_eager_steps_are_both_measured(hf_checkpoints, device, moe_backend,
                                                                         attention_backend, cap):
     path = hf_checkpoints["mixtral"]

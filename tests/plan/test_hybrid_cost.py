@@ -26,7 +26,7 @@ from wisp.plan.hybrid_cost import (
     expected_step_seconds,
     hybrid_advice,
     hybrid_miss_distribution,
-    hybrid_splits,
+    hybrid_assignments,
     miss_count_distribution,
     paged_and_hybrid_seconds,
 )
@@ -80,7 +80,7 @@ def decode_traces(draw, max_experts=10, max_steps=25):
 
 
 def replay_store(store, k: int, steps):
-    """Run every step through a real store on the CPU; per step its split (hybrid) and resident experts."""
+    """Run every step through a real store on the CPU; per step its CPU assignment (hybrid) and resident experts."""
     host_d = store.residency.pager.host[next(iter(store.residency.pager.host))].shape[-1]
     g = torch.Generator().manual_seed(len(steps))
     out = []
@@ -88,7 +88,7 @@ def replay_store(store, k: int, steps):
         hidden = torch.randn(1, host_d, generator=g)
         weights = torch.softmax(torch.randn(1, k, generator=g), -1)
         store.forward(hidden, torch.tensor([ids]), weights)
-        out.append((store.cpu.last_split if store.cpu else None, store.residency.pager.resident_experts()))
+        out.append((store.cpu.last_assignment if store.cpu else None, store.residency.pager.resident_experts()))
     return out
 
 
@@ -102,11 +102,11 @@ def test_the_simulation_is_the_hybrid_store_step_by_step(trace, costs, data):
     real = replay_store(store, k, steps)
     lru = SlotLRU(cap)
     loads = cpu = 0
-    for t, split in enumerate(hybrid_splits(steps, cap, costs, lru)):
-        real_split, resident = real[t]
-        assert split == real_split, t  # the same copies, CPU experts and predicted_s
+    for t, assignment in enumerate(hybrid_assignments(steps, cap, costs, lru)):
+        real_assignment, resident = real[t]
+        assert assignment == real_assignment, t  # the same copies, CPU experts and predicted_s
         assert lru.resident() == resident, t  # and the same experts left in the slots
-        loads, cpu = loads + len(split.to_copy), cpu + len(split.to_cpu)
+        loads, cpu = loads + len(assignment.to_copy), cpu + len(assignment.to_cpu)
     c = store.counters
     assert (c.loads, c.cpu_computed, c.misses, c.steps) == (loads, cpu, loads + cpu, len(steps))
     dist = hybrid_miss_distribution(steps, cap, costs)
@@ -120,7 +120,7 @@ def test_the_simulation_is_the_hybrid_store_step_by_step(trace, costs, data):
 def test_when_the_cpu_is_never_worth_it_hybrid_is_exactly_paged_lru(trace, costs):
     n, k, steps = trace
     steps = [sorted(s) for s in steps]  # one token's touch order
-    # the CPU's fixed cost alone is above copying a whole step: no split beats copying everything
+    # the CPU's fixed cost alone is above copying a whole step: no assignment beats copying everything
     slow = HybridCosts(costs.copy_s, costs.cpu_rows, costs.cpu_s_at_rows, k * costs.copy_s + costs.cpu_overhead_s)
     lru = miss_count_distribution(steps, n)
     caps = list(range(n + 1))
@@ -151,19 +151,19 @@ def test_a_lone_miss_is_copied_so_it_is_not_missed_again():
     steps = [[0]] * 4
     paged, hybrid = paged_and_hybrid_seconds(steps, 2, costs, [1])
     assert paged[0] == pytest.approx(6.4e-3 / 4) and hybrid[0] == pytest.approx(6.4e-3 / 4)
-    assert [s.to_copy for s in hybrid_splits(steps, 1, costs)] == [(0,), (), (), ()]
+    assert [s.to_copy for s in hybrid_assignments(steps, 1, costs)] == [(0,), (), (), ()]
 
 
 def test_a_wide_decode_step_keeps_its_last_touched_experts():
     costs = HybridCosts(copy_s=1.0, cpu_rows=(1,), cpu_s_at_rows=(10.0,))  # never the CPU
     lru = SlotLRU(2)
-    splits = list(hybrid_splits([[0, 1, 2], [5, 3]], 2, costs, lru))
-    assert [s.to_copy for s in splits] == [(0, 1, 2), (3, 5)] and lru.resident() == [3, 5]
+    assignments = list(hybrid_assignments([[0, 1, 2], [5, 3]], 2, costs, lru))
+    assert [s.to_copy for s in assignments] == [(0, 1, 2), (3, 5)] and lru.resident() == [3, 5]
     lru = SlotLRU(2)
     assert [lru.decide(s) for s in ([0, 1, 2], [2, 0], [1])] == [3, 1, 1] and lru.resident() == [0, 1]  # 2 touched before 0
 
 
-def test_decode_steps_split_their_misses_between_the_servers():
+def test_decode_steps_assign_their_misses_to_the_servers():
     costs = HybridCosts(copy_s=6.4e-3, cpu_rows=(1,), cpu_s_at_rows=(5.5e-3,))
     # 1 miss: copied (at least one copy); 2: one each way (6.4); 3: one copy, two on the CPU (11 < 12.8 < 19.2)
     assert [decode_step_seconds(m, costs) for m in range(4)] == pytest.approx([0.0, 6.4e-3, 6.4e-3, 11e-3])
@@ -218,7 +218,7 @@ def test_the_advice_prices_a_trace_by_simulation():
     # C = 4 holds every expert: paged pays the 4 cold copies; hybrid sends a two-miss step's higher id to the
     # CPU (uncached) and copies the other, so 3 and 2 miss again later, alone, and are copied then: steps of
     # 2, 1, 2, 0, 1, 0 misses, each 6.4 ms, the same 4 copies' time as paged
-    assert [len(s.to_copy) + len(s.to_cpu) for s in hybrid_splits(steps, 4, costs)] == [2, 1, 2, 0, 1, 0]
+    assert [len(s.to_copy) + len(s.to_cpu) for s in hybrid_assignments(steps, 4, costs)] == [2, 1, 2, 0, 1, 0]
     assert advice.at(4).paged_step_s == pytest.approx(3 * 4 * 6.4e-3 / 6)
     assert advice.at(4).hybrid_step_s == pytest.approx(3 * 4 * 6.4e-3 / 6)
 

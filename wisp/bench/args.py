@@ -267,8 +267,8 @@ def _add_profile_parsers(kinds) -> None:
     steps.add_argument("--trace", default=None, help="write the profile as a Chrome trace here")
     steps.add_argument("--host", action="store_true",
                        help="profile the host's Python (cProfile) instead of the device's kernels")
-    timeline = _kind(profiles, "timeline", "profiles.timeline.split_timeline",
-                     "where a split decode step's time goes, from a Chrome trace of `wisp bench profile steps --trace`")
+    timeline = _kind(profiles, "timeline", "profiles.timeline.share_timeline",
+                     "where a rank-share decode step's time goes, from a Chrome trace of `wisp bench profile steps --trace`")
     timeline.add_argument("trace", help="the Chrome trace (JSON)")
     timeline.add_argument("--rows", type=int, default=25, help="serial-piece kernels to list")
 

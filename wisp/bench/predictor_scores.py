@@ -4,7 +4,7 @@ A trace is ids [T, L, K] (token, layer, the top-k; -1 where a cell routed nothin
 online over it (`predict_online`: each cell predicted before it is observed, from the past alone). The scores:
 - `precision_by_layer` / `online_precision`: |predicted & routed| / |predicted| over a layer's tokens that
   routed something;
-- `lru_split`: each prediction against an LRU cache of C experts a layer (the pager's policy, no prefetch,
+- `lru_breakdown`: each prediction against an LRU cache of C experts a layer (the pager's policy, no prefetch,
   `lru_resident_before`): resident (no copy needed), useful (not resident and routed: a miss it would save) or
   wasted (not resident and not routed: a copy for nothing);
 - `prefetch_replay`: the closed loop, each cell's top min(k, C) predictions copied in first (most recent,
@@ -63,7 +63,7 @@ def lru_resident_before(ids: np.ndarray, layer: int, cap: int) -> list[set[int]]
     return out
 
 
-def lru_split(predicted: np.ndarray, ids: np.ndarray, layers: list[int], cap: int) -> dict:
+def lru_breakdown(predicted: np.ndarray, ids: np.ndarray, layers: list[int], cap: int) -> dict:
     """Predictions against plain LRU (no prefetch): resident / useful / wasted, useful precision per layer."""
     useful_precision, totals = [], {"predicted": 0, "resident": 0, "useful": 0, "wasted": 0, "lru_misses": 0}
     for layer in layers:

@@ -260,7 +260,7 @@ class LLMEngine:
     def can_hold_hot(self) -> bool:
         """hybrid-zero-copy: every MoE store reads in place what the CPU does not compute (its VRAM: hot experts)."""
         stores = list(self.model.experts.values())
-        return bool(stores) and all(s.rank_split for s in stores)
+        return bool(stores) and all(s.rank_share for s in stores)
 
     def hold_hot_experts(self, hot: int, kv_blocks: int) -> None:
         """Hybrid with no slots: each MoE layer's device bank to `hot` experts (0: none; refilled from the next
@@ -348,7 +348,7 @@ class LLMEngine:
         }
 
     def _hybrid_stats(self) -> dict:
-        """Hybrid mode only: the costs its layers split misses by, as probed at load (what `wisp plan
+        """Hybrid mode only: the costs its layers assign misses by, as probed at load (what `wisp plan
         --hybrid-costs` reads), the factor the CPU's costs are multiplied by now (`CpuPace`), and the median
         decode step time of each kind the runner chose between, per batch size, and the times behind it
         (`StepKindChooser`)."""

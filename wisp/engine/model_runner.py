@@ -139,8 +139,7 @@ class ModelRunner:
         """The largest decode batch replayed as a CUDA graph. In paged mode also B x top_k <= the smallest
         cap: a graph pages in device groups of C // top_k tokens, and a wider batch would evict and reload
         experts group after group within one step; it runs eagerly instead, expert-major, each missing
-        expert copied once (replayed real Mixtral decode routing, four streams at once, C = 4: 3.34 -> 2.55
-        misses per layer and step; `benchmarks/probes/wide_step_rules.py`)."""
+        expert copied once (docs/decisions/wide-decode-batches-run-expert-major.md)."""
         c = self.config
         limit = min(c.cuda_graph_max_batch, c.max_concurrency)
         caps = [s.slots for s in self.model.experts.values() if s.slots is not None]

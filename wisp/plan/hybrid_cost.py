@@ -1,14 +1,14 @@
 """The planner's price of a cap when misses have two servers (`--mode hybrid`), and its hybrid advice.
 
 Paged mode serves every miss by a copy, so a layer-step with m misses costs m x copy_s and the expected
-cost is linear in the expected miss count (what `CostModel` prices). Hybrid mode splits a step's misses
-between copies and the CPU (`wisp.core.experts.hybrid_split.split_misses`) and pays the longer of the two paths,
+cost is linear in the expected miss count (what `CostModel` prices). Hybrid mode divides a step's misses
+between copies and the CPU (`wisp.core.experts.cpu_assignment.assign_misses`) and pays the longer of the two paths,
 which is not linear in m: one step with two misses is cheaper than two steps with one each. So this module
 prices a cap from the DISTRIBUTION of misses per step, not from the expected count:
 
     expected seconds per layer-step at cap C = sum over m of P(a step has m misses at C) x step_s(m),
 
-with step_s(m) the time of `split_misses` over m missing experts of one routed row each: the batch-1 decode
+with step_s(m) the time of `assign_misses` over m missing experts of one routed row each: the batch-1 decode
 step (each token its own step, as `wisp.plan.per_layer` views the trace). Paged's price is the same sum
 with step_s(m) = m x copy_s, which equals (expected misses) x copy_s.
 
@@ -18,15 +18,15 @@ the number of such steps is the miss curve (`wisp.plan.miss_curves.miss_curve_fr
 step's j-th largest distance; the per-cap counts of steps with exactly m misses are differences of those
 curves (`miss_count_distribution`).
 
-Hybrid's distribution is SIMULATED, one cap at a time (`hybrid_splits`): hybrid is not a stack algorithm.
+Hybrid's distribution is SIMULATED, one cap at a time (`hybrid_assignments`): hybrid is not a stack algorithm.
 The CPU's experts are not cached (they are not touched, evict nothing and are not kept), so which experts a
-step misses depends on earlier splits, and no one-pass curve holds for every cap.
-The replay is `HybridExperts`' own policy on the host: each step's misses split by `split_misses`, the
+step misses depends on earlier assignments, and no one-pass curve holds for every cap.
+The replay is `HybridExperts`' own policy on the host: each step's misses assigned by `assign_misses`, the
 copied ones through `ExpertPager.decide`'s LRU (`SlotLRU`, which keeps only ids; in a wide step the last C
 touched stay and the rest are streamed), the CPU's left out. It is tested step by step against the store
-itself (the same splits, `predicted_s`, loads and CPU counts).
+itself (the same assignments, `predicted_s`, loads and CPU counts).
 
-Invariants: step_s(m) <= m x copy_s for every m (the split may always copy everything, and ties go to
+Invariants: step_s(m) <= m x copy_s for every m (the assignment may always copy everything, and ties go to
 copying); when the CPU is never worth using the replay is paged's LRU and both prices are bitwise equal;
 summed over m, m x (steps with m misses at C) is the miss curve at C for paged. Hybrid is NOT bounded by
 paged at the same cap: an expert served on the CPU misses again next time, where paged would have paid one
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wisp.core.learners.hybrid_costs import HybridCosts
-from wisp.core.experts.hybrid_split import MissSplit, split_misses
+from wisp.core.experts.cpu_assignment import CpuAssignment, assign_misses
 from wisp.core.experts.recency import distinct_in_order, touch_order
 from wisp.plan.miss_curves import COLD, expert_sets, miss_curve_from_distances, stack_distances
 from wisp.plan.split import TIE, SplitProblem
@@ -75,7 +75,7 @@ def miss_count_distribution(steps: Sequence[Sequence[int]], num_experts: int) ->
 
 def decode_step_seconds(misses: int, costs: HybridCosts) -> float:
     """One layer-step's miss time in hybrid mode with `misses` missing experts of one routed row each."""
-    return split_misses([(e, 1) for e in range(misses)], costs).predicted_s
+    return assign_misses([(e, 1) for e in range(misses)], costs).predicted_s
 
 
 def expected_step_seconds(distribution: np.ndarray, seconds_with: Sequence[float]) -> np.ndarray:
@@ -126,40 +126,40 @@ class SlotLRU:
         return len(misses)
 
 
-def hybrid_splits(steps: Iterable[Sequence[int]], capacity: int, costs: HybridCosts,
-                  lru: SlotLRU | None = None) -> Iterator[MissSplit]:
+def hybrid_assignments(steps: Iterable[Sequence[int]], capacity: int, costs: HybridCosts,
+                       lru: SlotLRU | None = None) -> Iterator[CpuAssignment]:
     """Replay `HybridExperts` on one layer's batch-1 decode steps (each step one token's routed ids, one
     row each; a repeated id counts once, as `RoutingTrace.steps` gives them) with `capacity` slots; yield
-    each step's `split_misses` split. As the store does: the step's touch order is its ids ascending
-    (`wisp.core.experts.recency`), its non-resident experts are split, the CPU's are left out of the pager's step
+    each step's `assign_misses` assignment. As the store does: the step's touch order is its ids ascending
+    (`wisp.core.experts.recency`), its non-resident experts are assigned, the CPU's are left out of the pager's step
     (not touched, not cached, evicting nothing) and the rest go through `ExpertPager.decide`. `lru`: the
     state to replay on (a fresh one by default; a caller passing its own can read it after each step)."""
     lru = SlotLRU(capacity) if lru is None else lru
     for step in steps:
         order = touch_order([step])
-        split = split_misses([(e, 1) for e in order if e not in lru], costs)
-        on_cpu = set(split.to_cpu)
+        assignment = assign_misses([(e, 1) for e in order if e not in lru], costs)
+        on_cpu = set(assignment.to_cpu)
         lru.decide([e for e in order if e not in on_cpu])
-        yield split
+        yield assignment
 
 
 def hybrid_miss_distribution(steps: Sequence[Sequence[int]], capacity: int, costs: HybridCosts,
                              widest: int | None = None) -> np.ndarray:
     """int64 [widest + 1]: the number of steps with 0, 1, ... misses (copied or computed on the CPU) in the
-    replay of `hybrid_splits` (widest: the most distinct experts in one step, by default)."""
+    replay of `hybrid_assignments` (widest: the most distinct experts in one step, by default)."""
     if widest is None:
         widest = max((len(set(s)) for s in steps), default=0)
     counts = np.zeros(widest + 1, dtype=np.int64)
-    for split in hybrid_splits(steps, capacity, costs):
-        counts[len(split.to_copy) + len(split.to_cpu)] += 1
+    for assignment in hybrid_assignments(steps, capacity, costs):
+        counts[len(assignment.to_copy) + len(assignment.to_cpu)] += 1
     return counts
 
 
 def paged_and_hybrid_seconds(steps: Sequence[Sequence[int]], num_experts: int, costs: HybridCosts,
                              caps: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """Mean miss seconds per layer-step at each of `caps` (float64 [len(caps)] each): paged, every miss of
-    the exact LRU copied; hybrid, the simulated replay (`hybrid_splits`). Both price a step by its miss count
-    (one row per expert: the split's time depends on nothing else), in the same arithmetic, so when the CPU
+    the exact LRU copied; hybrid, the simulated replay (`hybrid_assignments`). Both price a step by its miss count
+    (one row per expert: the assignment's time depends on nothing else), in the same arithmetic, so when the CPU
     is never chosen the two are bitwise equal. `steps`: one token's ids each, ascending (its touch order, as
     `RoutingTrace.steps(layer, per_token=True)` gives them; paged reads the order as listed)."""
     lru = miss_count_distribution(steps, num_experts)
@@ -177,7 +177,7 @@ class HybridCapCost:
     expert_cap: int
     kv_blocks: int
     paged_step_s: float  # every miss copied (copy_s from the hybrid costs)
-    hybrid_step_s: float  # each layer-step's misses split by `split_misses`
+    hybrid_step_s: float  # each layer-step's misses assigned by `assign_misses`
 
 
 @dataclass(frozen=True)

@@ -78,15 +78,15 @@ class ArcLists:
 
     def _make_room_for_new(self, expert: int, needed: set[int]) -> None:
         """ARC's case IV (an id in no list): trim the ghosts to their bounds, then REPLACE if full."""
-        recent_side = len(self.recent) + len(self.recent_ghosts)
-        if recent_side >= self.capacity:
+        recent_with_ghosts = len(self.recent) + len(self.recent_ghosts)
+        if recent_with_ghosts >= self.capacity:
             if len(self.recent) < self.capacity:
                 self.recent_ghosts.popitem(last=False)
                 self._replace(expert, needed)
             else:  # T1 fills the cache and B1 is empty: drop T1's LRU outright (no ghost)
                 self.recent.pop(_least_recent_unneeded(self.recent, needed))
             return
-        total = recent_side + len(self.frequent) + len(self.frequent_ghosts)
+        total = recent_with_ghosts + len(self.frequent) + len(self.frequent_ghosts)
         if total >= 2 * self.capacity and self.frequent_ghosts:
             self.frequent_ghosts.popitem(last=False)
         self._replace(expert, needed)

@@ -169,16 +169,16 @@ def _sim_sessions(args, plan, sessions: _Sessions) -> dict:
     setup = SessionSetup(plan.curves.problem, plan.report.cost_model.expert_miss_seconds, plan.report.expert_cap,
                          args.max_request_tokens)
     results = compare_workloads(setup, sessions.routing, sessions.workflows)
-    expert_side = "the routing trace's tokens in turn, one per computed token (not these sessions' own routing)"
+    expert_routing = "the routing trace's tokens in turn, one per computed token (not these sessions' own routing)"
     print(f"\nsession workloads at {args.vram_budget / 2**30:.2f} GiB, floor {setup.problem.kv_floor} blocks, "
           f"at most {setup.max_tokens} tokens computed per request")
     print(f"routing: {sessions.routing_note}")
-    print(f"expert side: {expert_side}")
+    print(f"expert side: {expert_routing}")
     print("seconds: predicted miss seconds over the workload; cap: oracle one per workflow, controller its start "
           "then each resize; mv-wsa: the plan above")
     for w in results:
         _print_workload(w)
-    return {"routing": sessions.routing_note, "expert_side": expert_side, "max_request_tokens": setup.max_tokens,
+    return {"routing": sessions.routing_note, "expert_side": expert_routing, "max_request_tokens": setup.max_tokens,
             "expert_miss_seconds": setup.expert_miss_seconds, "kv_miss_seconds": setup.problem.kv_cost,
             "workloads": [w.to_json() for w in results]}
 

@@ -37,7 +37,7 @@ def session_requests(routing: RoutingTrace, workflows: Sequence[tuple[str, KVTra
             keyed.append([hash((name, k)) for k in req])
             prompts.append(p)
             outputs.append(o)
-    kv_d = _split(kv_stack_distances(keyed), [len(dict.fromkeys(r)) for r in keyed])
+    kv_d = _chunks(kv_stack_distances(keyed), [len(dict.fromkeys(r)) for r in keyed])
     tokens = [min(max_tokens, o + int(np.count_nonzero(d == COLD)) * block_size + p % block_size)
               for d, p, o in zip(kv_d, prompts, outputs)]
     exp_d = _expert_distances(routing, tokens)
@@ -74,5 +74,5 @@ def _cyclic_distances(by_token: list[list[int]], total: int) -> tuple[np.ndarray
     return d, refs
 
 
-def _split(values: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+def _chunks(values: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     return np.split(values, np.cumsum(sizes)[:-1]) if sizes else []

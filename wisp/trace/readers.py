@@ -112,7 +112,7 @@ def read_vllm_layer_log(
     if len(layers) != 1:
         raise ValueError(f"{path}: expected one logged layer, found {layers}")
     dummy, real = rows[:skip], rows[skip:]
-    passes, dropped = _split_passes(real), 0
+    passes, dropped = _cut_into_passes(real), 0
     if drop_repeat_profiles and dummy:
         passes, dropped = _drop_profile_repeats(passes, dummy)
     ids, weights = _one_layer_arrays([r for p in passes for r in p], int(meta.get("top_k", 0)))
@@ -136,7 +136,7 @@ def _vllm_meta_and_routes(path: Path) -> tuple[dict, list[dict]]:
     return meta, rows
 
 
-def _split_passes(rows: list[dict]) -> list[list[dict]]:
+def _cut_into_passes(rows: list[dict]) -> list[list[dict]]:
     """Rows cut into forward passes wherever token_idx restarts (one pass if it only grows)."""
     passes, cur = [], []
     for r in rows:

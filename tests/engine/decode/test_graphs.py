@@ -124,7 +124,7 @@ def test_a_step_replayed_as_pieces_equals_the_whole_graph(mode, cap):
 
 
 def test_a_hybrid_step_replayed_as_pieces_equals_its_eager_step():
-    """Hybrid with no slots (stateless: the split depends only on the routing and the costs, fixed here):
+    """Hybrid with no slots (stateless: the CPU assignment depends only on the routing and the costs, fixed here):
     the pieces with the experts between them, the CPU computing most, equal the same step run eagerly."""
     cpu_cheap = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))
     eng = engine("hybrid", 0, False, hybrid_costs=cpu_cheap)
@@ -136,14 +136,14 @@ def test_a_hybrid_step_replayed_as_pieces_equals_its_eager_step():
         tokens = [7 + position, 100 + 3 * position]
         model.lru_state_on("host")
         pieces = graphs.replay(StepRunner(), (tokens, [position] * 2, tables), model.routed_experts).clone()
-        assert all(store.cpu.last_split.to_cpu for store in model.experts.values())  # the CPU helped every layer
+        assert all(store.cpu.last_assignment.to_cpu for store in model.experts.values())  # the CPU helped every layer
         kv = DecodeBatchKV(eng.kv, inputs.tables[:2], inputs.positions[:2])  # the same staged inputs
         eager = model.logits(model.forward_batch(inputs.tokens[:2], inputs.positions[:2], kv))
         assert torch.equal(pieces, eager), position
 
 
 @pytest.mark.parametrize("hot", [0, 2])
-def test_a_split_step_replayed_equals_the_same_split_run_eagerly(hot):
+def test_a_rank_share_step_replayed_equals_the_same_share_run_eagerly(hot):
     """Hybrid with no slots replays the CPU's share of ranks between the graphs (`PiecesWithCpuRanks`): for each share,
     the same as each layer's RankShare run eagerly between eager pieces, and a token's logits do not
     depend on its batch. With hot experts, held in the bank after the graphs were captured (their pairs the
@@ -158,30 +158,30 @@ def test_a_split_step_replayed_equals_the_same_split_run_eagerly(hot):
     assert set(graphs.shares) == set(model.experts) and graphs.gpu_graphs[1] and graphs.gpu_graphs[2]
     tables, top_k = [[blocks[0]], [blocks[1]]], model.config.top_k
     for position in range(2 * top_k):
-        share = position % (top_k + 1)
-        for split in graphs.shares.values():
-            split.worker.set_share(share)
+        cpu_ranks = position % (top_k + 1)
+        for share in graphs.shares.values():
+            share.worker.set_share(cpu_ranks)
         tokens = [7 + position, 100 + 3 * position]
         replayed = graphs.replay(StepRunner(), (tokens, [position] * 2, tables)).clone()
         alone = graphs.replay(StepRunner(), (tokens[:1], [position], tables[:1]))[0].clone()
         kv = DecodeBatchKV(eng.kv, inputs.tables[:2], inputs.positions[:2])
         piece = model.forward_piece(inputs.tokens[:2], inputs.positions[:2], kv)
         while piece.layer is not None:
-            split = graphs.shares[piece.layer]
-            split.captured.send(piece.hidden, piece.topk_ids)
-            per_k = split.captured.gpu_pairs(piece.hidden, piece.topk_ids)
+            share = graphs.shares[piece.layer]
+            share.captured.send(piece.hidden, piece.topk_ids)
+            per_k = share.captured.gpu_pairs(piece.hidden, piece.topk_ids)
             torch.cuda.synchronize()
-            split.worker.serve(2, None, None)
+            share.worker.serve(2, None, None)
             piece = model.forward_piece(inputs.tokens[:2], inputs.positions[:2], kv, piece,
-                                        split.captured.merge(per_k, piece.topk_ids, piece.topk_weights, model.dtype))
+                                        share.captured.merge(per_k, piece.topk_ids, piece.topk_weights, model.dtype))
         eager = model.logits(piece.x)
-        for split in graphs.shares.values():
-            split.worker.refresh_hot()
-        assert torch.equal(replayed, eager), (position, share)
-        assert torch.equal(alone, replayed[0]), (position, share)
+        for share in graphs.shares.values():
+            share.worker.refresh_hot()
+        assert torch.equal(replayed, eager), (position, cpu_ranks)
+        assert torch.equal(alone, replayed[0]), (position, cpu_ranks)
 
 
-def test_a_split_step_counts_and_paces_every_layer_once():
+def test_a_rank_share_step_counts_and_paces_every_layer_once():
     """`PiecesWithCpuRanks` accounts for each layer after queuing the next one's graphs: every layer still counts one
     step and feeds the (shared) pace once a step, the last one too, with its GPU pairs timed on the device."""
     eng = engine("hybrid", 0, False, hybrid_costs=HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4)))
@@ -190,12 +190,12 @@ def test_a_split_step_counts_and_paces_every_layer_once():
     stores, top_k = list(model.experts.values()), model.config.top_k
     pace = stores[0].cpu.pace
     assert top_k >= 2 and all(store.cpu.pace is pace for store in stores)
-    share = top_k // 2  # both servers have pairs
-    for split in graphs.shares.values():
-        split.worker.set_share(share)
+    cpu_ranks = top_k // 2  # both servers have pairs
+    for share in graphs.shares.values():
+        share.worker.set_share(cpu_ranks)
     counted, paced, ranks, gpu_s = [s.counters.steps for s in stores], pace.totals.steps, pace.totals.cpu_ranks, pace.totals.gpu_s
     for position in range(3):
         graphs.replay(StepRunner(), ([7 + position], [position], [[blocks[0]]]))
     assert [s.counters.steps - c for s, c in zip(stores, counted)] == [3] * len(stores)
     assert pace.totals.steps - paced == 3 * len(stores)
-    assert pace.totals.cpu_ranks - ranks == 3 * len(stores) * share and pace.totals.gpu_s > gpu_s
+    assert pace.totals.cpu_ranks - ranks == 3 * len(stores) * cpu_ranks and pace.totals.gpu_s > gpu_s

@@ -71,13 +71,13 @@ def rows(out: Path, host: str, commit: str, mode: str) -> list[dict]:
         d, pre, peaks = w["decode"], w["prefill"], w["peaks"]
         totals = d["hybrid_cpu_steps"]
         layers = max(totals["steps"], 1)
-        split_step = d["hybrid_step_kinds"]["1"].get("eager")
+        helped_step_s = d["hybrid_step_kinds"]["1"].get("eager")
         within = None if None in peaks.values() or budget is None else max(peaks.values()) <= budget
         result.append({
             **common, "system": "wisp", "expert_cap": d["expert_cap"], "routing": ROUTING, "host": host,
             "run": f"{run} llama.cpp", "mode": mode, "decode_tok_s": d["decode_tok_s"], "step_s": d["step_s"],
             "step_s_median": d.get("step_s_median"), "step_s_p90": d.get("step_s_p90"), "step_s_max": d.get("step_s_max"),
-            "split_step_median_s": split_step, "graph_step_median_s": d["hybrid_step_kinds"]["1"].get("graph"),
+            "split_step_median_s": helped_step_s, "graph_step_median_s": d["hybrid_step_kinds"]["1"].get("graph"),
             "split_steps": d["piece_steps"], "graph_steps": d["graph_steps"],
             "cpu_experts_per_layer": round(totals["cpu_ranks"] / layers, 2),
             "per_cpu_layer_ms": {name: round(1e3 * totals[key] / layers, 3) for name, key in
@@ -89,7 +89,7 @@ def rows(out: Path, host: str, commit: str, mode: str) -> list[dict]:
             "within_budget": within, "memory_sampler": w["sampler"],
             "decode_vs_llama_cpp": ratio(d["decode_tok_s"], peer["decode_tok_s"], True, 3),
             "decode_vs_llama_cpp_unsampled": ratio(d["decode_tok_s"], peer.get("decode_tok_s_unsampled"), True, 3),
-            "split_step_vs_llama_cpp": ratio(1 / split_step if split_step else None, peer["decode_tok_s"], True, 3),
+            "split_step_vs_llama_cpp": ratio(1 / helped_step_s if helped_step_s else None, peer["decode_tok_s"], True, 3),
             "ttft_2048_vs_llama_cpp": ratio(pre[2048]["ttft_s"], ttft.get("2048"), False, 3),
             "h2d_gbps_probe": d["h2d_gbps_probe"], "commit": commit, "command": d["command"],
             "cpu_and_link_factors_at_end": [d["hybrid_cpu_factor"], d["hybrid_link_factor"]],

@@ -6,12 +6,12 @@ kernels; on the CPU (`--device cpu`, e.g. the demo model) of the CPU's operators
     wisp bench profile steps --model qwen3-30b-a3b --layers 8 --mode resident --phase decode
     wisp bench profile steps --model olmoe-1b-7b --mode resident --phase prefill --prompt-len 2048
     wisp bench profile steps --model olmoe-1b-7b --mode hybrid --cap 0 --graphs --warm 40 --prompt-len 512 \
-        --routing-trace .gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl --trace split_steps.json
+        --routing-trace .gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl --trace share_steps.json
 
 `--host` profiles the host's Python instead (cProfile, the functions by their own time and by cumulative time):
 where an engine step's host time goes, which a GPU-light step (resident at batch 1) shows best.
 `--trace FILE` also writes the profile as a Chrome trace (the host's CUDA calls and the device's kernels and
-copies on one clock: `wisp bench profile timeline` reads where a split step's time goes from it).
+copies on one clock: `wisp bench profile timeline` reads where a rank-share step's time goes from it).
 """
 
 from __future__ import annotations

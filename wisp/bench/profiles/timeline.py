@@ -1,7 +1,7 @@
-"""`wisp bench profile timeline`: where a split decode step's time goes, read from a Chrome trace of
+"""`wisp bench profile timeline`: where a rank-share decode step's time goes, read from a Chrome trace of
 `wisp bench profile steps --trace`.
 
-A split step (hybrid with no slots under CUDA graphs, `DecodeGraphs.run_split`) alternates, per MoE layer, the
+A rank-share step (hybrid with no slots under CUDA graphs, `PiecesWithCpuRanks.replay`) alternates, per MoE layer, the
 CPU's experts on the host and a serial piece: the CPU's rows copied to the device, the merge, the next layer's
 attention and router, the routing's copy to the host and the host waking on it. The host's CUDA calls mark the
 layers: the first call after a wait on an event (`cudaEventSynchronize`, the routing's) that comes at least
@@ -15,7 +15,7 @@ and merges (or, before that was one graph, the rows' `cudaMemcpyAsync`). Per lay
 and the kernels of the serial piece by mean time a layer, and the step boundary (the last layer's serial part,
 the engine's work between steps included) apart.
 
-    wisp bench profile timeline split_steps.json
+    wisp bench profile timeline share_steps.json
 """
 
 from __future__ import annotations
@@ -83,13 +83,13 @@ def read_events(path: str) -> list[dict]:
         raise WispError(f"{path} is not a Chrome trace with traceEvents ({type(exc).__name__}: {exc})") from None
 
 
-def split_timeline(args) -> list[dict]:
+def share_timeline(args) -> list[dict]:
     """`wisp bench profile timeline`: the layer-steps' means inside steps and at step boundaries, and the
     serial piece's kernels, printed; the layer-steps returned."""
     events = read_events(args.trace)
     layers = layer_steps(events)
     if not layers:
-        raise WispError("no split layer-steps in this trace (a hybrid --cap 0 --graphs profile?)")
+        raise WispError("no rank-share layer-steps in this trace (a hybrid --cap 0 --graphs profile?)")
     usual = statistics.median(x["serial"] for x in layers)
     inner = [x for x in layers if x["serial"] < 3 * usual]
     bounds = [x for x in layers if x["serial"] >= 3 * usual]

@@ -5,7 +5,7 @@ Hybrid mode with no slots splits a decode step's experts between the CPU (`wisp.
 and the GPU's kernel reading the rest straight from the same pinned host memory, so an expert that the CPU
 computes fast alone can be slow inside a step (docs/hybrid.md). This separates the suspects: for each kernel
 and thread count it times one expert at `--rows` rows, cycling over the bank so no cache helps (GB/s of
-weights read, median), alone and, on CUDA, while a side stream keeps the Triton MoE kernel reading the other
+weights read, median), alone and, on CUDA, while another stream keeps the Triton MoE kernel reading the other
 half of the experts in place (`pairs_by_map`, top-k of them a launch), and while it copies them to the GPU
 instead (pinned cudaMemcpyAsync); each side's rate alone is reported too.
 
@@ -82,7 +82,7 @@ def anon_huge_bytes() -> int:
 
 class InPlaceReads:
     """The GPU's side of a no-slot hybrid step, on a loop: the Triton kernel reading `top_k` experts of
-    `experts` in place per launch, on a side stream, until stopped."""
+    `experts` in place per launch, on its own stream, until stopped."""
 
     def __init__(self, bank: dict[str, torch.Tensor], experts: range, top_k: int):
         from wisp.core.kernels.registry import moe_kernels
@@ -103,7 +103,7 @@ class InPlaceReads:
                                           self.expert_map)
 
     def rate(self, launches: int) -> float:
-        """GB/s this side reads over `launches` launches (of `nbytes` each)."""
+        """GB/s it reads over `launches` launches (of `nbytes` each)."""
         self.stream.synchronize()
         start = time.perf_counter()
         self.launch(launches)
@@ -113,7 +113,7 @@ class InPlaceReads:
 
 class PinnedCopies(InPlaceReads):
     """The link busy the other way a step could use it: plain copies of `top_k` experts' weights from the
-    pinned bank to the GPU per launch (cudaMemcpyAsync, as paged mode's slot loads), on a side stream."""
+    pinned bank to the GPU per launch (cudaMemcpyAsync, as paged mode's slot loads), on its own stream."""
 
     def __init__(self, bank: dict[str, torch.Tensor], experts: range, top_k: int):
         super().__init__(bank, experts, top_k)
@@ -163,28 +163,28 @@ def sweep_cpu_experts(args) -> dict:
         rec["banks"][kind] = runs = {"anon_huge_bytes": anon_huge_bytes() - before,
                                      "bank_bytes": sum(t.nbytes for t in bank.values())}
         cpu_experts, gpu_experts = range(n // 2), range(n // 2, n)
-        sides = {"in_place": InPlaceReads(bank, gpu_experts, args.top_k),
+        gpu_readers = {"in_place": InPlaceReads(bank, gpu_experts, args.top_k),
                  "pinned_copies": PinnedCopies(bank, gpu_experts, args.top_k)} if cuda else {}
-        for name, side in sides.items():
-            side.rate(5)  # compiles the kernel, warms the copies
-            runs[f"gpu_{name}_gbps_alone"] = round(side.rate(50), 1)
+        for name, reader in gpu_readers.items():
+            reader.rate(5)  # compiles the kernel, warms the copies
+            runs[f"gpu_{name}_gbps_alone"] = round(reader.rate(50), 1)
         for per_call in args.per_call:
             for threads in threads_to_try:
                 torch.set_num_threads(threads)
                 run = runs[f"{per_call}_per_call/{threads}_threads"] = {"alone": {}}
                 run["alone"] = {k: round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows,
                                                      args.repeats, per_call), 1) for k in kernels}
-                for name, side in sides.items():
-                    beside, launch_s = {}, side.nbytes / (runs[f"gpu_{name}_gbps_alone"] * 1e9)
+                for name, reader in gpu_readers.items():
+                    beside, launch_s = {}, reader.nbytes / (runs[f"gpu_{name}_gbps_alone"] * 1e9)
                     for k in kernels:  # enough launches to outlast the CPU's calls four times over
                         cpu_s = ((args.repeats + 3) * per_call * (bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes)
                                  / (run["alone"][k] * 1e9))
-                        side.launch(int(4 * cpu_s / launch_s) + 10)
+                        reader.launch(int(4 * cpu_s / launch_s) + 10)
                         beside[k] = round(expert_rate(CPU_EXPERT_KERNELS[k], bank, cpu_experts, args.rows,
                                                       args.repeats, per_call), 1)
                         torch.cuda.synchronize()
                     run[f"beside_gpu_{name}"] = beside
                 print(kind, per_call, threads, run, flush=True)
-        del sides, bank
+        del gpu_readers, bank
     print_and_save(rec, args.out)
     return rec

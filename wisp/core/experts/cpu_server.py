@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import torch
 
 from wisp.core.experts.host_exchange import HostExchange
-from wisp.core.experts.hybrid_split import MissSplit, split_misses, split_time
+from wisp.core.experts.cpu_assignment import CpuAssignment, assign_misses, assignment_time
 from wisp.core.experts.recency import routed_counts_and_last_token
 from wisp.core.experts.serve_plan import ServePlan
 from wisp.core.kernels.cpu_expert_kernels import CPU_EXPERT_KERNELS, CpuExperts, default_cpu_kernel
@@ -44,7 +44,7 @@ class CpuServer:
         self.cpu_kernel = cpu_kernel or default_cpu_kernel(torch.device(device))
         self.cpu_experts = CpuExperts(host, CPU_EXPERT_KERNELS[self.cpu_kernel])  # from the pinned masters
         self.exchange = HostExchange(device)
-        self.last_split: MissSplit | None = None
+        self.last_assignment: CpuAssignment | None = None
         self._rows_read: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's (hidden, ids) on the host
 
     def read_routing(self, hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> tuple[list[int], list[int]]:
@@ -57,10 +57,10 @@ class CpuServer:
             (ids_host,) = self.exchange.to_host(topk_ids)
         return routed_counts_and_last_token(ids_host, num_experts)
 
-    def split(self, misses: Sequence[tuple[int, int]]) -> MissSplit:
-        """`split_misses` of (expert, rows) at the paced costs."""
-        self.last_split = split_misses(misses, self.pace.costs(self.costs))
-        return self.last_split
+    def assign(self, misses: Sequence[tuple[int, int]]) -> CpuAssignment:
+        """`assign_misses` of (expert, rows) at the paced costs."""
+        self.last_assignment = assign_misses(misses, self.pace.costs(self.costs))
+        return self.last_assignment
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         (on_device,) = self.exchange.to_device(tensor)
@@ -84,7 +84,7 @@ class CpuServer:
         pairs_dev, rows_dev = self.exchange.to_device(pairs, rows)
         per_k[pairs_dev] = rows_dev
         wall_s = time.perf_counter() - start
-        at_probe_s = split_time(0, [plan.counts[e] for e in plan.on_cpu], self.costs)  # the CPU side at the probe's costs
+        at_probe_s = assignment_time(0, [plan.counts[e] for e in plan.on_cpu], self.costs)  # the CPU side at the probe's costs
         self.pace.observe(wall_s, plan.cpu_predicted_s, cpu_done - kernel_start, ratio=(cpu_done - start, at_probe_s))
         return kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
 

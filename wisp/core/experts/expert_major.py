@@ -10,7 +10,7 @@ step runs expert by expert, and each missing expert crosses PCIe exactly once:
    miss is copied into its slot, then its pairs are computed from there;
 4. the new expert_map is published, and the [T*K, D] pair outputs are summed over k in routing order.
 
-On CUDA the copies run on a side stream in that order, streamed misses first: a copy waits only for the
+On CUDA the copies run on a copy stream in that order, streamed misses first: a copy waits only for the
 last reader of its destination (a staging buffer's previous expert, or, for a slot, the hits launch),
 and each expert's compute waits for its own copy, so the next copy overlaps the current compute
 (double buffering with events, no host sync). On the CPU the same steps run one after another.
@@ -116,31 +116,31 @@ def compute_from_copies(host: dict[str, torch.Tensor], staging: StagingBuffers, 
                         hidden: torch.Tensor, topk_ids: torch.Tensor, plan: list[tuple[int, int | None]],
                         offsets: list[int], scratch: dict[str, torch.Tensor] | None = None) -> None:
     """Copy each (expert, slot) of `plan` into its slot of `scratch` (slot None: the next staging buffer)
-    and compute its pairs into `per_k`; on CUDA copies run on the side stream, each waiting only for the
+    and compute its pairs into `per_k`; on CUDA copies run on the copy stream, each waiting only for the
     last reader of its destination (a slot: the kernels queued before this call), compute for its copy."""
     k = topk_ids.shape[1]
     order = torch.argsort(topk_ids.reshape(-1), stable=True)  # [T*K] pairs grouped by expert, token order inside
-    side = staging.stream
-    main = torch.cuda.current_stream(hidden.device) if side is not None else None
-    hits_done = main.record_event() if side is not None else None
+    copy_stream = staging.stream
+    main = torch.cuda.current_stream(hidden.device) if copy_stream is not None else None
+    hits_done = main.record_event() if copy_stream is not None else None
     for expert, slot in plan:
         if slot is None:
             index = staging.take()
             dest, wait = staging.buffers[index], staging.free_after[index]
         else:
             dest, wait = {name: w[slot] for name, w in scratch.items()}, hits_done
-        if side is None:
+        if copy_stream is None:
             _copy_expert(host, expert, dest)
         else:
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(copy_stream):
                 if wait is not None:
-                    side.wait_event(wait)
+                    copy_stream.wait_event(wait)
                 _copy_expert(host, expert, dest)
-                copied = side.record_event()
+                copied = copy_stream.record_event()
             main.wait_event(copied)
         pairs = order[offsets[expert] : offsets[expert + 1]]
         kernels.pairs_of_one_expert(per_k, hidden, dest[GATE_UP], dest[DOWN], pairs, k, extras=extras_of(dest))
-        if slot is None and side is not None:
+        if slot is None and copy_stream is not None:
             staging.free_after[index] = main.record_event()
 
 

@@ -1,11 +1,11 @@
 """`HostExchange`: a hybrid layer's small trips between the device and the host, through pinned buffers.
 
 A CPU-helped decode step crosses the link three times per MoE layer: the routing and the hidden rows go to
-the host (the split and the CPU's experts need them), and the CPU's pair outputs come back. Done with
-`.cpu()` and `.to(device)` that is two blocking reads and two blocking pageable writes, each a host sync;
-on the H200's host they and the launches around them cost about as much as the CPU's experts themselves.
+the host (the CPU assignment and the CPU's experts need them), and the CPU's pair outputs come back. Done
+with `.cpu()` and `.to(device)` that is two blocking reads and two blocking pageable writes, each a host sync.
 Here every trip goes through a pinned buffer kept for the purpose: `to_host` enqueues all its copies and
-waits once; `to_device` enqueues its copies and does not wait.
+waits once; `to_device` enqueues its copies and does not wait
+(why: docs/decisions/host-trips-through-pinned-buffers.md).
 
 Invariants:
 - `to_host` returns views of its buffers, valid until the next `to_host`; after it returns, every

@@ -2,15 +2,14 @@
 
 Hybrid with no slots (`--mode hybrid --expert-cap 0`) reads every routed expert from host memory: the GPU
 in place over the link, the CPU from the same pinned masters. Whatever VRAM is left over can hold the
-experts routing uses most, so their pairs cost neither side any host bytes (`--hot-experts H`). Unlike
-paged mode's LRU slots the set is held by frequency and changes only at a refresh (after a decode step, before
-a prefill chunk): a miss is never copied for the step that routes it, and on real routing a decayed count keeps
-more pairs on the device than recency
-at small H (OLMoE's layer-0 gsm8k trace: 12% of pairs at H = 2 against 5% for LRU, 71% against 65% at 32).
+experts routing uses most, so their pairs cost neither the CPU nor the link any host bytes (`--hot-experts H`).
+Unlike paged mode's LRU slots the set is held by frequency (a decayed count) and changes only at a refresh
+(after a decode step, before a prefill chunk): a miss is never copied for the step that routes it
+(why frequency: docs/decisions/hot-experts-held-by-decayed-count.md).
 
 The layer owns:
 - `bank[key]` [H, ...] on the device, one slot per hot expert, every tensor the host masters hold;
-- `slot_map` (int32, [N + 1], on the device) expert -> its slot or -1; entry N is -1 too (the rank split's
+- `slot_map` (int32, [N + 1], on the device) expert -> its slot or -1; entry N is -1 too (the rank share's
   placeholder id for pairs another server computes); updated in place, so graphs captured over it stay valid;
 - `expert_in_slot` (list, H) its inverse on the host, slot -> expert or -1 (empty), and `is_hot` (bool,
   [N + 1], host) slot_map >= 0;

@@ -10,10 +10,10 @@ Registered (`MISS_POLICIES`):
   whose experts outnumber the slots, through a staging buffer; with a full bank or a layer buffer nothing misses;
 - "in-place": the GPU's kernel reads each miss in place (UVA); a wide step (each expert routed `STREAM_REUSE`
   times or more on average) stages each miss once instead, and takes held experts from the bank;
-- "copy-or-cpu": "copy", with `split_misses` sending some misses to the CPU where that shortens the step;
-- "in-place-or-cpu": "in-place", with `split_misses` sending some of the in-place reads to the CPU (priced as
-  copies); wide steps stage as "in-place" does. Its decode steps may also split by rank inside CUDA graphs
-  (`rank_split`: `wisp.core.experts.rank_split`).
+- "copy-or-cpu": "copy", with `assign_misses` sending some misses to the CPU where that shortens the step;
+- "in-place-or-cpu": "in-place", with `assign_misses` sending some of the in-place reads to the CPU (priced as
+  copies); wide steps stage as "in-place" does. Its decode steps may also share each token's ranks with the
+  CPU inside CUDA graphs (`rank_share`: `wisp.core.experts.rank_share`).
 
 Invariants: the plan names every routed expert once; a policy that sends nothing to the CPU gives the plan its
 CPU-free twin gives ("copy-or-cpu" -> "copy", "in-place-or-cpu" -> "in-place"), so outputs and counters match.
@@ -54,7 +54,7 @@ class RoutedStep:
 class MissPolicy(ABC):
     name: str
     needs_cpu = False  # the store gives it a `CpuServer`
-    rank_split = False  # its decode steps may split each token's ranks between the GPU and the CPU in graphs
+    rank_share = False  # its decode steps may share each token's ranks between the GPU and the CPU in graphs
 
     @abstractmethod
     def assign(self, step: RoutedStep, residency: Residency, cpu: CpuServer | None, staging: bool) -> ServePlan:
@@ -105,31 +105,31 @@ class CopyOrCpu(MissPolicy):
 
     def assign(self, step, residency, cpu, staging):
         residency.use_host()
-        split = cpu.split([(e, step.counts[e]) for e in step.order if not residency.holds(e)])
-        if not split.to_cpu:
+        assignment = cpu.assign([(e, step.counts[e]) for e in step.order if not residency.holds(e)])
+        if not assignment.to_cpu:
             return CopyMisses().assign(step, residency, cpu, staging)
-        on_cpu = set(split.to_cpu)
+        on_cpu = set(assignment.to_cpu)
         gpu_order = tuple(e for e in step.order if e not in on_cpu)
         decision = residency.place(gpu_order)
         serve = plan_of_decision(gpu_order, decision).serve
-        serve.update({e: Serve.CPU for e in split.to_cpu})
+        serve.update({e: Serve.CPU for e in assignment.to_cpu})
         return ServePlan(step.order, step.counts, serve, loads=decision.loads, staged=decision.streamed,
-                         on_cpu=split.to_cpu, evictions=decision.evictions, cpu_predicted_s=split.predicted_s)
+                         on_cpu=assignment.to_cpu, evictions=decision.evictions, cpu_predicted_s=assignment.predicted_s)
 
 
 @register_policy("in-place-or-cpu")
 class InPlaceOrCpu(MissPolicy):
     needs_cpu = True
-    rank_split = True
+    rank_share = True
 
     def assign(self, step, residency, cpu, staging):
         if wide(step, staging):
             return staged_plan(step, residency)
-        filled = residency.begin(step.counts, 1)  # an eager narrow step: every pair counted, as the rank split counts
+        filled = residency.begin(step.counts, 1)  # an eager narrow step: every pair counted, as the rank share counts
         held = [e for e in step.order if residency.holds(e)]
-        split = cpu.split([(e, step.counts[e]) for e in step.order if not residency.holds(e)])
+        assignment = cpu.assign([(e, step.counts[e]) for e in step.order if not residency.holds(e)])
         serve = {e: Serve.HELD for e in held}
-        serve.update({e: Serve.IN_PLACE for e in split.to_copy})
-        serve.update({e: Serve.CPU for e in split.to_cpu})
-        return ServePlan(step.order, step.counts, serve, on_cpu=split.to_cpu, filled=filled,
-                         cpu_predicted_s=split.predicted_s, single_launch=not split.to_cpu and not held)
+        serve.update({e: Serve.IN_PLACE for e in assignment.to_copy})
+        serve.update({e: Serve.CPU for e in assignment.to_cpu})
+        return ServePlan(step.order, step.counts, serve, on_cpu=assignment.to_cpu, filled=filled,
+                         cpu_predicted_s=assignment.predicted_s, single_launch=not assignment.to_cpu and not held)

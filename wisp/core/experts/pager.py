@@ -26,7 +26,7 @@ Recency is defined exactly so a plain LRU model can replay it: a step's experts 
 touch number. `prepare` and `decide` take that order: a flat list of expert ids, least recent first (a
 repeated id counts at its last place).
 
-Two sides: the state above lives on the host (`prepare`, used by prefill and eager steps) or on the
+Where the state lives (`state_on`): on the host (`prepare`, used by prefill and eager steps) or on the
 device (`prepare_on_device`, CUDA only: `wisp.core.experts.device_pager` decides and copies with no host sync,
 so a decode step can be one CUDA graph). `use_host()` / `use_device()` hand the state over (a no-op
 when it is already there); each `prepare*` call takes it where it needs it.
@@ -86,12 +86,12 @@ class ExpertPager:
         self._map_staging = torch.full((self.num_experts,), -1, dtype=torch.int32, pin_memory=pin)
         self.counters = ExpertCounters()
         self.device_lru = None  # DeviceLRU, made on first use_device()
-        self.side = "host"
+        self.state_on = "host"
 
-    # -- which side owns the state ------------------------------------------------------------------
+    # -- where the state lives ----------------------------------------------------------------------
     @torch.inference_mode()
     def use_device(self) -> None:
-        if self.side == "device":
+        if self.state_on == "device":
             return
         if self.device_lru is None:
             from wisp.core.experts.device_pager import DeviceLRU
@@ -101,7 +101,7 @@ class ExpertPager:
         lru.expert_in_slot.copy_(torch.tensor(self.expert_in_slot, dtype=torch.int32))
         lru.last_used.copy_(torch.tensor(self.last_used, dtype=torch.int64))
         lru.touch_count.fill_(self._touch_count)
-        self.side = "device"
+        self.state_on = "device"
 
     def use_host(self) -> None:
         use_host_many([self])
@@ -116,7 +116,7 @@ class ExpertPager:
         self.slot_of, self.expert_in_slot, self.last_used = state[:n], state[n : n + c], state[n + c : n + 2 * c]
         self._touch_count = state[n + 2 * c]
         add_counts(self.counters, state[n + 2 * c + 1 :])
-        self.side = "host"
+        self.state_on = "host"
 
     def sync_counters(self) -> None:
         """Fold the device-side counts into `counters` (one host read; nothing to do if never on device)."""
@@ -137,7 +137,7 @@ class ExpertPager:
         self.last_used, self._touch_count = [-1] * self.capacity, 0
         self.publish_map()
 
-    # -- the host side ------------------------------------------------------------------------------
+    # -- the state on the host ----------------------------------------------------------------------
     def prepare(self, experts: Sequence[int]) -> torch.Tensor:
         """Make the routed `experts` of one narrow step (at most C distinct, in touch order) resident;
         return `expert_map`. A wider step runs expert-major (`wisp.core.experts.expert_major`)."""
@@ -248,7 +248,7 @@ def expert_bytes(host: dict[str, torch.Tensor]) -> int:
 
 def use_host_many(pagers: Sequence[ExpertPager]) -> None:
     """`use_host` of many pagers (a model's layers) with one host read for all of their states and counts."""
-    on_device = [p for p in pagers if p.side == "device"]
+    on_device = [p for p in pagers if p.state_on == "device"]
     if not on_device:
         return
     parts = [p._device_state() for p in on_device]

@@ -5,7 +5,7 @@ experts the next layer is predicted to route to into that layer's slots, on the 
 step it tells a `wisp.core.learners.coactivation.CrossLayerPredictor` what layer l routed, asks it for layer l+1's
 top_k, and `prefetch_into` gives each predicted expert not resident a slot of layer l+1 (`ExpertPager.prefetch`:
 the least recently used, a prefetched slot left least recent so a wrong guess goes first) and copies it there
-on the staging buffers' side stream. The copy into a slot waits only for the last kernel that read that
+on the staging buffers' copy stream. The copy into a slot waits only for the last kernel that read that
 layer's slots; layer l+1's step waits for the copies before it reads a slot (`ExpertStore.slots_ready`).
 
 Invariants: outputs are unchanged (a token's MoE result never depends on which slots hold its experts); the
@@ -31,17 +31,17 @@ def prefetch_into(store: ExpertStore, experts: Sequence[int]) -> int:
     placed = pager.prefetch(experts)
     if not placed:
         return 0
-    side = store.staging.stream if store.staging is not None else None
-    if side is None:  # the CPU (or no staging yet): copy now
+    copy_stream = store.staging.stream if store.staging is not None else None
+    if copy_stream is None:  # the CPU (or no staging yet): copy now
         for expert, slot in placed:
             pager.copy_into_slot(expert, slot)
     else:
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(copy_stream):
             if store.slots_read is not None:
-                side.wait_event(store.slots_read)
+                copy_stream.wait_event(store.slots_read)
             for expert, slot in placed:
                 pager.copy_into_slot(expert, slot)
-            store.slots_ready = side.record_event()
+            store.slots_ready = copy_stream.record_event()
     pager.publish_map()  # the step that reads it waits for slots_ready first
     return len(placed)
 

@@ -52,7 +52,7 @@ PRESETS: dict[str, Preset] = {
 class ModelParts(SharedParts):
     """What a model's layers share: the residencies' buffers, and the CPU's probed costs and their pace."""
 
-    costs: HybridCosts | None = None  # the costs every CPU-serving layer splits its misses by
+    costs: HybridCosts | None = None  # the costs every CPU-serving layer assigns its misses by
     pace: CpuPace | None = None  # their correction, learned while serving (one per model)
 
 

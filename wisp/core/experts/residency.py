@@ -335,7 +335,7 @@ class LruSlots(Residency):
 @register_residency("hot-bank")
 class HotBank(NoBank):
     """NoBank's in-place reads for what it does not hold, plus a bank of the H most-routed experts. Graph steps
-    are NoBank's (the whole-graph path reads every expert in place; the rank split reads the bank itself)."""
+    are NoBank's (the whole-graph path reads every expert in place; the rank share reads the bank itself)."""
 
     def __init__(self, host: Bank, device: torch.device, capacity: int):
         super().__init__(host, device)

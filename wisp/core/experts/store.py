@@ -13,7 +13,7 @@
 `forward_graph_safe` is the residency's graph path: no host sync, counted on the device.
 
 Modes are presets of the three parts (`wisp.core.experts.presets`). A front end asks a store for capabilities
-(`slots`, `resize_slots`, `hot`, `hold_hot`, `cpu`, `rank_split`), never for its type.
+(`slots`, `resize_slots`, `hot`, `hold_hot`, `cpu`, `rank_share`), never for its type.
 
 Invariant: for the same routing a (token, k) pair's output does not depend on where its expert's weights sit
 (a bank through the map, a slot, a staging buffer, host memory) or on the other tokens, and the sum over k runs
@@ -91,14 +91,14 @@ class ExpertStore:
         return self.residency.hot
 
     @property
-    def rank_split(self) -> bool:
-        """Whether its decode steps may split each token's ranks between the GPU and the CPU inside graphs."""
-        return self.policy.rank_split and self.residency.reads_in_place
+    def rank_share(self) -> bool:
+        """Whether its decode steps may share each token's ranks between the GPU and the CPU inside graphs."""
+        return self.policy.rank_share and self.residency.reads_in_place
 
     def hold_hot(self, hot: int) -> None:
         """Hold `hot` most-routed experts on the device from now on (0: none): a new bank, empty (the old one
         freed first; the next steps' routing fills it). Captured graphs read the old bank: the owner re-captures."""
-        if not self.rank_split:
+        if not self.rank_share:
             raise ValueError(f"hot experts go with the in-place-or-cpu policy and no slots, not {self.mode}")
         counters, host, device = self.counters, self.host, self.residency.device
         self.residency = None
@@ -199,7 +199,7 @@ class ExpertStore:
         """Whether a decode step with at most `max_misses` misses a layer may replay the whole CUDA graph: its
         graph path serves what it holds, and its CPU (if any) could not have helped."""
         if self.residency.hot is not None:
-            return False  # the whole graph reads even the held experts in place; the rank split reads the bank
+            return False  # the whole graph reads even the held experts in place; the rank share reads the bank
         return self.cpu is None or self.cpu.graph_step_ok(max_misses)
 
     def begin_step(self, step: int) -> None:

@@ -135,15 +135,15 @@ def bf16_experts_mlp(x: torch.Tensor, gate_ups: list[torch.Tensor], downs: list[
     return torch.ops.wisp_cpu.bf16_experts_mlp(x, gate_ups, downs, [0, *itertools.accumulate(counts)])
 
 
-def rank_split_rows(ids: torch.Tensor, cpu_ranks: int, hidden: torch.Tensor, gate_up_bank: torch.Tensor,
+def rank_share_rows(ids: torch.Tensor, cpu_ranks: int, hidden: torch.Tensor, gate_up_bank: torch.Tensor,
                     down_bank: torch.Tensor, rows: torch.Tensor) -> tuple[int, int]:
-    """Hybrid's rank split on the host, in one native call: each pair (b, k) of the routing ids [B, K] with
+    """Hybrid's rank share on the host, in one native call: each pair (b, k) of the routing ids [B, K] with
     k < cpu_ranks gets rows[b, k] = its expert's SiLU-gated MLP of hidden[b] (bf16 [B, D]) from the banks
     (gate_up [N, 2I, D], down [N, D, I], plain bf16), exactly as `bf16_experts_mlp` computes it; the other rows
     stay as they are. Returns (distinct experts computed, distinct experts routed)."""
     if (reason := _build()) is not None:
         raise RuntimeError(f"the native CPU kernel is not available: {reason}")
-    computed, routed = torch.ops.wisp_cpu.rank_split_rows(ids, cpu_ranks, hidden, gate_up_bank, down_bank, rows)
+    computed, routed = torch.ops.wisp_cpu.rank_share_rows(ids, cpu_ranks, hidden, gate_up_bank, down_bank, rows)
     return computed, routed
 
 
@@ -154,7 +154,7 @@ def bf16_rows_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def whole_in_native(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None,
                     activation: Activation) -> bool:
-    """Whether the native code computes this expert whole (`bf16_experts_mlp`, `rank_split_rows`)."""
+    """Whether the native code computes this expert whole (`bf16_experts_mlp`, `rank_share_rows`)."""
     return applies(w_gate_up, w_down, extras) and extras is None and activation == SILU
 
 

@@ -1,11 +1,11 @@
 """`CpuPace`: how fast hybrid mode's two servers really run in this process, learned while it serves: the
-CPU's experts (`factor`) and, in the rank split, the GPU's in-place reads (`link_factor`).
+CPU's experts (`factor`) and, in the rank share, the GPU's in-place reads (`link_factor`).
 
 The start-up probe (`wisp.core.learners.hybrid_probe`) times the CPU kernel alone. In a step the CPU also shares
 host memory with the copies in flight and pays the rows' trips both ways, and a host's speed drifts. So every
-hybrid step that uses the CPU measures its wall time, from the split until both sides are done (the CPU's rows
+hybrid step that uses the CPU measures its wall time, from the assignment until both sides are done (the CPU's rows
 computed, then a wait on the GPU's side); when the model's next step begins, the step's ratio, its layers' wall
-over their predicted times, joins the window. The split then multiplies the CPU's costs by `factor`, the median
+over their predicted times, joins the window. The assignment then uses the CPU's costs times `factor`, the median
 of the last WINDOW steps' ratios once there are MIN_RATIOS of them: a CPU slower in practice than in the probe
 gets fewer experts, and one that cannot help gets none. Why a median over steps, not one step's ratio:
 docs/decisions/cpu-pace-is-a-median-of-steps.md.
@@ -17,19 +17,19 @@ probe's costs unscaled and a cleared window (`begin_step`), eagerly, so a CPU th
 (start-up, a noisy neighbour) is measured again.
 
 Each ratio is the CPU side's own time (the hybrid steps give it through `observe`'s `ratio`) against its
-time at the probe's costs: not against the scaled costs the split used (the factor would settle at the square
-root of the CPU's real slowness), and not the wall (at the split's optimum the copies' side is as long as the
+time at the probe's costs: not against the scaled costs the assignment used (the factor would settle at the square
+root of the CPU's real slowness), and not the wall (at the assignment's optimum the copies' side is as long as the
 CPU's, so the wall measures the link).
 
-The rank split (`wisp.core.experts.rank_split`) reads its GPU's pairs in place, which the probe prices as pinned
+The rank share (`wisp.core.experts.rank_share`) reads its GPU's pairs in place, which the probe prices as pinned
 copies, and that price can be wrong too (the CPU reads the same host memory meanwhile). So that side is paced
-too: each split layer's GPU pairs graph, timed on the device between two CUDA events (whichever side finished
+too: each rank-share layer's GPU pairs graph, timed on the device between two CUDA events (whichever side finished
 last; the span also holds the graph's launch and zero-fill), against its pairs' time at the probed copy price,
 gives the step a link ratio, and `copy_s` is scaled by `link_factor`, the median of the window's link ratios,
 on the same rules (MIN_RATIOS, WINDOW, clamps, exploration). A step with no GPU pairs (a CPU share of every
 rank) adds no link ratio, so there the factor holds until the next exploration (EXPLORE_EVERY steps). Only the
-rank split measures it: the eager step's and `cpu_can_help`'s copy price is the probe's times whatever factor
-the split learnt. Why each side is learnt apart: docs/decisions/cpu-pace-learns-each-side-apart.md.
+rank share measures it: the eager step's and `cpu_can_help`'s copy price is the probe's times whatever factor
+the rank share learnt. Why each side is learnt apart: docs/decisions/cpu-pace-learns-each-side-apart.md.
 
 Invariants: `factor` and `link_factor` are 1 until MIN_RATIOS steps' ratios are recorded, change only
 between steps, and are always within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as
@@ -55,13 +55,13 @@ class PaceTotals:
     """Sums over every CPU step since load (for stats: where a CPU step's time went)."""
 
     steps: int = 0
-    wall_s: float = 0.0  # the CPU's side, then any wait for the GPU's (the rank split under graphs: the later side)
-    predicted_s: float = 0.0  # what the splits predicted
+    wall_s: float = 0.0  # the CPU's side, then any wait for the GPU's (the rank share under graphs: the later side)
+    predicted_s: float = 0.0  # what the assignments (or rank shares) predicted
     kernel_s: float = 0.0  # the CPU kernels alone
-    routing_wait_s: float = 0.0  # rank split only: the host waiting for a layer's routing (the piece's GPU time)
-    gpu_wait_s: float = 0.0  # rank split only: the GPU's pairs past the CPU's side (under graphs: device-timed)
-    cpu_ranks: float = 0.0  # rank split only: the sum of each CPU layer-step's share of ranks n (/ steps: the mean)
-    gpu_s: float = 0.0  # rank split under graphs only: the GPU's pairs graph, timed on the device (CUDA events)
+    routing_wait_s: float = 0.0  # rank share only: the host waiting for a layer's routing (the piece's GPU time)
+    gpu_wait_s: float = 0.0  # rank share only: the GPU's pairs past the CPU's side (under graphs: device-timed)
+    cpu_ranks: float = 0.0  # rank share only: the sum of each CPU layer-step's share of ranks n (/ steps: the mean)
+    gpu_s: float = 0.0  # rank share under graphs only: the GPU's pairs graph, timed on the device (CUDA events)
 
 
 class CpuPace:
@@ -112,10 +112,10 @@ class CpuPace:
     def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0, routing_wait_s: float = 0.0,
                 gpu_wait_s: float = 0.0, *, ratio: tuple[float, float] | None = None,
                 link: tuple[float, float] | None = None, cpu_ranks: float = 0.0, gpu_s: float = 0.0) -> None:
-        """One layer's CPU step: its wall time, the split's prediction (at the costs it was split with), the CPU
+        """One layer's CPU step: its wall time, the assignment's prediction (at the costs it was made with), the CPU
         kernels' share of the wall, and (stats only) the host's waits before it and, within it, on the GPU's
         side. `ratio`: (observed, predicted at the probe's costs), what the step's ratio is made of; without
-        it, the wall against `predicted_s` (a caller that splits at the probe's costs). `link`: (the GPU's
+        it, the wall against `predicted_s` (a caller that assigns at the probe's costs). `link`: (the GPU's
         pairs timed on the device, their time at the probed copy price), what the step's link ratio is made
         of. `cpu_ranks`, `gpu_s`: stats only."""
         t = self.totals
@@ -151,7 +151,7 @@ class CpuPace:
                 self._link_factor = statistics.median(self.link_ratios)
 
     def costs(self, probed: HybridCosts) -> HybridCosts:
-        """The costs a split should use now: the probe's, with the CPU's times scaled by `factor` and the copy's
+        """The costs an assignment should use now: the probe's, with the CPU's times scaled by `factor` and the copy's
         by `link_factor` (as probed while exploring)."""
         factors = (1.0, 1.0) if self.exploring else (self.factor, self.link_factor)
         if factors == (1.0, 1.0):

@@ -5,7 +5,7 @@
   will use (`wisp.core.kernels.cpu_expert_kernels.CPU_EXPERT_KERNELS`) for each row count, the fastest of
   `repeats` + 2 after three warm-up calls (what the CPU can do: `CpuPace` scales it by what steps measure),
   then each row count's time capped by the next larger one's, so the curve never falls with rows (a dip would
-  break `split_misses`' exactness argument) and a stall while timing a few rows is clipped rather than spread
+  break `assign_misses`' exactness argument) and a stall while timing a few rows is clipped rather than spread
   to every row count. Erring low is the safe side: `CpuPace` corrects a CPU slower than probed once steps use
   it, while one probed too slow is never used, so never measured again
   (docs/decisions/probe-keeps-the-fastest-cpu-time.md);
@@ -13,7 +13,7 @@
   back to the device.
 
 Timed with the device synchronised around each measurement; the experts probed are the first few of one
-layer (every layer of a model has the same shapes). The result is what `split_misses` reads each step.
+layer (every layer of a model has the same shapes). The result is what `assign_misses` reads each step.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class PiecesWithCpuRanks(DecodeStrategy):
 
     def prefers_whole_graph(self, b: int) -> bool:
         """No rank is worth the CPU's while for a b-sequence step (set as the step's share) and no expert is held
-        hot (the split step reads those from their bank, the whole graph would not)."""
+        hot (the rank-share step reads those from their bank, the whole graph would not)."""
         return self.set_cpu_share(b) == 0 and not self.holds_hot
 
     def replay(self, runner: DecodeRunner, seqs) -> torch.Tensor:

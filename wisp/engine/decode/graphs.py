@@ -49,13 +49,13 @@ class GraphCapture:
         self.pool = None  # the memory pool every graph of this capture shares
 
     def graph_of(self, body: Callable):
-        """(graph, its outputs): `body` warmed up on the side stream, then captured into the shared pool."""
-        side = self.stream
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: compiles kernels, creates cuBLAS handles, device state
+        """(graph, its outputs): `body` warmed up on the warm-up stream, then captured into the shared pool."""
+        stream = self.stream
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up: compiles kernels, creates cuBLAS handles, device state
             for _ in range(2):
                 body()
-        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             out = body()

@@ -2,7 +2,7 @@
 
 - no graphs: `EagerDecode`;
 - no store with a CPU server: `WholeGraph`;
-- CPU servers: the faster of the whole graph and the pieces, with the CPU's ranks where every store splits by rank
+- CPU servers: the faster of the whole graph and the pieces, with the CPU's ranks where every store shares by rank
   (hybrid-zero-copy), with eager experts otherwise (hybrid).
 """
 
@@ -24,5 +24,5 @@ def graph_strategy(model: MoEDecoder, cache: KVCache, inputs: GraphInputs) -> De
     whole = WholeGraph(model, cache, inputs)
     if not any(s.cpu is not None for s in stores):
         return whole
-    helped = (PiecesWithCpuRanks if all(s.rank_split for s in stores) else PiecesWithEagerExperts)(model, cache, inputs)
+    helped = (PiecesWithCpuRanks if all(s.rank_share for s in stores) else PiecesWithEagerExperts)(model, cache, inputs)
     return FasterOfTwo(helped, whole, model)

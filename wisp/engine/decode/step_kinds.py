@@ -1,31 +1,26 @@
 """`StepKindChooser`: hybrid mode's choice, per decode batch size, between a CUDA-graph step and an eager one.
 
-A hybrid decode step can run two ways. Eagerly, each layer's misses are split between copies and the
-CPU (`wisp.core.experts.hybrid_split`), which needs the routing on the host, so every layer pays a host sync and
+A hybrid decode step can run two ways. Eagerly, each layer's misses are assigned to copies or the CPU
+(`wisp.core.experts.cpu_assignment`), which needs the routing on the host, so every layer pays a host sync and
 the step's kernel launches. As paged mode's CUDA graph, it has no CPU help but no launch cost either. Which
-is faster depends on the model and the cap, not on one step: on the H200 with the real Mixtral trace the
-CPU's help was worth 51 ms a token at C = 2 (eager 251 ms against the graph's 302) and less than the
-graph's saving at C = 4 and 6 (201 against 179, 110 against 87); on OLMoE-1B-7B the graph always won.
-So the runner measures both, per batch size, by the wall time of whole steps, and runs the faster. (Where
-graphs exist, the CPU-helped kind replays the graph's pieces with the experts eager between them.)
+is faster depends on the model and the cap, not on one step, so the runner measures both, per batch size, by
+the wall time of whole steps, and runs the faster (docs/decisions/hybrid-step-kind-chosen-by-measurement.md).
+(Where graphs exist, the CPU-helped kind replays the graph's pieces with the experts eager between them.)
 
 For each batch size: after untimed steps of each kind (cold: `warmup` CPU-helped steps, the CPU's pace still
 learning its ratio, first launches; `graph_warmup` graph steps, the first replay: a graph replays the same
-work every step, 34.1-34.9 ms from its first on the H200, so each of its untimed steps is 17 ms lost against
-a 17 ms CPU-helped step), the first `least` decode steps run with the CPU's help (EAGER: the graph's pieces with
+work every step), the first `least` decode steps run with the CPU's help (EAGER: the graph's pieces with
 the experts eager between, where captured), the next `least` as whole graphs. As soon as the last `least`
 steps of one kind all beat the last `least` of the other, that kind runs; sooner, as soon as each kind has a
-timed step, where every step of one kind takes more than `decisive` times the other's slowest (on the H200,
-OLMoE with no slots: 34 ms graph steps against 17-20 ms CPU-helped ones, so one graph step decides instead of
-three, and each later exploration of the graph stops after its first step: a graph replays the same work every
-step, while a CPU-helped step after a long rest can be cold, so its explorations keep the `least` rule); until
-then the CPU-helped kind, then the graph, is measured up to `sample` steps, and the one with the lower median runs. (Recent steps, not
-all: a process's first CPU-helped steps can be slow; with all of them compared, every H200 run still ran
-the graph's whole sample, 8 steps of 33.7 ms, though the CPU-helped kind ended at 21-28 ms.) Every
-`explore_every` steps the other kind is measured again for up to `sample` steps (routing and the host
-change), fewer when its first `least` are again all slower than every step in the runner's window. Only consulted where both kinds are possible and
-the model says the CPU could help a step (`MoEDecoder.graph_step_ok` is false); where it cannot, the graph
-runs.
+timed step, where every step of one kind takes more than `decisive` times the other's slowest (then each
+later exploration of the graph stops after its first step: a graph replays the same work every step, while a
+CPU-helped step after a long rest can be cold, so its explorations keep the `least` rule); until then the
+CPU-helped kind, then the graph, is measured up to `sample` steps, and the one with the lower median of its
+recent steps runs (recent, not all: a process's first CPU-helped steps can be slow). Every `explore_every`
+steps the other kind is measured again for up to `sample` steps (routing and the host change), fewer when
+its first `least` are again all slower than every step in the runner's window. Only consulted where both
+kinds are possible and the model says the CPU could help a step (`MoEDecoder.graph_step_ok` is false); where
+it cannot, the graph runs.
 
 Invariant: the choice changes which steps use the CPU, never a token beyond the CPU's rounding (both
 kinds compute the same experts' pairs; the graph's are paged mode's, bit for bit).

@@ -147,8 +147,8 @@ class SplitController:
         return p.expert_cost * latency(p, expert, kv, self.expert_cap).expert_misses + p.kv_cost * curve_at(kv, self.kv_blocks)
 
     def _adopt(self, best: Split, before: float) -> Resize:
-        side = "expert slots" if best.expert_cap > self.expert_cap else "KV blocks"
-        reason = (f"{side} remove more latency per byte: predicted {before * 1e3:.2f} -> "
+        grown = "expert slots" if best.expert_cap > self.expert_cap else "KV blocks"
+        reason = (f"{grown} remove more latency per byte: predicted {before * 1e3:.2f} -> "
                   f"{best.latency * 1e3:.2f} ms per request")
         resize = Resize(self.steps, self.expert_cap, self.kv_blocks, best.expert_cap, best.kv_blocks, before,
                         best.latency, reason)

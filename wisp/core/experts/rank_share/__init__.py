@@ -1,22 +1,23 @@
 """The rank share: hybrid-zero-copy's CPU share of a decode step, by routing rank, inside CUDA graphs.
 
-The eager hybrid step (`wisp.core.experts.miss_policies`' in-place-or-cpu) splits a layer's experts by their measured costs, so it
-needs the routing on the host before it can launch anything for the GPU: per layer a host read, a Python
-split, the launches, a write back. On the H200's host that is about as long as the CPU's experts take.
-Here the share is fixed by rank instead: of each token's top-k pairs, those of rank k < n (`cpu_share`,
-a device scalar) are the CPU's and the rest the GPU's. Which experts those are no longer matters to the
-GPU's side, so it can be captured (`wisp.engine.decode.cpu_ranks`). Two parts: the captured side
-(`captured.RankShareCaptured`, graph-safe device work and the buffers) and the host worker
+The eager hybrid step (`wisp.core.experts.miss_policies`' in-place-or-cpu) assigns a layer's experts by their
+measured costs, so it needs the routing on the host before it can launch anything for the GPU: per layer a
+host read, the assignment in Python, the launches, a write back. Here the share is fixed by rank instead: of
+each token's top-k pairs, those of rank k < n (`cpu_share`, a device scalar) are the CPU's and the rest the
+GPU's. Which experts those are does not matter to the GPU's work, so it can be captured
+(`wisp.engine.decode.cpu_ranks`; why: docs/decisions/rank-share-by-routing-rank-inside-graphs.md). Two parts:
+the captured part (`captured.RankShareCaptured`, graph-safe device work and the buffers) and the host worker
 (`host_worker.RankShareWorker`, the CPU's pairs, the accounting and the choice of n); `RankShare` holds both.
 - `send` (end of a piece's graph): the experts' input rows and the routing go to pinned host buffers;
 - `gpu_pairs` (a graph): the GPU reads its pairs' experts in place (the CPU's ranks get a placeholder id,
   N, that the map sends nowhere) into the [T*K, D] float32 pair outputs;
 - `cpu_rows` (the host, between graphs): waits for the routing, computes its pairs from the pinned
   masters with the CPU kernel (the native kernel's SiLU experts: grouping, kernels and rows in one native
-  call, `wisp.core.kernels.cpu_expert_kernels.rank_split_rows`) into pinned host rows, and `account` later counts the layer and feeds the pace.
+  call, `wisp.core.kernels.cpu_expert_kernels.rank_share_rows`) into pinned host rows, and `account` later counts the layer and feeds the pace.
   Under the graphs the accounting waits until the next layer's graphs are launched
-  (`wisp.engine.decode.cpu_ranks.PiecesWithCpuRanks.run`), so the merge and the next layer's work are queued the moment the CPU's rows
-  are: 16 layers of Python bookkeeping left the step's critical path. `serve` is `rows_to_device` (the
+  (`wisp.engine.decode.cpu_ranks.PiecesWithCpuRanks.replay`), so the merge and the next layer's work are queued the
+  moment the CPU's rows are, with no bookkeeping on the step's critical path
+  (docs/decisions/rank-share-accounts-after-the-next-layer-is-queued.md). `serve` is `rows_to_device` (the
   rows, then `rows_in`) and `account` at once (eager callers);
 - `rows_in` then `merge` (captured at the head of the next piece's graph, so one launch follows the CPU's
   rows): the rows copied to a device buffer (stream-ordered after the GPU's pairs: the host does not wait
@@ -47,14 +48,14 @@ from __future__ import annotations
 import torch
 
 from wisp.core.experts.rank_share.captured import RankShareCaptured
-from wisp.core.experts.rank_share.host_worker import HostSide, RankShareWorker
+from wisp.core.experts.rank_share.host_worker import CpuRowsDone, RankShareWorker
 
 
 class RankShare:
-    """One MoE layer's rank share: its captured side and its host worker, over one set of buffers."""
+    """One MoE layer's rank share: its captured part and its host worker, over one set of buffers."""
 
     def __init__(self, store, max_batch: int, top_k: int, hidden: torch.Tensor):
-        """`store`: an `ExpertStore` whose `rank_split` holds (its masters, kernels, CPU server, counters);
+        """`store`: an `ExpertStore` whose `rank_share` holds (its masters, kernels, CPU server, counters);
         `hidden`: a row like the experts' input (its width, dtype and device)."""
         self.captured = RankShareCaptured(store, max_batch, top_k, hidden)
         self.worker = RankShareWorker(self.captured, hidden)
@@ -68,4 +69,4 @@ class RankShare:
         return self.captured.hot
 
 
-__all__ = ["HostSide", "RankShare", "RankShareCaptured", "RankShareWorker"]
+__all__ = ["CpuRowsDone", "RankShare", "RankShareCaptured", "RankShareWorker"]

@@ -1,4 +1,4 @@
-"""`RankShareCaptured`: the rank share's graph-safe side (`wisp.core.experts.rank_share`): the host and device
+"""`RankShareCaptured`: the rank share's graph-safe part (`wisp.core.experts.rank_share`): the host and device
 buffers one MoE layer's share runs through, `send` (the rows and routing to the host at the end of a piece's
 graph), `gpu_pairs` (the GPU's pairs, its own graph), `rows_in` and `merge` (the head of the next piece's graph),
 and the device scalar n (`set_share`). Nothing here waits on the host.
@@ -14,7 +14,7 @@ from wisp.core.kernels.expert_extras import extras_of
 
 class RankShareCaptured:
     def __init__(self, store, max_batch: int, top_k: int, hidden: torch.Tensor):
-        """`store`: an `ExpertStore` whose `rank_split` holds (its masters, kernels, CPU server, counters);
+        """`store`: an `ExpertStore` whose `rank_share` holds (its masters, kernels, CPU server, counters);
         `hidden`: a row like the experts' input (its width, dtype and device)."""
         self.store, self.top_k = store, top_k
         device, d = hidden.device, hidden.shape[-1]

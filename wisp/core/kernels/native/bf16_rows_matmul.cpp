@@ -213,13 +213,13 @@ at::Tensor bf16_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::Te
   return out;
 }
 
-// Hybrid's rank split on the host (wisp.core.experts.rank_split): of the routing ids [B, K], the pairs of rank k < n are
+// Hybrid's rank share on the host (wisp.core.experts.rank_share): of the routing ids [B, K], the pairs of rank k < n are
 // the CPU's; each such pair (b, k) gets rows[b, k] = expert ids[b, k]'s SiLU-gated MLP of hidden[b] (bf16 [B, D]
 // widened exactly), from the banks gate_up [N, 2I, D] and down [N, D, I]; the other rows are left as they are.
 // The experts are taken in ascending id, each with its pairs in token order, exactly as bf16_experts_mlp is
 // given them by the eager step. An id of -1 is a pair another server computes (a hot expert's, held on the
 // device): skipped, and not counted as routed. Returns {distinct experts the CPU computed, distinct experts routed}.
-std::vector<int64_t> rank_split_rows(const at::Tensor& ids, int64_t cpu_ranks, const at::Tensor& hidden_rows,
+std::vector<int64_t> rank_share_rows(const at::Tensor& ids, int64_t cpu_ranks, const at::Tensor& hidden_rows,
                                      const at::Tensor& gate_up_bank, const at::Tensor& down_bank, const at::Tensor& rows) {
   TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong && ids.is_contiguous(), "int64 ids [B, K] expected");
   const int64_t batch = ids.size(0), top_k = ids.size(1), experts = gate_up_bank.size(0);
@@ -277,12 +277,12 @@ TORCH_LIBRARY(wisp_cpu, m) {
   m.def("bf16_grouped_rows_matmul(Tensor x, Tensor[] ws, int[] offsets) -> Tensor");
   m.def("bf16_experts_mlp(Tensor x, Tensor[] gate_ups, Tensor[] downs, int[] offsets) -> Tensor");
   m.def("silu_mul(Tensor h) -> Tensor");
-  m.def("rank_split_rows(Tensor ids, int cpu_ranks, Tensor hidden, Tensor gate_up_bank, Tensor down_bank, "
+  m.def("rank_share_rows(Tensor ids, int cpu_ranks, Tensor hidden, Tensor gate_up_bank, Tensor down_bank, "
         "Tensor(a!) rows) -> int[]");
 }
 TORCH_LIBRARY_IMPL(wisp_cpu, CPU, m) {
   m.impl("bf16_grouped_rows_matmul", &bf16_grouped_rows_matmul);
   m.impl("bf16_experts_mlp", &bf16_experts_mlp);
   m.impl("silu_mul", &silu_mul_op);
-  m.impl("rank_split_rows", &rank_split_rows);
+  m.impl("rank_share_rows", &rank_share_rows);
 }

@@ -1,4 +1,4 @@
-"""`split_misses` against a brute force over every subset, and `HybridCosts`' interpolation."""
+"""`assign_misses` against a brute force over every subset, and `HybridCosts`' interpolation."""
 
 import itertools
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core.experts.hybrid_split import HybridCosts, split_misses, split_time
+from wisp.core.experts.cpu_assignment import HybridCosts, assign_misses, assignment_time
 
 
 def brute_force(misses, costs):
@@ -14,7 +14,7 @@ def brute_force(misses, costs):
     for n_copy in range(min(1, len(misses)), len(misses) + 1):  # at least one copy
         for copied in itertools.combinations(range(len(misses)), n_copy):
             cpu_rows = [rows for i, (_, rows) in enumerate(misses) if i not in copied]
-            best = min(best, split_time(n_copy, cpu_rows, costs))
+            best = min(best, assignment_time(n_copy, cpu_rows, costs))
     return best
 
 
@@ -25,25 +25,27 @@ costs_strategy = st.builds(
 
 @settings(max_examples=300, deadline=None)
 @given(misses=st.lists(st.integers(1, 40), min_size=0, max_size=7), costs=costs_strategy)
-def test_split_is_optimal(misses, costs):
+def test_the_assignment_is_optimal(misses, costs):
     misses = [(expert, rows) for expert, rows in enumerate(misses)]
-    split = split_misses(misses, costs)
-    assert sorted(split.to_copy + split.to_cpu) == [e for e, _ in misses]
+    assignment = assign_misses(misses, costs)
+    assert sorted(assignment.to_copy + assignment.to_cpu) == [e for e, _ in misses]
     rows_of = dict(misses)
-    assert split.predicted_s == pytest.approx(split_time(len(split.to_copy), [rows_of[e] for e in split.to_cpu], costs))
-    assert split.predicted_s == pytest.approx(brute_force(misses, costs), rel=1e-12, abs=1e-12)
+    cpu_rows = [rows_of[e] for e in assignment.to_cpu]
+    assert assignment.predicted_s == pytest.approx(assignment_time(len(assignment.to_copy), cpu_rows, costs))
+    assert assignment.predicted_s == pytest.approx(brute_force(misses, costs), rel=1e-12, abs=1e-12)
 
 
 def test_a_free_link_copies_everything_and_a_dear_one_sends_light_experts_to_the_cpu():
     costs = HybridCosts(copy_s=1.0, cpu_rows=(1, 8), cpu_s_at_rows=(1.0, 8.0))
     misses = [(3, 1), (5, 8), (9, 1), (11, 2)]
-    assert split_misses(misses, HybridCosts(0.0, (1,), (1.0,))).to_cpu == ()
-    split = split_misses(misses, costs)  # copying all 4: 4 s; 2 light ones on the CPU: max(2, 2) = 2 s
-    assert split.to_cpu == (3, 9) and split.to_copy == (5, 11) and split.predicted_s == 2.0 and split.cpu_rows == (1, 1)
-    slow_link = split_misses(misses, HybridCosts(100.0, (1, 8), (1.0, 8.0)))  # the CPU takes all but one copy
+    assert assign_misses(misses, HybridCosts(0.0, (1,), (1.0,))).to_cpu == ()
+    assignment = assign_misses(misses, costs)  # copying all 4: 4 s; 2 light ones on the CPU: max(2, 2) = 2 s
+    assert assignment.to_cpu == (3, 9) and assignment.to_copy == (5, 11)
+    assert assignment.predicted_s == 2.0 and assignment.cpu_rows == (1, 1)
+    slow_link = assign_misses(misses, HybridCosts(100.0, (1, 8), (1.0, 8.0)))  # the CPU takes all but one copy
     assert slow_link.to_copy == (5,) and slow_link.predicted_s == 100.0
     assert slow_link.to_cpu == (3, 9, 11) and slow_link.cpu_rows == (1, 1, 2)  # each CPU expert's rows, in order
-    lone = split_misses([(4, 1)], HybridCosts(10.0, (1,), (1.0,)))  # a lone miss is copied (cached), however dear
+    lone = assign_misses([(4, 1)], HybridCosts(10.0, (1,), (1.0,)))  # a lone miss is copied (cached), however dear
     assert lone.to_copy == (4,) and lone.to_cpu == ()
 
 
