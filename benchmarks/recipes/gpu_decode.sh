@@ -50,8 +50,8 @@ attn)  # the span-split decode attention: its tests first (stop if they fail), t
 sweep)  # block sizes of the decode kernels, and the attention by context length
   python3 -m wisp bench sweep moe-attention --out "$out/kernel_sweep.json" ;;
 final)  # after the kernel work: its tests on the GPU, then Qwen3-30B-A3B and OLMoE-1B-7B again
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/engine/test_triton_attention.py tests/core/test_triton_interpreted.py \
-    tests/core/test_triton_moe.py tests/engine/decode/test_graphs.py tests/engine/test_mode_identity.py tests/models/test_hf_parity.py \
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/engine/test_triton_attention.py tests/core/kernels/test_triton_interpreted.py \
+    tests/core/kernels/test_triton_moe.py tests/engine/decode/test_graphs.py tests/engine/test_mode_identity.py tests/models/test_hf_parity.py \
     --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 | tee "$out/pytest_final.txt" | tail -12
   bench --model qwen3-30b-a3b --mode resident,paged,zero-copy --expert-cap 16,32,64 --decode-tokens 128 \
     --out "$out/decode_modes_qwen3_30b_a3b.json"

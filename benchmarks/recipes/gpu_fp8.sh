@@ -8,7 +8,7 @@ set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 for backend in triton torch; do
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/test_quantized_experts.py tests/models/test_fp8_checkpoint.py \
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_quantized_experts.py tests/models/test_fp8_checkpoint.py \
     --wisp-device cuda --wisp-moe-backend $backend --wisp-attention-backend triton 2>&1 | tee "$out/pytest_fp8_cuda_$backend.txt" | tail -3
 done
 for model in qwen3-30b-a3b-fp8 qwen3-30b-a3b; do

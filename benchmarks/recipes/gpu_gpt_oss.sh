@@ -13,7 +13,7 @@ tests)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
   for backend in triton torch; do
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/models/test_gpt_oss_mxfp4.py tests/models/test_hf_parity.py \
-      tests/core/test_quantized_experts.py tests/engine/test_triton_attention.py -k "gpt_oss or mxfp4 or sinks or quantized" \
+      tests/core/kernels/test_quantized_experts.py tests/engine/test_triton_attention.py -k "gpt_oss or mxfp4 or sinks or quantized" \
       --wisp-device cuda --wisp-moe-backend $backend --wisp-attention-backend triton 2>&1 \
       | tee "$out/pytest_gpt_oss_cuda_$backend.txt" | tail -3
   done ;;

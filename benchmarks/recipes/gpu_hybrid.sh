@@ -23,8 +23,8 @@ bench() { name=$1; shift; timeout "${DECODE_TIMEOUT:-400}" python3 -m wisp bench
 case "${STAGE:-tests}" in
 tests)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-  timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -x -p no:cacheprovider tests/core/test_hybrid_experts.py \
-    tests/core/test_hybrid_pace.py tests/engine/test_hybrid_mode.py \
+  timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -x -p no:cacheprovider tests/core/experts/test_hybrid_experts.py \
+    tests/core/learners/test_hybrid_pace.py tests/engine/test_hybrid_mode.py \
     ${MORE_TESTS:-} --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 \
     | tee "$out/pytest_hybrid_cuda.txt" | tail -3
   bench decode_hybrid_olmoe --model olmoe-1b-7b --mode paged,hybrid --expert-cap ${CAPS:-8,16} \
@@ -33,7 +33,7 @@ mixtral)
   bench decode_hybrid_mixtral_8x7b_trace --model mixtral-8x7b --mode ${MODES:-paged,hybrid,zero-copy} --expert-cap 2,4,6 \
     --decode-tokens ${TOKENS:-64} --routing-trace .gpu_data/gsm8k_2_decode_TxLxK.npz ;;
 noslots)
-  timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -x -p no:cacheprovider tests/core/test_hybrid_experts.py \
+  timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -x -p no:cacheprovider tests/core/experts/test_hybrid_experts.py \
     tests/engine/test_hybrid_mode.py --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 \
     | tee "$out/pytest_hybrid_cuda.txt" | tail -3
   t=.gpu_data/gsm8k_2_decode_TxLxK.npz

@@ -12,7 +12,7 @@ decode() { name=$1; shift; python3 -m wisp bench decode --load-format dummy --pr
 case "${STAGE:-qwen3}" in
 qwen3)  # the wide-step tests on the GPU (stop if they fail), then Qwen3-30B-A3B prefill and its baselines
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/core/test_triton_interpreted.py tests/core/test_triton_moe.py \
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/core/kernels/test_triton_interpreted.py tests/core/kernels/test_triton_moe.py \
     tests/engine/test_chunked_prefill.py tests/engine/test_mode_identity.py tests/engine/decode/test_graphs.py \
     --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton 2>&1 | tee "$out/pytest_prefill_cuda.txt" | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || exit 1

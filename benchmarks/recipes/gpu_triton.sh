@@ -4,7 +4,7 @@
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-python3 -m pytest -q -p no:cacheprovider tests/core/test_triton_moe.py 2>&1 | tee "$out/pytest_triton.txt" | tail -3
+python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_triton_moe.py 2>&1 | tee "$out/pytest_triton.txt" | tail -3
 python3 -m pytest -q -p no:cacheprovider tests/models tests/engine --wisp-device cuda --wisp-moe-backend triton 2>&1 \
   | tee "$out/pytest_cuda_triton.txt" | tail -3
 python3 benchmarks/probes/decode_random_checkpoint.py --layers 24 --modes paged:16,resident --moe-backend triton \

@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.core.test_experts import make
+from tests.core.experts.test_experts import make
 from tests.plan.test_miss_curves import step_sequences
-from tests.core.stores import paged_store
-from tests.core.stores import hybrid_store
+from tests.core.experts.stores import paged_store
+from tests.core.experts.stores import hybrid_store
 from wisp.core.learners.hybrid_pace import CpuPace
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.plan.hybrid_cost import (

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from tests.core.test_experts import make
-from tests.core.test_hybrid_experts import hold, zero_copy_pair
+from tests.core.experts.test_experts import make
+from tests.core.experts.test_hybrid_experts import hold, zero_copy_pair
 from wisp.core.learners.hybrid_pace import CpuPace
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.core.experts.rank_share import RankShare

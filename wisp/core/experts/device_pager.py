@@ -19,7 +19,7 @@ Two launches per token group, both capturable in a CUDA graph:
 Precondition (the caller's): the group routes to at most C distinct experts (groups of C // top_k
 tokens guarantee it). Invariant: after `DeviceLRU.prepare` (called by `ExpertPager.prepare_on_device`)
 the device state equals what the host pager would hold after `prepare` of the same ids in touch order
-(tests/core/test_device_pager.py: on the GPU, and elsewhere under Triton's interpreter).
+(tests/core/experts/test_device_pager.py: on the GPU, and elsewhere under Triton's interpreter).
 """
 
 from __future__ import annotations

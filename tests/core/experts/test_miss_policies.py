@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.core.stores import paged_store, resident_store
-from tests.core.test_expert_major import bank, batch
+from tests.core.experts.stores import paged_store, resident_store
+from tests.core.experts.test_expert_major import bank, batch
 from wisp.core.experts.miss_policies import MISS_POLICIES, MissPolicy, register_policy
 from wisp.core.experts.residency import LruSlots
 from wisp.core.experts.serve_plan import Serve, ServePlan

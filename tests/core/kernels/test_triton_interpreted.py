@@ -127,7 +127,7 @@ def test_expert_major_wide_step_equals_the_resident_kernel(cap):
     """The wide path with the Triton family (hits by map, one launch pair per streamed or loaded expert,
     combine) gives the resident Triton kernel's bits, on the GPU with the side copy stream."""
     from wisp.core.bank_keys import DOWN, GATE_UP
-    from tests.core.stores import paged_store
+    from tests.core.experts.stores import paged_store
     from wisp.core.kernels.registry import moe_kernels
 
     g = torch.Generator().manual_seed(cap)

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from wisp.core.bank_keys import DOWN, GATE_UP
-from tests.core.stores import SharedLayerBuffer, offload_store, paged_store, resident_store, zero_copy_store
+from tests.core.experts.stores import SharedLayerBuffer, offload_store, paged_store, resident_store, zero_copy_store
 from wisp.core.kernels.fp8_blocks import dequantize_blocks, quantize_blocks
 from wisp.core.kernels.expert_extras import DOWN_SCALE, GATE_UP_SCALE, ExpertExtras
 from wisp.core.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from tests.core.stores import hybrid_store
+from tests.core.experts.stores import hybrid_store
 from wisp.core.learners.hybrid_costs import HybridCosts
 
 D, I = 256, 128  # two 128-blocks of the hidden size, one of the expert's width

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from tests.core.test_experts import make
-from tests.core.test_hybrid_experts import CPU_CHEAP, hold, zero_copy_pair
+from tests.core.experts.test_experts import make
+from tests.core.experts.test_hybrid_experts import CPU_CHEAP, hold, zero_copy_pair
 from wisp.core.experts.hot_experts import HotExperts
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.core.experts.cpu_assignment import CpuAssignment
@@ -149,7 +149,7 @@ def test_the_share_balances_the_paced_costs_and_refuses_a_bad_value(device):
 def test_the_native_host_side_equals_the_kernel_path_bit_for_bit():
     """With the native kernel and SiLU bf16 experts the host's side is one native call (`rank_share_rows`): the
     same rows, bit for bit, and the same counters as grouping the pairs in Python and calling the kernel."""
-    from tests.core.stores import hybrid_zero_copy_store, StagingBuffers
+    from tests.core.experts.stores import hybrid_zero_copy_store, StagingBuffers
 
     g = torch.Generator().manual_seed(51)
     d, i = 32, 16  # the native kernel reads multiples of 16
@@ -245,7 +245,7 @@ def test_the_prediction_scales_both_sides_by_the_pairs_that_are_not_hot():
 
 
 def test_the_native_host_side_skips_the_hot_experts_as_the_kernel_path_does():
-    from tests.core.stores import StagingBuffers, hybrid_zero_copy_store
+    from tests.core.experts.stores import StagingBuffers, hybrid_zero_copy_store
 
     g = torch.Generator().manual_seed(52)
     d, i = 32, 16

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from wisp.core.bank_keys import DOWN, GATE_UP
-from tests.core.stores import SharedLayerBuffer, offload_store, paged_store, resident_store
+from tests.core.experts.stores import SharedLayerBuffer, offload_store, paged_store, resident_store
 from wisp.core.kernels.moe import fused_moe
 from wisp.core.experts.recency import touch_order
 

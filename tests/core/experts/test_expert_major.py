@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from wisp.core.experts import expert_major
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.experts.miss_policies import STREAM_REUSE
-from tests.core.stores import paged_store, resident_store
+from tests.core.experts.stores import paged_store, resident_store
 from wisp.core.experts.pager import ExpertPager
 from wisp.core.experts.recency import touch_order
 from wisp.plan.miss_curves import expert_miss_curve
@@ -142,7 +142,7 @@ ZERO_COPY_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the GPU:
 
 
 def zero_copy_stores(host):
-    from tests.core.stores import zero_copy_store
+    from tests.core.experts.stores import zero_copy_store
 
     if ZERO_COPY_DEVICE == "cuda":  # reading host memory in place needs the Triton kernels (UVA)
         host = {name: t.pin_memory() for name, t in host.items()}
@@ -159,7 +159,7 @@ def zero_copy_stores(host):
 @settings(max_examples=15, deadline=None)
 @given(t=st.integers(1, 24), k=st.integers(1, 4), seed=st.integers(0, 999))
 def test_zero_copy_stages_a_step_that_reuses_its_experts_and_copies_each_once(dtype, t, k, seed):
-    from tests.core.stores import zero_copy_store
+    from tests.core.experts.stores import zero_copy_store
 
     n = 8
     host = bank(n, dtype, seed)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tests.core.test_experts import make
-from tests.core.stores import paged_store, resident_store
+from tests.core.experts.test_experts import make
+from tests.core.experts.stores import paged_store, resident_store
 from wisp.core.experts.pager import ExpertPager
 from wisp.core.experts.prefetch import CrossLayerPrefetch, prefetch_into
 

@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from tests.core.test_experts import make
+from tests.core.experts.test_experts import make
 from wisp.core.learners import hybrid_probe
 from wisp.core.kernels.cpu_expert_kernels import CPU_EXPERT_KERNELS
 from wisp.core.learners.hybrid_probe import probe_hybrid_costs
