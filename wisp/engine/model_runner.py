@@ -27,7 +27,6 @@ after the KV tensors or an expert scratch are reallocated.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 

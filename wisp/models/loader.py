@@ -19,7 +19,6 @@ import json
 import logging
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch

@@ -159,7 +159,6 @@ def zero_copy_stores(host):
 @settings(max_examples=15, deadline=None)
 @given(t=st.integers(1, 24), k=st.integers(1, 4), seed=st.integers(0, 999))
 def test_zero_copy_stages_a_step_that_reuses_its_experts_and_copies_each_once(dtype, t, k, seed):
-    from tests.core.experts.stores import zero_copy_store
 
     n = 8
     host = bank(n, dtype, seed)

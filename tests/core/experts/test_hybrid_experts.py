@@ -14,7 +14,6 @@ from tests.core.experts.stores import paged_store, resident_store, zero_copy_sto
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.experts.expert_major import StagingBuffers
 from wisp.core.kernels.cpu_expert_kernels import plain_expert_mlp
-from wisp.core.experts.hot_experts import HotExperts
 from tests.core.experts.stores import hybrid_store, hybrid_zero_copy_store
 from wisp.core.learners.hybrid_pace import CpuPace
 from wisp.core.kernels.moe import expert_mlp

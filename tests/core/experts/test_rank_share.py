@@ -11,7 +11,6 @@ import torch
 
 from tests.core.experts.test_experts import make
 from tests.core.experts.test_hybrid_experts import CPU_CHEAP, hold, zero_copy_pair
-from wisp.core.experts.hot_experts import HotExperts
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.core.experts.cpu_assignment import CpuAssignment
 from wisp.core.experts.rank_share import RankShare

@@ -28,17 +28,13 @@ from wisp.core.experts.cpu_server import CpuServer
 from wisp.core.experts.pager import plan_of_decision
 from wisp.core.experts.residency import Residency
 from wisp.core.experts.serve_plan import Serve, ServePlan
+from wisp.core.experts.registry import registrar
 
 MISS_POLICIES: dict[str, type["MissPolicy"]] = {}
 STREAM_REUSE = 2  # stage a step's experts when its pairs number at least this many times its experts
 
 
-def register_policy(name: str):
-    def register(cls):
-        cls.name = name
-        MISS_POLICIES[name] = cls
-        return cls
-    return register
+register_policy = registrar(MISS_POLICIES)  # @register_policy("name") on a class registers it
 
 
 @dataclass(frozen=True)

@@ -32,17 +32,13 @@ from wisp.core.experts.counters import COUNT_FIELDS, ExpertCounters
 from wisp.core.experts.expert_major import StagingBuffers
 from wisp.core.experts.hot_experts import HotExperts
 from wisp.core.experts.pager import ExpertPager, StepDecision, expert_bytes
+from wisp.core.experts.registry import registrar
 
 Bank = dict[str, torch.Tensor]
 RESIDENCIES: dict[str, type["Residency"]] = {}
 
 
-def register_residency(name: str):
-    def register(cls):
-        cls.name = name
-        RESIDENCIES[name] = cls
-        return cls
-    return register
+register_residency = registrar(RESIDENCIES)  # @register_residency("name") on a class registers it
 
 
 class Residency(ABC):

@@ -49,10 +49,18 @@ def fused_moe(
     extras: ExpertExtras | None = None,  # the bank's scales and biases ([S, ...]); None: plain weights
     activation: Activation = SILU,
 ) -> torch.Tensor:
+    return fused_from_pairs(pairs_by_map, combine_in_routing_order, hidden, w_gate_up, w_down, topk_ids, topk_weights,
+                            expert_map, extras, activation)
+
+
+def fused_from_pairs(pairs_fn, combine_fn, hidden, w_gate_up, w_down, topk_ids, topk_weights, expert_map, extras,
+                     activation) -> torch.Tensor:
+    """A whole MoE step as a backend computes it: every (token, k) pair into [T*K, D] float32 (`pairs_fn`, a
+    `pairs_by_map`), then the sum over k in routing order (`combine_fn`): [T, D] in hidden's dtype."""
     t, k = topk_ids.shape
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
-    pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, extras, activation)
-    return combine_in_routing_order(per_k.view(t, k, -1), topk_weights, hidden.dtype)
+    pairs_fn(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, extras, activation)
+    return combine_fn(per_k.view(t, k, -1), topk_weights, hidden.dtype)
 
 
 def pairs_by_map(

@@ -43,6 +43,7 @@ import triton.language as tl
 
 from wisp.core.kernels.expert_extras import SILU, Activation, ExpertExtras
 from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8
+from wisp.core.kernels.moe import fused_from_pairs
 from wisp.core.kernels.triton_interpreter import dot_rows, ieee_products
 from wisp.core.kernels.uva import device_view
 
@@ -332,7 +333,5 @@ def triton_fused_moe(
     extras: ExpertExtras | None = None,  # scales (FP8 / MXFP4 weights: dequantized in-kernel) and biases
     activation: Activation = SILU,
 ) -> torch.Tensor:
-    t, k = topk_ids.shape
-    per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
-    triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, extras, activation)
-    return triton_combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
+    return fused_from_pairs(triton_pairs_by_map, triton_combine, hidden, w_gate_up, w_down, topk_ids, topk_weights,
+                            expert_map, extras, activation)

@@ -20,25 +20,20 @@ import torch
 
 from wisp.core.experts.rank_share import RankShare
 from wisp.engine.decode.graphs import GraphCapture, GraphInputs
-from wisp.engine.decode.pieces import PieceGraphs, capture_pieces
-from wisp.engine.decode.strategy import DecodeRunner, DecodeStrategy
-from wisp.engine.kv_cache import DecodeBatchKV, KVCache
+from wisp.engine.decode.pieces import PieceStrategy, capture_pieces
+from wisp.engine.decode.strategy import DecodeRunner
+from wisp.engine.kv_cache import KVCache
 from wisp.models.moe_decoder import MoEDecoder, Piece
 
 
-class PiecesWithCpuRanks(DecodeStrategy):
+class PiecesWithCpuRanks(PieceStrategy):
     name = "pieces with CPU ranks"
 
     def __init__(self, model: MoEDecoder, cache: KVCache, inputs: GraphInputs):
-        self.model, self.cache, self.inputs = model, cache, inputs
-        self.max_batch = inputs.max_batch
-        self.routed = torch.zeros((inputs.max_batch, model.config.hidden_size), dtype=model.dtype,
-                                  device=model.device)  # the experts' output between pieces
+        super().__init__(model, cache, inputs)
         self.shares = {li: RankShare(s, inputs.max_batch, model.config.top_k, self.routed)
                        for li, s in model.experts.items()}
         self.holds_hot = any(share.hot is not None for share in self.shares.values())
-        self.pieces: dict[int, PieceGraphs] = {}
-        self._kv: dict[int, DecodeBatchKV] = {}
         self.gpu_graphs: dict[int, dict[int, torch.cuda.CUDAGraph]] = {}  # per b, per MoE layer: its GPU pairs
         # per layer, alternating (a layer is accounted for after the next one's are recorded): its routing sent,
         # its GPU pairs done; between them the GPU's pairs (the link's pace)

@@ -53,8 +53,9 @@ def capture_pieces(model: MoEDecoder, cache: KVCache, inputs: GraphInputs, route
     return pieces, kv
 
 
-class PiecesWithEagerExperts(DecodeStrategy):
-    name = "pieces with eager experts"
+class PieceStrategy(DecodeStrategy):
+    """What both piece strategies hold: the model and KV, the static inputs, the experts' output buffer the
+    pieces pass between them, and per batch size the piece graphs and their KV view."""
 
     def __init__(self, model: MoEDecoder, cache: KVCache, inputs: GraphInputs):
         self.model, self.cache, self.inputs = model, cache, inputs
@@ -63,6 +64,10 @@ class PiecesWithEagerExperts(DecodeStrategy):
                                   device=model.device)  # the experts' output between pieces
         self.pieces: dict[int, PieceGraphs] = {}
         self._kv: dict[int, DecodeBatchKV] = {}  # per b, the KV view the first piece writes and the others read
+
+
+class PiecesWithEagerExperts(PieceStrategy):
+    name = "pieces with eager experts"
 
     def capture(self, b: int, capture: GraphCapture) -> None:
         self.pieces[b], self._kv[b] = capture_pieces(self.model, self.cache, self.inputs, self.routed, b, capture)
