@@ -241,3 +241,8 @@ def test_qwen_layer0_tokens_and_passes():
     check_layer(tr.steps(0, per_token=True), 60)
     passes = tr.steps(0)  # batched forward passes: sets of up to 57 experts
     check_layer(passes, 60)
+
+
+def test_lru_row_takes_every_expert_of_a_step_whatever_its_place_in_the_touch_order():
+    steps = [[7, 1], [7, 1], [2]]  # the largest id is never last in a step's touch order
+    assert miss_table(steps, [2], ["lru"])["lru"].tolist() == [3]  # 7 and 1, then both hit, then 2

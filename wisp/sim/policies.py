@@ -202,7 +202,7 @@ def miss_table(
             raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
         row = np.full(len(caps), OUT_OF_DOMAIN, dtype=np.int64)
         if policy == "lru":
-            n = max([e + 1 for s in sets for e in s[-1:]] + caps + [0])
+            n = max([e + 1 for s in sets for e in s] + caps + [0])
             curve = expert_miss_curve(sets, n)
             for i, c in enumerate(caps):
                 if c >= widest:
