@@ -18,17 +18,17 @@ Not thread-safe: one thread calls add_request / abort_request / step (the server
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from wisp.config import EngineConfig, ModelConfig, parse_dtype
-from wisp.core.experts.counters import sum_counters
 from wisp.core.experts.store import sync_all_counters
 from wisp.core.experts.prefetch import CrossLayerPrefetch
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.detokenizer import IncrementalDetokenizer
+from wisp.engine.engine_stats import engine_stats
 from wisp.engine.kv_cache import KVCache
 from wisp.engine.load_oom import DeviceBytes, oom_message, usable_bytes
 from wisp.engine.live_split import LiveSplit
@@ -296,93 +296,9 @@ class LLMEngine:
             seq.block_table = [moves.get(b, b) for b in seq.block_table]
 
     def stats(self) -> dict:
-        stores = self.model.experts
-        sync_all_counters(stores.values())  # one host read for every layer's device counts
-        runner = self.runner
-        return {
-            **self._expert_stats(),
-            "tokens_prefilled": runner.tokens_prefilled,
-            "tokens_decoded": runner.tokens_decoded,
-            "graph_steps": runner.graph_steps,
-            "piece_steps": runner.piece_steps,  # hybrid decode steps replayed as pieces, the CPU helping between
-            "expert_device_bytes": sum(s.device_bytes for s in stores.values()),
-            "expert_staging_bytes": _staging_bytes(stores.values()),  # wide steps' two buffers, shared by layers
-            **self._kv_stats(),
-            "admission_floor_blocks": self.floor_blocks,
-            "split_controller": self._split_stats(),
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
-            "per_layer": {str(li): s.counters.as_dict() for li, s in stores.items()},
-        }
-
-    def _split_stats(self) -> dict | None:
-        """The live split controller's state and its recent resizes (None without one)."""
-        if self.live_split is None:
-            return None
-        state = self.live_split.state()
-        recent = [{"step": e.resize.step, "at_s": e.at_s, "stall_s": e.stall_s, "from_cap": e.resize.from_cap,
-                   "to_cap": e.resize.to_cap, "from_kv_blocks": e.resize.from_kv_blocks,
-                   "to_kv_blocks": e.resize.to_kv_blocks, "reason": e.resize.reason} for e in self.live_split.events[-8:]]
-        return {"expert_slot_value": state.expert_slot_value, "kv_block_value": state.kv_block_value,
-                "resizes": state.resizes, "recent_resizes": recent}
-
-    def _expert_stats(self) -> dict:
-        stores = self.model.experts
-        total = sum_counters(s.counters for s in stores.values())
-        routed = total.hits + total.misses
-        return {
-            "mode": self.config.mode,
-            "expert_cap": self.expert_cap,
-            "embedding": "host" if self.model.embed.on_host else "device",
-            "expert_caps": {str(li): s.slots for li, s in stores.items() if s.slots is not None},
-            "expert_hits": total.hits,
-            "expert_misses": total.misses,
-            "expert_evictions": total.evictions,
-            "expert_loads": total.loads,
-            "expert_cpu_computed": total.cpu_computed,
-            "expert_prefetched": total.prefetched,
-            "bytes_h2d": total.bytes_h2d,
-            "moe_steps": total.steps,
-            "hit_rate": total.hits / routed if routed else 0.0,
-            **self._hybrid_stats(),
-        }
-
-    def _hybrid_stats(self) -> dict:
-        """Hybrid mode only: the costs its layers assign misses by, as probed at load (what `wisp plan
-        --hybrid-costs` reads), the factor the CPU's costs are multiplied by now (`CpuPace`), and the median
-        decode step time of each kind the runner chose between, per batch size, and the times behind it
-        (`StepKindChooser`)."""
-        cpu = next((s.cpu for s in self.model.experts.values() if s.cpu is not None), None)
-        if cpu is None:
-            return {}
-        return {"hybrid_costs": asdict(cpu.costs), "hybrid_cpu_factor": round(cpu.pace.factor, 4),
-                "hybrid_link_factor": round(cpu.pace.link_factor, 4),
-                "hybrid_cpu_steps": asdict(cpu.pace.totals), "hybrid_step_kinds": self.runner.step_kinds.medians(),
-                "hybrid_step_windows": self.runner.step_kinds.windows(),
-                **self._hot_stats()}
-
-    def _hot_stats(self) -> dict:
-        """Hybrid with hot experts only: how many a layer holds, the bank's bytes, the copies into it so far."""
-        hot = [s.hot for s in self.model.experts.values() if s.hot is not None]
-        if not hot:
-            return {}
-        return {"hot_experts": hot[0].capacity, "hot_bytes": sum(h.bytes for h in hot),
-                "hot_copies": sum(h.copies for h in hot)}
-
-    def _kv_stats(self) -> dict:
-        pool, kvc = self.pool, self.pool.counters
-        return {
-            "kv_block_size": pool.block_size,
-            "kv_block_bytes": self.block_bytes,
-            "kv_blocks_total": pool.num_blocks,
-            "kv_blocks_used": pool.num_used,
-            "kv_blocks_cached": pool.num_cached,
-            "kv_blocks_free": pool.num_free,
-            "kv_peak_blocks_used": kvc.peak_blocks_used,
-            "prefix_hit_tokens": kvc.prefix_hit_tokens,
-            "prefix_miss_tokens": kvc.prefix_miss_tokens,
-            "preemptions": kvc.preemptions,
-        }
+        """Expert traffic (totals and per layer), step kinds, KV pool, scheduler and hybrid state
+        (`wisp.engine.engine_stats`)."""
+        return engine_stats(self)
 
     def reset_stats(self) -> None:
         sync_all_counters(self.model.experts.values())
@@ -404,11 +320,6 @@ def _output(seq: Sequence) -> StepOutput:
 def _weights(config: EngineConfig, cfg: ModelConfig, path: Path | None, device: torch.device):
     """Where the weights come from: made up on the device (--load-format dummy) or the checkpoint."""
     return RandomWeights(cfg, device=device) if config.load_format == "dummy" else CheckpointReader(path)
-
-
-def _staging_bytes(stores) -> int:
-    staging = {id(s.staging): s.staging for s in stores if s.staging is not None}
-    return sum(b.device_bytes for b in staging.values())
 
 
 def _tokenizer_config(path) -> tuple[str | None, dict]:
