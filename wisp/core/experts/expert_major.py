@@ -2,7 +2,9 @@
 
 A prefill chunk (or a large decode batch) may route to far more experts than the C slots hold. Cutting
 its tokens into groups that fit would evict and reload the same experts group after group; instead the
-step runs expert by expert, and each missing expert crosses PCIe exactly once:
+step runs expert by expert, and each missing expert crosses PCIe exactly once. The executor
+(`wisp.core.experts.store.ExpertStore`) runs such a serve plan with the pieces here (`StagingBuffers`,
+`compute_from_copies`):
 1. `ExpertPager.decide` takes the step's LRU decision: hits, misses loaded into a slot and kept (the
    step's C most recently touched, i.e. those its last tokens route to: `wisp.core.experts.recency`), and misses streamed through a staging buffer;
 2. the hits run from their slots in one `pairs_by_map` launch through the expert_map as it was;
@@ -15,8 +17,8 @@ last reader of its destination (a staging buffer's previous expert, or, for a sl
 and each expert's compute waits for its own copy, so the next copy overlaps the current compute
 (double buffering with events, no host sync). On the CPU the same steps run one after another.
 
-Zero-copy mode, which has no slots, runs its prefill chunks the same way with every routed expert streamed
-(`run_streamed_step`): each crosses PCIe once instead of once per routed pair.
+Zero-copy mode, which has no slots, runs its prefill chunks the same way with every routed expert not held
+staged: each crosses PCIe once instead of once per routed pair.
 
 Invariant: the output is torch.equal to `fused` over a resident bank (the same per-pair arithmetic,
 the same combine), so resident, narrow paged, expert-major paged and any prefill chunking agree.
@@ -30,8 +32,6 @@ import torch
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.kernels.expert_extras import extras_of
 from wisp.core.kernels.registry import MoEKernels
-from wisp.core.experts.pager import ExpertPager
-
 
 
 class StagingBuffers:
@@ -55,53 +55,6 @@ class StagingBuffers:
         """The index of the buffer to fill next (they alternate)."""
         index, self.turn = self.turn, 1 - self.turn
         return index
-
-
-def run_wide_step(
-    pager: ExpertPager,
-    staging: StagingBuffers,
-    kernels: MoEKernels,
-    hidden: torch.Tensor,  # [T, D]
-    topk_ids: torch.Tensor,  # [T, K]
-    topk_weights: torch.Tensor,  # [T, K]
-    experts: list[int],  # the step's distinct routed experts in touch order (already read to the host)
-    counts: list[int],  # [N] pairs routed to each expert
-) -> torch.Tensor:
-    t, k = topk_ids.shape
-    per_k = expert_major_pairs(pager, staging, kernels, hidden, topk_ids, experts, counts)
-    return kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
-
-
-def expert_major_pairs(pager: ExpertPager, staging: StagingBuffers, kernels: MoEKernels, hidden: torch.Tensor,
-                       topk_ids: torch.Tensor, experts: list[int], counts: list[int]) -> torch.Tensor:
-    """Steps 1-4 above without the sum: the [T*K, D] float32 pair outputs of the pairs routed to `experts`
-    (rows of pairs routed elsewhere stay zero: a hybrid step fills them from the CPU)."""
-    t, k = topk_ids.shape
-    decision = pager.decide(experts)
-    scratch = pager.scratch
-    per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
-    kernels.pairs_by_map(per_k, hidden, scratch[GATE_UP], scratch[DOWN], topk_ids, pager.expert_map,
-                         extras=extras_of(scratch))  # the hits
-    plan = [(e, None) for e in decision.streamed] + list(decision.loads)
-    compute_from_copies(pager.host, staging, kernels, per_k, hidden, topk_ids, plan, offsets_of(counts), scratch)
-    pager.publish_map()
-    return per_k
-
-
-def run_streamed_step(host: dict[str, torch.Tensor], staging: StagingBuffers, kernels: MoEKernels, hidden: torch.Tensor,
-                      topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: list[int], counts: list[int],
-                      held: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """A wide step with no slots at all (zero-copy mode's prefill): every routed expert in `experts` is copied
-    once through the two staging buffers and its pairs computed there, copies overlapping compute as above.
-    `held`: (a bank [H, ...] on the device, its map [N (+1)] expert -> slot or -1) whose experts' pairs run from
-    the bank first in one `pairs_by_map` launch, as a wide paged step's hits (`experts` then leaves them out)."""
-    t, k = topk_ids.shape
-    per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
-    if held is not None:
-        bank, slot_map = held
-        kernels.pairs_by_map(per_k, hidden, bank[GATE_UP], bank[DOWN], topk_ids, slot_map, extras=extras_of(bank))
-    compute_from_copies(host, staging, kernels, per_k, hidden, topk_ids, [(e, None) for e in experts], offsets_of(counts))
-    return kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
 
 
 def offsets_of(counts: list[int]) -> list[int]:

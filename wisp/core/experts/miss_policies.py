@@ -22,7 +22,7 @@ CPU-free twin gives ("copy-or-cpu" -> "copy", "in-place-or-cpu" -> "in-place"), 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from wisp.core.experts.cpu_server import CpuServer
 from wisp.core.experts.pager import plan_of_decision
@@ -61,12 +61,9 @@ class MissPolicy(ABC):
 class CopyMisses(MissPolicy):
     def assign(self, step, residency, cpu, staging):
         filled = residency.begin(step.counts, step.tokens)
-        decision = residency.place(step.order)
-        plan = plan_of_decision(step.order, decision, step.counts)
+        plan = plan_of_decision(step.order, residency.place(step.order), step.counts)
         # narrow: every routed expert fits the device at once, so none of them is evicted before the kernel runs
-        narrow = len(step.order) <= residency.capacity
-        return ServePlan(plan.order, plan.counts, plan.serve, loads=plan.loads, staged=plan.staged, filled=filled,
-                         evictions=plan.evictions, single_launch=narrow)
+        return replace(plan, filled=filled, single_launch=len(step.order) <= residency.capacity)
 
 
 def wide(step: RoutedStep, staging: bool) -> bool:
@@ -106,11 +103,9 @@ class CopyOrCpu(MissPolicy):
             return CopyMisses().assign(step, residency, cpu, staging)
         on_cpu = set(assignment.to_cpu)
         gpu_order = tuple(e for e in step.order if e not in on_cpu)
-        decision = residency.place(gpu_order)
-        serve = plan_of_decision(gpu_order, decision).serve
-        serve.update({e: Serve.CPU for e in assignment.to_cpu})
-        return ServePlan(step.order, step.counts, serve, loads=decision.loads, staged=decision.streamed,
-                         on_cpu=assignment.to_cpu, evictions=decision.evictions, cpu_predicted_s=assignment.predicted_s)
+        gpu = plan_of_decision(gpu_order, residency.place(gpu_order), step.counts)  # the pager sees the GPU's experts
+        return replace(gpu, order=step.order, serve={**gpu.serve, **{e: Serve.CPU for e in assignment.to_cpu}},
+                       on_cpu=assignment.to_cpu, cpu_predicted_s=assignment.predicted_s)
 
 
 @register_policy("in-place-or-cpu")

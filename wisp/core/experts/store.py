@@ -142,7 +142,7 @@ class ExpertStore:
             topk_weights: torch.Tensor) -> torch.Tensor:
         """Run a serve plan (counted already): one fused launch where it allows, else pairs (see the docstring)."""
         if plan.single_launch:
-            if any(w is Serve.IN_PLACE for w in plan.serve.values()):
+            if plan.uses(Serve.IN_PLACE):
                 return self.moe_fn(hidden, self.host, topk_ids, topk_weights, self.residency.in_place_map)
             for expert, slot in plan.loads:
                 self.residency.copy_into_slot(expert, slot)
@@ -163,10 +163,10 @@ class ExpertStore:
         per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
         kernels, host = self.kernels, self.host
         held = self.residency.bank_and_map()
-        if held is not None and (plan.loads or any(w is Serve.HELD for w in plan.serve.values())):
+        if held is not None and (plan.loads or plan.uses(Serve.HELD)):
             bank, expert_map = held
             kernels.pairs_by_map(per_k, hidden, bank[GATE_UP], bank[DOWN], topk_ids, expert_map, extras=extras_of(bank))
-        in_place = [e for e, w in plan.serve.items() if w is Serve.IN_PLACE]
+        in_place = plan.of(Serve.IN_PLACE)
         if in_place:
             in_place_map = torch.full((self.num_experts,), -1, dtype=torch.int32)
             in_place_map[in_place] = torch.tensor(in_place, dtype=torch.int32)
