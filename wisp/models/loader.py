@@ -26,7 +26,6 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from wisp.config import EngineConfig, ModelConfig
-from wisp.core.experts.miss_policies import MISS_POLICIES
 from wisp.core.experts.presets import PRESETS, ModelParts, build_store
 from wisp.core.experts.store import ExpertStore
 from wisp.core.kernels.cpu_expert_kernels import native_kernel_error
@@ -311,7 +310,7 @@ def _load_experts(
     for li in cfg.moe_layer_ids:
         bank = _allocate_bank(cfg, li, target, host)
         fill_bank(bank, reader, cfg, n, li, bar)
-        if parts.costs is None and MISS_POLICIES[PRESETS[engine.mode].policy].needs_cpu:
+        if parts.costs is None and PRESETS[engine.mode].needs_cpu:
             parts.costs = _probe_cpu_costs(engine, cfg, bank, device)  # every layer has the same shapes: once
         stores[li] = build_store(engine.mode, bank, device, caps[li], parts, hot=engine.hot_experts,
                                  cpu_kernel=engine.hybrid_cpu_kernel, kernels=kernels)

@@ -37,6 +37,11 @@ class Preset:
     stages: bool = True  # wide steps stage misses through the shared staging buffers
     hot_residency: str | None = None  # the residency it takes instead when hot experts are asked for
 
+    @property
+    def needs_cpu(self) -> bool:
+        """Whether its policy serves misses on the CPU (a store of it needs the probed costs)."""
+        return MISS_POLICIES[self.policy].needs_cpu
+
 
 PRESETS: dict[str, Preset] = {
     "resident": Preset("full-bank", "copy", stages=False),

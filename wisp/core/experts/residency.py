@@ -115,9 +115,6 @@ class Residency(ABC):
     def after_copies(self) -> None:
         """After a step's copies into slots are queued: publish the map they changed."""
 
-    def evictions_of(self, decision: StepDecision) -> int:
-        return 0
-
     # -- a graph step (no host sync) ------------------------------------------------------------------
     @abstractmethod
     def graph_forward(self, fused: Callable, hidden: torch.Tensor, topk_ids: torch.Tensor,
@@ -292,9 +289,6 @@ class LruSlots(Residency):
 
     def place(self, order):
         return self.pager.decide(order)
-
-    def evictions_of(self, decision):
-        return decision.evictions
 
     def bank_and_map(self):
         return self.pager.scratch, self.pager.expert_map

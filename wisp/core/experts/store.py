@@ -207,9 +207,6 @@ class ExpertStore:
         if self.cpu is not None:
             self.cpu.begin_step(step)
 
-    def use_host(self) -> None:
-        self.residency.use_host()
-
 
 def sync_all_counters(stores) -> None:
     """Fold every store's device counts into its counters with one host read in all."""
