@@ -16,12 +16,14 @@ import re
 import sys
 from typing import NoReturn
 
-from wisp.options import ATTENTION_BACKENDS, CACHE_POLICIES, EMBEDDINGS, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS
+from wisp.options import (ATTENTION_BACKENDS, CACHE_POLICIES, DEFAULT_MAX_DECODE_WAIT_MS, EMBEDDINGS, LOAD_CONTROL,
+                          MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS)
 from wisp.options import DTYPE_NAMES as DTYPES
 
 __all__ = [  # CACHE_POLICIES and DTYPES are offered here for the parsers built elsewhere (cli, plan.args)
     "ATTENTION_BACKENDS", "CACHE_POLICIES", "DTYPES", "EMBEDDINGS", "MAX_NUM_BATCHED_TOKENS", "MODES", "MOE_BACKENDS",
-    "Parser", "add_backend_args", "add_engine_args", "backend_options", "fail", "parse_port", "parse_positive_int",
+    "Parser", "add_backend_args", "add_engine_args", "backend_options", "fail", "parse_port", "parse_positive_float",
+    "parse_positive_int",
     "parse_size", "parse_token_ids",
 ]
 
@@ -57,6 +59,16 @@ def parse_positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def parse_positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -107,12 +119,18 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
                    help="hybrid mode with no slots (--mode hybrid --expert-cap 0): hold each MoE layer's H most-routed "
                         "experts on the GPU (H x layers x one expert's bytes of VRAM); decode steps under CUDA graphs "
                         "serve their pairs from there instead of host memory")
+    p.add_argument("--load-control", choices=LOAD_CONTROL, default="on",
+                   help="decode only as many running requests at once as their experts fit in the slots, the others "
+                        "waiting their turn (off: every running request decodes at every step)")
+    p.add_argument("--max-decode-wait-ms", type=parse_positive_float, default=DEFAULT_MAX_DECODE_WAIT_MS, metavar="MS",
+                   help="load control's bound on how long a running request waits between two of its tokens")
 
 
 def backend_options(args: argparse.Namespace) -> dict:
     """The `add_backend_args` options as EngineConfig fields."""
     return {"device": args.device, "moe_backend": args.moe_backend, "attention_backend": args.attention_backend,
-            "enforce_eager": args.enforce_eager, "embedding": args.embedding, "hot_experts": args.hot_experts}
+            "enforce_eager": args.enforce_eager, "embedding": args.embedding, "hot_experts": args.hot_experts,
+            "load_control": args.load_control, "max_decode_wait_ms": args.max_decode_wait_ms}
 
 
 def add_engine_args(p: argparse.ArgumentParser, record_help: str) -> None:
