@@ -18,6 +18,7 @@ Not thread-safe: one thread calls add_request / abort_request / step (the server
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from wisp.engine.engine_stats import engine_stats
 from wisp.engine.kv_cache import KVCache
 from wisp.engine.load_oom import DeviceBytes, oom_message, usable_bytes
 from wisp.engine.live_split import LiveSplit
+from wisp.engine.load_control.attach import load_control_for
+from wisp.engine.load_control.routing_feed import RoutingFeed
 from wisp.engine.resize_timings import ResizeClock, ResizeTimings
 from wisp.engine.model_runner import ModelRunner
 from wisp.engine.sampling import SamplingParams
@@ -76,6 +79,7 @@ class LLMEngine:
         self.chat_template, self.special_tokens = _tokenizer_config(self.path) if self.path else (None, {})
         self.requests: dict[str, Sequence] = {}
         self.live_split = None  # the online split controller, when one is registered
+        self.feed: RoutingFeed | None = None  # every step's routing, per request (`routing_feed`)
         self._load(num_blocks)
 
     def _load(self, num_blocks: int) -> None:
@@ -93,6 +97,9 @@ class LLMEngine:
                 self.prefetch = CrossLayerPrefetch(stores, cfg.num_experts, cfg.top_k)
             stage = "allocating the KV pool"
             self._build_pools(num_blocks)
+            self.load_control = load_control_for(self, self.routing_feed)
+            if self.load_control is not None:
+                self.scheduler.decode_gate = self.load_control.gate
             stage = "capturing CUDA graphs"
             self.runner.capture_graphs()
             return
@@ -112,6 +119,17 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks, c.kv_block_size)
         self.scheduler = Scheduler(self.pool, c.max_concurrency, c.max_num_batched_tokens, c.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.pool, c, self.max_model_len)
+
+    def routing_feed(self) -> RoutingFeed:
+        """Every step's routing, per request, for the load controller and the live split (made on first use;
+        graphs captured before it are re-captured to log into it)."""
+        if self.feed is None:
+            c, cfg = self.config, self.model_config
+            self.feed = RoutingFeed(cfg.moe_layer_ids, cfg.top_k, self.device, c.max_num_batched_tokens + c.max_concurrency)
+            self.model.routing_log = self.feed
+            if self.runner.strategy.captured:
+                self.runner.capture_graphs()
+        return self.feed
 
     @property
     def tokens_prefilled(self) -> int:
@@ -175,6 +193,8 @@ class LLMEngine:
         seq = self.requests.pop(request_id, None)
         if seq is not None and not seq.finished:
             self.scheduler.finish(seq, "abort")
+        if seq is not None and self.load_control is not None:
+            self.load_control.forget(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -187,11 +207,16 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
+        start = time.perf_counter()
         sampled = self.runner.run(batch)
+        if self.load_control is not None and batch.is_decode:
+            self.load_control.after_step(len(batch.seqs), time.perf_counter() - start)
         done = self.scheduler.postprocess(batch, sampled, self.model_config.eos_token_ids)
         for seq in done:
             if seq.finished:
                 self.requests.pop(seq.request_id, None)
+                if self.load_control is not None:
+                    self.load_control.forget(seq.request_id)
         if self.live_split is not None:
             self.live_split.after_step(sum(batch.num_tokens))
         return [_output(seq) for seq in done]
@@ -201,6 +226,9 @@ class LLMEngine:
         serving, starting from its current split (None: stop); see `wisp.engine.live_split`."""
         if self.live_split is not None:
             self.live_split.close()
+            if self.feed is not None and not self.feed.subscribers:  # nobody reads the routing any more
+                self.feed = self.model.routing_log = None
+                self.runner.capture_graphs()
         self.live_split = None if controller is None else LiveSplit(self, controller)
 
     # -- extras -------------------------------------------------------------------------------------

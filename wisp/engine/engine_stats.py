@@ -28,10 +28,21 @@ def engine_stats(engine) -> dict:
         **_kv_stats(engine),
         "admission_floor_blocks": engine.floor_blocks,
         "split_controller": _split_stats(engine),
+        "load_control": _load_control_stats(engine),
         "num_running": len(engine.scheduler.running),
         "num_waiting": len(engine.scheduler.waiting),
         "per_layer": {str(li): s.counters.as_dict() for li, s in stores.items()},
     }
+
+
+def _load_control_stats(engine) -> dict | None:
+    """What load control chose lately (None without it: off, or it cannot matter for this engine)."""
+    if engine.load_control is None:
+        return None
+    state = engine.load_control.state()
+    return {"decode_width": state.decode_width, "held_back": state.held_back,
+            "joint_working_set": state.joint_working_set, "width_steps": state.width_steps,
+            "switches": state.switches, "overdue": state.overdue, "max_decode_wait_ms": engine.config.max_decode_wait_ms}
 
 
 def _split_stats(engine) -> dict | None:

@@ -8,8 +8,8 @@ from traces:
   per layer (`ExpertStacks`: every layer at once in a few dozen numpy operations, no per-layer or
   per-reference Python loop). The routing comes from the engine's routing replay when it keeps the step's
   rows on the host (`SessionRoutingReplay.last_rows`: no device read; set the replay before the live
-  split), else from a `RoutingLog` on the device, drained in one read just before each re-solve or a full
-  ring (decode keeps its CUDA graphs).
+  split), else from the engine's routing feed (`LLMEngine.routing_feed`, a log on the device shared with load
+  control), drained in one read at the latest just before each re-solve (decode keeps its CUDA graphs).
 After each step the controller may decide a resize; it is applied at once with `LLMEngine.apply_plan`
 (between steps, nothing drained: outputs unchanged, no preemption while the admission floor holds).
 Every applied resize is logged (when, from -> to, why) and kept as a `ResizeEvent` with the seconds it
@@ -29,7 +29,6 @@ import numpy as np
 
 from wisp.engine.block_pool import chain_hash
 from wisp.engine.resize_timings import ResizeTimings
-from wisp.engine.routing_log import RoutingLog
 from wisp.engine.split_controller.controller import Resize, SplitController
 from wisp.engine.split_controller.expert_stacks import ExpertStacks
 from wisp.engine.split_controller.lru_stack import LruStack
@@ -68,19 +67,17 @@ class LiveSplit:
         self.events: list[ResizeEvent] = []
         self.started = time.perf_counter()
         self._replay = engine.runner.replay if hasattr(engine.runner.replay, "last_rows") else None
-        self._log = None
+        self._feed, self._unsubscribe = None, None
         if self._replay is None:
-            self._largest_step = engine.config.max_num_batched_tokens + engine.config.max_concurrency
-            self._log = RoutingLog(self.layers, engine.model_config.top_k, engine.device, 4 * self._largest_step)
-            self._logged = 0  # rows since the last drain
-            engine.runner.set_routing_log(self._log)
+            self._feed = engine.routing_feed()
+            self._unsubscribe = self._feed.subscribe(lambda rows, owners: self._observe_routing(rows))
         caps = {s.slots for s in stores.values()}
         if caps != {controller.expert_cap} or engine.pool.num_blocks != controller.kv_blocks:
             engine.apply_plan([controller.expert_cap] * len(self.layers), controller.kv_blocks)
 
     def close(self) -> None:
-        if self._log is not None:
-            self.engine.runner.set_routing_log(None)
+        if self._unsubscribe is not None:
+            self._unsubscribe()
 
     # -- what it is fed -----------------------------------------------------------------------------
     def observe_request(self, prompt_ids: list[int]) -> None:
@@ -99,13 +96,8 @@ class LiveSplit:
         """The engine computed a step of `tokens` tokens: feed it, let the controller decide, apply a resize."""
         if self._replay is not None and self._replay.last_rows is not None and len(self._replay.last_rows):
             self._observe_routing(self._replay.last_rows)
-        elif self._log is not None:
-            self._logged += tokens
-            resolving = (self.controller.steps + 1) % self.controller.config.resolve_every == 0
-            if resolving or self._logged + self._largest_step > self._log.capacity:  # before a re-solve or a full ring
-                for rows in self._log.drain():
-                    self._observe_routing(rows)
-                self._logged = 0
+        elif self._feed is not None and (self.controller.steps + 1) % self.controller.config.resolve_every == 0:
+            self._feed.drain()  # before a re-solve (the feed drains itself before its ring fills)
         resize = self.controller.step()
         if resize is None:
             return None
@@ -122,7 +114,7 @@ class LiveSplit:
     @property
     def routing_rows_lost(self) -> int:
         """Logged routing rows overwritten before a drain (0 unless a step outgrew the log)."""
-        return self._log.lost if self._log is not None else 0
+        return self._feed.lost if self._feed is not None else 0
 
     def state(self) -> SplitState:
         slot_value, block_value = self.controller.marginal_values()

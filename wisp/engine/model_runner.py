@@ -12,8 +12,9 @@ Extension points (benchmarks and tracing), in place of attributes patched onto t
   on the host, which a graph cannot), so the graphs need no re-capture.
 - a routing replay (`set_routing_replay`): recorded expert choices in place of the router's. A graph
   reads the replay's buffer only if captured with it, so setting or clearing one re-captures the graphs.
-- a routing log (`set_routing_log`, `wisp.engine.routing_log`): every step's routing written on the device,
-  graphs included (set or cleared with a re-capture; the capture's warm-up rows are forgotten).
+- a routing log (`set_routing_log`, `wisp.engine.routing_log` or the load controller's
+  `wisp.engine.load_control.routing_feed`): every step's routing written on the device, graphs included (set or
+  cleared with a re-capture; the capture's warm-up rows are forgotten), told of each step's batch as it begins.
 
 Sampling is per request: a sequence whose sampler raises gets a `RequestFailure` in place of its token
 (`wisp.engine.request_failure`), and the others sample as usual; a failing forward raises from `run`.
@@ -119,6 +120,8 @@ class ModelRunner:
 
     def _begin_step(self, batch: Batch) -> None:
         self.model.begin_step()
+        if self.model.routing_log is not None:
+            self.model.routing_log.begin_step(batch)
         if self.replay is not None:
             self.replay.advance(batch)
         for observer in self.observers:
@@ -268,5 +271,7 @@ class ModelRunner:
     def prompt_logits(self, prompt_ids: list[int], block_table: list[int]) -> torch.Tensor:
         """Logits [T, V] at every prompt position (teacher forcing), the prompt's KV written in block_table."""
         kv = BlockTableKV(self.kv, block_table)
+        if self.model.routing_log is not None:
+            self.model.routing_log.begin_step(None)
         hidden = self.model.forward(torch.tensor(prompt_ids, device=self.device), [Chunk(kv, 0, len(prompt_ids))])
         return self.model.logits(hidden)

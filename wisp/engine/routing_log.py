@@ -33,6 +33,9 @@ class RoutingLog:
         self.read = 0  # rows already drained
         self.lost = 0
 
+    def begin_step(self, batch) -> None:
+        """A step begins (the runner tells every routing log; this one stamps steps by its own count)."""
+
     def record(self, layer: int, topk_ids: torch.Tensor) -> None:
         """One MoE layer's routed ids [T, K] of the current step (no host sync)."""
         t = topk_ids.shape[0]

@@ -10,6 +10,11 @@ most recently admitted request is preempted by recompute: its blocks are release
 cached) and it goes back to the front of the queue, to be re-prefilled from prompt + output so far.
 Nothing is ever dropped.
 
+With a decode gate (`wisp.engine.load_control`: load control), the running requests ready to decode are first
+filtered by it: only those it chooses decode this step, the others keep their blocks and wait their turn. The
+step then lists its prefill chunks first and its decode tokens last, so that the decoding set's experts are the
+step's most recent touches and stay in the expert slots when a chunk's experts pass through.
+
 After the step, `postprocess` advances each sequence by the tokens it computed, hands its newly full
 blocks to the pool (hashed, for the prefix cache), appends the token it sampled, and finishes it when
 a stop condition holds (`wisp.engine.stopping`). A sequence whose sampling failed (the runner hands
@@ -26,7 +31,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Collection
+from typing import Callable, Collection
 
 from wisp.engine.block_pool import BlockPool
 from wisp.engine.request_failure import FINISH_REASON, STOP_CHECK, RequestFailure
@@ -60,6 +65,8 @@ class Scheduler:
         self.prefix_caching = prefix_caching
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # which of the requests ready to decode decode this step (None: all of them)
+        self.decode_gate: Callable[[list[Sequence]], list[Sequence]] | None = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -74,7 +81,10 @@ class Scheduler:
         running = self._grow_running()
         pending = {id(s): len(s) - s.num_computed for s in running}
         decodes = [s for s in running if pending[id(s)] == 1]
-        seqs, counts = list(decodes), [1] * len(decodes)
+        if self.decode_gate is not None:
+            chosen = {id(s) for s in self.decode_gate([s for s in decodes if s.output_ids])}
+            decodes = [s for s in decodes if not s.output_ids or id(s) in chosen]
+        seqs, counts = [], []
         budget = self.max_batched_tokens - len(decodes)
         for seq in running:
             if pending[id(seq)] > 1 and budget > 0:
@@ -87,6 +97,10 @@ class Scheduler:
             seqs.append(seq)
             counts.append(n)
             budget -= n
+        if self.decode_gate is None:  # decodes first, as always without load control
+            seqs, counts = decodes + seqs, [1] * len(decodes) + counts
+        else:  # decodes last: their experts are the step's latest touches
+            seqs, counts = seqs + decodes, counts + [1] * len(decodes)
         return Batch(seqs, counts) if seqs else None
 
     def _admit(self, budget: int) -> list[Sequence]:
@@ -191,6 +205,7 @@ class Scheduler:
             self.fail(seq, RequestFailure.caught(seq.request_id, STOP_CHECK, exc))
             return
         now = time.perf_counter()
+        seq.last_token_time = now
         if seq.first_token_time is None:
             seq.first_token_time = now
         if reason is not None:

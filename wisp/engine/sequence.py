@@ -38,6 +38,7 @@ class Sequence:
     logits: list[torch.Tensor] | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
+    last_token_time: float | None = None  # when its latest token was sampled (load control's wait clock)
     finish_time: float | None = None
 
     def __post_init__(self) -> None:

@@ -1,0 +1,82 @@
+"""LoadControl: the load controller wired to a running engine (`wisp.engine.engine.LLMEngine`).
+
+It is built at load when it can matter (`load_control_for`): `--load-control on`, more than one request may run,
+and some MoE layer pages its experts through fewer slots than it has experts. Then:
+- the scheduler asks `gate(ready)` which ready requests decode each step (`LoadController.choose`);
+- the engine's `RoutingFeed` hands it each step's routing, and its decode rows go to each request's working set
+  (drained every `drain_every` steps, and before every choice that reads the working sets);
+- after each decode-only step the engine reports its width and seconds (`after_step`), from which the step's
+  compute is learned; a finished request is forgotten (`forget`).
+
+Invariant: with load control off, or where it cannot matter, the engine has none and schedules as before.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from wisp.engine.load_control.controller import LoadController, LoadControlState
+from wisp.engine.load_control.routing_feed import Owners, RoutingFeed
+from wisp.engine.load_control.step_costs import DecodeStepCosts
+from wisp.engine.load_control.working_sets import WorkingSets
+
+NOMINAL_SECONDS_PER_BYTE = 1e-10  # 10 GB/s: the copy cost assumed where there is no host-device link to probe
+
+
+class LoadControl:
+    def __init__(self, controller: LoadController, feed: RoutingFeed, drain_every: int = 4):
+        self.controller, self.feed, self.drain_every = controller, feed, drain_every
+        self._steps = 0
+        self.unsubscribe = feed.subscribe(self._observe)
+
+    def gate(self, ready: list) -> list:
+        """The scheduler's question: which of `ready` decode this step."""
+        if len(ready) > 1 and self._steps % self.drain_every == 0:
+            self.feed.drain()
+        self._steps += 1
+        return self.controller.choose(ready, time.perf_counter())
+
+    def after_step(self, width: int, seconds: float) -> None:
+        self.controller.observe_step(width, seconds)
+
+    def forget(self, request_id: str) -> None:
+        self.controller.forget(request_id)
+
+    def state(self) -> LoadControlState:
+        return self.controller.state()
+
+    def _observe(self, rows: np.ndarray, owners: Owners) -> None:
+        if owners is None:
+            return
+        by_request: dict[str, list[int]] = {}
+        for i, (request_id, decode) in enumerate(owners):
+            if decode:
+                by_request.setdefault(request_id, []).append(i)
+        for request_id, where in by_request.items():
+            self.controller.ws.observe(request_id, rows[where])
+
+
+def copy_seconds(expert_bytes: int, device: torch.device) -> float:
+    """One expert's host -> device copy seconds: probed on CUDA (64 MiB, pinned), nominal elsewhere."""
+    if device.type != "cuda":
+        return expert_bytes * NOMINAL_SECONDS_PER_BYTE
+    from wisp.plan.probes import probe_seconds_per_byte
+
+    return expert_bytes * probe_seconds_per_byte(device, 64 << 20)
+
+
+def load_control_for(engine, feed_for) -> LoadControl | None:
+    """The engine's load control, or None where it cannot matter (see the module docstring). `feed_for()`
+    returns the engine's routing feed (made on first use)."""
+    config, cfg = engine.config, engine.model_config
+    stores = [engine.model.experts[li] for li in cfg.moe_layer_ids]
+    caps = [s.slots if s.slots is not None else cfg.num_experts for s in stores]
+    if config.load_control != "on" or config.max_concurrency < 2 or min(caps, default=cfg.num_experts) >= cfg.num_experts:
+        return None
+    sets = WorkingSets(len(stores), cfg.num_experts, cfg.top_k)
+    costs = DecodeStepCosts(copy_s=copy_seconds(stores[0].expert_bytes, engine.device))
+    controller = LoadController(sets, costs, caps, config.max_decode_wait_ms / 1e3)
+    return LoadControl(controller, feed_for())

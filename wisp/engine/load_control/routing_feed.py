@@ -1,0 +1,100 @@
+"""RoutingFeed: every step's routing logged on the device and handed, per request, to whoever reads it.
+
+The feed is what the model's `routing_log` slot holds (`ModelRunner.set_routing_log`). It wraps a
+`wisp.engine.routing_log.RoutingLog` (device ring, graph-safe: captured decode graphs log each replay) and
+remembers, on the host, each step's batch: the request and token count of each of its rows, in batch order
+(`begin_step`, called by the runner as a step begins). `drain()` reads the ring in one copy and hands every
+logged step to the subscribers as (rows [T, L, K], owners), where owners[i] is (request id, is a decode token)
+for row i, or None for a step run outside the scheduler (a teacher-forced `prompt_logits`).
+
+Steps are matched by number: the ring stamps each step with its own count, and the feed numbers the batches it
+was told of the same way; a graph capture's warm-up steps (logged, never begun) are dropped at `reset`, which
+the runner calls after every capture, after handing the steps logged before it to the subscribers.
+
+Invariant: a subscriber sees each logged step at most once, in the order the steps ran, with its rows in batch
+order; a step whose rows were overwritten before a drain is lost (counted in `lost`), never misattributed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+import numpy as np
+import torch
+
+from wisp.engine.routing_log import RoutingLog
+
+Owners = list[tuple[str, bool]] | None
+Subscriber = Callable[[np.ndarray, Owners], None]
+
+
+class RoutingFeed:
+    def __init__(self, moe_layer_ids: list[int], top_k: int, device: torch.device, largest_step: int):
+        """largest_step: the most tokens a step may compute (the ring keeps four such steps)."""
+        self.log = RoutingLog(moe_layer_ids, top_k, device, 4 * largest_step)
+        self.largest_step = largest_step
+        self.subscribers: list[Subscriber] = []
+        self._owners: deque[Owners] = deque()  # the begun steps not yet drained, oldest first
+        self._first = 0  # the step number of _owners[0]
+        self._rows_since_drain = 0
+
+    @property
+    def lost(self) -> int:
+        return self.log.lost
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        """Hand every drained step to `subscriber` from now on; returns the call that stops it."""
+        self.subscribers.append(subscriber)
+        return lambda: self.subscribers.remove(subscriber) if subscriber in self.subscribers else None
+
+    # -- what the model and the runner call -------------------------------------------------------------
+    def record(self, layer: int, topk_ids: torch.Tensor) -> None:
+        self.log.record(layer, topk_ids)
+
+    def begin_step(self, batch) -> None:
+        """A step begins: `batch` is a `wisp.engine.scheduler.Batch`, or None (a forward outside the scheduler).
+        Drains first when the ring could not hold one more step."""
+        if self._rows_since_drain + self.largest_step > self.log.capacity:
+            self.drain()
+        if batch is None:
+            self._owners.append(None)
+            return
+        owners, tokens = [], 0
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            decode = n == 1 and bool(seq.output_ids)
+            owners.extend([(seq.request_id, decode)] * n)
+            tokens += n
+        self._owners.append(owners)
+        self._rows_since_drain += tokens
+
+    def reset(self) -> None:
+        """After a graph capture: the steps logged before it go to the subscribers, the warm-up's are dropped."""
+        self.drain()
+        self.log.reset()
+        self._owners.clear()
+        self._first = 0
+        self._rows_since_drain = 0
+
+    # -- reading it ------------------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Read what was logged since the last drain (one device read) and hand it to the subscribers."""
+        self._rows_since_drain = 0
+        if not self._owners:
+            return
+        for number, rows in self._numbered_steps():
+            index = number - self._first
+            if not 0 <= index < len(self._owners):
+                continue  # a warm-up step, or one already handed over
+            owners = self._owners[index]
+            if owners is not None and len(owners) != rows.shape[0]:
+                continue  # its first rows were overwritten (counted by the log as lost)
+            for subscriber in list(self.subscribers):
+                subscriber(rows, owners)
+        self._first += len(self._owners)
+        self._owners.clear()
+
+    def _numbered_steps(self) -> list[tuple[int, np.ndarray]]:
+        steps = self.log.drain()
+        written = int(self.log.steps)  # steps logged in all: the drained ones are the last len(steps)
+        return list(zip(range(written - len(steps), written), steps))
