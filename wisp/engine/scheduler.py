@@ -81,8 +81,9 @@ class Scheduler:
         running = self._grow_running()
         pending = {id(s): len(s) - s.num_computed for s in running}
         decodes = [s for s in running if pending[id(s)] == 1]
-        if self.decode_gate is not None:
-            chosen = {id(s) for s in self.decode_gate([s for s in decodes if s.output_ids])}
+        ready = [s for s in decodes if s.output_ids]
+        if self.decode_gate is not None and ready:
+            chosen = {id(s) for s in self.decode_gate(ready)}
             decodes = [s for s in decodes if not s.output_ids or id(s) in chosen]
         seqs, counts = [], []
         budget = self.max_batched_tokens - len(decodes)

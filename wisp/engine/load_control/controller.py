@@ -6,8 +6,9 @@ aggregate rate, held for a quantum, under a bound on any request's wait between 
 - **Prediction.** A set's joint working set u per layer is the union of its members' working sets
   (`WorkingSets`; a request with no decode history yet counts as `unknown_experts` experts of its own). With C
   slots a layer, a step that routes d = min(u, b x top_k) distinct experts misses about d x (1 - C / u) of
-  them when u > C (an LRU cache of C items over u items referenced at random hits C / u), and at least the
-  members' churn (the experts new to their windows) when it fits. Its seconds are `DecodeStepCosts.step_s`.
+  them when u > C (an LRU cache of C items over u items referenced at random hits C / u), and none when it
+  fits (the misses of a working set's slow drift are learned into the compute: `DecodeStepCosts.observe`). Its
+  seconds are `DecodeStepCosts.step_s`.
 - **Rotation.** When the chosen set is not every ready request, the ready requests take turns in groups:
   with G = ceil(ready / set size) groups, a quantum lasts (max_wait - margin) / (G - 1), so each request's turn
   comes back within the bound, and a set's rate is discounted by the reload it causes at its turn (its
@@ -16,8 +17,9 @@ aggregate rate, held for a quantum, under a bound on any request's wait between 
 - **Choice.** A new set is grown greedily from a seed (the set in its quantum, or at a turn the longest-waiting
   request, or the overdue ones): the request that raises the predicted rate most joins, until none does. So
   requests whose working sets overlap go together, and a request that fits with the others joins at once.
-- **Fairness.** A ready request outside the set whose wait would reach the bound by the end of the next step is
-  overdue: it seeds a new choice at once. No request starves: the longest waiter seeds every turn.
+- **Fairness.** A ready request outside the set whose wait would pass the bound if it sat out one more step is
+  overdue: it seeds a new choice at once, which takes in others only while the step still ends within every
+  member's bound. No request starves: the longest waiter seeds every turn.
 
 Invariants: the answer is a non-empty subset of `ready` in `ready`'s order whenever `ready` is non-empty; when the
 predicted rate of everyone together is the highest (every joint set fits: C = N, or small working sets), it is
@@ -75,18 +77,26 @@ class LoadController:
             return self._answer(ready, ready)
         ids = [s.request_id for s in ready]
         waits = {s.request_id: now - s.last_token_time for s in ready}
-        chosen = set(self.current)
-        overdue = [r for r in ids if r not in chosen and waits[r] + 2 * self._step_estimate() >= self.max_wait_s]
+        overdue = self._overdue(ids, waits)
         if overdue:
             self.overdue_count += len(overdue)
             self._decide(ids, waits, now, seed=sorted(overdue, key=lambda r: -waits[r]))
-        elif now >= self.turn_ends or not chosen & set(ids):
+        elif now >= self.turn_ends or not set(self.current) & set(ids):
             self._decide(ids, waits, now, seed=[max(ids, key=lambda r: (waits[r], -ids.index(r)))])
         elif frozenset(ids) != self._ready_ids:  # a request arrived or left: grow from the set in its quantum
             self._decide(ids, waits, now, seed=[r for r in self.current if r in waits], keep_turn=True)
         self._ready_ids = frozenset(ids)
         members = set(self.current)
         return self._answer(ready, [s for s in ready if s.request_id in members])
+
+    def _overdue(self, ids: list[str], waits: dict[str, float]) -> list[str]:
+        """Ready requests outside the set whose wait would pass the bound if they sat out this step and joined
+        the next (two steps of the set with them in it)."""
+        members = [r for r in self.current if r in waits]
+        worst = self.costs.step_s(len(members) + 1, (len(members) + 1) * self.ws.top_k * len(self.caps))
+        near = [r for r in ids if r not in members and waits[r] + 2 * worst >= self.max_wait_s]  # cheap filter
+        return [r for r in near if waits[r] + 2 * self.costs.step_s(len(members) + 1, self._misses(members + [r]))
+                >= self.max_wait_s]
 
     def observe_step(self, width: int, seconds: float) -> None:
         """A decode step of `width` rows (the current set) took `seconds`."""
@@ -115,10 +125,7 @@ class LoadController:
             return 0.0
         u = self.joint_size(ids)
         distinct = np.minimum(u, len(ids) * self.ws.top_k)
-        thrash = distinct * np.clip(1 - self.caps / np.maximum(u, 1), 0, None)
-        churns = [c for r in ids if (c := self.ws.churn(r)) is not None]
-        churn = np.sum(churns, axis=0) if churns else np.zeros_like(u)
-        return float(np.maximum(thrash, churn).sum())
+        return float((distinct * np.clip(1 - self.caps / np.maximum(u, 1), 0, None)).sum())
 
     def _step_estimate(self) -> float:
         return self.costs.step_s(max(len(self.current), 1), self._misses(self.current))
@@ -146,14 +153,16 @@ class LoadController:
         best = self.rate(chosen, len(ids))
         rest = sorted((r for r in ids if r not in chosen), key=lambda r: -waits[r])
         while rest:
-            rates = [(self.rate(chosen + [r], len(ids)), -i, r) for i, r in enumerate(rest)]
+            rates = [(self.rate(chosen + [r], len(ids)), -i, r) for i, r in enumerate(rest) if self._in_time(chosen + [r], waits)]
+            if not rates:
+                break
             top, _, pick = max(rates)
             if top <= best:
                 break
             chosen.append(pick)
             rest.remove(pick)
             best = top
-        if len(chosen) < len(ids) and self.rate(ids, len(ids)) >= best:
+        if len(chosen) < len(ids) and self.rate(ids, len(ids)) >= best and self._in_time(ids, waits):
             chosen = list(ids)  # everyone together is at least as fast as any turn-taking
         if set(chosen) != set(self.current):
             self.switches += 1
@@ -162,6 +171,10 @@ class LoadController:
         if not keep_turn or len(chosen) == len(ids) or self.turn_ends == math.inf:
             step = self.costs.step_s(len(chosen), self._misses(chosen))
             self.turn_ends = now + self._quantum(len(chosen), len(ids), step)
+
+    def _in_time(self, ids: list[str], waits: dict[str, float]) -> bool:
+        """Whether a step of `ids` ends before any of them passes the wait bound."""
+        return max(waits[r] for r in ids) + self.costs.step_s(len(ids), self._misses(ids)) <= self.max_wait_s
 
     def _answer(self, ready: list, chosen: list) -> list:
         if chosen:

@@ -1,16 +1,13 @@
 """WorkingSets: each running request's expert working set per MoE layer, and the joint set of a decode set.
 
-A request's working set at a layer is the set of experts its last `window` decode tokens routed to there. Two
-figures come from it:
-- the set itself, as a boolean mask [L, N], so the joint working set of a candidate decode set is the OR of its
-  members' masks and its size per layer a sum;
-- its churn per layer: how many experts a step routes that the previous `window // 2` steps did not, averaged over
-  the newer half of the window: the misses a request causes even when its working set fits the slots.
+A request's working set at a layer is the set of experts its last `window` decode tokens routed to there, kept
+as a boolean mask [L, N], so the joint working set of a candidate decode set is the OR of its members' masks and
+its size per layer a sum.
 
 Only decode tokens count: a prefill chunk routes a whole prompt and says little about the experts decode will use.
 
-Invariants: a request's ring holds its decode rows in the order they ran, at most `window` of them; `mask` and
-`churn` are functions of that ring alone; a request never observed is unknown (`known` False), and `forget`
+Invariants: a request's ring holds its decode rows in the order they ran, at most `window` of them; `mask` is a
+function of that ring alone; a request never observed is unknown (`known` False), and `forget`
 makes it unknown again.
 """
 
@@ -26,7 +23,6 @@ class WorkingSets:
         self.num_layers, self.num_experts, self.top_k, self.window = num_layers, num_experts, top_k, window
         self._rings: dict[str, np.ndarray] = {}  # request -> [rows, L, K] int16, oldest first, at most `window`
         self._masks: dict[str, np.ndarray] = {}  # cached `mask` per request, dropped when its ring changes
-        self._churn: dict[str, np.ndarray] = {}
 
     def observe(self, request_id: str, rows: np.ndarray) -> None:
         """`rows` [T, L, K]: request_id's next T decode tokens' routed ids, in order (-1 entries are ignored)."""
@@ -37,10 +33,9 @@ class WorkingSets:
         ring = rows if ring is None else np.concatenate([ring, rows])
         self._rings[request_id] = ring[-self.window:]
         self._masks.pop(request_id, None)
-        self._churn.pop(request_id, None)
 
     def forget(self, request_id: str) -> None:
-        for table in (self._rings, self._masks, self._churn):
+        for table in (self._rings, self._masks):
             table.pop(request_id, None)
 
     def known(self, request_id: str) -> bool:
@@ -58,18 +53,6 @@ class WorkingSets:
         if request_id not in self._masks:
             self._masks[request_id] = self._onehot(self._rings[request_id]).any(axis=0)
         return self._masks[request_id]
-
-    def churn(self, request_id: str) -> np.ndarray | None:
-        """[L] float: experts a step routes that the previous window // 2 steps did not (None: unknown; zeros
-        until the window holds more than half a window)."""
-        ring = self._rings.get(request_id)
-        if ring is None:
-            return None
-        if request_id not in self._churn:
-            half, hot = self.window // 2, self._onehot(ring)  # [T, L, N]
-            news = [(hot[t] & ~hot[t - half : t].any(axis=0)).sum(axis=1) for t in range(half, ring.shape[0])]
-            self._churn[request_id] = (np.mean(news, axis=0) if news else np.zeros(self.num_layers)).astype(np.float64)
-        return self._churn[request_id]
 
     def joint_size(self, request_ids) -> np.ndarray:
         """[L] int: experts the known requests among request_ids route to jointly, per layer."""
