@@ -104,7 +104,7 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
         "load_s": round(load_s, 2), **_measures(timed, batch),
         "peak_gpu_bytes_load": peak_load, "peak_gpu_bytes": _peak(device), "device": str(device),
         "graph_steps": timed.stats["graph_steps"], "piece_steps": timed.stats["piece_steps"], "routing": "router",
-        "embedding": timed.stats["embedding"],
+        "embedding": timed.stats["embedding"], "load_control": timed.stats.get("load_control"),
         **({"hybrid_costs": timed.stats["hybrid_costs"], "hybrid_cpu_factor": timed.stats["hybrid_cpu_factor"],
             "hybrid_link_factor": timed.stats["hybrid_link_factor"],
             "hybrid_cpu_steps": timed.stats["hybrid_cpu_steps"], "hybrid_step_kinds": timed.stats["hybrid_step_kinds"],

@@ -336,6 +336,8 @@ class LLMEngine:
         self.pool.counters = type(self.pool.counters)()
         self.pool.counters.peak_blocks_used = min(peak, self.pool.num_used)
         self.runner.reset_counters()
+        if self.load_control is not None:
+            self.load_control.controller.reset_counters()
 
 
 def _output(seq: Sequence) -> StepOutput:

@@ -107,6 +107,10 @@ class LoadController:
         if request_id in self.current:
             self.current.remove(request_id)
 
+    def reset_counters(self) -> None:
+        self._width_steps.clear()
+        self.switches = self.overdue_count = 0
+
     def state(self) -> LoadControlState:
         width, held = self._last
         return LoadControlState(width, held, round(self._joint, 2), dict(sorted(self._width_steps.items())),
