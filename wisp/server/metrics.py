@@ -66,6 +66,8 @@ class _EngineCollector:
         yield from _layer_hit_rates(stats.get("per_layer", {}))
         if stats.get("split_controller"):
             yield from _split_controller(stats["split_controller"])
+        if stats.get("load_control"):
+            yield from _load_control(stats["load_control"])
 
 
 def _layer_hit_rates(per_layer: dict) -> Iterator[Metric]:
@@ -75,6 +77,20 @@ def _layer_hit_rates(per_layer: dict) -> Iterator[Metric]:
         routed = c.get("hits", 0) + c.get("misses", 0)
         rates.add_metric([layer], c.get("hits", 0) / routed if routed else 0.0)
     yield rates
+
+
+def _load_control(state: dict) -> Iterator[Metric]:
+    """What load control chose at the last step, and how often it changed the decode set."""
+    yield GaugeMetricFamily("wisp_decode_width", "Requests the last step decoded (load control's choice).",
+                            value=state["decode_width"])
+    yield GaugeMetricFamily("wisp_decode_held_back", "Requests ready to decode that load control held back at the "
+                            "last step (their experts would not fit the slots with the others').", value=state["held_back"])
+    yield GaugeMetricFamily("wisp_decode_joint_working_set", "The decoding set's predicted joint expert working set, "
+                            "mean experts per MoE layer.", value=state["joint_working_set"])
+    yield CounterMetricFamily("wisp_decode_set_switches", "Times load control changed the decoding set.",
+                              value=state["switches"])
+    yield CounterMetricFamily("wisp_decode_overdue", "Times a request reached the wait bound and decoded at once.",
+                              value=state["overdue"])
 
 
 def _split_controller(state: dict) -> Iterator[Metric]:
