@@ -14,7 +14,7 @@ from wisp import cli_args
 
 # every parser the command line has, by its argv prefix
 COMMANDS = [[], ["generate"], ["serve"], ["plan"], ["sim"], ["bench"], ["bench", "decode"], ["bench", "prefill"],
-            ["bench", "agent"], ["bench", "soak"], ["bench", "accuracy"], ["bench", "llama-cpp"],
+            ["bench", "serve"], ["bench", "agent"], ["bench", "soak"], ["bench", "accuracy"], ["bench", "llama-cpp"],
             *(["bench", "llama-cpp", tool] for tool in ("run", "compare", "pair", "gguf", "peak", "sampler-cost")),
             ["bench", "sweep"], *(["bench", "sweep", kind] for kind in ("moe-attention", "linear", "cpu-experts")),
             ["bench", "profile"], ["bench", "profile", "steps"], ["bench", "profile", "timeline"]]

@@ -38,6 +38,7 @@ import torch
 from wisp.bench.agent_arms import ArmSpec, arm_specs, parse_arms
 from wisp.bench.agent_sessions import Session, load_sessions, train_session_tokenizer
 from wisp.bench.decode import _git_commit, _peak, _reset_peak, model_config_for, probe_h2d_gbps
+from wisp.bench.percentiles import percentile
 from wisp.bench.routing import routing_for, uniform_trace
 from wisp.cli_args import backend_options
 from wisp.config import EngineConfig, ModelConfig, resolve_device
@@ -107,17 +108,13 @@ def serve_sessions(engine: LLMEngine, sessions: list[Session], concurrency: int,
     return done
 
 
-def _percentile(values: list[float], q: float) -> float:
-    return round(float(np.percentile(values, q)), 4) if values else 0.0
-
-
 def summarize(times: list[TurnTimes]) -> dict:
     """Timing fields of some turns: TTFT and turn wall percentiles, per-stream decode speed (median)."""
     ttft, wall = [t.ttft for t in times], [t.wall for t in times]
     rates = [r for r in (t.decode_tok_s for t in times) if r is not None]
-    return {"ttft_p50_s": _percentile(ttft, 50), "ttft_p90_s": _percentile(ttft, 90),
-            "decode_tok_s": _percentile(rates, 50), "turn_wall_p50_s": _percentile(wall, 50),
-            "turn_wall_p90_s": _percentile(wall, 90), "turns": len(times)}
+    return {"ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
+            "decode_tok_s": percentile(rates, 50), "turn_wall_p50_s": percentile(wall, 50),
+            "turn_wall_p90_s": percentile(wall, 90), "turns": len(times)}
 
 
 def session_kv_trace(sessions: list[Session], concurrency: int, block_size: int) -> KVTrace:

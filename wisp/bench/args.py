@@ -1,4 +1,4 @@
-"""The arguments of every `wisp bench` kind: decode, prefill, agent, soak, accuracy, and the tool groups
+"""The arguments of every `wisp bench` kind: decode, prefill, serve, agent, soak, accuracy, and the tool groups
 llama-cpp (run, compare, pair, gguf, peak, sampler-cost), sweep (moe-attention, linear, cpu-experts) and
 profile (steps, timeline).
 
@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 
-from wisp.cli_args import MAX_NUM_BATCHED_TOKENS, add_backend_args, parse_size
+from collections.abc import Callable
+
+from wisp.cli_args import (LOAD_CONTROL, MAX_NUM_BATCHED_TOKENS, MODES, add_backend_args, parse_positive_float,
+                           parse_positive_int, parse_size)
 
 
 def add_parser(sub) -> None:
@@ -21,6 +24,7 @@ def add_parser(sub) -> None:
     kinds = bench.add_subparsers(dest="bench", required=True)
     _add_decode_parser(kinds)
     _add_prefill_parser(kinds)
+    _add_serve_parser(kinds)
     _add_agent_parser(kinds)
     _add_soak_parser(kinds)
     _add_accuracy_parser(kinds)
@@ -52,6 +56,23 @@ def parse_int_list(text: str) -> list[int]:
     return values
 
 
+def list_of(parse: Callable[[str], object]) -> Callable[[str], list]:
+    """A comma-list argument type; `parse` reads each item (its ArgumentTypeError names a bad one)."""
+    def parse_list(text: str) -> list:
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        return [parse(item) for item in items]
+
+    return parse_list
+
+
+def parse_load_control(text: str) -> str:
+    if text not in LOAD_CONTROL:
+        raise argparse.ArgumentTypeError(f"load control is {' or '.join(LOAD_CONTROL)}, got {text!r}")
+    return text
+
+
 def _add_decode_parser(kinds) -> None:
     dec = _kind(kinds, "decode", "decode.bench_decode", "batch-1 decode in one or more expert modes")
     _add_model_and_modes(dec, "paged", "paged, resident, offload, zero-copy, accelerate")
@@ -81,6 +102,43 @@ def _add_prefill_parser(kinds) -> None:
     add_backend_args(pre)
     pre.add_argument("--out", default=None, help="write the records as a JSON list here")
     pre.add_argument("--plot", default=None, help="draw TTFT against prompt length into this PNG")
+
+
+def _add_serve_parser(kinds) -> None:
+    # conflict_handler: its --load-control (a list) replaces add_backend_args' single setting
+    srv = _kind(kinds, "serve", "serve.run.bench_serve", "concurrent streams: aggregate tok/s, TTFT, inter-token "
+                "latency and decode width per concurrency (closed loop) or request rate (open loop)",
+                conflict_handler="resolve")
+    srv.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
+    srv.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    srv.add_argument("--mode", choices=MODES, default="paged")
+    srv.add_argument("--expert-cap", type=int, default=None, help="scratch slots per MoE layer (paged, hybrid)")
+    srv.add_argument("--dtype", default=None)
+    srv.add_argument("--concurrency", type=list_of(parse_positive_int), default=None, metavar="W,...",
+                     help="closed loop: W requests in flight at all times, one run per W (default 1 without "
+                          "--request-rate)")
+    srv.add_argument("--request-rate", type=list_of(parse_positive_float), default=None, metavar="R,...",
+                     help="open loop: Poisson arrivals at R requests/s (seeded), one run per R")
+    srv.add_argument("--num-requests", type=parse_positive_int, default=None,
+                     help="requests per run (default: max(8, 2W) closed, 8 open)")
+    srv.add_argument("--prompt-len", type=parse_positive_int, default=128, help="random token ids, distinct per request")
+    srv.add_argument("--output-len", type=parse_positive_int, default=128, help="tokens each request generates (ignore_eos)")
+    srv.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    srv.add_argument("--seed", type=int, default=0, help="prompts, arrivals and sampling")
+    srv.add_argument("--max-concurrency", type=parse_positive_int, default=None,
+                     help="the engine's running requests (default: the largest W; 8 or more with --request-rate)")
+    srv.add_argument("--max-num-batched-tokens", type=parse_positive_int, default=MAX_NUM_BATCHED_TOKENS)
+    add_backend_args(srv)
+    srv.add_argument("--load-control", type=list_of(parse_load_control), default=None, metavar="on,off",
+                     help="comma list: one engine load per setting, each running every W and rate (default: on)")
+    srv.add_argument("--routing-trace", default=None, metavar="FILE",
+                     help="replay these recorded expert choices (as `wisp bench decode`); 'uniform': i.i.d. uniform")
+    srv.add_argument("--server", default=None, metavar="URL",
+                     help="stream from this live OpenAI-compatible server (`wisp serve`) instead of an engine in "
+                          "process (needs httpx; --model then only gives the prompts' vocabulary)")
+    srv.add_argument("--api-key", default=None, help="with --server: its bearer key")
+    srv.add_argument("--out", default=None, help="write the records as a JSON list here")
+    srv.add_argument("--plot", default=None, help="draw tok/s and p99 ITL against W (or rate) into this PNG")
 
 
 def _add_agent_parser(kinds) -> None:
