@@ -84,11 +84,12 @@ def test_dummy_weights_equal_the_written_random_checkpoint(tmp_path):
     disk.close()
 
 
-def _demo_trace(path: Path, layers: int = 4, k: int = 4) -> Path:
+def _demo_trace(path: Path, layers: int = 4, k: int = 4, sequences: int = 1) -> Path:
+    """Sequence s: every token, every layer, experts s*k .. s*k+k-1."""
     from wisp.trace.format import RoutingTrace
 
-    ids = np.tile(np.arange(k, dtype=np.int16), (6, layers, 1))  # every token, every layer: experts 0..k-1
-    RoutingTrace(ids, layers=list(range(layers)), metadata={"num_experts": 16}).save(path)
+    RoutingTrace.concat([RoutingTrace(np.tile(np.arange(s * k, s * k + k, dtype=np.int16), (6, layers, 1)),
+                                      layers=list(range(layers)), num_experts=16) for s in range(sequences)]).save(path)
     return path
 
 
@@ -101,11 +102,24 @@ def test_bench_replays_a_routing_trace_and_runs_zero_copy(tmp_path):
                      "--out", out], tmp_path / "cache", command="bench")
     assert proc.returncode == 0, proc.stderr
     paged, zero = json.loads(out.read_text())
-    assert paged["routing"] == zero["routing"] == "replay:t.npz"
+    assert paged["routing"] == zero["routing"] == "replay-per-request:t.npz" and paged["routing_sequences"] == 1
     # the replayed experts are the same every step: after the first decode step every lookup hits
     assert paged["hit_rate"] >= 0.8 and paged["bytes_h2d_per_token"] <= round(4 * 4 * 98304 / 5)  # (rounded in the record)
     # zero-copy reads each routed pair's expert in place: 4 layers x 4 pairs x 98304 bytes, no device bytes
     assert zero["bytes_h2d_per_token"] == 4 * 4 * 98304 and zero["expert_device_bytes"] == 0
+
+
+@pytest.mark.slow
+def test_bench_replays_each_request_of_a_batch_its_own_sequence(tmp_path):
+    out = tmp_path / "b.json"
+    trace = _demo_trace(tmp_path / "t.npz", sequences=4)  # 4 requests x 4 experts: every step all 16 of a layer
+    proc = run_wisp(["decode", "--model", "demo", "--load-format", "dummy", "--mode", "paged", "--expert-cap", "8",
+                     "--prompt-len", "6", "--decode-tokens", "5", "--batch", "4", "--device", "cpu",
+                     "--routing-trace", trace, "--out", out], tmp_path / "cache", command="bench")
+    assert proc.returncode == 0, proc.stderr
+    (record,) = json.loads(out.read_text())
+    assert record["routing"] == "replay-per-request:t.npz" and record["routing_sequences"] == 4
+    assert record["hit_rate"] <= 0.5  # 16 experts a layer each step through 8 slots (one shared row: all hits)
 
 
 @pytest.mark.slow

@@ -101,6 +101,8 @@ def test_steps_by_hand_and_num_experts():
         {"ids": np.zeros((1, 2, 1)), "layers": [3, 3]},
         {"ids": np.zeros((1, 1, 2)), "weights": np.zeros((1, 1, 1))},
         {"ids": np.full((1, 1, 1), 40000)},
+        {"ids": np.zeros((3, 1, 1)), "metadata": {"sequence_lengths": [1, 1]}},  # not all T tokens
+        {"ids": np.zeros((3, 1, 1)), "metadata": {"sequence_lengths": [3, 0]}},  # an empty sequence
     ],
 )
 def test_invalid_traces_are_refused(kwargs):
@@ -138,6 +140,21 @@ def test_concat_keeps_steps_distinct():
     assert RoutingTrace.concat([b, b]).step is None and RoutingTrace.concat([b, b]).steps(0) == [[2], [1]] * 2
     with pytest.raises(ValueError):
         RoutingTrace.concat([a, RoutingTrace(np.zeros((1, 2, 1)))])
+
+
+def test_sequences_are_kept_by_concat_and_files_and_cut_in_order(tmp_path):
+    a = RoutingTrace(np.array([[[0]], [[1]]]), step=[4, 4], num_experts=3)
+    b = RoutingTrace(np.array([[[2]], [[1]], [[0]]]))
+    assert a.sequence_lengths == [2] and RoutingTrace(np.zeros((0, 1, 1))).sequence_lengths == []
+    ab = RoutingTrace.concat([a, b])
+    abab = RoutingTrace.concat([ab, ab])
+    assert ab.sequence_lengths == [2, 3] and abab.sequence_lengths == [2, 3, 2, 3]
+    cut = abab.sequences()
+    assert [s.ids[:, 0, 0].tolist() for s in cut] == [[0, 1], [2, 1, 0]] * 2
+    assert cut[0].step.tolist() == [4, 4] and cut[1].step.tolist() == [5, 6, 7] and cut[0].num_experts == 3
+    for name in ("t.npz", "t.jsonl"):
+        abab.save(tmp_path / name)
+        assert RoutingTrace.load(tmp_path / name).sequence_lengths == [2, 3, 2, 3]
 
 
 @SETTINGS

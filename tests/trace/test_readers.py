@@ -73,12 +73,13 @@ def test_synthetic_npz_layouts_and_dispatch(tmp_path):
     np.savez(tmp_path / "flame_toy.npz", ids=ids, weights=ids.astype(np.float32), moe_layers=np.array([4, 5]))
     fl = read_flame_npz(tmp_path / "flame_toy.npz")
     assert fl.num_tokens == 6 and fl.layers.tolist() == [4, 5] and fl.num_experts == 64
+    assert fl.sequence_lengths == [3, 3] and np.array_equal(fl.sequences()[1].ids, ids[1])
     assert fl.steps(5)[4] == sorted(set(ids[1, 1, 1].tolist()))
     assert len(read_flame_npz(tmp_path / "flame_toy.npz", step_per_sequence=True).steps(4)) == 2
     mx = np.zeros((3, 32, 2), dtype=np.int16)
     np.savez(tmp_path / "toy_decode_TxLxK.npz", p0_ids=mx, p1_ids=mx[:1], p0_weights=mx.astype(np.float32))
     assert [t.num_tokens for t in read_mixtral_npz(tmp_path / "toy_decode_TxLxK.npz")] == [3, 1]
-    assert load_any(tmp_path / "toy_decode_TxLxK.npz").num_tokens == 4
+    assert load_any(tmp_path / "toy_decode_TxLxK.npz").sequence_lengths == [3, 1]  # a problem, a sequence
     RoutingTrace(np.ones((2, 1, 1)), num_experts=3).save(tmp_path / "ours.npz")
     assert load_any(tmp_path / "ours.npz").num_experts == 3
     with pytest.raises(ValueError):
@@ -107,12 +108,13 @@ def test_mixtral_shapes_and_missing_cells():
             missing += int(np.all(t.ids < 0, axis=2).sum())
             assert np.all(np.any(t.ids < 0, axis=2) == np.all(t.ids < 0, axis=2))  # a cell is whole or gone
     assert lengths == [83, 255, 168, 79] and missing == 52  # README: 52 of 18,720 cells missing
+    assert load_any(shared("routing_mixtral8x7b/humaneval_2_routing.jsonl")).sequence_lengths == [83, 255]
 
 
 def test_flame():
     tr = load_any(shared("flame_moe_290m_dynande/flame290m_iter5473_32seq_x64tok_TxLxK.npz"))
     assert (tr.num_tokens, tr.num_layers, tr.top_k, tr.num_experts) == (2048, 8, 6, 64)
-    assert tr.layers.tolist() == list(range(2, 10)) and tr.step is None
+    assert tr.layers.tolist() == list(range(2, 10)) and tr.step is None and tr.sequence_lengths == [64] * 32
     assert tr.ids[0, 0].tolist() == [34, 28, 21, 47, 3, 12]  # the HF dataset card's example row
     assert all(len(s) == 6 for s in tr.steps(2))
 

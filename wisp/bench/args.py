@@ -83,8 +83,9 @@ def _add_decode_parser(kinds) -> None:
     dec.add_argument("--dtype", default=None)
     add_backend_args(dec)
     dec.add_argument("--routing-trace", default=None, metavar="FILE",
-                     help="replay these recorded expert choices during decode (benchmark only; a one-layer trace is "
-                          "spread over all layers, an approximation); 'uniform': i.i.d. uniform choices")
+                     help="replay these recorded expert choices during decode, request i its sequence i mod S "
+                          "(benchmark only; a one-layer trace is spread over all layers, an approximation); "
+                          "'uniform': i.i.d. uniform choices, independent per request")
     dec.add_argument("--vram-budget", type=parse_size, default=None,
                      help="size paged runs' cap from this VRAM budget (with --expert-cap 0: hybrid's hot experts)")
     dec.add_argument("--prefetch", action="store_true",

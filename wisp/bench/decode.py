@@ -6,10 +6,12 @@ made on the device, so no 57 GiB file is written), prefills a fixed random promp
 A pinned host->device bandwidth probe runs in the same process; `roofline_step_s` is the bytes a decode
 step copied divided by that bandwidth, plus the resident step time when a resident run is in the set.
 
-`--routing-trace FILE` replays recorded expert choices during decode in place of the router's (records
-say `routing: "replay:<file>"`, or `"approx-layer<L>:<file>"` for a one-layer trace spread over every MoE
-layer), so random weights page like the real model did; `--routing-trace uniform`
-replays i.i.d. uniform choices, a pessimistic bound (`wisp.bench.routing`). `--vram-budget X`
+`--routing-trace FILE` replays recorded expert choices during decode in place of the router's, each request
+its own sequence of the trace (`wisp.trace.replay`: request i replays sequence i mod S; records say
+`routing: "replay-per-request:<file>"`, or `"approx-layer<L>-per-request:<file>"` for a one-layer trace
+spread over every MoE layer, and `routing_sequences: S`), so random weights page like the real model did;
+`--routing-trace uniform` replays i.i.d. uniform choices, one independent draw per request of the largest
+batch, a pessimistic bound (`wisp.bench.routing`). `--vram-budget X`
 sizes paged runs' cap from a VRAM budget, and with `--expert-cap 0` hybrid's hot experts instead (as `wisp
 serve` does: `wisp.plan.hot_budget`, here for one request of the prompt and decode tokens). `--mode accelerate` runs the peer: transformers + accelerate
 with every layer's experts offloaded to the CPU (`wisp.bench.peer`).
@@ -118,9 +120,11 @@ def run_decode(model: str, mode: str, cap: int | None, opts: dict, prompt_len: i
 
 
 def replay_routing(llm: LLM, trace: RoutingTrace) -> RoutingReplay:
-    """Replay `trace` in place of the router (inactive until the timed decode; the graphs read it)."""
-    cfg = llm.config  # a one-layer trace arrives spread over every MoE layer (wisp.bench.routing)
-    replay = RoutingReplay(trace, cfg.moe_layer_ids, cfg.num_experts, cfg.top_k, llm.engine.device)
+    """Replay `trace` in place of the router, each request its own sequence (inactive until the timed decode;
+    the graphs read it)."""
+    cfg, engine = llm.config, llm.engine.config  # a one-layer trace arrives spread over every MoE layer
+    replay = RoutingReplay(trace, cfg.moe_layer_ids, cfg.num_experts, cfg.top_k, llm.engine.device,
+                           engine.max_num_batched_tokens + engine.max_concurrency)
     llm.engine.runner.set_routing_replay(replay)
     return replay
 
@@ -213,7 +217,7 @@ def _measures(timed: TimedDecode, batch: int) -> dict:
 def bench_decode(args) -> list[dict]:
     opts = _engine_options(args)
     cfg = model_config_for(args.model, args.load_format) if args.routing_trace else None
-    trace, routing = routing_for(args.routing_trace, cfg)
+    trace, routing = routing_for(args.routing_trace, cfg, requests=max(_batches(args)))
     device = resolve_device(args.device)
     gbps = probe_h2d_gbps(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -272,9 +276,12 @@ def _runs(args) -> list[tuple[str, int | None, int]]:
     if args.vram_budget and args.expert_cap != "0":  # (with --expert-cap 0 it sizes hot experts: _engine_options)
         cfg, context, on_host = _budget_shape(args)
         caps = [cap_for_budget(cfg, args.vram_budget, context, embedding_on_host=on_host)]
-    batches = [int(b) for b in str(args.batch).split(",")]
-    return [(m, c, b) for b in batches for m in sorted(modes, key=lambda m: m != "resident")
+    return [(m, c, b) for b in _batches(args) for m in sorted(modes, key=lambda m: m != "resident")
             for c in (caps if m in SCRATCH_MODES else [None])]
+
+
+def _batches(args) -> list[int]:
+    return [int(b) for b in str(args.batch).split(",")]
 
 
 def _run_one(args, mode: str, cap: int | None, batch: int, opts: dict, trace: RoutingTrace | None,
@@ -289,7 +296,7 @@ def _run_one(args, mode: str, cap: int | None, batch: int, opts: dict, trace: Ro
             opts = {**opts, "hot_experts": _hot_for_budget(args, batch)}
         r = run_decode(args.model, mode, cap, opts, args.prompt_len, args.decode_tokens, args.temperature, trace, batch)
     if trace is not None and mode != "accelerate":
-        r["routing"] = routing
+        r["routing"], r["routing_sequences"] = routing, len(trace.sequence_lengths)
     if args.vram_budget:
         r["vram_budget"] = args.vram_budget
     return r

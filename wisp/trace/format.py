@@ -7,7 +7,10 @@ A trace is T tokens in processing order, L MoE layers, top-K routing:
                                 step form ONE expert set per layer (a prefill or a batched decode step).
                                 Absent: every token is its own step (single-stream decode);
 - `layers`   int32   [L]        the model's index of each MoE layer (distinct);
-- `metadata` a JSON object: "model", "note", and "num_experts" when known.
+- `metadata` a JSON object: "model", "note", and "num_experts" when known; "sequence_lengths" [S] when the
+                                trace holds several sequences (requests, problems), one after another in
+                                token order: the tokens of each (`sequences()` cuts the trace there).
+                                Absent: the whole trace is one sequence.
 
 On disk (`save` / `load`, chosen by suffix; `save` writes a whole file or none, never a partial one):
 - `.npz`: arrays `ids`, `layers`, optional `weights`, `step`, and `metadata` (a JSON string, 0-d unicode
@@ -25,7 +28,8 @@ On disk (`save` / `load`, chosen by suffix; `save` writes a whole file or none, 
 approximation for simulation only (`wisp sim --sessions --replay-layers`), labelled as such in its note.
 
 Invariants: ids >= -1 and, when num_experts is given, ids < num_experts; weights (if any) has ids' shape;
-step (if any) is non-decreasing with length T; layers are distinct. `steps(layer)` is a pure function
+step (if any) is non-decreasing with length T; layers are distinct; sequence lengths (if given) are positive
+and sum to T (`concat` keeps each input's sequences). `steps(layer)` is a pure function
 of ids and step: each step's sorted distinct non-missing experts at that layer (possibly empty).
 """
 
@@ -82,6 +86,11 @@ class RoutingTrace:
                 raise ValueError(f"expert id {int(ids.max())} >= num_experts {num_experts}")
             self.metadata["num_experts"] = num_experts
         self._num_experts = num_experts
+        if "sequence_lengths" in self.metadata:
+            lengths = [int(n) for n in self.metadata["sequence_lengths"]]
+            if any(n < 1 for n in lengths) or sum(lengths) != T:
+                raise ValueError(f"sequence_lengths {lengths} must be positive and sum to T = {T}")
+            self.metadata["sequence_lengths"] = lengths
 
     # -- shape ----------------------------------------------------------------------------------------
     @property
@@ -103,12 +112,28 @@ class RoutingTrace:
             return self._num_experts
         return int(self.ids.max()) + 1 if self.ids.size else 0
 
+    @property
+    def sequence_lengths(self) -> list[int]:
+        """The tokens of each sequence the trace holds, in order (sum T): metadata's "sequence_lengths", else
+        one sequence of every token (none in an empty trace)."""
+        return list(self.metadata.get("sequence_lengths", [self.num_tokens] if self.num_tokens else []))
+
     def __repr__(self) -> str:
         model = self.metadata.get("model", "?")
         return (f"RoutingTrace(model={model!r}, T={self.num_tokens}, L={self.num_layers}, K={self.top_k}, "
                 f"N={self.num_experts}, steps={'per-token' if self.step is None else len(np.unique(self.step))})")
 
     # -- views ----------------------------------------------------------------------------------------
+    def sequences(self) -> list[RoutingTrace]:
+        """The trace cut into its sequences, in order: each one's tokens (ids, weights, step), with the same
+        layers, model and num_experts."""
+        meta = {k: v for k, v in self.metadata.items() if k != "sequence_lengths"}
+        bounds = np.cumsum([0, *self.sequence_lengths])
+        return [RoutingTrace(self.ids[a:b], None if self.weights is None else self.weights[a:b],
+                             None if self.step is None else self.step[a:b], self.layers, self._num_experts,
+                             {**meta, "note": f"{meta.get('note', 'trace')}; sequence {i}"})
+                for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+
     def layer_position(self, layer: int) -> int:
         hit = np.flatnonzero(self.layers == int(layer))
         if hit.size == 0:
@@ -134,7 +159,8 @@ class RoutingTrace:
     @classmethod
     def concat(cls, traces: Sequence[RoutingTrace], metadata: dict[str, Any] | None = None) -> RoutingTrace:
         """Traces one after another (same layers and K). Steps stay distinct; a trace without `step`
-        contributes one step per token. num_experts is the largest known one."""
+        contributes one step per token. Each input's sequences stay sequences of the result (a trace
+        without "sequence_lengths" is one). num_experts is the largest known one."""
         if not traces:
             raise ValueError("nothing to concatenate")
         first = traces[0]
@@ -157,6 +183,9 @@ class RoutingTrace:
         if metadata is None and len(traces) > 1:
             meta["note"] = " + ".join(str(t.metadata.get("note", "?")) for t in traces)
         meta["num_experts"] = max(t.num_experts for t in traces)
+        meta.pop("sequence_lengths", None)
+        if len(lengths := [n for t in traces for n in t.sequence_lengths]) > 1:
+            meta["sequence_lengths"] = lengths
         return cls(ids, weights, step, first.layers, metadata=meta)
 
     def replayed_over(self, layers: Sequence[int]) -> RoutingTrace:

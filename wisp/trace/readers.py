@@ -10,7 +10,8 @@ Formats read (layouts as found in ../shared/data, see its README):
   first-appearance order. It agrees with the npz exactly (tested).
 - FLAME-MoE-290M npz (`flame290m_*_TxLxK.npz`): ids int16 [S, P, L, K] = sequences x tokens x layers x k
   (32 x 64 x 8 x 6), weights, moe_layers [L]; 64 experts. Teacher-forced, so `read_flame_npz` flattens
-  sequences into one token stream, each token its own step (step_per_sequence=True: a sequence is a step).
+  sequences into one token stream, each token its own step (step_per_sequence=True: a sequence is a step),
+  and marks the S sequences (`RoutingTrace.sequences`).
 - vLLM layer-0 logs (`*layer0*.jsonl`): a {"type": "meta", "model_id", "top_k", ...} line, then
   {"type": "route", "req_id", "token_idx", "layer", "topk_ids", "topk_weights"} rows in execution order.
   The first rows are vLLM's profiling dummies (OLMoE-1B-7B: 2048 rows, 64 experts top-8;
@@ -21,7 +22,8 @@ Formats read (layouts as found in ../shared/data, see its README):
   token_idx only grows (OLMoE) has no step boundaries and every token is its own step.
 
 `load_any(path)` dispatches on the file name, then on the content, and returns ONE trace (problems
-concatenated, each token its own step).
+concatenated, each token its own step), whose `sequences()` are the file's problems or sequences (a vLLM log,
+its requests interleaved, and a wisp trace without "sequence_lengths" are one sequence).
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def read_flame_npz(path: str | Path, step_per_sequence: bool = False) -> Routing
         weights = z["weights"].reshape(S * P, L, K) if "weights" in z.files else None
         layers = z["moe_layers"] if "moe_layers" in z.files else None
         step = np.repeat(np.arange(S), P) if step_per_sequence else None
-        meta = {"model": FLAME[0], "note": f"{path.name}: {S} teacher-forced sequences x {P} tokens"}
+        meta = {"model": FLAME[0], "note": f"{path.name}: {S} teacher-forced sequences x {P} tokens",
+                "sequence_lengths": [P] * S}
         return RoutingTrace(ids4.reshape(S * P, L, K), weights, step, layers, FLAME[1], meta)
 
 

@@ -1,13 +1,22 @@
-"""RoutingReplay: recorded expert choices in place of the router's (benchmarks only, clearly labelled).
+"""RoutingReplay: each request decodes with the recorded expert choices of its own trace sequence, in place of
+the router's (benchmarks only, clearly labelled).
 
-A trace of T tokens x L MoE layers x K (`RoutingTrace`) is replayed one token per engine step. Set it
-with `engine.runner.set_routing_replay(replay)`: before each step the runner calls `advance(batch)`, which
-writes the next token's ids into a device buffer [L, K], and the decoder's MoE layers use them (`ids`)
-in place of top-k; the mixing weights are the router's
-probabilities at those experts. While inactive the buffer holds -1 and the router's choice stands, so
-a prefill runs on real routing; a trace row with a missing (-1) entry also leaves the router's choice.
-The buffer's address never changes: the override works inside CUDA graphs (the runner re-captures them
-when the replay is set, so set it while the engine holds no request).
+A trace holds S sequences (`RoutingTrace.sequences`: a Mixtral file's problems, FLAME's 32 sequences, one
+uniform draw per request; a trace without marked sequences is one). Set the replay with
+`engine.runner.set_routing_replay(replay)`; it does nothing until `active` is set. While active:
+- the i-th request it sees (in the order requests first appear in a step) replays sequence i mod S, unless
+  `assign(request_id, s)` chose its sequence first;
+- a request's output tokens replay its sequence in order: the token at position p >= its prompt's length
+  routes as the sequence's row (p - prompt length) mod T_s (wrapping), whether decoded or recomputed after a
+  preemption; its prompt's tokens (prefill chunks) keep the router's choice, as does a trace row with a
+  missing (-1) entry.
+So a request's routing depends on its sequence and its own positions only, never on what shares its steps
+(batch-invariant), and a single-sequence trace gives every request that sequence from its own start. While
+inactive every token keeps the router's choice and no request is assigned.
+
+Before each step the runner calls `advance(batch)`, which loads the step's rows, one per token in the
+batch's token order, into the fixed-address device buffer of `ReplayBuffer` (`max_rows` >= the engine's
+max_num_batched_tokens + max_concurrency is safe), without waiting for the device.
 
 Replayed routing measures what a real model's expert reuse does to the pager with random weights; the
 tokens it produces mean nothing.
@@ -19,34 +28,32 @@ import numpy as np
 import torch
 
 from wisp.trace.format import RoutingTrace
-from wisp.trace.session_replay import check_trace_fits, replayed_or_routed
+from wisp.trace.replay_buffer import ReplayBuffer
 
 
-class RoutingReplay:
-    def __init__(self, trace: RoutingTrace, moe_layer_ids: list[int], num_experts: int, top_k: int, device: torch.device):
-        ids = np.asarray(trace.ids)  # [T, L, K]
-        check_trace_fits(ids, moe_layer_ids, num_experts, top_k)
-        self.rows = torch.from_numpy(ids.astype(np.int64))  # pinned on CUDA: each step's row copied without a wait
-        if device.type == "cuda":
-            self.rows = self.rows.pin_memory()
-        self.buf = torch.full((len(moe_layer_ids), top_k), -1, dtype=torch.int64, device=device)
-        self.layer_index = {li: i for i, li in enumerate(moe_layer_ids)}
-        self.position = 0
+class RoutingReplay(ReplayBuffer):
+    def __init__(self, trace: RoutingTrace, moe_layer_ids: list[int], num_experts: int, top_k: int,
+                 device: torch.device, max_rows: int):
+        super().__init__([s.ids for s in trace.sequences()], moe_layer_ids, num_experts, top_k, device, max_rows)
+        self.sequence_of: dict[str, int] = {}  # request id -> its trace sequence, in the order first seen
         self.active = False
 
-    def __len__(self) -> int:
-        return self.rows.shape[0]
+    @property
+    def num_sequences(self) -> int:
+        return len(self.lengths)
 
-    def advance(self, batch=None) -> None:
-        """A step begins (whatever its batch): load the next trace token (wrapping around) while active, else -1 (router's ids)."""
-        if self.active:
-            self.buf.copy_(self.rows[self.position % len(self)], non_blocking=True)  # the pinned trace stays
-            self.position += 1
-        else:
-            self.buf.fill_(-1)
+    def assign(self, request_id: str, sequence: int) -> None:
+        """Replay trace sequence `sequence` (mod S) for `request_id` (before it is first seen)."""
+        self.sequence_of[request_id] = sequence % self.num_sequences
 
-    def replayed(self, layer: int, tokens: int) -> torch.Tensor:
-        return self.buf[self.layer_index[layer]].expand(tokens, -1)  # [T, K]: every token the step's row
+    def advance(self, batch) -> None:
+        """A step begins (`batch`: its sequences and token counts): each token's row into the buffer."""
+        if not self.active:
+            self.load(np.full(sum(batch.num_tokens), -1, dtype=np.int64))
+            return
+        self.load(self.token_rows(batch, self._rows_of))
 
-    def ids(self, layer: int, topk_ids: torch.Tensor) -> torch.Tensor:
-        return replayed_or_routed(self.replayed(layer, topk_ids.shape[0]), topk_ids)
+    def _rows_of(self, seq, positions: np.ndarray) -> np.ndarray:
+        s = self.sequence_of.setdefault(seq.request_id, len(self.sequence_of) % self.num_sequences)
+        output = positions - len(seq.prompt_ids)  # an output token's index; < 0: a prompt token
+        return np.where(output >= 0, self.starts[s] + output % self.lengths[s], -1)

@@ -93,7 +93,7 @@ def test_router_takes_replayed_ids_in_the_same_launch(normalize):
     """A token whose K replayed ids are all given gets them, weighted by the probabilities there (as the torch
     path's gather); a token with a gap (-1) keeps the router's top-k; a shared row (stride 0) serves all."""
     from wisp.core.kernels.triton_router import triton_route
-    from wisp.trace.replay import replayed_or_routed
+    from wisp.trace.replay_buffer import replayed_or_routed
 
     n, k = 16, 3  # K below its power of two: the padded lane must not count
     logits = torch.randn(3, n, generator=torch.Generator().manual_seed(7)).to(DEV)

@@ -36,7 +36,7 @@ def _warm_engine(args):
               max_concurrency=1, max_model_len=args.prompt_len + args.warm + 2 * args.steps + 64,
               max_num_batched_tokens=max(args.prompt_len, 512), enforce_eager=not args.graphs,
               **({"hot_experts": args.hot_experts} if args.hot_experts else {}))
-    trace, routing = routing_for(args.routing_trace, llm.config)
+    trace, routing = routing_for(args.routing_trace, llm.config, requests=1)
     replay = replay_routing(llm, trace) if trace is not None else None
 
     def prompt(seed: int) -> list[int]:
