@@ -12,7 +12,7 @@ EMBEDDINGS = ("auto", "device", "host")  # where the token embedding table lives
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 CACHE_POLICIES = ("lru", "opt", "lfu", "lrfu", "arc", "static")  # the replacement policies `wisp sim` replays
 LOAD_CONTROL = ("on", "off")  # decode only as many requests at once as their experts fit (wisp.engine.load_control)
-DEFAULT_MAX_DECODE_WAIT_MS = 1000.0  # load control's bound on a running request's wait between two tokens
+DEFAULT_MAX_DECODE_WAIT_MS = 2000.0  # load control's bound on a running request's wait between two tokens
 MAX_NUM_BATCHED_TOKENS = 2048  # tokens per engine step (decodes, then prefill chunks)
 
 

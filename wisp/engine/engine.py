@@ -79,7 +79,8 @@ class LLMEngine:
         self.chat_template, self.special_tokens = _tokenizer_config(self.path) if self.path else (None, {})
         self.requests: dict[str, Sequence] = {}
         self.live_split = None  # the online split controller, when one is registered
-        self.feed: RoutingFeed | None = None  # every step's routing, per request (`routing_feed`)
+        self.feed: RoutingFeed | None = None  # every step's routing, per request (`subscribe_routing`)
+        self.runner = None
         self._load(num_blocks)
 
     def _load(self, num_blocks: int) -> None:
@@ -97,7 +98,7 @@ class LLMEngine:
                 self.prefetch = CrossLayerPrefetch(stores, cfg.num_experts, cfg.top_k)
             stage = "allocating the KV pool"
             self._build_pools(num_blocks)
-            self.load_control = load_control_for(self, self.routing_feed)
+            self.load_control = load_control_for(self)
             if self.load_control is not None:
                 self.scheduler.decode_gate = self.load_control.gate
             stage = "capturing CUDA graphs"
@@ -120,16 +121,24 @@ class LLMEngine:
         self.scheduler = Scheduler(self.pool, c.max_concurrency, c.max_num_batched_tokens, c.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.pool, c, self.max_model_len)
 
-    def routing_feed(self) -> RoutingFeed:
-        """Every step's routing, per request, for the load controller and the live split (made on first use;
-        graphs captured before it are re-captured to log into it)."""
+    def subscribe_routing(self, subscriber, layers: list[int] | None = None):
+        """Hand `subscriber(rows, owners)` every step's routing at `layers` (MoE layer ids; None: all) from now on,
+        per request (`wisp.engine.load_control.routing_feed`; the load controller and the live split read it).
+        Returns the call that stops it. Graphs captured before re-capture when the feed logs more layers."""
         if self.feed is None:
             c, cfg = self.config, self.model_config
             self.feed = RoutingFeed(cfg.moe_layer_ids, cfg.top_k, self.device, c.max_num_batched_tokens + c.max_concurrency)
             self.model.routing_log = self.feed
-            if self.runner.strategy.captured:
+        stop, grew = self.feed.subscribe(subscriber, layers)
+        if grew and self.runner is not None and self.runner.strategy.captured:
+            self.runner.capture_graphs()
+
+        def unsubscribe() -> None:
+            stop()
+            if self.feed is not None and not self.feed.subscribers:  # nobody reads the routing any more
+                self.feed = self.model.routing_log = None
                 self.runner.capture_graphs()
-        return self.feed
+        return unsubscribe
 
     @property
     def tokens_prefilled(self) -> int:
@@ -226,9 +235,6 @@ class LLMEngine:
         serving, starting from its current split (None: stop); see `wisp.engine.live_split`."""
         if self.live_split is not None:
             self.live_split.close()
-            if self.feed is not None and not self.feed.subscribers:  # nobody reads the routing any more
-                self.feed = self.model.routing_log = None
-                self.runner.capture_graphs()
         self.live_split = None if controller is None else LiveSplit(self, controller)
 
     # -- extras -------------------------------------------------------------------------------------

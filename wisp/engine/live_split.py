@@ -8,7 +8,7 @@ from traces:
   per layer (`ExpertStacks`: every layer at once in a few dozen numpy operations, no per-layer or
   per-reference Python loop). The routing comes from the engine's routing replay when it keeps the step's
   rows on the host (`SessionRoutingReplay.last_rows`: no device read; set the replay before the live
-  split), else from the engine's routing feed (`LLMEngine.routing_feed`, a log on the device shared with load
+  split), else from the engine's routing feed (`LLMEngine.subscribe_routing`, a log on the device shared with load
   control), drained in one read at the latest just before each re-solve (decode keeps its CUDA graphs).
 After each step the controller may decide a resize; it is applied at once with `LLMEngine.apply_plan`
 (between steps, nothing drained: outputs unchanged, no preemption while the admission floor holds).
@@ -69,8 +69,8 @@ class LiveSplit:
         self._replay = engine.runner.replay if hasattr(engine.runner.replay, "last_rows") else None
         self._feed, self._unsubscribe = None, None
         if self._replay is None:
-            self._feed = engine.routing_feed()
-            self._unsubscribe = self._feed.subscribe(lambda rows, owners: self._observe_routing(rows))
+            self._unsubscribe = engine.subscribe_routing(lambda rows, owners: self._observe_routing(rows))
+            self._feed = engine.feed
         caps = {s.slots for s in stores.values()}
         if caps != {controller.expert_cap} or engine.pool.num_blocks != controller.kv_blocks:
             engine.apply_plan([controller.expert_cap] * len(self.layers), controller.kv_blocks)

@@ -2,9 +2,10 @@
 every now and then (what the live split controller learns expert reuse from while decode keeps its CUDA
 graphs).
 
-Each MoE layer of a step writes its [T, K] routed ids into row (rows written + t) mod capacity of a
-device ring buffer [capacity, L, K]; the last MoE layer also stamps the rows with the step's number and
-advances both counters. Every write is a device op with no host sync, so a captured decode graph records
+Each logged MoE layer of a step writes its [T, K] routed ids into row (rows written + t) mod capacity of a
+device ring buffer [capacity, L, K] (one launch a layer: the rows' places are computed once, at the first logged
+layer); the last logged layer also stamps the rows with the step's number and advances both counters. `layers`
+may be a subset of the MoE layers (a sample is enough to estimate working sets); the others are not logged. Every write is a device op with no host sync, so a captured decode graph records
 them and each replay logs its step. `drain()` reads what was written since the last drain (one sync) and
 returns it split into steps, oldest first; rows overwritten before a drain are lost and counted in `lost`.
 `reset()` forgets everything (after a graph capture, whose warm-up steps are not traffic).
@@ -21,11 +22,13 @@ import torch
 
 class RoutingLog:
     def __init__(self, moe_layer_ids: list[int], top_k: int, device: torch.device, capacity: int):
-        """capacity: rows (tokens) kept; at least the largest step's tokens (the caller drains before it fills)."""
+        """moe_layer_ids: the layers logged, in order; capacity: rows (tokens) kept, at least the largest step's
+        tokens (the caller drains before it fills)."""
         self.index = {li: i for i, li in enumerate(moe_layer_ids)}
-        self.last_layer = moe_layer_ids[-1]
+        self.first_layer, self.last_layer = moe_layer_ids[0], moe_layer_ids[-1]
         self.capacity = capacity
-        self.ids = torch.full((capacity, len(moe_layer_ids), top_k), -1, dtype=torch.int16, device=device)  # ids < 2^15
+        self.ids = torch.full((capacity, len(moe_layer_ids), top_k), -1, dtype=torch.int64, device=device)
+        self._where = torch.zeros(capacity, dtype=torch.int64, device=device)  # this step's rows' places
         self.step_of = torch.zeros(capacity, dtype=torch.int64, device=device)
         self.rows = torch.zeros((), dtype=torch.int64, device=device)  # rows written
         self.steps = torch.zeros((), dtype=torch.int64, device=device)  # steps logged
@@ -38,9 +41,14 @@ class RoutingLog:
 
     def record(self, layer: int, topk_ids: torch.Tensor) -> None:
         """One MoE layer's routed ids [T, K] of the current step (no host sync)."""
+        index = self.index.get(layer)
+        if index is None:
+            return
         t = topk_ids.shape[0]
-        where = (self.rows + self._arange[:t]) % self.capacity  # [T]
-        self.ids[:, self.index[layer]].index_copy_(0, where, topk_ids.to(torch.int16))
+        where = self._where[:t]
+        if layer == self.first_layer:
+            torch.remainder(self.rows + self._arange[:t], self.capacity, out=where)  # [T]
+        self.ids[:, index].index_copy_(0, where, topk_ids.to(torch.int64))
         if layer == self.last_layer:
             self.step_of.index_copy_(0, where, self.steps.expand(t).contiguous())
             self.rows.add_(t)

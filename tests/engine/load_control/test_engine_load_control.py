@@ -71,9 +71,9 @@ def test_it_holds_requests_back_when_their_working_sets_do_not_fit(device, atten
 
 def test_the_feed_gives_each_request_its_own_decode_routing(device, attention_backend):
     eng = engine(device, attention_backend, cap=4, control="off")
-    feed = eng.routing_feed()
     seen: dict[str, list[np.ndarray]] = {}
-    feed.subscribe(lambda rows, owners: [seen.setdefault(r, []).append(rows[i]) for i, (r, d) in enumerate(owners) if d])
+    eng.subscribe_routing(lambda rows, owners: [seen.setdefault(r, []).append(rows[i]) for i, (r, d) in enumerate(owners) if d])
+    feed = eng.feed
     routed: list[list[np.ndarray]] = []  # per step, each MoE layer's [T, K] as a routing observer saw it
 
     class Observer:

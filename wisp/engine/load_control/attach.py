@@ -19,18 +19,22 @@ import numpy as np
 import torch
 
 from wisp.engine.load_control.controller import LoadController, LoadControlState
-from wisp.engine.load_control.routing_feed import Owners, RoutingFeed
+from wisp.engine.load_control.routing_feed import Owners
 from wisp.engine.load_control.step_costs import DecodeStepCosts
 from wisp.engine.load_control.working_sets import WorkingSets
 
 NOMINAL_SECONDS_PER_BYTE = 1e-10  # 10 GB/s: the copy cost assumed where there is no host-device link to probe
 
 
+SAMPLED_LAYERS = 8  # MoE layers whose routing the working sets are read from (evenly spaced; all if fewer)
+
+
 class LoadControl:
-    def __init__(self, controller: LoadController, feed: RoutingFeed, drain_every: int = 4):
-        self.controller, self.feed, self.drain_every = controller, feed, drain_every
+    def __init__(self, controller: LoadController, engine, layers: list[int], drain_every: int = 4):
+        self.controller, self.drain_every = controller, drain_every
         self._steps = 0
-        self.unsubscribe = feed.subscribe(self._observe)
+        self.unsubscribe = engine.subscribe_routing(self._observe, layers)
+        self.feed = engine.feed
 
     def gate(self, ready: list) -> list:
         """The scheduler's question: which of `ready` decode this step."""
@@ -68,15 +72,18 @@ def copy_seconds(expert_bytes: int, device: torch.device) -> float:
     return expert_bytes * probe_seconds_per_byte(device, 64 << 20)
 
 
-def load_control_for(engine, feed_for) -> LoadControl | None:
-    """The engine's load control, or None where it cannot matter (see the module docstring). `feed_for()`
-    returns the engine's routing feed (made on first use)."""
+def load_control_for(engine) -> LoadControl | None:
+    """The engine's load control, or None where it cannot matter (see the module docstring). Its working sets
+    are read at `SAMPLED_LAYERS` evenly spaced MoE layers (the log costs a launch a layer inside every decode
+    graph), and the predicted misses scaled to every layer."""
     config, cfg = engine.config, engine.model_config
-    stores = [engine.model.experts[li] for li in cfg.moe_layer_ids]
-    caps = [s.slots if s.slots is not None else cfg.num_experts for s in stores]
-    if config.load_control != "on" or config.max_concurrency < 2 or min(caps, default=cfg.num_experts) >= cfg.num_experts:
+    stores = {li: engine.model.experts[li] for li in cfg.moe_layer_ids}
+    caps = {li: s.slots if s.slots is not None else cfg.num_experts for li, s in stores.items()}
+    if config.load_control != "on" or config.max_concurrency < 2 or min(caps.values(), default=cfg.num_experts) >= cfg.num_experts:
         return None
-    sets = WorkingSets(len(stores), cfg.num_experts, cfg.top_k)
-    costs = DecodeStepCosts(copy_s=copy_seconds(stores[0].expert_bytes, engine.device))
-    controller = LoadController(sets, costs, caps, config.max_decode_wait_ms / 1e3)
-    return LoadControl(controller, feed_for())
+    layers = cfg.moe_layer_ids[:: -(-len(stores) // SAMPLED_LAYERS)]
+    sets = WorkingSets(len(layers), cfg.num_experts, cfg.top_k)
+    costs = DecodeStepCosts(copy_s=copy_seconds(next(iter(stores.values())).expert_bytes, engine.device))
+    controller = LoadController(sets, costs, [caps[li] for li in layers], config.max_decode_wait_ms / 1e3,
+                                layer_scale=len(stores) / len(layers))
+    return LoadControl(controller, engine, layers)

@@ -1,34 +1,37 @@
 """LoadController: which of the running requests that are ready to decode decode this step.
 
 The scheduler asks `choose(ready, now)` every step. The answer is the decode set with the highest predicted
-aggregate rate, held for a quantum, under a bound on any request's wait between two of its tokens:
+aggregate rate, kept for a turn, under a bound on any request's wait between two of its tokens:
 
 - **Prediction.** A set's joint working set u per layer is the union of its members' working sets
   (`WorkingSets`; a request with no decode history yet counts as `unknown_experts` experts of its own). With C
   slots a layer, a step that routes d = min(u, b x top_k) distinct experts misses about d x (1 - C / u) of
   them when u > C (an LRU cache of C items over u items referenced at random hits C / u), and none when it
-  fits (the misses of a working set's slow drift are learned into the compute: `DecodeStepCosts.observe`). Its
-  seconds are `DecodeStepCosts.step_s`.
-- **Rotation.** When the chosen set is not every ready request, the ready requests take turns in groups:
-  with G = ceil(ready / set size) groups, a quantum lasts (max_wait - margin) / (G - 1), so each request's turn
-  comes back within the bound, and a set's rate is discounted by the reload it causes at its turn (its
-  working set copied in once): rate = b / step_s x quantum / (quantum + reload). Everyone decoding together is
-  the alternative it must beat, at no discount.
-- **Choice.** A new set is grown greedily from a seed (the set in its quantum, or at a turn the longest-waiting
-  request, or the overdue ones): the request that raises the predicted rate most joins, until none does. So
-  requests whose working sets overlap go together, and a request that fits with the others joins at once.
-- **Fairness.** A ready request outside the set whose wait would pass the bound if it sat out one more step is
-  overdue: it seeds a new choice at once, which takes in others only while the step still ends within every
-  member's bound. No request starves: the longest waiter seeds every turn.
+  fits (a working set's slow drift is learned into the compute: `DecodeStepCosts.observe`). Working sets are
+  read at a sample of the MoE layers; misses are scaled by `layer_scale` to every layer.
+- **Turns.** When the chosen set is not every ready request, the ready requests take turns in groups: with
+  G = ceil(ready / set size) groups a turn lasts (max_wait - 2 x lead) / (G - 1), where a request's lead is one
+  step of the set in its turn and then its own first step, reloading its working set (what it needs beyond what
+  the set in its turn holds).
+  A set's rate is discounted by that reload: rate = b / step_s x turn / (turn + reload). Everyone decoding
+  together is the alternative it must beat, at no discount.
+- **Choice.** A new set is grown greedily from a seed (the longest-waiting request at a turn, the due ones when
+  some are due, the set in its turn when a request arrives or leaves): the request that raises the predicted
+  rate most joins, while the step still ends within every member's bound, until none raises it.
+- **Fairness.** A ready request outside the set is due when its wait plus its lead reaches the bound: it seeds a
+  new choice at once (earliest deadline first). No request starves: the longest waiter seeds every turn.
+- **Learning.** A decode step's seconds teach the compute of its width, except in the first `settle` steps
+  after the set changed (they reload working sets) and while a member's working set is unknown.
 
 Invariants: the answer is a non-empty subset of `ready` in `ready`'s order whenever `ready` is non-empty; when the
 predicted rate of everyone together is the highest (every joint set fits: C = N, or small working sets), it is
-all of `ready`; an overdue request is always in it. Which requests decode never changes what they compute: a
+all of `ready`; a due request is always in it. Which requests decode never changes what they compute: a
 request's tokens do not depend on its batch (the engine's batch invariance).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -39,6 +42,8 @@ import numpy as np
 from wisp.engine.load_control.step_costs import DecodeStepCosts
 from wisp.engine.load_control.working_sets import WorkingSets
 
+log = logging.getLogger("wisp.load_control")
+
 
 @dataclass(frozen=True)
 class LoadControlState:
@@ -48,22 +53,24 @@ class LoadControlState:
     held_back: int  # ready requests the last step held back
     joint_working_set: float  # the current set's predicted joint working set, mean experts per MoE layer
     width_steps: dict[int, int]  # steps per decode width
-    switches: int  # times the decode set changed at a turn or for an overdue request
-    overdue: int  # times a request reached the wait bound and was taken at once
+    switches: int  # times the decode set changed
+    overdue: int  # times a request came due (its wait near the bound) and seeded the set
 
 
 class LoadController:
     def __init__(self, working_sets: WorkingSets, costs: DecodeStepCosts, caps: Seq[int], max_wait_s: float,
-                 unknown_experts: int | None = None):
-        """caps: each MoE layer's slots, in the working sets' layer order; unknown_experts: the working set
-        assumed per layer for a request with no decode history (default 2 x top_k, at most the experts)."""
+                 unknown_experts: int | None = None, layer_scale: float = 1.0, settle: int = 2):
+        """caps: each sampled MoE layer's slots, in the working sets' layer order; unknown_experts: the working set
+        assumed per layer for a request with no decode history (default 2 x top_k, at most the experts);
+        layer_scale: MoE layers per sampled layer."""
         self.ws, self.costs = working_sets, costs
-        self.caps = np.asarray(caps, dtype=np.float64)  # [L]
-        self.max_wait_s = max_wait_s
+        self.caps = np.asarray(caps, dtype=np.float64)  # [L sampled]
+        self.max_wait_s, self.layer_scale, self.settle = max_wait_s, layer_scale, settle
         k, n = working_sets.top_k, working_sets.num_experts
         self.unknown_experts = min(n, 2 * k) if unknown_experts is None else unknown_experts
         self.current: list[str] = []  # the decode set, in the order chosen
-        self.turn_ends = math.inf  # when the current set's quantum ends
+        self.turn_ends = math.inf  # when the current set's turn ends
+        self._since_change = 0  # decode steps since the set last changed
         self._ready_ids: frozenset[str] = frozenset()
         self._width_steps: Counter[int] = Counter()
         self._last = (0, 0)
@@ -77,30 +84,24 @@ class LoadController:
             return self._answer(ready, ready)
         ids = [s.request_id for s in ready]
         waits = {s.request_id: now - s.last_token_time for s in ready}
-        overdue = self._overdue(ids, waits)
-        if overdue:
-            self.overdue_count += len(overdue)
-            self._decide(ids, waits, now, seed=sorted(overdue, key=lambda r: -waits[r]))
+        due = self._due(ids, waits)
+        if due:
+            self.overdue_count += len(due)
+            self._decide(ids, waits, now, seed=sorted(due, key=lambda r: -waits[r]), why="due")
         elif now >= self.turn_ends or not set(self.current) & set(ids):
-            self._decide(ids, waits, now, seed=[max(ids, key=lambda r: (waits[r], -ids.index(r)))])
-        elif frozenset(ids) != self._ready_ids:  # a request arrived or left: grow from the set in its quantum
-            self._decide(ids, waits, now, seed=[r for r in self.current if r in waits], keep_turn=True)
+            self._decide(ids, waits, now, seed=[max(ids, key=lambda r: (waits[r], -ids.index(r)))], why="turn")
+        elif frozenset(ids) != self._ready_ids:  # a request arrived or left: grow from the set in its turn
+            self._decide(ids, waits, now, seed=[r for r in self.current if r in waits], why="arrival", keep_turn=True)
         self._ready_ids = frozenset(ids)
         members = set(self.current)
         return self._answer(ready, [s for s in ready if s.request_id in members])
 
-    def _overdue(self, ids: list[str], waits: dict[str, float]) -> list[str]:
-        """Ready requests outside the set whose wait would pass the bound if they sat out this step and joined
-        the next (two steps of the set with them in it)."""
-        members = [r for r in self.current if r in waits]
-        worst = self.costs.step_s(len(members) + 1, (len(members) + 1) * self.ws.top_k * len(self.caps))
-        near = [r for r in ids if r not in members and waits[r] + 2 * worst >= self.max_wait_s]  # cheap filter
-        return [r for r in near if waits[r] + 2 * self.costs.step_s(len(members) + 1, self._misses(members + [r]))
-                >= self.max_wait_s]
-
     def observe_step(self, width: int, seconds: float) -> None:
-        """A decode step of `width` rows (the current set) took `seconds`."""
-        self.costs.observe(width, seconds, self._misses(self.current) if width == len(self.current) else 0.0)
+        """A decode step of `width` rows (the current set, or the one ready request) took `seconds`."""
+        self._since_change += 1
+        members = self.current if width == len(self.current) else []
+        if self._since_change > self.settle and all(self.ws.known(r) for r in members):
+            self.costs.observe(width, seconds, self._misses(members))
 
     def forget(self, request_id: str) -> None:
         self.ws.forget(request_id)
@@ -118,21 +119,35 @@ class LoadController:
 
     # -- prediction -----------------------------------------------------------------------------------
     def joint_size(self, ids: Seq[str]) -> np.ndarray:
-        """[L] predicted joint working set of `ids` (unknown requests each add `unknown_experts`)."""
+        """[L sampled] predicted joint working set of `ids` (unknown requests each add `unknown_experts`)."""
         unknown = sum(1 for r in ids if not self.ws.known(r))
-        n = self.ws.num_experts
-        return np.minimum(self.ws.joint_size(ids) + unknown * self.unknown_experts, n).astype(np.float64)
+        return np.minimum(self.ws.joint_size(ids) + unknown * self.unknown_experts, self.ws.num_experts).astype(np.float64)
 
     def _misses(self, ids: Seq[str]) -> float:
-        """Predicted experts a steady decode step of `ids` copies, summed over layers."""
+        """Predicted experts a steady decode step of `ids` copies, over every MoE layer."""
         if not ids:
             return 0.0
         u = self.joint_size(ids)
         distinct = np.minimum(u, len(ids) * self.ws.top_k)
-        return float((distinct * np.clip(1 - self.caps / np.maximum(u, 1), 0, None)).sum())
+        return float((distinct * np.clip(1 - self.caps / np.maximum(u, 1), 0, None)).sum()) * self.layer_scale
 
-    def _step_estimate(self) -> float:
-        return self.costs.step_s(max(len(self.current), 1), self._misses(self.current))
+    def _reload(self, ids: Seq[str], held: Seq[str] = ()) -> float:
+        """Experts (over every MoE layer) that `ids` need in the slots beyond what `held`'s working set leaves there."""
+        need = self.joint_size(ids)
+        if held:
+            need = self.joint_size(list(ids) + list(held)) - self.joint_size(held)
+        return float(np.minimum(need, self.caps).sum()) * self.layer_scale
+
+    def _lead(self, rid: str, current_step: float) -> float:
+        """A step of the current set, then `rid`'s first step reloading its working set: the warning `rid` needs."""
+        return current_step + self.costs.step_s(1, self._reload([rid], self.current))
+
+    def _due(self, ids: list[str], waits: dict[str, float]) -> list[str]:
+        members = [r for r in self.current if r in waits]
+        current_step = self.costs.step_s(max(len(members), 1), self._misses(members))
+        full = current_step + self.costs.step_s(1, float(self.caps.sum()) * self.layer_scale)  # the longest lead
+        near = [r for r in ids if r not in members and waits[r] + full >= self.max_wait_s]
+        return [r for r in near if waits[r] + self._lead(r, current_step) >= self.max_wait_s]
 
     def rate(self, ids: Seq[str], ready: int) -> float:
         """Predicted tokens per second of decoding `ids` while `ready` requests are ready (see the docstring)."""
@@ -140,19 +155,20 @@ class LoadController:
         step = self.costs.step_s(b, self._misses(ids))
         if b >= ready:
             return b / step
-        quantum = self._quantum(b, ready, step)
-        reload = float(np.minimum(self.joint_size(ids), self.caps).sum()) * self.costs.copy_s
-        return b / step * quantum / (quantum + reload)
+        turn = self._turn(b, ready)
+        reload = self.costs.step_s(b, self._reload(ids)) - self.costs.compute_s(b)
+        return b / step * turn / (turn + reload)
 
-    def _quantum(self, b: int, ready: int, step: float) -> float:
+    def _turn(self, b: int, ready: int) -> float:
         groups = -(-ready // b)
         if groups <= 1:
             return math.inf
-        margin = 4 * step
-        return max(self.max_wait_s - margin, step) / (groups - 1)
+        lead = self.costs.step_s(b, self._misses([])) + self.costs.step_s(1, float(self.caps.sum()) * self.layer_scale)
+        return max(self.max_wait_s - 2 * lead, self.costs.compute_s(b)) / (groups - 1)
 
     # -- choosing ---------------------------------------------------------------------------------------
-    def _decide(self, ids: list[str], waits: dict[str, float], now: float, seed: list[str], keep_turn: bool = False):
+    def _decide(self, ids: list[str], waits: dict[str, float], now: float, seed: list[str], why: str,
+                keep_turn: bool = False) -> None:
         chosen = list(seed) or [ids[0]]
         best = self.rate(chosen, len(ids))
         rest = sorted((r for r in ids if r not in chosen), key=lambda r: -waits[r])
@@ -166,15 +182,19 @@ class LoadController:
             chosen.append(pick)
             rest.remove(pick)
             best = top
-        if len(chosen) < len(ids) and self.rate(ids, len(ids)) >= best and self._in_time(ids, waits):
-            chosen = list(ids)  # everyone together is at least as fast as any turn-taking
+        everyone = self.rate(ids, len(ids))
+        if len(chosen) < len(ids) and everyone >= best and self._in_time(ids, waits):
+            chosen, best = list(ids), everyone  # everyone together is at least as fast as any turn-taking
         if set(chosen) != set(self.current):
             self.switches += 1
+            self._since_change = 0
         self.current = chosen
         self._joint = float(self.joint_size(chosen).mean())
         if not keep_turn or len(chosen) == len(ids) or self.turn_ends == math.inf:
-            step = self.costs.step_s(len(chosen), self._misses(chosen))
-            self.turn_ends = now + self._quantum(len(chosen), len(ids), step)
+            self.turn_ends = now + self._turn(len(chosen), len(ids))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: %d of %d ready decode (%.1f tok/s predicted, everyone %.1f), joint working set %.1f, "
+                      "turn %.3f s", why, len(chosen), len(ids), best, everyone, self._joint, self.turn_ends - now)
 
     def _in_time(self, ids: list[str], waits: dict[str, float]) -> bool:
         """Whether a step of `ids` ends before any of them passes the wait bound."""
