@@ -1,7 +1,15 @@
 """Question: how much host time does the live split controller (`wisp.engine.live_split`) add to each engine
-step, and does vectorising its observation path (`ExpertStacks`) cut it? (CPU only.)
+step, and does vectorising its observation path (`ExpertStacks`) cut it? Then (asked again when the controller
+arm lost to the static ones on the GPU with no resize): does holding the steps and feeding them in one batch
+before each re-solve (`ExpertStacks.touch_steps`) cut it further? (CPU only.)
 
-Asked: 2026-12-01.
+Asked: 2026-12-01; again later, with the "held" path, part 2's per-step baseline and part 3.
+
+Answer (held): mean host time a step over the same stream, per-step `ExpertStacks` -> held, OLMoE-like
+239-279 -> 75-76 us, Qwen3-like 599-669 -> 326-341 us (a step between re-solves 1-2 us; the re-solve step pays
+the batch); `after_step` inside the OLMoE-shaped engine 415 -> 87 us; part 3 on the agentinfer log, the KV
+stack bounded at 2,605 keys: 11.4 -> 0.85 ms a request. Histograms identical on every path. Record and
+reading: docs/decisions/live-split-feeds-the-controller-in-bulk.md.
 
 Answer (commit caf3d71, which added this probe with the vectorised path; a loaded 2-core CPU): host time a
 step, the per-layer loop against `ExpertStacks`, decode 537 -> 162 us (OLMoE-like) and 4557 -> 563 us
@@ -16,13 +24,18 @@ OLMoE-shaped CPU engine 1355 -> 654 us a step. Both paths feed identical distanc
    256 tokens every 16th step; Zipf-like routing. The "per-layer loop" rows time the code this replaced
    (one `LruStack` per layer touched in `order_by_last_token` order, one `DecayedHistogram.add` per
    reference) on the same steps; both feed identical distances (tests/plan/test_expert_stacks.py).
-2. `LLMEngine.step` with replayed routing (as `wisp bench agent` runs the controller arm), with and
-   without the live split, and the time inside `LiveSplit.after_step`: on the demo checkpoint, or on a
+   The "held" rows hold each step and feed the batch just before a re-solve, as `LiveSplit` does now.
+2. `LLMEngine.step` with replayed routing (as `wisp bench agent` runs the controller arm), without the live
+   split, with it feeding every step (`HELD_TOKENS` = 1) and holding steps, and the time inside
+   `LiveSplit.after_step`: on the demo checkpoint, or on a
    tiny random one shaped like OLMoE's routing (16 MoE layers, 64 experts, top-8; `--engine olmoe-shaped`,
    about 2 minutes). Between engine steps the controller's numpy runs with cold caches, so each array
    operation costs several times what part 1 measures: fewer operations matter more than smaller ones.
+3. (`--kv-sessions FILE`) the KV side of each request (`LiveSplit.observe_request`) on a session log, the
+   KV stack unbounded and bounded at `--kv-capacity`.
 
     PYTHONPATH=. python benchmarks/probes/live_split_overhead.py [--steps 400] [--profile] [--engine olmoe-shaped]
+        [--kv-sessions ../shared/data/agent_sessions/agentinfer_trace_requests.jsonl]
 """
 
 from __future__ import annotations
@@ -93,13 +106,38 @@ class Vectorised:
     def observe(self, rows: np.ndarray) -> None:
         self.controller.observe_experts(self.stacks.touch(rows), rows.shape[0])
 
+    def flush(self) -> None:
+        pass
+
+
+class Held(Vectorised):
+    """What `LiveSplit` does: each step's rows held, fed in one `touch_steps` just before a re-solve."""
+
+    def __init__(self, layers: int, experts: int, ctl: SplitController):
+        super().__init__(layers, experts, ctl)
+        self.held: list[np.ndarray] = []
+
+    def observe(self, rows: np.ndarray) -> None:
+        self.held.append(rows)
+        if (self.controller.steps + 1) % self.controller.config.resolve_every == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.held:
+            tokens = [len(r) for r in self.held]
+            distances, refs = self.stacks.touch_steps(np.concatenate(self.held), tokens)
+            self.controller.observe_expert_steps(distances, refs, tokens)
+            self.held = []
+
 
 def compare(shape: tuple[int, int, int], steps: list[np.ndarray]) -> tuple[dict[str, dict[str, float]], bool]:
-    """Per path, the median host microseconds of a decode and of a prefill step (the paths take turns on
-    each step, so both see the same machine load), and whether their histograms ended identical."""
+    """Per path, the median host microseconds of a decode and of a prefill step and the mean over all steps
+    (the paths take turns on each step, so all see the same machine load), and whether their histograms
+    ended identical."""
     layers, experts, top_k = shape
     paths = {"per-layer loop": PerLayerLoop(layers, experts, controller(experts, top_k)),
-             "vectorised": Vectorised(layers, experts, controller(experts, top_k))}
+             "vectorised": Vectorised(layers, experts, controller(experts, top_k)),
+             "held": Held(layers, experts, controller(experts, top_k))}
     spent = {name: {"decode": [], "prefill": []} for name in paths}
     for rows in steps:
         kind = "prefill" if len(rows) > 4 else "decode"
@@ -108,10 +146,12 @@ def compare(shape: tuple[int, int, int], steps: list[np.ndarray]) -> tuple[dict[
             path.observe(rows)
             path.controller.step()
             spent[name][kind].append(time.perf_counter() - start)
-    medians = {name: {kind: 1e6 * float(np.median(t)) for kind, t in by_kind.items()}
-               for name, by_kind in spent.items()}
+    stats = {name: {**{kind: 1e6 * float(np.median(t)) for kind, t in by_kind.items()},
+                    "mean": 1e6 * float(np.mean(by_kind["decode"] + by_kind["prefill"]))}
+             for name, by_kind in spent.items()}
+    paths["held"].flush()
     weights = [path.controller._experts.weights() for path in paths.values()]
-    return medians, bool(np.array_equal(*weights))
+    return stats, all(np.array_equal(weights[0], w) for w in weights[1:])
 
 
 def olmoe_shaped_checkpoint(folder: Path) -> Path:
@@ -125,8 +165,11 @@ def olmoe_shaped_checkpoint(folder: Path) -> Path:
     return folder
 
 
-def engine_steps(model: str, live: bool, requests: int = 12) -> tuple[float, float, int]:
-    """(mean LLMEngine.step seconds, mean after_step seconds, steps) on checkpoint `model`."""
+def engine_steps(model: str, live: bool, requests: int = 12, held: bool = True) -> tuple[float, float, int]:
+    """(mean LLMEngine.step seconds, mean after_step seconds, steps) on checkpoint `model`; `held` False feeds
+    the controller after every step (the live split before it held steps for a bulk update)."""
+    import wisp.engine.live_split as live_split
+
     from wisp.config import EngineConfig
     from wisp.engine.engine import LLMEngine
     from wisp.engine.sampling import SamplingParams
@@ -141,6 +184,7 @@ def engine_steps(model: str, live: bool, requests: int = 12) -> tuple[float, flo
     replay = SessionRoutingReplay(RoutingTrace(ids, layers=list(cfg.moe_layer_ids), num_experts=cfg.num_experts),
                                   list(cfg.moe_layer_ids), cfg.num_experts, cfg.top_k, engine.device, 68)
     engine.runner.set_routing_replay(replay)
+    live_split.HELD_TOKENS = 8192 if held else 1
     inside = []
     if live:
         slot = len(cfg.moe_layer_ids) * cfg.expert_bytes
@@ -170,18 +214,53 @@ def engine_steps(model: str, live: bool, requests: int = 12) -> tuple[float, flo
     return float(np.mean(spent)), float(np.mean(inside)) if inside else 0.0, len(spent)
 
 
+def kv_observation(sessions_file: str, capacity: int) -> None:
+    """What `LiveSplit.observe_request` does with each turn's prompt (chain keys of its full blocks, then
+    the KV stack's distances), on a long session log, the stack unbounded and bounded at `capacity`."""
+    from wisp.bench.agent_sessions import load_sessions
+    from wisp.engine.block_pool import chain_hash
+
+    sessions = load_sessions([sessions_file], None, 64, 1 << 20, 50_000)
+    turns = sorted(((k, i, t) for i, s in enumerate(sessions) for k, t in enumerate(s.turns)), key=lambda x: x[:2])
+    hashing, keys = [], []
+    for *_, turn in turns:
+        start, parent, chain = time.perf_counter(), None, []
+        for i in range(len(turn.prompt_ids) // 16):
+            parent = chain_hash(parent, turn.prompt_ids[i * 16 : (i + 1) * 16])
+            chain.append(parent)
+        hashing.append(time.perf_counter() - start)
+        keys.append(chain)
+    print(f"KV side, {len(turns)} requests of {Path(sessions_file).name}: chain keys {1e3 * np.mean(hashing):.2f} ms "
+          f"a request")
+    for bound in (None, capacity):
+        stack, spent = LruStack(bound), []
+        for chain in keys:
+            start = time.perf_counter()
+            stack.touch_blocks(chain)
+            spent.append(time.perf_counter() - start)
+        print(f"  stack {'unbounded' if bound is None else f'bounded at {bound}'}: {len(stack)} keys at the end, "
+              f"{1e3 * np.mean(spent):.2f} ms a request (last 100: {1e3 * np.mean(spent[-100:]):.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--profile", action="store_true", help="cProfile the vectorised path (qwen3-like)")
     ap.add_argument("--engine", choices=("demo", "olmoe-shaped", "none"), default="demo",
                     help="the checkpoint part 2 steps (none: skip it)")
+    ap.add_argument("--kv-sessions", default=None, metavar="FILE",
+                    help="also time the KV side on this session log (e.g. ../shared/data/agent_sessions/"
+                         "agentinfer_trace_requests.jsonl)")
+    ap.add_argument("--kv-capacity", type=int, default=2605,
+                    help="the bound (OLMoE-1B-7B at 8 GiB: the KV blocks beside top_k slots)")
     args = ap.parse_args()
+    if args.kv_sessions:
+        kv_observation(args.kv_sessions, args.kv_capacity)
     for name, shape in SHAPES.items():
-        medians, same = compare(shape, routing_steps(*shape, args.steps))
-        for label, m in medians.items():
-            print(f"{name:11s} {label:15s} decode (4 tokens) {m['decode']:6.0f} us/step   "
-                  f"prefill (256 tokens) {m['prefill']:6.0f} us/step")
+        stats, same = compare(shape, routing_steps(*shape, args.steps))
+        for label, m in stats.items():
+            print(f"{name:11s} {label:15s} median decode (4 tokens) {m['decode']:6.0f} us/step   "
+                  f"prefill (256 tokens) {m['prefill']:6.0f} us/step   mean {m['mean']:6.0f} us/step")
         print(f"{name:11s} histograms identical: {same}")
     if args.profile:
         steps = routing_steps(*SHAPES["qwen3-like"], args.steps)
@@ -197,9 +276,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as folder:
             model = "demo" if args.engine == "demo" else str(olmoe_shaped_checkpoint(Path(folder)))
             plain, _, n = engine_steps(model, live=False)
+            every, every_inside, _ = engine_steps(model, live=True, held=False)
             live, inside, _ = engine_steps(model, live=True)
         print(f"{args.engine} engine ({n} steps): step {plain * 1e3:.2f} ms without the live split, "
-              f"{live * 1e3:.2f} ms with it; after_step {inside * 1e6:.0f} us/step")
+              f"{every * 1e3:.2f} ms with it feeding every step (after_step {every_inside * 1e6:.0f} us/step), "
+              f"{live * 1e3:.2f} ms with it holding steps for a re-solve (after_step {inside * 1e6:.0f} us/step)")
 
 
 if __name__ == "__main__":

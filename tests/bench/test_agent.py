@@ -11,7 +11,8 @@ from wisp.bench.agent_arms import ARMS, arm_specs, parse_arms
 from wisp.errors import WispError
 
 RECORD_KEYS = {"arm", "ttft_p50_s", "ttft_p90_s", "decode_tok_s", "turn_wall_p50_s", "turn_wall_p90_s", "e2e_wall_s",
-               "preemptions", "hit_rate", "kv_blocks_peak", "bytes_h2d", "peak_gpu_bytes", "device", "command"}
+               "preemptions", "hit_rate", "kv_blocks_peak", "bytes_h2d", "peak_gpu_bytes", "device", "command",
+               "decode_tokens", "graph_steps"}
 
 
 def _agentinfer_file(path, sessions: int = 3, turns: int = 3) -> None:
@@ -40,6 +41,7 @@ def test_bench_agent_writes_one_record_per_arm(tmp_path):
         assert r["kv_blocks"] >= r["admission_floor_blocks"] and r["routing"] == "random-router"
         assert r["prefix_hit_tokens"] > 0  # later turns resend the earlier prompt
     assert "resizes" in records[-1] and (tmp_path / "agent.png").stat().st_size > 0
+    assert records[-1]["controller_host_s"] > 0  # the controller's own time between steps, reported
     assert {r["prefill_tokens"] for r in records} == {records[0]["prefill_tokens"]}  # same work in every arm
 
 

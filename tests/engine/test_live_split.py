@@ -40,7 +40,9 @@ def _controller(engine: LLMEngine) -> SplitController:
     return SplitController(config, expert_cap=4, kv_blocks=problem.kv_blocks(4))  # starts KV-heavy
 
 
-def _serve(engine: LLMEngine, replay: SessionRoutingReplay | None) -> dict:
+def _serve(engine: LLMEngine, replay: SessionRoutingReplay | None, check: bool = True) -> dict:
+    """Serve PROMPTS; with `check`, after every step the pools equal the controller's split (reading the
+    engine's stats, which flush what the live split holds)."""
     seqs = {}
     for j, prompt in enumerate(PROMPTS):
         rid = f"r{j}"
@@ -50,7 +52,7 @@ def _serve(engine: LLMEngine, replay: SessionRoutingReplay | None) -> dict:
         seqs[rid] = engine.requests[rid]
     while engine.has_unfinished():
         engine.step()
-        if engine.live_split is not None:
+        if check and engine.live_split is not None:
             c = engine.live_split.controller
             assert engine.pool.num_blocks == c.kv_blocks and set(engine.stats()["expert_caps"].values()) == {c.expert_cap}
             engine.pool.check_integrity([s.block_table for s in engine.scheduler.running])
@@ -114,4 +116,39 @@ def test_the_routing_log_is_drained_before_it_fills(device):
     while engine.has_unfinished():
         engine.step()
     assert engine.live_split.routing_rows_lost == 0
+    engine.live_split.flush()  # drained steps are held until a re-solve (there is none here) or a flush
     assert controller._experts.total > 0  # what was drained reached the controller
+
+
+@pytest.mark.parametrize("routing", ["log", "replay"])
+def test_steps_held_until_a_re_solve_decide_as_steps_fed_one_by_one(device, monkeypatch, routing):
+    """The live split feeds the controller in bulk before each re-solve; fed after every step instead
+    (nothing held: HELD_TOKENS = 1) it reaches the same curves and so the same resizes."""
+    import wisp.engine.live_split as live_split
+
+    def resizes() -> list:
+        engine = _engine(device, "torch")
+        replay = _replay(engine) if routing == "replay" else None
+        engine.set_live_split(_controller(engine))
+        _serve(engine, replay, check=False)
+        return [e.resize for e in engine.live_split.events]
+
+    held = resizes()
+    monkeypatch.setattr(live_split, "HELD_TOKENS", 1)
+    assert held and resizes() == held
+
+
+def test_the_controller_arm_keeps_the_graphs_it_starts_with(device):
+    """Registering a controller at the engine's own split changes nothing the decode runs with: no
+    routing observer (which would force eager decode) and no graph re-capture."""
+    engine = _engine(device, "torch")
+    _replay(engine)
+    captures = []
+    capture = engine.runner.capture_graphs
+    engine.runner.capture_graphs = lambda: (captures.append(1), capture())
+    cfg = engine.model_config
+    slot = len(cfg.moe_layer_ids) * cfg.expert_bytes
+    problem = SplitProblem(4 * slot + 16 * engine.block_bytes, slot, engine.block_bytes, 1e-3, 1e-3, cfg.top_k,
+                           cfg.num_experts, engine.floor_blocks)
+    engine.set_live_split(SplitController(ControllerConfig(problem), 4, 16))
+    assert not captures and not engine.runner.observers

@@ -174,6 +174,7 @@ def run_arm(args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session], trac
               **summarize(times), "e2e_wall_s": round(e2e, 3), "preemptions": stats["preemptions"], "hit_rate": round(stats["hit_rate"], 4),
               "kv_blocks_peak": stats["kv_peak_blocks_used"], "bytes_h2d": stats["bytes_h2d"],
               "prefix_hit_tokens": stats["prefix_hit_tokens"], "prefill_tokens": stats["tokens_prefilled"],
+              "decode_tokens": stats["tokens_decoded"], "graph_steps": stats["graph_steps"],
               "peak_gpu_bytes": _peak(engine.device), "gpu_bytes_before_load": before}
     record["per_workflow"] = {w: summarize([t for t in times if t.workflow == w])
                               for w in dict.fromkeys(s.workflow for s in sessions)}
@@ -183,6 +184,7 @@ def run_arm(args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session], trac
                               "to_kv_blocks": e.resize.to_kv_blocks, "reason": e.resize.reason}
                              for e in engine.live_split.events]
         record["expert_cap_end"], record["kv_blocks_end"] = engine.live_split.controller.expert_cap, engine.pool.num_blocks
+        record["controller_host_s"] = round(engine.live_split.host_s, 4)  # observing and deciding, resizes apart
     engine.set_live_split(None)
     return record
 

@@ -3,17 +3,22 @@
 Registered with `LLMEngine.set_live_split`. It feeds the controller, live, what the offline planner reads
 from traces:
 - KV: each request's prompt blocks on arrival (the prefix cache's chain keys of its full blocks), as stack
-  distances over all requests so far (`LruStack.touch_blocks`);
+  distances over all requests so far (`LruStack.touch_blocks`, kept no deeper than the controller reads);
 - experts: each step's routing per MoE layer, in touch order (`wisp.core.experts.recency`), as stack distances
-  per layer (`ExpertStacks`: every layer at once in a few dozen numpy operations, no per-layer or
-  per-reference Python loop). The routing comes from the engine's routing replay when it keeps the step's
+  per layer (`ExpertStacks`). The routing comes from the engine's routing replay when it keeps the step's
   rows on the host (`SessionRoutingReplay.last_rows`: no device read; set the replay before the live
   split), else from the engine's routing feed (`LLMEngine.subscribe_routing`, a log on the device shared with load
   control), drained in one read at the latest just before each re-solve (decode keeps its CUDA graphs).
-After each step the controller may decide a resize; it is applied at once with `LLMEngine.apply_plan`
+  Either way a step's rows are only kept; they reach the controller in bulk (`flush`: every held step in one
+  `ExpertStacks.touch_steps`) just before a re-solve, when `state()` is read, or when the held rows reach
+  `HELD_TOKENS`. The curves a re-solve reads are those of each step fed as it ran (the same histogram weights
+  to the last bit), so decisions are unchanged; a step between re-solves costs a list append instead of
+  the stack and histogram updates (docs/decisions/live-split-feeds-the-controller-in-bulk.md).
+Every `resolve_every` steps the controller may decide a resize; it is applied at once with `LLMEngine.apply_plan`
 (between steps, nothing drained: outputs unchanged, no preemption while the admission floor holds).
 Every applied resize is logged (when, from -> to, why) and kept as a `ResizeEvent` with the seconds it
-stalled serving; `state()` is what `/metrics` exports.
+stalled serving; `host_s` adds up the rest of its time between steps (observing, deciding); `state()` is
+what `/metrics` exports.
 
 Invariants: the controller never proposes a split beyond the budget or below the floor (its own tests);
 the engine's caps and pool size always equal the controller's current split after `after_step`.
@@ -34,6 +39,8 @@ from wisp.engine.split_controller.expert_stacks import ExpertStacks
 from wisp.engine.split_controller.lru_stack import LruStack
 
 log = logging.getLogger("wisp.controller")
+
+HELD_TOKENS = 8192  # routed rows held before they are fed regardless (bounds the memory they take)
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,10 @@ class LiveSplit:
         self.engine, self.controller = engine, controller
         self.layers = list(stores)
         self.expert_stacks = ExpertStacks(len(self.layers), engine.model_config.num_experts)
-        self.kv_stack = LruStack()
+        self.kv_stack = LruStack(controller.kv_max_distance)
+        self._held: list[np.ndarray] = []  # steps' routed rows not yet fed to the controller, oldest first
+        self._held_tokens = 0
+        self.host_s = 0.0  # seconds spent observing and deciding between steps (applying resizes: `events`)
         self.events: list[ResizeEvent] = []
         self.started = time.perf_counter()
         self._replay = engine.runner.replay if hasattr(engine.runner.replay, "last_rows") else None
@@ -81,24 +91,46 @@ class LiveSplit:
 
     # -- what it is fed -----------------------------------------------------------------------------
     def observe_request(self, prompt_ids: list[int]) -> None:
+        start = time.perf_counter()
         bs, keys, parent = self.engine.pool.block_size, [], None
         for i in range(len(prompt_ids) // bs):
             parent = chain_hash(parent, prompt_ids[i * bs : (i + 1) * bs])
             keys.append(parent)
         self.controller.observe_kv(self.kv_stack.touch_blocks(keys))
+        self.host_s += time.perf_counter() - start
 
     def _observe_routing(self, rows: np.ndarray) -> None:
-        """rows [T, L, K]: the step's routed ids (-1: unknown, skipped)."""
-        self.controller.observe_experts(self.expert_stacks.touch(rows), rows.shape[0])
+        """rows [T, L, K]: a step's routed ids (-1: unknown, skipped), held until the next `flush`."""
+        if not len(rows):
+            return
+        self._held.append(rows)
+        self._held_tokens += len(rows)
+        if self._held_tokens >= HELD_TOKENS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Feed the controller every held step's routing, in one bulk update."""
+        if not self._held:
+            return
+        rows = np.concatenate(self._held) if len(self._held) > 1 else self._held[0]
+        tokens = [len(r) for r in self._held]
+        distances, refs = self.expert_stacks.touch_steps(rows, tokens)
+        self.controller.observe_expert_steps(distances, refs, tokens)
+        self._held, self._held_tokens = [], 0
 
     # -- after each step ------------------------------------------------------------------------------
     def after_step(self, tokens: int) -> ResizeEvent | None:
-        """The engine computed a step of `tokens` tokens: feed it, let the controller decide, apply a resize."""
-        if self._replay is not None and self._replay.last_rows is not None and len(self._replay.last_rows):
+        """The engine computed a step of `tokens` tokens: hold its routing; before a re-solve feed what is
+        held, let the controller decide, and apply a resize."""
+        start = time.perf_counter()
+        if self._replay is not None and self._replay.last_rows is not None:
             self._observe_routing(self._replay.last_rows)
-        elif self._feed is not None and (self.controller.steps + 1) % self.controller.config.resolve_every == 0:
-            self._feed.drain()  # before a re-solve (the feed drains itself before its ring fills)
+        if (self.controller.steps + 1) % self.controller.config.resolve_every == 0:
+            if self._feed is not None:
+                self._feed.drain()  # (the feed also drains itself before its ring fills)
+            self.flush()
         resize = self.controller.step()
+        self.host_s += time.perf_counter() - start
         if resize is None:
             return None
         start = time.perf_counter()
@@ -117,6 +149,7 @@ class LiveSplit:
         return self._feed.lost if self._feed is not None else 0
 
     def state(self) -> SplitState:
+        self.flush()
         slot_value, block_value = self.controller.marginal_values()
         c = self.controller
         return SplitState(c.expert_cap, c.kv_blocks, c.config.problem.kv_floor, slot_value, block_value,

@@ -57,6 +57,15 @@ def _controller(experts: int, k: int) -> SplitController:
     return SplitController(cfg, expert_cap=k, kv_blocks=p.kv_blocks(k))
 
 
+def _drifting_steps(rng, layers: int, experts: int, k: int, steps: int = 120):
+    """Steps of 1, 4 or 16 tokens routed within a working set that changes every 40 steps (a drift)."""
+    for step in range(steps):
+        if step % 40 == 0:
+            hot = rng.permutation(experts)[: rng.integers(k, experts + 1)]
+        t = int(rng.choice([1, 4, 16]))
+        yield np.stack([[rng.choice(hot, k, replace=False) for _ in range(layers)] for _ in range(t)])
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_a_controller_fed_either_way_decides_the_same(seed):
@@ -64,12 +73,8 @@ def test_a_controller_fed_either_way_decides_the_same(seed):
     layers, experts, k = 3, 16, 2
     fast, slow = _controller(experts, k), _controller(experts, k)
     stacks, ref = ExpertStacks(layers, experts), [LruStack() for _ in range(layers)]
-    hot = rng.permutation(experts)[: rng.integers(k, experts + 1)]  # drift: a working set that changes
-    for step in range(120):
-        if step % 40 == 0:
-            hot = rng.permutation(experts)[: rng.integers(k, experts + 1)]
-        t = int(rng.choice([1, 4, 16]))
-        rows = np.stack([[rng.choice(hot, k, replace=False) for _ in range(layers)] for _ in range(t)])
+    for step, rows in enumerate(_drifting_steps(rng, layers, experts, k)):
+        t = len(rows)
         fast.observe_experts(stacks.touch(rows), t)
         slow.observe_experts(reference_touch(ref, rows, experts), t)
         if step % 7 == 0:
@@ -80,3 +85,39 @@ def test_a_controller_fed_either_way_decides_the_same(seed):
         assert fast.step() == slow.step()
         assert np.array_equal(fast._experts.weights(), slow._experts.weights())
         assert np.array_equal(fast._kv.weights(), slow._kv.weights())
+
+
+@settings(max_examples=150, deadline=None)
+@given(routing_streams(), st.integers(1, 6))
+def test_steps_touched_in_bulk_match_one_at_a_time(case, batch):
+    """touch_steps over consecutive steps gives every step's distances, in order, as touch gives them
+    one step at a time, and leaves the stacks in the same state."""
+    layers, experts, stream = case
+    bulk, single = ExpertStacks(layers, experts), ExpertStacks(layers, experts)
+    for i in range(0, len(stream), batch):
+        steps = stream[i : i + batch]
+        one_by_one = [single.touch(rows) for rows in steps]
+        distances, refs = bulk.touch_steps(np.concatenate(steps), [len(rows) for rows in steps])
+        assert distances.tolist() == np.concatenate(one_by_one).tolist()
+        assert refs.tolist() == [len(d) for d in one_by_one]
+    assert np.array_equal(bulk._stamp.argsort(axis=1), single._stamp.argsort(axis=1))  # same order in every layer
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_a_controller_fed_in_bulk_decides_as_one_fed_every_step(seed):
+    """What the live split does: steps held and fed together just before each re-solve."""
+    every, held = _controller(16, 2), _controller(16, 2)
+    stacks, bulk_stacks, waiting = ExpertStacks(3, 16), ExpertStacks(3, 16), []
+    for rows in _drifting_steps(np.random.default_rng(seed), 3, 16, 2):
+        every.observe_experts(stacks.touch(rows), len(rows))
+        waiting.append(rows)
+        if (held.steps + 1) % held.config.resolve_every == 0:
+            tokens = [len(r) for r in waiting]
+            distances, refs = bulk_stacks.touch_steps(np.concatenate(waiting), tokens)
+            held.observe_expert_steps(distances, refs, tokens)
+            waiting = []
+            assert np.array_equal(every._experts.weights(), held._experts.weights())
+            assert every._tokens.value == held._tokens.value
+        assert every.step() == held.step()
+    assert every.resizes == held.resizes

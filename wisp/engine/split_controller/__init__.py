@@ -3,7 +3,7 @@
 - `controller`: `SplitController`, which decides resizes from recent stack distances (`ControllerConfig`,
   `Resize`, `problem_of_plan`);
 - `decayed_histogram`: the exponentially forgotten miss curve it keeps on each side;
-- `lru_stack` (KV blocks) and `expert_stacks` (every MoE layer's experts, a step at a time): the live
+- `lru_stack` (KV blocks) and `expert_stacks` (every MoE layer's experts, steps one or many at a time): the live
   stack distances it is fed.
 
 `wisp.engine.live_split.LiveSplit` drives it on a running engine; `wisp.sim.controller_sim` replays it

@@ -20,7 +20,7 @@ as a frozen `Resize` saying when, from -> to, and why. The controller only decid
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,14 +104,25 @@ class SplitController:
     def observe_experts(self, distances: Iterable[int], tokens: int) -> None:
         """Stack distances of the expert references of `tokens` tokens (all MoE layers)."""
         d = _as_array(distances)
-        self._experts.add_many(d)
-        self._tokens.add(len(d), tokens)
+        self.observe_expert_steps(d, [len(d)], [tokens])
+
+    def observe_expert_steps(self, distances: np.ndarray, refs: Sequence[int], tokens: Sequence[int]) -> None:
+        """Several steps' `observe_experts` in one call, the same weights to the last bit: `distances` step
+        after step, `refs[s]` of them from step s, which computed `tokens[s]` tokens."""
+        self._experts.add_many(distances)
+        for r, t in zip(refs, tokens):
+            self._tokens.add(int(r), t)
 
     def observe_kv(self, distances: Iterable[int]) -> None:
         """Stack distances of one request's full KV blocks (`wisp.plan.miss_curves.kv_stack_distances`)."""
         d = _as_array(distances)
         self._kv.add_many(d)
         self._requests.add(len(d), 1)
+
+    @property
+    def kv_max_distance(self) -> int:
+        """The deepest KV stack distance told apart; deeper ones count as misses at every pool size."""
+        return self._kv.max_distance
 
     # -- what it answers ------------------------------------------------------------------------------
     def curves(self) -> tuple[np.ndarray, np.ndarray]:
