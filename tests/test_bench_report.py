@@ -82,3 +82,13 @@ def test_llama_cpp_comparison_rows_pair_each_placement_and_render_as_a_peer_tabl
     page = render(load_records(tmp_path))
     assert "| system | placement | mode / flags | cap |" in page
     assert "| wisp | all-cpu | zero-copy | 64 | decode: router; TTFT: random-router | 30.00 | 0.300 | 0.500 | 2048 | 1.90 | 2.40 | no | 0.75x | 4.00x |" in page
+
+
+def test_serve_records_get_their_own_table(tmp_path):
+    (tmp_path / "s.json").write_text(json.dumps([
+        {"loop": "closed", "prompt_len": 128, "output_len": 64, "routing": "random-router", "model": "m", "concurrency": 4,
+         "load_control": "on", "expert_cap": 16, "max_concurrency": 4, "decode_tok_s": 66.17, "itl_p99_s": 1.785},
+    ]))
+    page = render(load_records(tmp_path))
+    assert "closed loop, prompt 128 tokens, 64 output tokens" in page and "| aggregate tok/s |" in page
+    assert "| on | 16 | 4 | 4 | 66.2 |" in page and "| 1785.0 |" in page

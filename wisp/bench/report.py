@@ -28,6 +28,20 @@ COLUMNS = [
     ("peak", "peak GPU GB", "GB"),
 ]
 DECODE_COLUMNS = COLUMNS[:2] + [("batch", "batch", "{}")] + COLUMNS[2:]
+SERVE_COLUMNS = [  # `wisp bench serve` records: one per (concurrency or rate, load control setting)
+    ("setting", "setting", "{}"),
+    ("load_control", "load control", "{}"),
+    ("expert_cap", "cap", "{}"),
+    ("concurrency", "W", "{}"),
+    ("max_concurrency", "max running", "{}"),
+    ("decode_tok_s", "aggregate tok/s", "{:.1f}"),
+    ("ttft_p50_s", "TTFT p50 s", "{:.3f}"),
+    ("itl_p50_s", "ITL p50 ms", "ms"),
+    ("itl_p99_s", "ITL p99 ms", "ms"),
+    ("decode_width_mean", "decode width", "{:.2f}"),
+    ("hit_rate", "hit rate", "{:.3f}"),
+    ("h2d_gbps_probe", "probe GB/s", "{:.1f}"),
+]
 PREFILL_COLUMNS = [  # `wisp bench prefill` records: one per (run, prompt length)
     ("mode", "mode", "{}"),
     ("expert_cap", "cap", "{}"),
@@ -126,10 +140,15 @@ def render(rows: list[tuple[str, dict]]) -> str:
         layers = first.get("layers")
         out.append(f"## {name}")
         out.append("")
-        prefill, agent, peer = "prefill_steps" in first, "arm" in first, "system" in first
-        columns = PEER_COLUMNS if peer else AGENT_COLUMNS if agent else PREFILL_COLUMNS if prefill else DECODE_COLUMNS
+        prefill, agent, peer, serve = "prefill_steps" in first, "arm" in first, "system" in first, "loop" in first
+        columns = (PEER_COLUMNS if peer else AGENT_COLUMNS if agent else PREFILL_COLUMNS if prefill else
+                   SERVE_COLUMNS if serve else DECODE_COLUMNS)
         shape = (f"cold prompts, {first.get('max_num_batched_tokens', '-')} tokens per step" if prefill else
                  f"prompt {first.get('prompt_len', '-')} tokens, {first.get('decode_tokens', '-')} decode tokens")
+        if serve:
+            what = first.get("model", what)
+            shape = (f"{first['loop']} loop, prompt {first['prompt_len']} tokens, {first['output_len']} output tokens, "
+                     f"routing {first.get('routing', '-')}")
         if peer:
             shape = "batch-1 decode and cold TTFT at each of llama.cpp's expert placements, at its GPU footprint there"
         if agent:
