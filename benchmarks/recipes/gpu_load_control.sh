@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# GPU-machine calls for load control (`wisp bench serve`), one H200; STAGE picks one call's work, results in $OUT.
+#   qwen3:   Qwen3-30B-A3B preset, random router: C = 16 at W = 1, 4 (on, off, fixed widths 1 and 2) and C = 32 at W = 8
+#   mixtral: Mixtral-8x7B preset, the 4 real decode sequences replayed one per request, C = 4 and 6, W = 4
+#   agent:   `wisp bench agent`, OLMoE preset, 8 GiB, W = 4, real layer-0 routing, os and db sessions, on and off
+# .gpu_data/ (ignored by git; pass it with the device tool's carry) holds copies from ../shared/data: the Mixtral
+# files routing_mixtral8x7b/{gsm8k,humaneval}_2_decode_TxLxK.npz, the OLMoE trace and the AgentInstruct samples.
+set -uo pipefail
+out=${OUT:-gpu-out}; mkdir -p "$out"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+d=.gpu_data
+serve() { name=$1; shift; timeout 240 python3 -m wisp bench serve --load-format dummy --prompt-len 128 --output-len 128 \
+  --out "$out/$name.json" "$@" 2>"$out/$name.log" | tee "$out/$name.txt"; }
+case "${STAGE:-qwen3}" in
+qwen3)
+  q="--model qwen3-30b-a3b --mode paged"
+  serve c16 $q --expert-cap 16 --concurrency 1,2,4 --num-requests 4 --load-control on,off --plot "$out/c16.png"
+  serve c16_fixed1 $q --expert-cap 16 --concurrency 4 --num-requests 4 --load-control off --max-concurrency 1
+  serve c16_fixed2 $q --expert-cap 16 --concurrency 4 --num-requests 4 --load-control off --max-concurrency 2
+  serve c32 $q --expert-cap 32 --concurrency 8 --num-requests 8 --load-control on,off ;;
+mixtral)
+  python3 -c "
+from wisp.trace.format import RoutingTrace
+from wisp.trace.readers import load_any
+parts = [load_any('$d/gsm8k_2_decode_TxLxK.npz'), load_any('$d/humaneval_2_decode_TxLxK.npz')]
+RoutingTrace.concat(parts).save('$d/mixtral_4_sequences.npz')"
+  for cap in 4 6; do
+    serve mixtral_c$cap --model mixtral-8x7b --mode paged --expert-cap $cap --concurrency 4 --num-requests 4 \
+      --routing-trace $d/mixtral_4_sequences.npz --load-control on,off
+    serve mixtral_c${cap}_fixed1 --model mixtral-8x7b --mode paged --expert-cap $cap --concurrency 4 --num-requests 4 \
+      --routing-trace $d/mixtral_4_sequences.npz --load-control off --max-concurrency 1
+  done ;;
+agent)
+  for lc in on off; do
+    timeout 280 python3 -m wisp bench agent --model olmoe-1b-7b --load-format dummy --vram-budget 8GiB --concurrency 4 \
+      --max-model-len 4096 --routing-trace $d/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl --arms mv-wsa --load-control $lc \
+      --sessions $d/agentinstruct_os_sample5.json $d/agentinstruct_db_sample5.json --out "$out/agent_$lc.json" \
+      2>"$out/agent_$lc.log" | tee "$out/agent_$lc.txt"
+  done ;;
+*) echo "unknown STAGE ${STAGE}; choose qwen3, mixtral or agent" >&2; exit 2 ;;
+esac
