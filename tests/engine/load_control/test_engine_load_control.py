@@ -113,3 +113,16 @@ def test_no_load_control_where_it_cannot_matter(device, attention_backend):
     assert engine(device, attention_backend, cap=16).load_control is None  # C = N: every joint set fits
     assert engine(device, attention_backend, cap=4, control="off").load_control is None
     assert engine(device, attention_backend, cap=None, mode="resident").load_control is None
+
+
+def test_hybrid_prices_a_miss_at_the_link_and_the_cpu_together(device, attention_backend):
+    from wisp.core.learners.hybrid_costs import HybridCosts
+    from wisp.engine.load_control.attach import miss_seconds
+
+    costs = HybridCosts(copy_s=2e-3, cpu_rows=(1, 4), cpu_s_at_rows=(6e-3, 9e-3))
+    eng = LLMEngine(EngineConfig(model="demo", device=device, attention_backend=attention_backend, mode="hybrid",
+                                 expert_cap=4, max_model_len=96, max_concurrency=4, hybrid_costs=costs))
+    store = next(iter(eng.model.experts.values()))
+    assert eng.load_control is not None and store.cpu is not None
+    assert abs(miss_seconds(store, eng.device) - 1 / (1 / 2e-3 + 1 / 6e-3)) < 1e-12
+    assert eng.load_control.controller.costs.copy_s == miss_seconds(store, eng.device)

@@ -6,7 +6,8 @@ and some MoE layer pages its experts through fewer slots than it has experts. Th
 - the engine's `RoutingFeed` hands it each step's routing, and its decode rows go to each request's working set
   (drained every `drain_every` steps, and before every choice that reads the working sets);
 - after each decode-only step the engine reports its width and seconds (`after_step`), from which the step's
-  compute is learned; a finished request is forgotten (`forget`).
+  compute is learned; a finished request is forgotten (`forget`);
+- a miss is priced at one expert's copy, or with hybrid's CPU beside the link at the two servers' joint rate.
 
 Invariant: with load control off, or where it cannot matter, the engine has none and schedules as before.
 """
@@ -63,6 +64,16 @@ class LoadControl:
             self.controller.ws.observe(request_id, rows[where])
 
 
+def miss_seconds(store, device: torch.device) -> float:
+    """What one miss costs a decode step: one expert's copy seconds, probed on CUDA (64 MiB, pinned), nominal
+    elsewhere; with hybrid's CPU beside the link (`store.cpu`), its probed costs, the two serving misses at once
+    (1 / (1 / copy + 1 / one expert's one row on the CPU))."""
+    if store.cpu is not None:
+        costs = store.cpu.costs
+        return 1 / (1 / max(costs.copy_s, 1e-9) + 1 / max(costs.cpu_s(1), 1e-9))
+    return copy_seconds(store.expert_bytes, device)
+
+
 def copy_seconds(expert_bytes: int, device: torch.device) -> float:
     """One expert's host -> device copy seconds: probed on CUDA (64 MiB, pinned), nominal elsewhere."""
     if device.type != "cuda":
@@ -83,7 +94,7 @@ def load_control_for(engine) -> LoadControl | None:
         return None
     layers = cfg.moe_layer_ids[:: -(-len(stores) // SAMPLED_LAYERS)]
     sets = WorkingSets(len(layers), cfg.num_experts, cfg.top_k)
-    costs = DecodeStepCosts(copy_s=copy_seconds(next(iter(stores.values())).expert_bytes, engine.device))
+    costs = DecodeStepCosts(copy_s=miss_seconds(next(iter(stores.values())), engine.device))
     controller = LoadController(sets, costs, [caps[li] for li in layers], config.max_decode_wait_ms / 1e3,
                                 layer_scale=len(stores) / len(layers))
     return LoadControl(controller, engine, layers)
