@@ -37,6 +37,7 @@ def runs(tmp_path_factory, hf_checkpoints) -> dict[str, subprocess.CompletedProc
             "sampled": SAMPLED,
             "sampled_again": SAMPLED,  # a second, independent process
             "plain": ("--model", "demo", "--prompt", "Hello", "--max-tokens", "8"),
+            "old_spelling": (*GREEDY, "--mode", "hybrid", "--expert-cap", "0"),  # hybrid-zero-copy's old name
             "hf_prompt_ids": ("--model", hf_checkpoints[HF_FAMILY], "--prompt-ids", "1,2,3,4", "--max-tokens", "5",
                               "--expert-cap", "2", "--json"),
         },
@@ -108,6 +109,12 @@ def test_sampling_is_seeded(runs):
     check_tokens(first["token_ids"], 8, DEMO_EOS)
     assert ok_json(runs["sampled_again"])["token_ids"] == first["token_ids"]
     assert first["token_ids"] != ok_json(runs["greedy"])["token_ids"], "temperature 0.8 gave exactly the greedy tokens"
+
+
+def test_an_old_mode_spelling_runs_and_says_its_new_name_in_one_wisp_line(runs):
+    ok_json(runs["old_spelling"])
+    warned = [line for line in runs["old_spelling"].stderr.splitlines() if "deprecated" in line]
+    assert warned == ["wisp: --mode hybrid --expert-cap 0 is deprecated: it is --mode hybrid-zero-copy"]
 
 
 def test_plain_output(runs):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import socket
 import sys
@@ -83,15 +84,12 @@ def _add_serve_parser(sub) -> None:
 
 
 def _start_split_controller(engine, plan) -> None:
-    import logging
-
     from wisp.engine.split_controller.controller import ControllerConfig, SplitController, problem_of_plan
 
     if plan.report is None:
         raise WispError("--split-controller needs the budget and costs a plan was solved under: a plan file written "
                         "by `wisp plan` (this one has only caps and blocks), or --vram-budget")
     logging.getLogger("wisp.controller").setLevel(logging.INFO)  # every resize is logged: when, from -> to, why
-    logging.basicConfig(format="wisp: %(message)s")
     problem = problem_of_plan(plan.report, engine.model_config.top_k, engine.model_config.num_experts)
     cap = plan.report.expert_cap
     engine.set_live_split(SplitController(ControllerConfig(problem), cap, problem.kv_blocks(cap)))
@@ -278,6 +276,7 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(format="wisp: %(message)s")  # warnings (a deprecated spelling) read as the errors do
     try:
         return _command(args.command)(args)
     except WispError as exc:
