@@ -34,7 +34,7 @@ from wisp.engine.kv_cache import KVCache
 from wisp.engine.load_oom import DeviceBytes, oom_message, usable_bytes
 from wisp.engine.live_split import LiveSplit
 from wisp.engine.load_control.attach import load_control_for
-from wisp.engine.load_control.routing_feed import RoutingFeed
+from wisp.engine.routing_feed import RoutingFeed
 from wisp.engine.resize_timings import ResizeClock, ResizeTimings
 from wisp.engine.model_runner import ModelRunner
 from wisp.engine.sampling import SamplingParams
@@ -123,7 +123,7 @@ class LLMEngine:
 
     def subscribe_routing(self, subscriber, layers: list[int] | None = None):
         """Hand `subscriber(rows, owners)` every step's routing at `layers` (MoE layer ids; None: all) from now on,
-        per request (`wisp.engine.load_control.routing_feed`; the load controller and the live split read it).
+        per request (`wisp.engine.routing_feed`; the load controller and the live split read it).
         Returns the call that stops it. Graphs captured before re-capture when the feed logs more layers."""
         if self.feed is None:
             c, cfg = self.config, self.model_config

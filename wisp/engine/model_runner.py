@@ -13,7 +13,7 @@ Extension points (benchmarks and tracing), in place of attributes patched onto t
 - a routing replay (`set_routing_replay`): recorded expert choices in place of the router's. A graph
   reads the replay's buffer only if captured with it, so setting or clearing one re-captures the graphs.
 - a routing log (`set_routing_log`, `wisp.engine.routing_log` or the load controller's
-  `wisp.engine.load_control.routing_feed`): every step's routing written on the device, graphs included (set or
+  `wisp.engine.routing_feed`): every step's routing written on the device, graphs included (set or
   cleared with a re-capture; the capture's warm-up rows are forgotten), told of each step's batch as it begins.
 
 Sampling is per request: a sequence whose sampler raises gets a `RequestFailure` in place of its token

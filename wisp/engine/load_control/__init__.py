@@ -6,9 +6,10 @@ is the classical cure (admit to the processor only as many processes as have wor
 
 - `working_sets.WorkingSets`: each running request's experts per MoE layer, from the routing of its recent decode
   tokens, and what a candidate decode set needs jointly (the per-layer union);
-- `routing_feed.RoutingFeed`: the step's routing logged on the device (CUDA graphs included) and attributed to
-  requests on the host from the batches the engine ran, read every few steps;
+- `wisp.engine.routing_feed.RoutingFeed` (the engine's, shared with the live split): the step's routing logged on
+  the device (CUDA graphs included) and attributed to requests on the host from the batches the engine ran;
 - `step_costs.DecodeStepCosts`: a decode step's predicted seconds: compute for b rows (learned from the steps
   that ran) plus predicted misses times one expert's copy seconds (probed at load);
-- `controller.LoadController`: each step, which ready requests decode (the scheduler asks it).
+- `controller.LoadController`: each step, which ready requests decode (the scheduler asks it);
+- `attach.LoadControl`: the controller wired to an engine (built at load where it can matter).
 """

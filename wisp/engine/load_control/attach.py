@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from wisp.engine.load_control.controller import LoadController, LoadControlState
-from wisp.engine.load_control.routing_feed import Owners
+from wisp.engine.routing_feed import Owners
 from wisp.engine.load_control.step_costs import DecodeStepCosts
 from wisp.engine.load_control.working_sets import WorkingSets
 

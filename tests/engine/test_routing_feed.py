@@ -1,4 +1,4 @@
-"""RoutingFeed on its own: each subscriber gets its own layers' rows with each row's owner, steps begun outside the
+"""RoutingFeed (wisp.engine.routing_feed) on its own: each subscriber gets its own layers' rows with each row's owner, steps begun outside the
 scheduler are handed over with no owners, a graph capture's warm-up steps are dropped, and a subscriber asking
 for more layers makes the feed log them from then on."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from wisp.engine.load_control.routing_feed import RoutingFeed
+from wisp.engine.routing_feed import RoutingFeed
 
 LAYERS, K = [0, 2, 3, 5], 2
 
