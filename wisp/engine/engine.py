@@ -287,6 +287,8 @@ class LLMEngine:
             kv_s = clock.lap()
         self.config = self.runner.config = cfg
         self.expert_cap = max(caps.values())
+        if self.load_control is not None:
+            self.load_control.set_caps(caps)
         self.runner.capture_graphs()
         return ResizeTimings(kv_s, experts_s, clock.lap())
 

@@ -126,3 +126,9 @@ def test_hybrid_prices_a_miss_at_the_link_and_the_cpu_together(device, attention
     assert eng.load_control is not None and store.cpu is not None
     assert abs(miss_seconds(store, eng.device) - 1 / (1 / 2e-3 + 1 / 6e-3)) < 1e-12
     assert eng.load_control.controller.costs.copy_s == miss_seconds(store, eng.device)
+
+
+def test_a_plan_applied_while_serving_gives_the_controller_the_new_slots(device, attention_backend):
+    eng = engine(device, attention_backend, cap=4)
+    eng.apply_plan([6] * len(eng.model.experts), eng.pool.num_blocks)
+    assert eng.load_control.controller.caps.tolist() == [6.0] * len(eng.load_control.layers)

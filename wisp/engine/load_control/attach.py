@@ -32,7 +32,7 @@ SAMPLED_LAYERS = 8  # MoE layers whose routing the working sets are read from (e
 
 class LoadControl:
     def __init__(self, controller: LoadController, engine, layers: list[int], drain_every: int = 4):
-        self.controller, self.drain_every = controller, drain_every
+        self.controller, self.drain_every, self.layers = controller, drain_every, layers
         self._steps = 0
         self.unsubscribe = engine.subscribe_routing(self._observe, layers)
         self.feed = engine.feed
@@ -43,6 +43,10 @@ class LoadControl:
             self.feed.drain()
         self._steps += 1
         return self.controller.choose(ready, time.perf_counter())
+
+    def set_caps(self, caps: dict[int, int]) -> None:
+        """The slots of each MoE layer changed (a plan applied while serving): predict with the new ones."""
+        self.controller.caps = np.asarray([caps[li] for li in self.layers], dtype=np.float64)
 
     def after_step(self, width: int, seconds: float) -> None:
         self.controller.observe_step(width, seconds)
