@@ -1,6 +1,7 @@
 """Scheduler properties under a token budget (hypothesis), with the engine's bookkeeping simulated:
 
 - a step's tokens stay within the budget, except that decodes are never held back;
+- with a decode gate (load control), exactly the ready requests it chooses decode, after the step's prefill chunks;
 - every running request whose prompt is prefilled gets its decode token in every step it is not
   preempted from, and a request's tokens in a step are its next uncomputed ones;
 - a running request holds exactly the blocks its tokens need, and the pool's invariants hold;
@@ -9,6 +10,8 @@
 """
 
 from __future__ import annotations
+
+import random
 
 import pytest
 from hypothesis import event, given, settings
@@ -38,11 +41,20 @@ def workloads(draw):
 
 @pytest.mark.slow
 @settings(max_examples=200, deadline=None)
-@given(case=workloads(), caching=st.booleans())
-def test_every_request_finishes_within_the_budget(case, caching):
+@given(case=workloads(), caching=st.booleans(), gate_seed=st.one_of(st.none(), st.integers(0, 2**16)))
+def test_every_request_finishes_within_the_budget(case, caching, gate_seed):
     prompts, outputs, arrivals, max_running, budget, blocks = case
     pool = BlockPool(blocks, BLOCK)
     sched = Scheduler(pool, max_running, budget, prefix_caching=caching)
+    chosen: list[Sequence] = []
+    if gate_seed is not None:  # a gate that lets a random non-empty subset of the ready requests decode
+        rng = random.Random(gate_seed)
+
+        def gate(ready):
+            assert ready and all(s.output_ids and len(s) - s.num_computed == 1 for s in ready)
+            chosen[:] = [s for s in ready if rng.random() < 0.5] or [rng.choice(ready)]
+            return list(chosen)
+        sched.decode_gate = gate
     seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=o, ignore_eos=True), max_len=64) for i, (p, o) in
             enumerate(zip(prompts, outputs))]
     step = 0
@@ -50,12 +62,22 @@ def test_every_request_finishes_within_the_budget(case, caching):
         for seq, at in zip(seqs, arrivals):
             if at == step:
                 sched.add(seq)
+        chosen.clear()
+        was_running = set(map(id, sched.running))
         batch = sched.schedule()
         step += 1
         if batch is None:
             continue
         decodes = [s for s in sched.running if len(s) - s.num_computed == 1]
-        assert all(s in batch.seqs for s in decodes)  # decodes are never held back
+        if gate_seed is None:
+            assert all(s in batch.seqs for s in decodes)  # decodes are never held back
+        else:
+            ready = [s for s in decodes if s.output_ids]
+            kinds = [id(s) in was_running and bool(s.output_ids) and len(s) - s.num_computed == 1 for s in batch.seqs]
+            decoding = [s for s, decode in zip(batch.seqs, kinds) if decode]
+            assert {id(s) for s in decoding} == {id(s) for s in chosen} and set(map(id, chosen)) <= set(map(id, ready))
+            assert kinds == sorted(kinds)  # decode tokens last
+            assert all(len(s.block_table) == -(-len(s) // BLOCK) for s in ready)  # held back: blocks kept
         assert sum(batch.num_tokens) <= max(budget, len(decodes))
         assert len(set(map(id, batch.seqs))) == len(batch.seqs)
         for seq, n in zip(batch.seqs, batch.num_tokens):

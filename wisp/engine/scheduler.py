@@ -100,8 +100,10 @@ class Scheduler:
             budget -= n
         if self.decode_gate is None:  # decodes first, as always without load control
             seqs, counts = decodes + seqs, [1] * len(decodes) + counts
-        else:  # decodes last: their experts are the step's latest touches
-            seqs, counts = seqs + decodes, counts + [1] * len(decodes)
+        else:  # decode tokens last (a prompt's last token goes with the chunks): their experts are the latest touches
+            ends = [s for s in decodes if not s.output_ids]
+            tokens = [s for s in decodes if s.output_ids]
+            seqs, counts = ends + seqs + tokens, [1] * len(ends) + counts + [1] * len(tokens)
         return Batch(seqs, counts) if seqs else None
 
     def _admit(self, budget: int) -> list[Sequence]:
