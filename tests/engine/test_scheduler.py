@@ -46,12 +46,14 @@ def test_every_request_finishes_within_the_budget(case, caching, gate_seed):
     prompts, outputs, arrivals, max_running, budget, blocks = case
     pool = BlockPool(blocks, BLOCK)
     sched = Scheduler(pool, max_running, budget, prefix_caching=caching)
-    chosen: list[Sequence] = []
+    chosen: list[Sequence] = []  # what the gate chose this step ...
+    asked: list[Sequence] = []  # ... among these
     if gate_seed is not None:  # a gate that lets a random non-empty subset of the ready requests decode
         rng = random.Random(gate_seed)
 
         def gate(ready):
             assert ready and all(s.output_ids and len(s) - s.num_computed == 1 for s in ready)
+            asked[:] = ready
             chosen[:] = [s for s in ready if rng.random() < 0.5] or [rng.choice(ready)]
             return list(chosen)
         sched.decode_gate = gate
@@ -63,7 +65,7 @@ def test_every_request_finishes_within_the_budget(case, caching, gate_seed):
             if at == step:
                 sched.add(seq)
         chosen.clear()
-        was_running = set(map(id, sched.running))
+        asked.clear()
         batch = sched.schedule()
         step += 1
         if batch is None:
@@ -72,12 +74,10 @@ def test_every_request_finishes_within_the_budget(case, caching, gate_seed):
         if gate_seed is None:
             assert all(s in batch.seqs for s in decodes)  # decodes are never held back
         else:
-            ready = [s for s in decodes if s.output_ids]
-            kinds = [id(s) in was_running and bool(s.output_ids) and len(s) - s.num_computed == 1 for s in batch.seqs]
-            decoding = [s for s, decode in zip(batch.seqs, kinds) if decode]
-            assert {id(s) for s in decoding} == {id(s) for s in chosen} and set(map(id, chosen)) <= set(map(id, ready))
+            kinds = [id(s) in set(map(id, asked)) for s in batch.seqs]  # the gate's ready requests: a decode token each
+            assert {id(s) for s, k in zip(batch.seqs, kinds) if k} == set(map(id, chosen))  # exactly the chosen
             assert kinds == sorted(kinds)  # decode tokens last
-            assert all(len(s.block_table) == -(-len(s) // BLOCK) for s in ready)  # held back: blocks kept
+            assert all(len(s.block_table) == -(-len(s) // BLOCK) for s in asked)  # held back: blocks kept
         assert sum(batch.num_tokens) <= max(budget, len(decodes))
         assert len(set(map(id, batch.seqs))) == len(batch.seqs)
         for seq, n in zip(batch.seqs, batch.num_tokens):
