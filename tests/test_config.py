@@ -60,3 +60,16 @@ def test_hybrid_zero_copy_has_a_name_and_the_old_spelling_still_works(caplog):
         EngineConfig(model="demo", mode="hybrid-zero-copy", expert_cap=4)
     with pytest.raises(WispError, match="needs --mode hybrid-zero-copy"):
         EngineConfig(model="demo", mode="hybrid", expert_cap=2, hot_experts=1)
+
+
+@pytest.mark.parametrize("value", ["maybe", "width:0", "width:", "width:x", "ON"])
+def test_an_unknown_load_control_is_one_clear_error(value):
+    with pytest.raises(WispError, match="choose one of: on, off, width:N"):
+        EngineConfig(model="demo", load_control=value)
+
+
+def test_load_control_settings_are_kept_in_one_spelling():
+    assert EngineConfig(model="demo", load_control="width:02").load_control == "width:2"
+    assert EngineConfig(model="demo", load_control="off").load_control == "off"
+    with pytest.raises(WispError, match="max-decode-wait-ms must be > 0"):
+        EngineConfig(model="demo", max_decode_wait_ms=0)

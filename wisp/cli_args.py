@@ -16,13 +16,13 @@ import re
 import sys
 from typing import NoReturn
 
-from wisp.options import (ATTENTION_BACKENDS, CACHE_POLICIES, DEFAULT_MAX_DECODE_WAIT_MS, EMBEDDINGS, LOAD_CONTROL,
-                          MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS)
+from wisp.options import (ATTENTION_BACKENDS, CACHE_POLICIES, DEFAULT_MAX_DECODE_WAIT_MS, EMBEDDINGS,
+                          MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS, check_load_control)
 from wisp.options import DTYPE_NAMES as DTYPES
 
 __all__ = [  # CACHE_POLICIES and DTYPES are offered here for the parsers built elsewhere (cli, plan.args)
     "ATTENTION_BACKENDS", "CACHE_POLICIES", "DTYPES", "EMBEDDINGS", "MAX_NUM_BATCHED_TOKENS", "MODES", "MOE_BACKENDS",
-    "Parser", "add_backend_args", "add_engine_args", "backend_options", "fail", "parse_port", "parse_positive_float",
+    "Parser", "add_backend_args", "add_engine_args", "backend_options", "fail", "parse_load_control", "parse_port", "parse_positive_float",
     "parse_positive_int",
     "parse_size", "parse_token_ids",
 ]
@@ -60,6 +60,13 @@ def parse_positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def parse_load_control(text: str) -> str:
+    try:
+        return check_load_control(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_positive_float(text: str) -> float:
@@ -119,9 +126,10 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
                    help="hybrid mode with no slots (--mode hybrid --expert-cap 0): hold each MoE layer's H most-routed "
                         "experts on the GPU (H x layers x one expert's bytes of VRAM); decode steps under CUDA graphs "
                         "serve their pairs from there instead of host memory")
-    p.add_argument("--load-control", choices=LOAD_CONTROL, default="on",
+    p.add_argument("--load-control", type=parse_load_control, default="on", metavar="on|off|width:N",
                    help="decode only as many running requests at once as their experts fit in the slots, the others "
-                        "waiting their turn (off: every running request decodes at every step)")
+                        "waiting their turn (off: every running request decodes at every step; width:N: at most N at "
+                        "once, taking turns, a fixed-width baseline)")
     p.add_argument("--max-decode-wait-ms", type=parse_positive_float, default=DEFAULT_MAX_DECODE_WAIT_MS, metavar="MS",
                    help="load control's bound on how long a running request waits between two of its tokens")
 

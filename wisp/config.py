@@ -17,7 +17,7 @@ from wisp.core.kernels.expert_extras import SILU, Activation
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
 from wisp.options import (ATTENTION_BACKENDS, DEFAULT_MAX_DECODE_WAIT_MS, DTYPE_NAMES, EMBEDDINGS, HYBRID_CPU_KERNELS,
-                          LOAD_CONTROL, MAX_NUM_BATCHED_TOKENS, MODES, IN_PLACE_MODES, MOE_BACKENDS, SCRATCH_MODES)
+                          MAX_NUM_BATCHED_TOKENS, check_load_control, MODES, IN_PLACE_MODES, MOE_BACKENDS, SCRATCH_MODES)
 
 log = logging.getLogger("wisp")
 
@@ -181,7 +181,8 @@ class EngineConfig:
     prefetch: bool = False  # copy each next layer's predicted experts ahead (wisp.core.experts.prefetch; eager, paged only)
     hot_experts: int = 0  # hybrid with no slots: each MoE layer's H most-routed experts held on the device (wisp.core.experts.hot_experts)
     embedding: str = "auto"  # the token embedding table: "host" (pinned, read in place), "device"; auto: host on CUDA when untied
-    load_control: str = "on"  # decode only as many requests at once as their experts fit the slots (wisp.engine.load_control)
+    load_control: str = "on"  # decode only as many requests at once as their experts fit the slots (wisp.engine.load_control),
+    # "off", or "width:N" (at most N at once, taking turns: a baseline)
     max_decode_wait_ms: float = DEFAULT_MAX_DECODE_WAIT_MS  # load control's bound on a running request's wait between tokens
 
     def __post_init__(self) -> None:
@@ -219,8 +220,10 @@ class EngineConfig:
         if self.hot_experts and self.mode != "hybrid-zero-copy":
             raise WispError("--hot-experts holds experts on the GPU for hybrid mode with no slots: it needs "
                             f"--mode hybrid-zero-copy (got --mode {self.mode})")
-        if self.load_control not in LOAD_CONTROL:
-            raise WispError(f"unknown load control {self.load_control!r}; choose one of: {', '.join(LOAD_CONTROL)}")
+        try:
+            object.__setattr__(self, "load_control", check_load_control(self.load_control))
+        except ValueError as exc:
+            raise WispError(str(exc)) from None
         if not self.max_decode_wait_ms > 0:
             raise WispError(f"max-decode-wait-ms must be > 0, got {self.max_decode_wait_ms}")
         if self.cuda_graph_max_batch < 0:

@@ -11,7 +11,6 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 EMBEDDINGS = ("auto", "device", "host")  # where the token embedding table lives (auto: host on CUDA when untied)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 CACHE_POLICIES = ("lru", "opt", "lfu", "lrfu", "arc", "static")  # the replacement policies `wisp sim` replays
-LOAD_CONTROL = ("on", "off")  # decode only as many requests at once as their experts fit (wisp.engine.load_control)
 DEFAULT_MAX_DECODE_WAIT_MS = 2000.0  # load control's bound on a running request's wait between two tokens
 MAX_NUM_BATCHED_TOKENS = 2048  # tokens per engine step (decodes, then prefill chunks)
 
@@ -19,3 +18,15 @@ MAX_NUM_BATCHED_TOKENS = 2048  # tokens per engine step (decodes, then prefill c
 def is_hybrid_zero_copy(mode: str, expert_cap: int | None) -> bool:
     """hybrid-zero-copy, also in its deprecated spelling `--mode hybrid --expert-cap 0`."""
     return mode == "hybrid-zero-copy" or (mode == "hybrid" and expert_cap == 0)
+
+
+def check_load_control(text: str) -> str:
+    """`text` if it names a load control: "on" (by working sets), "off", or "width:N" (at most N requests decode at
+    once, taking turns under the same wait bound: the fixed-width baseline load control is measured against);
+    else ValueError with the choices."""
+    if text in ("on", "off"):
+        return text
+    kind, _, width = text.partition(":")
+    if kind == "width" and width.isdigit() and int(width) >= 1:
+        return f"width:{int(width)}"
+    raise ValueError(f"unknown load control {text!r}; choose one of: on, off, width:N (N >= 1)")

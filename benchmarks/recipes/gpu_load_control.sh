@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU-machine calls for load control (`wisp bench serve`), one H200; STAGE picks one call's work, results in $OUT.
-#   qwen3:   Qwen3-30B-A3B preset, random router: C = 16 at W = 1, 4 (on, off, fixed widths 1 and 2) and C = 32 at W = 8
+#   qwen3:   Qwen3-30B-A3B preset, random router: C = 16 at W = 1, 4 (on, off; fixed widths 1 and 2 as run-to-completion,
+#            --max-concurrency b, and as turns under the same wait bound, --load-control width:b) and C = 32 at W = 8
 #   mixtral: Mixtral-8x7B preset, the 4 real decode sequences replayed one per request, C = 4 and 6, W = 4
 #   agent:   `wisp bench agent`, OLMoE preset, 8 GiB, W = 4, real layer-0 routing, os and db sessions, on and off
 # .gpu_data/ (ignored by git; pass it with the device tool's carry) holds copies from ../shared/data: the Mixtral
@@ -17,6 +18,7 @@ qwen3)
   serve c16 $q --expert-cap 16 --concurrency 1,2,4 --num-requests 4 --load-control on,off --plot "$out/c16.png"
   serve c16_fixed1 $q --expert-cap 16 --concurrency 4 --num-requests 4 --load-control off --max-concurrency 1
   serve c16_fixed2 $q --expert-cap 16 --concurrency 4 --num-requests 4 --load-control off --max-concurrency 2
+  serve c16_width $q --expert-cap 16 --concurrency 4 --num-requests 4 --load-control width:1,width:2
   serve c32 $q --expert-cap 32 --concurrency 8 --num-requests 8 --load-control on,off ;;
 mixtral)
   python3 -c "

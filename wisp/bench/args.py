@@ -14,7 +14,7 @@ import argparse
 
 from collections.abc import Callable
 
-from wisp.cli_args import (LOAD_CONTROL, MAX_NUM_BATCHED_TOKENS, MODES, add_backend_args, parse_positive_float,
+from wisp.cli_args import (MAX_NUM_BATCHED_TOKENS, MODES, add_backend_args, parse_load_control, parse_positive_float,
                            parse_positive_int, parse_size)
 
 
@@ -66,11 +66,6 @@ def list_of(parse: Callable[[str], object]) -> Callable[[str], list]:
 
     return parse_list
 
-
-def parse_load_control(text: str) -> str:
-    if text not in LOAD_CONTROL:
-        raise argparse.ArgumentTypeError(f"load control is {' or '.join(LOAD_CONTROL)}, got {text!r}")
-    return text
 
 
 def _add_decode_parser(kinds) -> None:
@@ -130,7 +125,7 @@ def _add_serve_parser(kinds) -> None:
                      help="the engine's running requests (default: the largest W; 8 or more with --request-rate)")
     srv.add_argument("--max-num-batched-tokens", type=parse_positive_int, default=MAX_NUM_BATCHED_TOKENS)
     add_backend_args(srv)
-    srv.add_argument("--load-control", type=list_of(parse_load_control), default=None, metavar="on,off",
+    srv.add_argument("--load-control", type=list_of(parse_load_control), default=None, metavar="on,off,width:N",
                      help="comma list: one engine load per setting, each running every W and rate (default: on)")
     srv.add_argument("--routing-trace", default=None, metavar="FILE",
                      help="replay these recorded expert choices (as `wisp bench decode`); 'uniform': i.i.d. uniform")

@@ -68,7 +68,8 @@ def test_the_plot_draws_each_load_control_setting(tmp_path):
     (["--request-rate", "0"], "positive number"),
     (["--request-rate", "-2"], "positive number"),
     (["--mode", "sideways"], "invalid choice"),
-    (["--load-control", "on,maybe"], "load control is on or off"),
+    (["--load-control", "on,maybe"], "unknown load control 'maybe'; choose one of: on, off, width:N"),
+    (["--load-control", "width:0"], "unknown load control 'width:0'"),
     (["--server", "http://127.0.0.1:1", "--load-control", "off"], "the server's own"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flags, fragment, capsys):

@@ -92,3 +92,14 @@ def test_thrashing_requests_take_turns_and_overlapping_ones_go_together():
     assert all(max(w) <= 1.0 for w in gaps.values())
     state = ctl.state()
     assert state.switches > 2 and sum(state.width_steps.values()) == 300
+
+
+def test_a_fixed_width_takes_turns_in_groups_of_that_width_within_the_bound():
+    sets = {f"r{i}": [[0, 1]] * L for i in range(5)}  # everything fits: only the width holds requests back
+    ws = WorkingSets(L, N, K, window=WINDOW)
+    for rid, experts in sets.items():
+        ws.observe(rid, rows_cycling(experts))
+    ctl = LoadController(ws, DecodeStepCosts(copy_s=1e-3, prior_compute_s=1e-2), [N] * L, 0.5, fixed_width=2)
+    chosen_sets, gaps = simulate(ctl, list(sets), steps=300)
+    assert all(len(c) == 2 for c in chosen_sets)
+    assert all(len(w) > 1 and max(w) <= 0.5 + 1e-9 for w in gaps.values())

@@ -132,3 +132,11 @@ def test_a_plan_applied_while_serving_gives_the_controller_the_new_slots(device,
     eng = engine(device, attention_backend, cap=4)
     eng.apply_plan([6] * len(eng.model.experts), eng.pool.num_blocks)
     assert eng.load_control.controller.caps.tolist() == [6.0] * len(eng.load_control.layers)
+
+
+def test_a_fixed_width_baseline_decodes_at_most_that_many_with_the_same_tokens(device, attention_backend):
+    off, _ = run(engine(device, attention_backend, 16, "off"), [0, 0, 1, 2])
+    eng = engine(device, attention_backend, 16, "width:2")  # C = N: only the width holds requests back
+    on, widths = run(eng, [0, 0, 1, 2])
+    assert same(off, on)
+    assert max(chosen for _, chosen in widths) == 2 and any(ready > 2 for ready, _ in widths)

@@ -1,7 +1,8 @@
 """LoadControl: the load controller wired to a running engine (`wisp.engine.engine.LLMEngine`).
 
 It is built at load when it can matter (`load_control_for`): `--load-control on`, more than one request may run,
-and some MoE layer pages its experts through fewer slots than it has experts. Then:
+and some MoE layer pages its experts through fewer slots than it has experts; or `--load-control width:N` (the
+fixed-width baseline) with more than one request. Then:
 - the scheduler asks `gate(ready)` which ready requests decode each step (`LoadController.choose`);
 - the engine's `RoutingFeed` hands it each step's routing, and its decode rows go to each request's working set
   (drained every `drain_every` steps, and before every choice that reads the working sets);
@@ -94,11 +95,14 @@ def load_control_for(engine) -> LoadControl | None:
     config, cfg = engine.config, engine.model_config
     stores = {li: engine.model.experts[li] for li in cfg.moe_layer_ids}
     caps = {li: s.slots if s.slots is not None else cfg.num_experts for li, s in stores.items()}
-    if config.load_control != "on" or config.max_concurrency < 2 or min(caps.values(), default=cfg.num_experts) >= cfg.num_experts:
+    fixed = int(config.load_control.split(":")[1]) if config.load_control.startswith("width:") else None
+    if config.load_control == "off" or config.max_concurrency < 2:
         return None
+    if fixed is None and min(caps.values(), default=cfg.num_experts) >= cfg.num_experts:
+        return None  # every joint working set fits
     layers = cfg.moe_layer_ids[:: -(-len(stores) // SAMPLED_LAYERS)]
     sets = WorkingSets(len(layers), cfg.num_experts, cfg.top_k)
     costs = DecodeStepCosts(copy_s=miss_seconds(next(iter(stores.values())), engine.device))
     controller = LoadController(sets, costs, [caps[li] for li in layers], config.max_decode_wait_ms / 1e3,
-                                layer_scale=len(stores) / len(layers))
+                                layer_scale=len(stores) / len(layers), fixed_width=fixed)
     return LoadControl(controller, engine, layers)

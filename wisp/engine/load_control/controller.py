@@ -20,6 +20,8 @@ aggregate rate, kept for a turn, under a bound on any request's wait between two
   rate most joins, while the step still ends within every member's bound, until none raises it.
 - **Fairness.** A ready request outside the set is due when its wait plus its lead reaches the bound: it seeds a
   new choice at once (earliest deadline first). No request starves: the longest waiter seeds every turn.
+- **Fixed width** (`fixed_width`, `--load-control width:N`): the baseline it is measured against. The set is the
+  seed and the longest waiters up to N requests, whatever the working sets, with the same turns and deadlines.
 - **Learning.** A decode step's seconds teach the compute of its width, except in the first `settle` steps
   after the set changed (they reload working sets) and while a member's working set is unknown.
 
@@ -59,13 +61,15 @@ class LoadControlState:
 
 class LoadController:
     def __init__(self, working_sets: WorkingSets, costs: DecodeStepCosts, caps: Seq[int], max_wait_s: float,
-                 unknown_experts: int | None = None, layer_scale: float = 1.0, settle: int = 2):
+                 unknown_experts: int | None = None, layer_scale: float = 1.0, settle: int = 2,
+                 fixed_width: int | None = None):
         """caps: each sampled MoE layer's slots, in the working sets' layer order; unknown_experts: the working set
         assumed per layer for a request with no decode history (default 2 x top_k, at most the experts);
         layer_scale: MoE layers per sampled layer."""
         self.ws, self.costs = working_sets, costs
         self.caps = np.asarray(caps, dtype=np.float64)  # [L sampled]
         self.max_wait_s, self.layer_scale, self.settle = max_wait_s, layer_scale, settle
+        self.fixed_width = fixed_width
         k, n = working_sets.top_k, working_sets.num_experts
         self.unknown_experts = min(n, 2 * k) if unknown_experts is None else unknown_experts
         self.current: list[str] = []  # the decode set, in the order chosen
@@ -172,6 +176,9 @@ class LoadController:
         chosen = list(seed) or [ids[0]]
         best = self.rate(chosen, len(ids))
         rest = sorted((r for r in ids if r not in chosen), key=lambda r: -waits[r])
+        if self.fixed_width is not None:
+            chosen = (chosen + rest)[: max(self.fixed_width, len(chosen))]
+            rest, best = [], self.rate(chosen, len(ids))
         while rest:
             rates = [(self.rate(chosen + [r], len(ids)), -i, r) for i, r in enumerate(rest) if self._in_time(chosen + [r], waits)]
             if not rates:
@@ -183,7 +190,7 @@ class LoadController:
             rest.remove(pick)
             best = top
         everyone = self.rate(ids, len(ids))
-        if len(chosen) < len(ids) and everyone >= best and self._in_time(ids, waits):
+        if self.fixed_width is None and len(chosen) < len(ids) and everyone >= best and self._in_time(ids, waits):
             chosen, best = list(ids), everyone  # everyone together is at least as fast as any turn-taking
         if set(chosen) != set(self.current):
             self.switches += 1
