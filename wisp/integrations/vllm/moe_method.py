@@ -4,11 +4,13 @@ Registered in place of `UnquantizedFusedMoEMethod` (`register_oot`, see `wisp.in
 vLLM builds it for every unquantized MoE layer. Without wisp's settings it is vLLM's method, unchanged. With them:
 - `process_weights_after_loading` runs vLLM's own (padding, the kernel's prepacked layout, the kernel itself), then
   hands the bank to `SlotPaging` (C slots per layer, host masters) and points the layer's weights at the slots;
-- `apply` receives the ids vLLM's router chose, makes them resident, and runs vLLM's kernel (`moe_kernel.apply`)
-  on the slots with the ids remapped. vLLM already calls the MoE layer through an opaque custom op
-  (`torch.ops.vllm.moe_forward`), so compiled graphs stay whole around the host-side decision.
+- `apply` receives the ids vLLM's router chose and calls the opaque custom op `torch.ops.wisp.vllm_paged_moe`,
+  which makes them resident and runs vLLM's kernel (`moe_kernel.apply`) on the slots with the ids remapped. The op
+  is opaque because the step's decision reads the routing on the host: on the CPU vLLM traces the MoE layer into
+  its compiled graph (no `moe_forward` op there), and the op keeps that graph whole around the decision.
 Supported on this seam: unquantized experts without biases, no expert parallelism (vLLM's CPU kernel ignores
-`expert_map`); anything else is refused with one line at load time.
+`expert_map`); anything else is refused with one line at load time. A layer with shared experts calls the paging
+directly (eager only: the op cannot carry vLLM's SharedExperts object).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from wisp.integrations.vllm.slot_paging import SlotPaging
 BANK = ("w13_weight", "w2_weight")
 logger = logging.getLogger("wisp.integrations.vllm")
 PAGED_LAYERS: "weakref.WeakValueDictionary[str, SlotPaging]" = weakref.WeakValueDictionary()  # this process's
+METHODS: "weakref.WeakValueDictionary[str, WispPagedMoEMethod]" = weakref.WeakValueDictionary()  # op key -> method
 
 
 class WispPagedMoEMethod(UnquantizedFusedMoEMethod):
@@ -58,18 +61,39 @@ class WispPagedMoEMethod(UnquantizedFusedMoEMethod):
         for b in BANK:
             replace_parameter(layer, b, paging.slots[b])
         self.wisp_paging = paging
+        self.wisp_layer_args = (layer.activation, layer.apply_router_weight_on_input)  # not the layer: a module cycle
+        self.wisp_key = f"{name}#{id(self)}"  # unique across the LLMs of one process
         PAGED_LAYERS[name] = paging
+        METHODS[self.wisp_key] = self
 
     def apply(self, layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, shared_experts,
               shared_experts_input):
         if self.wisp_paging is None:
             return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+        if shared_experts is not None:
+            return self.paged_apply(x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+        return torch.ops.wisp.vllm_paged_moe(x, topk_weights, topk_ids, self.wisp_key)
+
+    def paged_apply(self, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None) -> torch.Tensor:
+        """One step: the routed experts made resident, vLLM's kernel run on the bank the step returns."""
+        activation, weight_on_input = self.wisp_layer_args
         bank, rows = self.wisp_paging.step(topk_ids)
         return self.moe_kernel.apply(
             hidden_states=x, w1=bank["w13_weight"], w2=bank["w2_weight"], topk_weights=topk_weights, topk_ids=rows,
-            activation=layer.activation, global_num_experts=bank["w13_weight"].shape[0], expert_map=None,
-            apply_router_weight_on_input=layer.apply_router_weight_on_input, shared_experts=shared_experts,
+            activation=activation, global_num_experts=bank["w13_weight"].shape[0], expert_map=None,
+            apply_router_weight_on_input=weight_on_input, shared_experts=shared_experts,
             shared_experts_input=shared_experts_input)
+
+
+@torch.library.custom_op("wisp::vllm_paged_moe", mutates_args=())
+def paged_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, key: str) -> torch.Tensor:
+    """The paged MoE step of the layer registered under `key`, opaque to torch.compile."""
+    return METHODS[key].paged_apply(x, topk_weights, topk_ids)
+
+
+@paged_moe.register_fake
+def _(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, key: str) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 def layer_counters(model: torch.nn.Module) -> dict[str, dict[str, int]]:
