@@ -30,6 +30,9 @@ def vllm_env(tmp_path_factory):
     saved = {k: os.environ.get(k) for k in [*ENV, "VLLM_CACHE_ROOT"]}
     os.environ.update(ENV, VLLM_CACHE_ROOT=str(tmp_path_factory.mktemp("vllm_cache")))
     yield
+    from wisp.integrations.vllm.moe_method import PROCESS_COUNTERS
+
+    PROCESS_COUNTERS.clear()  # no exit log line for these runs: pytest has closed vLLM's log stream by then
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -37,22 +40,36 @@ def vllm_env(tmp_path_factory):
             os.environ[k] = v
 
 
-@pytest.fixture(scope="module")
-def qwen3_moe(tmp_path_factory):
-    """A tiny random bf16 Qwen3-MoE (layer 1 dense, layers 0 and 2 MoE), written by transformers."""
+# vLLM's CPU attention takes head_dim 32 (the shared specs use 16 for Qwen3-MoE and 64 / 4 = 16 elsewhere)
+HEADS_32 = {"qwen3_moe": {"head_dim": 32}, "olmoe": {"num_attention_heads": 2, "num_key_value_heads": 2},
+            "mixtral": {"num_attention_heads": 2, "num_key_value_heads": 2}}
+
+
+def tiny_bf16_checkpoint(family: str, path):
+    """A tiny random bf16 checkpoint of `family` (tests/helpers.py's spec, heads of 32), written by transformers."""
     import transformers
 
-    cfg_cls, model_cls, kwargs = FAMILY_SPECS["qwen3_moe"]
+    cfg_cls, model_cls, kwargs = FAMILY_SPECS[family]
     torch.manual_seed(0)
-    config = getattr(transformers, cfg_cls)(**{**COMMON, **kwargs, "head_dim": 32})  # vLLM's CPU attention: 32
+    config = getattr(transformers, cfg_cls)(**{**COMMON, **kwargs, **HEADS_32[family]})
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.5 if "embed" in name else 0.15)
-    path = tmp_path_factory.mktemp("qwen3_moe_bf16")
     model.to(torch.bfloat16).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return {family: tiny_bf16_checkpoint(family, tmp_path_factory.mktemp(family)) for family in HEADS_32}
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(checkpoints):
+    """Qwen3-MoE with layer 1 dense: layers 0 and 2 are MoE."""
+    return checkpoints["qwen3_moe"]
 
 
 def make_llm(path, additional_config=None, eager=True):
@@ -74,16 +91,17 @@ def greedy(llm):
 
 
 @pytest.fixture(scope="module")
-def baselines(vllm_env, qwen3_moe):
-    """{eager: outputs} of vLLM with no plug-in loaded; then wisp's method is registered for the rest of the module."""
+def baselines(vllm_env, checkpoints):
+    """{(family, eager): outputs} of vLLM with no plug-in loaded; then wisp's method is registered for the rest of
+    the module."""
     from vllm.model_executor.custom_op import op_registry_oot
 
     from wisp.integrations.vllm import register
 
     assert "UnquantizedFusedMoEMethod" not in op_registry_oot
     found = {}
-    for eager in (True, False):
-        found[eager], counters = greedy(make_llm(qwen3_moe, eager=eager))
+    for family, eager in [("qwen3_moe", True), ("qwen3_moe", False), ("olmoe", True), ("mixtral", True)]:
+        found[family, eager], counters = greedy(make_llm(checkpoints[family], eager=eager))
         assert counters == {}
     register()
     register()  # vLLM may load plug-ins more than once per process
@@ -92,7 +110,7 @@ def baselines(vllm_env, qwen3_moe):
 
 @pytest.fixture(scope="module")
 def baseline(baselines):
-    return baselines[True]
+    return baselines["qwen3_moe", True]
 
 
 def test_the_entry_point_is_wisps_register():
@@ -122,8 +140,15 @@ def test_paged_runs_give_vllms_tokens_and_logprobs(baseline, qwen3_moe, cap):
 def test_compiled_paged_run_gives_vllms_compiled_tokens(baselines, qwen3_moe):
     """torch.compile traces vLLM's CPU MoE layer; wisp's opaque op keeps the graph whole around the decision."""
     out, counters = greedy(make_llm(qwen3_moe, {"wisp": {"mode": "paged", "expert_cap": TOP_K}}, eager=False))
-    assert out == baselines[False]
+    assert out == baselines["qwen3_moe", False]
     assert all(c["misses"] > N and c["wide_steps"] > 0 for c in counters.values()) and len(counters) == 2
+
+
+@pytest.mark.parametrize("family", ["olmoe", "mixtral"])
+def test_other_families_page_with_vllms_tokens(baselines, checkpoints, family):
+    out, counters = greedy(make_llm(checkpoints[family], {"wisp": {"mode": "paged", "expert_cap": TOP_K}}))
+    assert out == baselines[family, True]
+    assert len(counters) == 2 and all(c["misses"] > N and c["wide_steps"] > 0 for c in counters.values())
 
 
 def test_without_a_wisp_table_the_method_is_vllms(baseline, qwen3_moe):

@@ -24,13 +24,13 @@ from vllm.config import get_current_vllm_config_or_none
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 from vllm.model_executor.utils import replace_parameter
 
-from wisp.core.experts.counters import sum_counters
+from wisp.core.experts.counters import ExpertCounters, sum_counters
 from wisp.integrations.vllm.settings import WispVllmConfigError, layer_index_of, settings_from
 from wisp.integrations.vllm.slot_paging import SlotPaging
 
 BANK = ("w13_weight", "w2_weight")
-logger = logging.getLogger("wisp.integrations.vllm")
-PAGED_LAYERS: "weakref.WeakValueDictionary[str, SlotPaging]" = weakref.WeakValueDictionary()  # this process's
+logger = logging.getLogger("vllm.wisp")  # under vLLM's logger, so its handler and format apply
+PROCESS_COUNTERS: dict[str, ExpertCounters] = {}  # op key -> counters of every layer this process paged (logged at exit)
 METHODS: "weakref.WeakValueDictionary[str, WispPagedMoEMethod]" = weakref.WeakValueDictionary()  # op key -> method
 
 
@@ -63,8 +63,9 @@ class WispPagedMoEMethod(UnquantizedFusedMoEMethod):
         self.wisp_paging = paging
         self.wisp_layer_args = (layer.activation, layer.apply_router_weight_on_input)  # not the layer: a module cycle
         self.wisp_key = f"{name}#{id(self)}"  # unique across the LLMs of one process
-        PAGED_LAYERS[name] = paging
         METHODS[self.wisp_key] = self
+        PROCESS_COUNTERS[self.wisp_key] = paging.counters
+        logger.info("wisp: %s pages its %d experts through %d slots", name, paging.pager.num_experts, cap)
 
     def apply(self, layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, shared_experts,
               shared_experts_input):
@@ -108,8 +109,7 @@ def layer_counters(model: torch.nn.Module) -> dict[str, dict[str, int]]:
 
 @atexit.register
 def _log_counters() -> None:
-    layers = dict(PAGED_LAYERS)
-    if layers:
-        total = sum_counters(p.counters for p in layers.values())
-        logger.warning("wisp: %d paged MoE layers: %d hits, %d misses, %d loads, %d bytes host->device",
-                       len(layers), total.hits, total.misses, total.loads, total.bytes_h2d)
+    if PROCESS_COUNTERS:
+        total = sum_counters(PROCESS_COUNTERS.values())
+        logger.info("wisp: %d paged MoE layers: %d steps, %d hits, %d misses, %d loads, %d bytes host->device",
+                    len(PROCESS_COUNTERS), total.steps, total.hits, total.misses, total.loads, total.bytes_h2d)
