@@ -1,7 +1,8 @@
 """The import rules of docs/architecture.md, checked on every import statement under wisp/.
 
 1. Layers: a package imports only from its own layer and the layers below it
-   (0 errors, options, cli_args; 1 core; 2 config, models, trace; 3 plan; 4 engine; 5 server, bench, sim; 6 cli).
+   (0 errors, options, cli_args; 1 core; 2 config, models, trace; 3 plan; 4 engine; 5 server, bench, sim,
+   integrations; 6 cli).
    So the core (pager, kernels) never reaches the engine, server or CLI, planning never the engine, and the
    research simulators (sim, which replay the engine's split controller) are reached by nothing below them.
 2. The core imports nothing but itself and `wisp.errors`, so other front ends can reuse it alone. Inside it
@@ -12,6 +13,8 @@
 4. Through everything it imports, at any depth: `wisp.config` reaches no `wisp.models` module (families
    parse checkpoint configs, the config only holds them), and no `wisp.models` module reaches the engine,
    the server or the CLI.
+5. Other engines' front ends (`wisp.integrations`) are imported by nothing else in wisp, and only the vLLM
+   plug-in's package imports vllm (its entry point loads it; wisp proper never does).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ LAYERS = {
     "wisp.config": 2, "wisp.models": 2, "wisp.trace": 2,
     "wisp.plan": 3,
     "wisp.engine": 4,
-    "wisp.server": 5, "wisp.bench": 5, "wisp.sim": 5,
+    "wisp.server": 5, "wisp.bench": 5, "wisp.sim": 5, "wisp.integrations": 5,
     "wisp.cli": 6, "wisp.__main__": 6, "wisp": 6,  # wisp/__init__.py re-exports the engine's API lazily
 }
 # module file -> the only wisp modules (and their submodules) it may import at module level
@@ -194,3 +197,13 @@ def test_models_reach_no_engine_server_or_cli(path):
     above = [m for m in import_closure(module) if within(m, "wisp.engine") or within(m, "wisp.server")
              or within(m, "wisp.cli")]
     assert not above, f"{module} reaches {sorted(above)}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(WISP)))
+def test_integrations_stay_outside_wisp_proper(path):
+    module = module_of(path)
+    for name in imported_names(ast.parse(path.read_text())):
+        if not within(module, "wisp.integrations"):
+            assert not within(name, "wisp.integrations"), f"{module} imports {name}"
+        if not within(module, "wisp.integrations.vllm"):
+            assert not within(name, "vllm"), f"{module} imports {name}"

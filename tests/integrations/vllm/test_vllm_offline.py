@@ -1,0 +1,187 @@
+"""wisp's paging inside vLLM's offline `LLM`, end to end on the CPU (skipped where vllm is not installed: it lives in a
+virtual environment of its own, README "Running inside vLLM").
+
+One process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the "uni" executor). The baselines (eager and torch.compile'd)
+run with no plug-in loaded (`VLLM_PLUGINS=""`); the module then registers wisp's method as the entry point would,
+and every paged run must give its baseline's greedy tokens and top-5 logprobs exactly, at C = top_k, N/2 and N.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+pytestmark = pytest.mark.slow  # each LLM takes seconds to build
+
+from tests.helpers import COMMON, FAMILY_SPECS  # noqa: E402
+
+N, TOP_K = 8, 2
+EXPERT_BYTES = (2 * 32 * 64 + 64 * 32) * 2  # one expert's gate_up [64, 64] and down [64, 32] in bf16
+PROMPTS = [[1, 5, 9, 22, 7, 3], [4, 8, 15, 16, 23, 42, 99, 17, 60], [120, 2, 77, 31]]
+ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+       "VLLM_PLUGINS": ""}
+
+
+@pytest.fixture(scope="module")
+def vllm_env(tmp_path_factory):
+    saved = {k: os.environ.get(k) for k in [*ENV, "VLLM_CACHE_ROOT"]}
+    os.environ.update(ENV, VLLM_CACHE_ROOT=str(tmp_path_factory.mktemp("vllm_cache")))
+    yield
+    from wisp.integrations.vllm.moe_method import PROCESS_COUNTERS
+
+    PROCESS_COUNTERS.clear()  # no exit log line for these runs: pytest has closed vLLM's log stream by then
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+# vLLM's CPU attention takes head_dim 32 (the shared specs use 16 for Qwen3-MoE and 64 / 4 = 16 elsewhere)
+HEADS_32 = {"qwen3_moe": {"head_dim": 32}, "olmoe": {"num_attention_heads": 2, "num_key_value_heads": 2},
+            "mixtral": {"num_attention_heads": 2, "num_key_value_heads": 2}}
+
+
+def tiny_bf16_checkpoint(family: str, path):
+    """A tiny random bf16 checkpoint of `family` (tests/helpers.py's spec, heads of 32), written by transformers."""
+    import transformers
+
+    cfg_cls, model_cls, kwargs = FAMILY_SPECS[family]
+    torch.manual_seed(0)
+    config = getattr(transformers, cfg_cls)(**{**COMMON, **kwargs, **HEADS_32[family]})
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.5 if "embed" in name else 0.15)
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return {family: tiny_bf16_checkpoint(family, tmp_path_factory.mktemp(family)) for family in HEADS_32}
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(checkpoints):
+    """Qwen3-MoE with layer 1 dense: layers 0 and 2 are MoE."""
+    return checkpoints["qwen3_moe"]
+
+
+def make_llm(path, additional_config=None, eager=True):
+    return vllm.LLM(str(path), skip_tokenizer_init=True, enforce_eager=eager, distributed_executor_backend="uni",
+                    dtype="bfloat16", max_model_len=128, max_num_seqs=4, seed=0, additional_config=additional_config or {})
+
+
+def greedy(llm):
+    """Per prompt: (the 8 greedy tokens, each step's top-5 {token: logprob}), and the paged layers' counters."""
+    from vllm.inputs import TokensPrompt
+
+    from wisp.integrations.vllm import layer_counters
+
+    params = vllm.SamplingParams(max_tokens=8, temperature=0.0, logprobs=5, detokenize=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
+    tokens = [(list(o.outputs[0].token_ids), [{t: lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs])
+              for o in outs]
+    return tokens, llm.apply_model(layer_counters)[0]
+
+
+@pytest.fixture(scope="module")
+def baselines(vllm_env, checkpoints):
+    """{(family, eager): outputs} of vLLM with no plug-in loaded; then wisp's method is registered for the rest of
+    the module."""
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    from wisp.integrations.vllm import register
+
+    assert "UnquantizedFusedMoEMethod" not in op_registry_oot
+    found = {}
+    for family, eager in [("qwen3_moe", True), ("qwen3_moe", False), ("olmoe", True), ("mixtral", True)]:
+        found[family, eager], counters = greedy(make_llm(checkpoints[family], eager=eager))
+        assert counters == {}
+    register()
+    register()  # vLLM may load plug-ins more than once per process
+    return found
+
+
+@pytest.fixture(scope="module")
+def baseline(baselines):
+    return baselines["qwen3_moe", True]
+
+
+def test_the_entry_point_is_wisps_register():
+    from importlib.metadata import entry_points
+
+    from wisp.integrations.vllm import register
+
+    (point,) = [p for p in entry_points(group="vllm.general_plugins") if p.name == "wisp"]
+    assert point.load() is register
+
+
+@pytest.mark.parametrize("cap", [TOP_K, N // 2, N])
+def test_paged_runs_give_vllms_tokens_and_logprobs(baseline, qwen3_moe, cap):
+    out, counters = greedy(make_llm(qwen3_moe, {"wisp": {"mode": "paged", "expert_cap": cap}}))
+    assert out == baseline
+    assert sorted(counters) == ["model.layers.0.mlp.experts.routed_experts", "model.layers.2.mlp.experts.routed_experts"]
+    for c in counters.values():
+        assert c["steps"] > 0 and c["hits"] > 0 and c["bytes_h2d"] == c["loads"] * EXPERT_BYTES
+        if cap < N:
+            assert c["misses"] > N and c["evictions"] > 0  # more than the cold misses: the slots turn over
+        else:
+            assert c["misses"] <= N and c["evictions"] == 0 and c["wide_steps"] == 0
+    if cap == TOP_K:
+        assert all(c["wide_steps"] > 0 for c in counters.values())  # the batched prefill routes to more than C
+
+
+def test_compiled_paged_run_gives_vllms_compiled_tokens(baselines, qwen3_moe):
+    """torch.compile traces vLLM's CPU MoE layer; wisp's opaque op keeps the graph whole around the decision."""
+    out, counters = greedy(make_llm(qwen3_moe, {"wisp": {"mode": "paged", "expert_cap": TOP_K}}, eager=False))
+    assert out == baselines["qwen3_moe", False]
+    assert all(c["misses"] > N and c["wide_steps"] > 0 for c in counters.values()) and len(counters) == 2
+
+
+@pytest.mark.parametrize("family", ["olmoe", "mixtral"])
+def test_other_families_page_with_vllms_tokens(baselines, checkpoints, family):
+    out, counters = greedy(make_llm(checkpoints[family], {"wisp": {"mode": "paged", "expert_cap": TOP_K}}))
+    assert out == baselines[family, True]
+    assert len(counters) == 2 and all(c["misses"] > N and c["wide_steps"] > 0 for c in counters.values())
+
+
+def test_without_a_wisp_table_the_method_is_vllms(baseline, qwen3_moe):
+    out, counters = greedy(make_llm(qwen3_moe))
+    assert out == baseline and counters == {}
+
+
+def test_per_layer_caps_page_only_the_named_layers(baseline, qwen3_moe):
+    out, counters = greedy(make_llm(qwen3_moe, {"wisp": {"mode": "paged", "expert_cap": {"2": TOP_K}}}))
+    assert out == baseline and list(counters) == ["model.layers.2.mlp.experts.routed_experts"]
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"mode": "paged", "expert_cap": 1}, "below the model's top_k 2"),
+    ({"mode": "zero-copy", "expert_cap": 4}, "unknown wisp mode 'zero-copy'"),
+])
+def test_bad_settings_stop_vllm_with_one_clear_error(baseline, qwen3_moe, table, message):
+    with pytest.raises(Exception, match=message):
+        make_llm(qwen3_moe, {"wisp": table})
+
+
+def test_an_unsupported_vllm_is_left_untouched(baseline, monkeypatch, caplog):
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    from wisp.integrations.vllm import register
+
+    before = dict(op_registry_oot)
+    op_registry_oot.pop("UnquantizedFusedMoEMethod")
+    monkeypatch.setattr(vllm, "__version__", "0.31.0")
+    try:
+        register()
+        assert "UnquantizedFusedMoEMethod" not in op_registry_oot
+        assert ">=0.32,<0.33" in caplog.text and "found vllm 0.31.0" in caplog.text
+    finally:
+        op_registry_oot.clear()
+        op_registry_oot.update(before)

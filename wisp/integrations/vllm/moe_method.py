@@ -1,0 +1,115 @@
+"""`WispPagedMoEMethod`: vLLM's unquantized MoE method with its experts paged through wisp (imports vLLM).
+
+Registered in place of `UnquantizedFusedMoEMethod` (`register_oot`, see `wisp.integrations.vllm.register`), so
+vLLM builds it for every unquantized MoE layer. Without wisp's settings it is vLLM's method, unchanged. With them:
+- `process_weights_after_loading` runs vLLM's own (padding, the kernel's prepacked layout, the kernel itself), then
+  hands the bank to `SlotPaging` (C slots per layer, host masters) and points the layer's weights at the slots;
+- `apply` receives the ids vLLM's router chose and calls the opaque custom op `torch.ops.wisp.vllm_paged_moe`,
+  which makes them resident and runs vLLM's kernel (`moe_kernel.apply`) on the slots with the ids remapped. The op
+  is opaque because the step's decision reads the routing on the host: on the CPU vLLM traces the MoE layer into
+  its compiled graph (no `moe_forward` op there), and the op keeps that graph whole around the decision.
+Supported on this seam: unquantized experts without biases, no expert parallelism (vLLM's CPU kernel ignores
+`expert_map`); anything else is refused with one line at load time. A layer with shared experts calls the paging
+directly (eager only: the op cannot carry vLLM's SharedExperts object).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import weakref
+
+import torch
+from vllm.config import get_current_vllm_config_or_none
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+from vllm.model_executor.utils import replace_parameter
+
+from wisp.core.experts.counters import ExpertCounters, sum_counters
+from wisp.integrations.vllm.settings import WispVllmConfigError, layer_index_of, settings_from
+from wisp.integrations.vllm.slot_paging import SlotPaging
+
+BANK = ("w13_weight", "w2_weight")
+logger = logging.getLogger("vllm.wisp")  # under vLLM's logger, so its handler and format apply
+PROCESS_COUNTERS: dict[str, ExpertCounters] = {}  # op key -> counters of every layer this process paged (logged at exit)
+METHODS: "weakref.WeakValueDictionary[str, WispPagedMoEMethod]" = weakref.WeakValueDictionary()  # op key -> method
+
+
+class WispPagedMoEMethod(UnquantizedFusedMoEMethod):
+    def __init__(self, moe):
+        super().__init__(moe)
+        config = get_current_vllm_config_or_none()
+        self.wisp_settings = settings_from(config.additional_config if config is not None else None)
+        self.wisp_paging: SlotPaging | None = None
+        if self.wisp_settings is not None and self.wisp_settings.expert_cap is not None:  # fail before loading
+            self.wisp_settings.cap_for(None, moe.num_local_experts, moe.experts_per_token)
+
+    def process_weights_after_loading(self, layer) -> None:
+        super().process_weights_after_loading(layer)
+        settings = self.wisp_settings
+        if settings is None:
+            return
+        name = getattr(layer, "layer_name", "")
+        cap = settings.cap_for(layer_index_of(name), layer.w13_weight.shape[0], self.moe.experts_per_token)
+        if cap is None:
+            return
+        if self.moe.has_bias:
+            raise WispVllmConfigError(f"wisp paging inside vLLM does not page expert biases yet ({name}); "
+                                      f'use mode "resident" for this model')
+        if layer.expert_map is not None:
+            raise WispVllmConfigError(f"wisp paging inside vLLM does not compose with expert parallelism yet ({name})")
+        paging = SlotPaging({b: getattr(layer, b).data for b in BANK}, cap)
+        for b in BANK:
+            replace_parameter(layer, b, paging.slots[b])
+        self.wisp_paging = paging
+        self.wisp_layer_args = (layer.activation, layer.apply_router_weight_on_input)  # not the layer: a module cycle
+        self.wisp_key = f"{name}#{id(self)}"  # unique across the LLMs of one process
+        METHODS[self.wisp_key] = self
+        PROCESS_COUNTERS[self.wisp_key] = paging.counters
+        logger.info("wisp: %s pages its %d experts through %d slots", name, paging.pager.num_experts, cap)
+
+    def apply(self, layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, shared_experts,
+              shared_experts_input):
+        if self.wisp_paging is None:
+            return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+        if shared_experts is not None:
+            return self.paged_apply(x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+        return torch.ops.wisp.vllm_paged_moe(x, topk_weights, topk_ids, self.wisp_key)
+
+    def paged_apply(self, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None) -> torch.Tensor:
+        """One step: the routed experts made resident, vLLM's kernel run on the bank the step returns."""
+        activation, weight_on_input = self.wisp_layer_args
+        bank, rows = self.wisp_paging.step(topk_ids)
+        return self.moe_kernel.apply(
+            hidden_states=x, w1=bank["w13_weight"], w2=bank["w2_weight"], topk_weights=topk_weights, topk_ids=rows,
+            activation=activation, global_num_experts=bank["w13_weight"].shape[0], expert_map=None,
+            apply_router_weight_on_input=weight_on_input, shared_experts=shared_experts,
+            shared_experts_input=shared_experts_input)
+
+
+@torch.library.custom_op("wisp::vllm_paged_moe", mutates_args=())
+def paged_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, key: str) -> torch.Tensor:
+    """The paged MoE step of the layer registered under `key`, opaque to torch.compile."""
+    return METHODS[key].paged_apply(x, topk_weights, topk_ids)
+
+
+@paged_moe.register_fake
+def _(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, key: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def layer_counters(model: torch.nn.Module) -> dict[str, dict[str, int]]:
+    """A model's paged layers: module name -> wisp's counters (hits, misses, loads, bytes_h2d, ...) and wide steps."""
+    found = {}
+    for name, module in model.named_modules():
+        paging = getattr(getattr(module, "quant_method", None), "wisp_paging", None)
+        if paging is not None:
+            found[name] = {**paging.counters.as_dict(), "wide_steps": paging.wide_steps}
+    return found
+
+
+@atexit.register
+def _log_counters() -> None:
+    if PROCESS_COUNTERS:
+        total = sum_counters(PROCESS_COUNTERS.values())
+        logger.info("wisp: %d paged MoE layers: %d steps, %d hits, %d misses, %d loads, %d bytes host->device",
+                    len(PROCESS_COUNTERS), total.steps, total.hits, total.misses, total.loads, total.bytes_h2d)
