@@ -1,5 +1,5 @@
 """wisp's paging inside vLLM's offline `LLM`, end to end on the CPU (skipped where vllm is not installed: it lives in a
-virtual environment of its own, README "Running inside vLLM").
+virtual environment of its own, docs/vllm.md).
 
 One process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the "uni" executor). The baselines (eager and torch.compile'd)
 run with no plug-in loaded (`VLLM_PLUGINS=""`); the module then registers wisp's method as the entry point would,
