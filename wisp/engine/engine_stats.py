@@ -39,10 +39,7 @@ def _load_control_stats(engine) -> dict | None:
     """What load control chose lately (None without it: off, or it cannot matter for this engine)."""
     if engine.load_control is None:
         return None
-    state = engine.load_control.state()
-    return {"decode_width": state.decode_width, "held_back": state.held_back,
-            "joint_working_set": state.joint_working_set, "width_steps": state.width_steps,
-            "switches": state.switches, "overdue": state.overdue, "max_decode_wait_ms": engine.config.max_decode_wait_ms}
+    return {**asdict(engine.load_control.state()), "max_decode_wait_ms": engine.config.max_decode_wait_ms}
 
 
 def _split_stats(engine) -> dict | None:

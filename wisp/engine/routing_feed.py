@@ -107,13 +107,13 @@ class RoutingFeed:
 
     # -- reading it ------------------------------------------------------------------------------------
     def drain(self) -> None:
-        """Read what was logged since the last drain (one device read) and hand it to the subscribers."""
+        """Read what was logged since the last drain (one wait for the device) and hand it to the subscribers."""
         self._rows_since_drain = 0
         if self.log is None or not self._owners:
             return
         where = {li: i for i, li in enumerate(self.logged)}
         columns = {id(s): [where[li] for li in self._layers[id(s)]] for s in self.subscribers}
-        for number, rows in self._numbered_steps():
+        for number, rows in self.log.drain_numbered():
             index = number - self._first
             if not 0 <= index < len(self._owners):
                 continue  # a warm-up step, or one already handed over
@@ -124,8 +124,3 @@ class RoutingFeed:
                 subscriber(rows[:, columns[id(subscriber)]], owners)
         self._first += len(self._owners)
         self._owners.clear()
-
-    def _numbered_steps(self) -> list[tuple[int, np.ndarray]]:
-        steps = self.log.drain()
-        written = int(self.log.steps)  # steps logged in all: the drained ones are the last len(steps)
-        return list(zip(range(written - len(steps), written), steps))

@@ -56,6 +56,10 @@ class RoutingLog:
 
     def drain(self) -> list[np.ndarray]:
         """The steps logged since the last drain, each [T, L, K] (host), oldest first."""
+        return [rows for _, rows in self.drain_numbered()]
+
+    def drain_numbered(self) -> list[tuple[int, np.ndarray]]:
+        """`drain`, each step with its number (steps logged before it since the last `reset`)."""
         written = int(self.rows)  # the one sync
         start = max(self.read, written - self.capacity)
         lost, self.read = start - self.read, written
@@ -67,7 +71,10 @@ class RoutingLog:
         if lost:  # the oldest step may have lost its first rows to the wrap: drop what is left of it
             keep = steps != steps[0]
             ids, steps = ids[keep], steps[keep]
-        return np.split(ids, np.flatnonzero(np.diff(steps)) + 1) if len(ids) else []
+        if not len(ids):
+            return []
+        cuts = np.flatnonzero(np.diff(steps)) + 1
+        return [(int(steps[at]), rows) for at, rows in zip(np.concatenate([[0], cuts]), np.split(ids, cuts))]
 
     def reset(self) -> None:
         self.rows.zero_()

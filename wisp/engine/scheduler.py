@@ -81,8 +81,7 @@ class Scheduler:
         running = self._grow_running()
         pending = {id(s): len(s) - s.num_computed for s in running}
         decodes = [s for s in running if pending[id(s)] == 1]
-        ready = [s for s in decodes if s.output_ids]
-        if self.decode_gate is not None and ready:
+        if self.decode_gate is not None and (ready := [s for s in decodes if s.output_ids]):
             chosen = {id(s) for s in self.decode_gate(ready)}
             decodes = [s for s in decodes if not s.output_ids or id(s) in chosen]
         seqs, counts = [], []

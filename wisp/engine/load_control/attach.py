@@ -35,7 +35,7 @@ class LoadControl:
     def __init__(self, controller: LoadController, engine, layers: list[int], drain_every: int = 4):
         self.controller, self.drain_every, self.layers = controller, drain_every, layers
         self._steps = 0
-        self.unsubscribe = engine.subscribe_routing(self._observe, layers)
+        engine.subscribe_routing(self._observe, layers)  # for the engine's life
         self.feed = engine.feed
 
     def gate(self, ready: list) -> list:

@@ -137,10 +137,13 @@ class LoadController:
 
     def _reload(self, ids: Seq[str], held: Seq[str] = ()) -> float:
         """Experts (over every MoE layer) that `ids` need in the slots beyond what `held`'s working set leaves there."""
-        need = self.joint_size(ids)
-        if held:
-            need = self.joint_size(list(ids) + list(held)) - self.joint_size(held)
+        need = self.joint_size(list(ids) + list(held)) - self.joint_size(held) if held else self.joint_size(ids)
         return float(np.minimum(need, self.caps).sum()) * self.layer_scale
+
+    @property
+    def _full_reload(self) -> float:
+        """Experts (over every MoE layer) that refill every slot: the most any reload copies."""
+        return float(self.caps.sum()) * self.layer_scale
 
     def _lead(self, rid: str, current_step: float) -> float:
         """A step of the current set, then `rid`'s first step reloading its working set: the warning `rid` needs."""
@@ -149,7 +152,7 @@ class LoadController:
     def _due(self, ids: list[str], waits: dict[str, float]) -> list[str]:
         members = [r for r in self.current if r in waits]
         current_step = self.costs.step_s(max(len(members), 1), self._misses(members))
-        full = current_step + self.costs.step_s(1, float(self.caps.sum()) * self.layer_scale)  # the longest lead
+        full = current_step + self.costs.step_s(1, self._full_reload)  # the longest lead
         near = [r for r in ids if r not in members and waits[r] + full >= self.max_wait_s]
         return [r for r in near if waits[r] + self._lead(r, current_step) >= self.max_wait_s]
 
@@ -160,14 +163,14 @@ class LoadController:
         if b >= ready:
             return b / step
         turn = self._turn(b, ready)
-        reload = self.costs.step_s(b, self._reload(ids)) - self.costs.compute_s(b)
-        return b / step * turn / (turn + reload)
+        reload_s = self._reload(ids) * self.costs.copy_s
+        return b / step * turn / (turn + reload_s)
 
     def _turn(self, b: int, ready: int) -> float:
         groups = -(-ready // b)
         if groups <= 1:
             return math.inf
-        lead = self.costs.step_s(b, self._misses([])) + self.costs.step_s(1, float(self.caps.sum()) * self.layer_scale)
+        lead = self.costs.compute_s(b) + self.costs.step_s(1, self._full_reload)
         return max(self.max_wait_s - 2 * lead, self.costs.compute_s(b)) / (groups - 1)
 
     # -- choosing ---------------------------------------------------------------------------------------
