@@ -103,3 +103,19 @@ def test_a_fixed_width_takes_turns_in_groups_of_that_width_within_the_bound():
     chosen_sets, gaps = simulate(ctl, list(sets), steps=300)
     assert all(len(c) == 2 for c in chosen_sets)
     assert all(len(w) > 1 and max(w) <= 0.5 + 1e-9 for w in gaps.values())
+
+
+def test_everyone_together_is_looked_at_again_when_working_sets_drift_apart():
+    """Everyone fits at first (all route to experts 0 and 1); then a and b move to 0-3 and c and d to 4-7, with 4
+    slots: everyone together would thrash, the pairs fit. No request arrives or leaves, yet within a bound the
+    controller stops decoding everyone (it used to keep that set until someone left)."""
+    rids = ["a", "b", "c", "d"]
+    ctl = controller({r: [[0, 1]] * L for r in rids}, [4] * L, 0.5)
+    ctl.costs.copy_s = 1e-2  # a miss costs as much as a step's compute: thrashing would show
+    chosen_sets, _ = simulate(ctl, rids, steps=20)
+    assert all(c == rids for c in chosen_sets)
+    for rid, experts in {"a": [0, 1, 2, 3], "b": [0, 1, 2, 3], "c": [4, 5, 6, 7], "d": [4, 5, 6, 7]}.items():
+        ctl.ws.observe(rid, rows_cycling([experts] * L))
+    chosen_sets, gaps = simulate(ctl, rids, steps=300)
+    assert {tuple(c) for c in chosen_sets[-100:]} <= {("a", "b"), ("c", "d")}
+    assert all(max(w) <= 0.5 + 1e-9 for w in gaps.values())

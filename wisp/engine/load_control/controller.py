@@ -15,6 +15,8 @@ aggregate rate, kept for a turn, under a bound on any request's wait between two
   the set in its turn holds).
   A set's rate is discounted by that reload: rate = b / step_s x turn / (turn + reload). Everyone decoding
   together is the alternative it must beat, at no discount.
+- **Revisits.** Everyone decoding together has no turn, but working sets drift: the choice is made afresh once
+  per `max_wait_s`, so that a set found best when the working sets overlapped does not outlive them.
 - **Choice.** A new set is grown greedily from a seed (the longest-waiting request at a turn, the due ones when
   some are due, the set in its turn when a request arrives or leaves): the request that raises the predicted
   rate most joins, while the step still ends within every member's bound, until none raises it.
@@ -73,7 +75,8 @@ class LoadController:
         k, n = working_sets.top_k, working_sets.num_experts
         self.unknown_experts = min(n, 2 * k) if unknown_experts is None else unknown_experts
         self.current: list[str] = []  # the decode set, in the order chosen
-        self.turn_ends = math.inf  # when the current set's turn ends
+        self.turn_ends = math.inf  # when the current set's turn ends (everyone decoding: when to look again)
+        self._revisit = True  # turn_ends is a revisit of everyone decoding, not a turn
         self._since_change = 0  # decode steps since the set last changed
         self._ready_ids: frozenset[str] = frozenset()
         self._width_steps: Counter[int] = Counter()
@@ -200,8 +203,10 @@ class LoadController:
             self._since_change = 0
         self.current = chosen
         self._joint = float(self.joint_size(chosen).mean())
-        if not keep_turn or len(chosen) == len(ids) or self.turn_ends == math.inf:
-            self.turn_ends = now + self._turn(len(chosen), len(ids))
+        if not keep_turn or len(chosen) == len(ids) or self._revisit:
+            turn = self._turn(len(chosen), len(ids))
+            self._revisit = math.isinf(turn)  # everyone decodes: looked at again once a bound, as working sets drift
+            self.turn_ends = now + (self.max_wait_s if self._revisit else turn)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: %d of %d ready decode (%.1f tok/s predicted, everyone %.1f), joint working set %.1f, "
                       "turn %.3f s", why, len(chosen), len(ids), best, everyone, self._joint, self.turn_ends - now)
