@@ -4,6 +4,11 @@
 #            --max-concurrency b, and as turns under the same wait bound, --load-control width:b) and C = 32 at W = 8
 #   mixtral: Mixtral-8x7B preset, the 4 real decode sequences replayed one per request, C = 4 and 6, W = 4
 #   agent:   `wisp bench agent`, OLMoE preset, 8 GiB, W = 4, real layer-0 routing, os and db sessions, on and off
+#   phases:  `wisp bench agent` with the concurrency in phases (1 session at a time, then 8 at once, then 2; os and db
+#            sessions, repeats made distinct), mv-wsa against the controller (KV floor following the requests in
+#            flight), ABBA, each arm in a fresh process, load control on (about 8 of the 9 minutes)
+#   phases_static: the same workload, the other static splits (kv-blind, 50-50), to name the best static one
+#   stationary: os (W = 4) then db (W = 4), mv-wsa against the controller, ABBA, fresh processes, load control on
 # .gpu_data/ (ignored by git; pass it with the device tool's carry) holds copies from ../shared/data: the Mixtral
 # files routing_mixtral8x7b/{gsm8k,humaneval}_2_decode_TxLxK.npz, the OLMoE trace and the AgentInstruct samples.
 set -uo pipefail
@@ -12,6 +17,12 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 d=.gpu_data
 serve() { name=$1; shift; timeout 240 python3 -m wisp bench serve --load-format dummy --prompt-len 128 --output-len 128 \
   --out "$out/$name.json" "$@" 2>"$out/$name.log" | tee "$out/$name.txt"; }
+# agent NAME SECONDS ARGS...: one `wisp bench agent` call on the OLMoE preset, cut at SECONDS (records are written
+# after every arm, so a cut run keeps the arms it finished)
+agent() { name=$1 limit=$2; shift 2; timeout "$limit" python3 -m wisp bench agent --model olmoe-1b-7b --load-format dummy \
+  --vram-budget 8GiB --max-model-len 4096 --routing-trace $d/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl --load-control on \
+  --out "$out/$name.json" "$@" 2>"$out/$name.log" | tee "$out/$name.txt"; }
+sessions="$d/agentinstruct_os_sample5.json $d/agentinstruct_db_sample5.json"
 case "${STAGE:-qwen3}" in
 qwen3)
   q="--model qwen3-30b-a3b --mode paged"
@@ -39,5 +50,12 @@ agent)
       --sessions $d/agentinstruct_os_sample5.json $d/agentinstruct_db_sample5.json --out "$out/agent_$lc.json" \
       2>"$out/agent_$lc.log" | tee "$out/agent_$lc.txt"
   done ;;
-*) echo "unknown STAGE ${STAGE}; choose qwen3, mixtral or agent" >&2; exit 2 ;;
+phases)
+  agent phases 530 --sessions $sessions --phases 1:2,8:8,2:4 --arms mv-wsa,controller --order abba ;;
+phases_static)
+  agent phases_static 400 --sessions $sessions --phases 1:2,8:8,2:4 --arms kv-blind,50-50 ;;
+stationary)
+  agent stationary_os 320 --sessions $d/agentinstruct_os_sample5.json --concurrency 4 --arms mv-wsa,controller --order abba
+  agent stationary_db 200 --sessions $d/agentinstruct_db_sample5.json --concurrency 4 --arms mv-wsa,controller --order abba ;;
+*) echo "unknown STAGE ${STAGE}; choose qwen3, mixtral, agent, phases, phases_static or stationary" >&2; exit 2 ;;
 esac

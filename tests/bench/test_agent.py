@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.cli_runner import run_wisp
+from wisp.bench.agent import arm_order
 from wisp.bench.agent_arms import ARMS, arm_specs, parse_arms
 from wisp.errors import WispError
 
@@ -15,13 +16,13 @@ RECORD_KEYS = {"arm", "ttft_p50_s", "ttft_p90_s", "decode_tok_s", "turn_wall_p50
                "decode_tokens", "graph_steps"}
 
 
-def _agentinfer_file(path, sessions: int = 3, turns: int = 3) -> None:
+def _agentinfer_file(path, sessions: int = 3, turns: int = 3, reply: int = 5) -> None:
     """Token counts only (the agentinfer log's format): each turn's prompt grows."""
     rows = []
     for s in range(sessions):
         for t in range(turns):
             rows.append({"session_id": f"s{s}", "actor_id": "lead", "started_at": f"2026-01-01T00:00:{10 * t + s:02d}",
-                         "input_tokens": 30 + 25 * t + 7 * s, "output_tokens": 5})
+                         "input_tokens": 30 + 25 * t + 7 * s, "output_tokens": reply})
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
@@ -64,3 +65,56 @@ def test_arms_are_sized_on_one_plan_and_keep_the_floor():
         parse_arms("mv-wsa,lru")
     start = {s.arm: s for s in arm_specs(plan, ["controller"], 16, controller_start="50-50")}["controller"]
     assert start.expert_cap == 6 and start.kv_blocks == problem.kv_blocks(6)
+
+
+@pytest.mark.slow
+def test_bench_agent_phases_abba_records_each_phase_and_the_split_over_time(tmp_path):
+    """Concurrency 1, then 8, then 2 on a budget where W = 8's floor leaves 7 slots of 16: the static arm keeps
+    W = 8's KV all along; the controller's floor follows the sessions in flight (more slots while one or two run,
+    grown back before the 8 are admitted). Arms in ABBA order, each in a fresh process."""
+    sessions, out = tmp_path / "agentinfer_sessions.jsonl", tmp_path / "agent.json"
+    _agentinfer_file(sessions, sessions=6, reply=10)
+    proc = run_wisp(["agent", "--model", "demo", "--sessions", sessions, "--phases", "1:2,8:8,2:4", "--vram-budget",
+                     "523MiB", "--max-model-len", "256", "--max-reply-tokens", "10", "--device", "cpu",
+                     "--resolve-every", "4", "--min-observations", "10", "--admission-window", "16",
+                     "--resize-cost-s", "off", "--arms", "mv-wsa,controller", "--order", "abba", "--out", out],
+                    tmp_path / "cache", command="bench")
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads(out.read_text())
+    assert [(r["arm"], r["position"]) for r in records] == [("mv-wsa", 0), ("controller", 1), ("controller", 2),
+                                                            ("mv-wsa", 3)]
+    floor = records[0]["admission_floor_blocks"]  # W = 8's
+    for r in records:
+        assert r["concurrency"] == 8 and r["phases"] == "1:2,8:8,2:4" and r["sessions"] == 14 and r["turns"] == 42
+        assert r["preemptions"] == 0 and r["isolation"] == "process" and r["gpu_bytes_before_load"] == 0
+        assert [(p["width"], p["sessions"], p["turns"]) for p in r["per_phase"]] == [(1, 2, 6), (8, 8, 24), (2, 4, 12)]
+        for p in r["per_phase"]:
+            assert p["wall_s"] > 0 and p["output_tok_s"] > 0 and 0 <= p["hit_rate"] <= 1
+        assert sum(p["wall_s"] for p in r["per_phase"]) == pytest.approx(r["e2e_wall_s"], rel=0.05)
+    assert {r["prefill_tokens"] for r in records} == {records[0]["prefill_tokens"]}  # the same work in every arm
+    for r in records[1:3]:
+        first, wide = r["per_phase"][0], r["per_phase"][1]
+        assert first["kv_blocks_end"] < floor and first["admission_limit_end"] < 8  # one session: KV below W = 8's
+        assert first["expert_cap_end"] > r["expert_cap"]  # ... and more expert slots
+        assert any(e["reason"].startswith("admission") and e["admission_limit"] == 8 for e in r["resizes"])
+        assert all(0 <= e["at_s"] <= r["e2e_wall_s"] for e in r["resizes"])
+    for r in records[::3]:
+        assert "resizes" not in r and {p["kv_blocks_end"] for p in r["per_phase"]} == {r["kv_blocks"]}
+
+
+def test_abba_runs_each_arm_early_and_late():
+    assert arm_order(["mv-wsa", "controller"], "abba") == ["mv-wsa", "controller", "controller", "mv-wsa"]
+    assert arm_order(["a", "b", "a"], "as-given") == ["a", "b", "a"]
+
+
+def test_phases_set_the_engine_width_to_the_widest_and_refuse_another():
+    from types import SimpleNamespace
+
+    from wisp.bench.agent import _phases
+
+    sessions = [object()] * 3
+    args = SimpleNamespace(phases=None, concurrency=None)
+    phases, phased = _phases(args, sessions, 100)
+    assert args.concurrency == 4 and [(p.width, p.sessions) for p in phases] == [(4, 3)] and phased is sessions
+    with pytest.raises(WispError, match="widest phase"):
+        _phases(SimpleNamespace(phases="1:2,4:1", concurrency=2), sessions, 100)

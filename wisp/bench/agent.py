@@ -5,7 +5,8 @@ checkpoint's tokenizer or, without one, a byte-level BPE trained on the sessions
 real token counts). `--concurrency W` sessions run at once; each sends turn k+1 (the whole conversation
 so far) when turn k's reply is done, as an agent framework does, and a finished session's slot takes the
 next session in file order (so several files run back to back: a drifting workload). Replies are the
-dataset's length, capped (`--max-reply-tokens`), with ignore_eos.
+dataset's length, capped (`--max-reply-tokens`), with ignore_eos. `--phases W:N,...` changes the concurrency in
+phases, one after another in one engine (`wisp.bench.agent_phases`); the engine's W is then the widest phase.
 
 Routing: `--routing-trace FILE` replays real routing for every token, prefill and decode
 (`wisp.trace.session_replay`), each session from its own offset; a one-layer trace is spread over all
@@ -20,173 +21,48 @@ an agent's: the history it resends may come from the prefix cache (unlike `wisp 
 Budget: `--vram-budget` is the whole device budget. Arms are sized by `wisp.bench.agent_arms` from a plan
 made on this workload; after a warm-up the peak allocator statistic is reset and each record reports
 `peak_gpu_bytes` (torch.cuda.max_memory_allocated while serving) and `within_budget`.
+
+Arms: each runs isolated from the others (`wisp.bench.agent_run`: a fresh process by default), in the order
+given (repeats allowed, each its own record with its `position`) or, with `--order abba`, the arms and then the
+same arms reversed, so that an effect of running early or late shows as a difference between an arm's two runs.
+The controller arm's KV floor follows the requests in flight (`--admission-window`; 0 keeps W x L).
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import sys
-import time
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from wisp.bench.agent_arms import ArmSpec, arm_specs, parse_arms
+from wisp.bench.agent_arms import arm_specs, parse_arms
+from wisp.bench.agent_phases import Phase, one_phase, parse_phases, sessions_for_phases
+from wisp.bench.agent_run import run_arm_isolated
 from wisp.bench.agent_sessions import Session, load_sessions, train_session_tokenizer
-from wisp.bench.decode import _git_commit, _peak, _reset_peak, model_config_for, probe_h2d_gbps
-from wisp.bench.percentiles import percentile
+from wisp.bench.decode import _git_commit, model_config_for, probe_h2d_gbps
 from wisp.bench.routing import routing_for, uniform_trace
-from wisp.cli_args import backend_options
 from wisp.config import EngineConfig, ModelConfig, resolve_device
-from wisp.engine.engine import LLMEngine
-from wisp.engine.sampling import SamplingParams
-from wisp.engine.split_controller.controller import ControllerConfig, SplitController
+from wisp.errors import WispError
 from wisp.models.token_embedding import embedding_on_host
 from wisp.plan.planner import PlanInputs, make_plan
-from wisp.trace.format import RoutingTrace
 from wisp.trace.kv_trace import KVTrace
-from wisp.trace.session_replay import SessionRoutingReplay
 
 
-@dataclass(frozen=True)
-class TurnTimes:
-    session: int
-    turn: int
-    workflow: str
-    arrival: float
-    first_token: float
-    finish: float
-    output_tokens: int
-
-    @property
-    def ttft(self) -> float:
-        return self.first_token - self.arrival
-
-    @property
-    def wall(self) -> float:
-        return self.finish - self.arrival
-
-    @property
-    def decode_tok_s(self) -> float | None:
-        return (self.output_tokens - 1) / (self.finish - self.first_token) if self.output_tokens > 1 else None
-
-
-def serve_sessions(engine: LLMEngine, sessions: list[Session], concurrency: int,
-                   replay: SessionRoutingReplay | None, max_reply: int) -> list[TurnTimes]:
-    """Run every session's turns, `concurrency` sessions at a time (see the module docstring)."""
-    queue, live, done = deque(range(len(sessions))), {}, []
-    stride = len(replay) // max(len(sessions), 1) if replay is not None else 0
-
-    def submit(s: int, k: int) -> None:
-        turn, rid = sessions[s].turns[k], f"s{s}t{k}"
-        params = SamplingParams(max_tokens=min(turn.reply_tokens, max_reply), ignore_eos=True)
-        engine.add_request(rid, list(turn.prompt_ids), params, strict_length=False)
-        if replay is not None:
-            replay.assign(rid, s * stride)
-        live[rid] = (s, k, engine.requests[rid])
-
-    for _ in range(concurrency):
-        if queue:
-            submit(queue.popleft(), 0)
-    while engine.has_unfinished():
-        for out in engine.step():
-            if not out.finished:
-                continue
-            s, k, seq = live.pop(out.request_id)
-            if replay is not None:
-                replay.forget(out.request_id)
-            done.append(TurnTimes(s, k, sessions[s].workflow, seq.arrival_time, seq.first_token_time,
-                                  seq.finish_time, len(seq.output_ids)))
-            if k + 1 < len(sessions[s].turns):
-                submit(s, k + 1)
-            elif queue:
-                submit(queue.popleft(), 0)
-    return done
-
-
-def summarize(times: list[TurnTimes]) -> dict:
-    """Timing fields of some turns: TTFT and turn wall percentiles, per-stream decode speed (median)."""
-    ttft, wall = [t.ttft for t in times], [t.wall for t in times]
-    rates = [r for r in (t.decode_tok_s for t in times) if r is not None]
-    return {"ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
-            "decode_tok_s": percentile(rates, 50), "turn_wall_p50_s": percentile(wall, 50),
-            "turn_wall_p90_s": percentile(wall, 90), "turns": len(times)}
-
-
-def session_kv_trace(sessions: list[Session], concurrency: int, block_size: int) -> KVTrace:
-    """The workload as the planner's KV trace: turns in the order `serve_sessions` roughly sends them
-    (round robin over groups of `concurrency` sessions)."""
-    kv = KVTrace(block_size)
-    for g in range(0, len(sessions), concurrency):
-        group = sessions[g : g + concurrency]
-        for k in range(max(len(s.turns) for s in group)):
-            for s in group:
-                if k < len(s.turns):
-                    kv.add(s.name, len(s.turns[k].prompt_ids), s.turns[k].reply_tokens)
+def session_kv_trace(sessions: list[Session], phases: list[Phase], block_size: int) -> KVTrace:
+    """The workload as the planner's KV trace: turns in the order `serve_phases` roughly sends them (per phase,
+    round robin over groups of its width)."""
+    kv, first = KVTrace(block_size), 0
+    for phase in phases:
+        for g in range(first, first + phase.sessions, phase.width):
+            group = sessions[g : min(g + phase.width, first + phase.sessions)]
+            for k in range(max(len(s.turns) for s in group)):
+                for s in group:
+                    if k < len(s.turns):
+                        kv.add(s.name, len(s.turns[k].prompt_ids), s.turns[k].reply_tokens)
+        first += phase.sessions
     return kv
-
-
-def _engine(args, cfg: ModelConfig, spec: ArmSpec) -> LLMEngine:
-    caps = {"per_layer_caps": spec.expert_caps} if spec.expert_caps else {}
-    return LLMEngine(EngineConfig(model=args.model, mode=spec.mode, load_format=args.load_format,
-                                  kv_blocks=spec.kv_blocks, max_concurrency=args.concurrency,
-                                  max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
-                                  **backend_options(args), **caps))
-
-
-def _warm_up(engine: LLMEngine, length: int) -> None:
-    """Kernels and allocator on a prompt no session shares; then counters and peak start from zero."""
-    prompt = torch.randint(0, engine.model_config.vocab_size, (length,), generator=torch.Generator().manual_seed(7))
-    engine.add_request("warm-up", prompt.tolist(), SamplingParams(max_tokens=4, ignore_eos=True), strict_length=False)
-    while engine.has_unfinished():
-        engine.step()
-    engine.reset_stats()
-    _reset_peak(engine.device)
-
-
-def run_arm(args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session], trace: RoutingTrace | None,
-            plan) -> dict:
-    gc.collect()  # the previous arm's engine (reference cycles: model hooks, the live split) and its pinned memory
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
-    engine = _engine(args, cfg, spec)
-    replay = None
-    if trace is not None:
-        replay = SessionRoutingReplay(trace, list(cfg.moe_layer_ids), cfg.num_experts, cfg.top_k, engine.device,
-                                      args.max_num_batched_tokens + args.concurrency)
-        engine.runner.set_routing_replay(replay)
-    _warm_up(engine, min(512, args.max_model_len - 8))
-    if spec.controller:
-        p = plan.curves.problem
-        config = ControllerConfig(p, resolve_every=args.resolve_every, min_gain=args.min_gain,
-                                  half_life=args.half_life, min_observations=args.min_observations)
-        engine.set_live_split(SplitController(config, spec.expert_cap, spec.kv_blocks))
-    start = time.perf_counter()
-    times = serve_sessions(engine, sessions, args.concurrency, replay, args.max_reply_tokens)
-    e2e = time.perf_counter() - start
-    stats = engine.stats()
-    record = {"arm": spec.arm, "mode": spec.mode, "expert_cap": spec.expert_cap, "kv_blocks": spec.kv_blocks,
-              **summarize(times), "e2e_wall_s": round(e2e, 3), "preemptions": stats["preemptions"], "hit_rate": round(stats["hit_rate"], 4),
-              "kv_blocks_peak": stats["kv_peak_blocks_used"], "bytes_h2d": stats["bytes_h2d"],
-              "prefix_hit_tokens": stats["prefix_hit_tokens"], "prefill_tokens": stats["tokens_prefilled"],
-              "decode_tokens": stats["tokens_decoded"], "graph_steps": stats["graph_steps"],
-              "peak_gpu_bytes": _peak(engine.device), "gpu_bytes_before_load": before}
-    record["per_workflow"] = {w: summarize([t for t in times if t.workflow == w])
-                              for w in dict.fromkeys(s.workflow for s in sessions)}
-    if engine.live_split is not None:
-        record["resizes"] = [{"at_s": round(e.at_s, 3), "stall_s": round(e.stall_s, 4), "from_cap": e.resize.from_cap,
-                              "to_cap": e.resize.to_cap, "from_kv_blocks": e.resize.from_kv_blocks,
-                              "to_kv_blocks": e.resize.to_kv_blocks, "reason": e.resize.reason}
-                             for e in engine.live_split.events]
-        record["expert_cap_end"], record["kv_blocks_end"] = engine.live_split.controller.expert_cap, engine.pool.num_blocks
-        record["controller_host_s"] = round(engine.live_split.host_s, 4)  # observing and deciding, resizes apart
-    engine.set_live_split(None)
-    return record
 
 
 def _sessions(args, cfg: ModelConfig) -> list[Session]:
@@ -206,29 +82,51 @@ def _sessions(args, cfg: ModelConfig) -> list[Session]:
     return sessions[: args.max_sessions] if args.max_sessions else sessions
 
 
+def _phases(args, sessions: list[Session], vocab_size: int) -> tuple[list[Phase], list[Session]]:
+    """The phases and the sessions they serve; sets args.concurrency to the engine's W (the widest phase)."""
+    if args.phases is None:
+        args.concurrency = args.concurrency or 4
+        return one_phase(args.concurrency, len(sessions)), sessions
+    phases = parse_phases(args.phases)
+    widest = max(p.width for p in phases)
+    if args.concurrency not in (None, widest):
+        raise WispError(f"--concurrency {args.concurrency} with --phases {args.phases}: the engine's W is the widest "
+                        f"phase ({widest}); leave --concurrency out")
+    args.concurrency = widest
+    return phases, sessions_for_phases(sessions, phases, vocab_size)
+
+
+def arm_order(names: list[str], order: str) -> list[str]:
+    """The arms in the order they run: as given, or ABBA (as given, then reversed)."""
+    return names + names[::-1] if order == "abba" else list(names)
+
+
 def bench_agent(args) -> list[dict]:
-    names = parse_arms(args.arms)
+    names = arm_order(parse_arms(args.arms), args.order)
     device = resolve_device(args.device)
     cfg = model_config_for(args.model, args.load_format)
-    sessions = _sessions(args, cfg)
+    phases, sessions = _phases(args, _sessions(args, cfg), cfg.vocab_size)
     trace, routing = routing_for(args.routing_trace, cfg, max(8192, len(sessions) * args.max_model_len))
     gbps = probe_h2d_gbps(device)
     inputs = PlanInputs(vram_budget=args.vram_budget, max_concurrency=args.concurrency, max_model_len=args.max_model_len,
                         seconds_per_byte=None if device.type == "cuda" else 1e-10,
                         embedding_on_host=embedding_on_host(args.embedding, device, cfg.tie_word_embeddings))
     plan_trace = trace if trace is not None else uniform_trace(cfg, 512)
-    plan = make_plan(cfg, inputs, plan_trace, session_kv_trace(sessions, args.concurrency, 16), device)
+    plan = make_plan(cfg, inputs, plan_trace, session_kv_trace(sessions, phases, 16), device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     common = {"model": args.model, "routing": routing, "workload": [Path(p).name for p in args.sessions],
               "sessions": len(sessions), "concurrency": args.concurrency, "vram_budget": args.vram_budget,
               "reserve_bytes": plan.report.reserve_bytes, "non_expert_bytes": plan.report.non_expert_bytes,
               "pageable_bytes": plan.report.pageable_bytes, "admission_floor_blocks": plan.report.admission_floor_blocks,
-              "h2d_gbps_probe": round(gbps, 2), "device": gpu, "commit": _git_commit(),
+              "h2d_gbps_probe": round(gbps, 2), "device": gpu, "commit": _git_commit(), "isolation": args.isolation,
               "command": "wisp bench agent " + " ".join(sys.argv[3:])}
+    if args.phases is not None:
+        common["phases"] = args.phases
     records = []
-    for spec in arm_specs(plan, names, cfg.num_experts, args.controller_start):
-        r = run_arm(args, cfg, spec, sessions, trace, plan)
-        r.update(common, within_budget=r["peak_gpu_bytes"] <= args.vram_budget if device.type == "cuda" else None)
+    for position, spec in enumerate(arm_specs(plan, names, cfg.num_experts, args.controller_start)):
+        r = run_arm_isolated(args.isolation, args, cfg, spec, sessions, phases, trace, plan.curves.problem)
+        r.update(common, position=position,
+                 within_budget=r["peak_gpu_bytes"] <= args.vram_budget if device.type == "cuda" else None)
         records.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)
         if args.out:  # after every arm: a run cut short keeps what it measured
@@ -249,7 +147,16 @@ def _print_table(records: list[dict]) -> None:
               f"{r['hit_rate']:>7.3f}{r['preemptions']:>8}{r['peak_gpu_bytes'] / 1e9:>9.2f}")
     r = records[0]
     print(f"budget {r['vram_budget'] / 2**30:.2f} GiB on {r['device']}; routing {r['routing']}; "
-          f"{r['sessions']} sessions at concurrency {r['concurrency']}")
+          f"{r['sessions']} sessions at concurrency {r.get('phases', r['concurrency'])}")
+    if "phases" not in r:
+        return
+    print(f"{'arm':11}{'phase':>6}{'W':>4}{'wall s':>9}{'out tok/s':>11}{'dec tok/s':>11}{'TTFT p50':>10}{'hit':>7}"
+          f"{'cap end':>9}{'kv end':>8}{'admit':>7}")
+    for r in records:
+        for p, ph in enumerate(r["per_phase"]):
+            print(f"{r['arm']:11}{p:>6}{ph['width']:>4}{ph['wall_s']:>9.2f}{ph['output_tok_s'] or 0:>11.2f}"
+                  f"{ph['decode_tok_s'] or 0:>11.2f}{ph['ttft_p50_s'] or 0:>10.3f}{ph['hit_rate'] or 0:>7.3f}"
+                  f"{ph['expert_cap_end']:>9}{ph['kv_blocks_end']:>8}{ph['admission_limit_end']:>7}")
 
 
 def plot_arms(records: list[dict], path: str) -> None:

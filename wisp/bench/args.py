@@ -143,10 +143,19 @@ def _add_agent_parser(kinds) -> None:
     agent.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     agent.add_argument("--sessions", nargs="+", required=True, metavar="FILE",
                        help="AgentInstruct .json/.jsonl or the agentinfer log; several run back to back")
-    agent.add_argument("--concurrency", type=int, default=4, help="sessions at once (W, also the engine's)")
+    agent.add_argument("--concurrency", type=int, default=None,
+                       help="sessions at once (W, also the engine's; default 4, or the widest phase)")
+    agent.add_argument("--phases", default=None, metavar="W:N,...",
+                       help="phased concurrency: N sessions W at a time per phase, phase after phase in one engine, "
+                            "e.g. 1:2,8:8,2:4 (wisp.bench.agent_phases)")
     agent.add_argument("--vram-budget", type=parse_size, required=True, help="the whole device budget, e.g. 8GiB")
     agent.add_argument("--arms", default="mv-wsa,50-50,kv-blind,zero-copy,offload,controller",
-                       help="comma list of mv-wsa, 50-50, kv-blind, zero-copy, offload, controller")
+                       help="comma list of mv-wsa, 50-50, kv-blind, zero-copy, offload, controller (repeats allowed)")
+    agent.add_argument("--order", choices=["as-given", "abba"], default="as-given",
+                       help="abba: the arms, then the same arms in reverse (each arm early and late)")
+    agent.add_argument("--isolation", choices=["process", "engine"], default="process",
+                       help="process: each arm in a fresh Python process (nothing left from the arms before); "
+                            "engine: a fresh engine in this process, device memory released between arms")
     agent.add_argument("--max-model-len", type=int, default=4096)
     agent.add_argument("--max-reply-tokens", type=int, default=64, help="cap on each reply (the dataset's length)")
     agent.add_argument("--max-sessions", type=int, default=None, help="only the first N sessions")
@@ -160,9 +169,20 @@ def _add_agent_parser(kinds) -> None:
     agent.add_argument("--min-gain", type=float, default=0.05, help="controller: hysteresis (relative latency gain)")
     agent.add_argument("--half-life", type=float, default=20000.0, help="controller: references per half-weight")
     agent.add_argument("--min-observations", type=int, default=2000, help="controller: expert references first")
+    agent.add_argument("--admission-window", type=int, default=128, metavar="STEPS",
+                       help="controller: its KV floor follows the peak of requests in flight over this many steps "
+                            "(0: the fixed floor, W x max-model-len)")
+    agent.add_argument("--resize-cost-s", type=_seconds_or_off, default=2.0, metavar="S|off",
+                       help="controller: a resize's stall assumed until one is measured, for its payback rule (a "
+                            "re-solved split is adopted when its gain repays the stall in the time conditions held); "
+                            "off: hysteresis only")
     add_backend_args(agent)
     agent.add_argument("--out", default=None, help="write the records as a JSON list here")
     agent.add_argument("--plot", default=None, help="draw turn wall and TTFT per arm into this PNG")
+
+
+def _seconds_or_off(text: str) -> float | None:
+    return None if text == "off" else parse_positive_float(text)
 
 
 def _add_soak_parser(kinds) -> None:

@@ -153,8 +153,10 @@ def render(rows: list[tuple[str, dict]]) -> str:
             shape = "batch-1 decode and cold TTFT at each of llama.cpp's expert placements, at its GPU footprint there"
         if agent:
             what = first.get("model", what)
-            shape = (f"{first['sessions']} agent sessions ({', '.join(first['workload'])}) at concurrency "
-                     f"{first['concurrency']}, budget {first['vram_budget'] / 2**30:.0f} GiB, routing {first['routing']}")
+            width = (f"in phases of W:N sessions {first['phases']}" if "phases" in first else
+                     f"at concurrency {first['concurrency']}")
+            shape = (f"{first['sessions']} agent sessions ({', '.join(first['workload'])}) {width}, "
+                     f"budget {first['vram_budget'] / 2**30:.0f} GiB, routing {first['routing']}")
         out.append(f"Model: {what}{f' ({layers} layers)' if layers else ''}; GPU: {first.get('gpu', '-')}; {shape}.")
         if first.get("note"):
             out.append(f"Note: {first['note']}.")

@@ -51,6 +51,7 @@ def _split_stats(engine) -> dict | None:
                "to_cap": e.resize.to_cap, "from_kv_blocks": e.resize.from_kv_blocks,
                "to_kv_blocks": e.resize.to_kv_blocks, "reason": e.resize.reason} for e in engine.live_split.events[-8:]]
     return {"expert_slot_value": state.expert_slot_value, "kv_block_value": state.kv_block_value,
+            "kv_floor_blocks": state.admission_floor_blocks, "admission_limit": state.admission_limit,
             "resizes": state.resizes, "recent_resizes": recent}
 
 

@@ -100,3 +100,52 @@ def test_bad_settings_and_starts_are_refused():
         ControllerConfig(problem(budget_slots=5, floor=10))  # not even min_cap and the floor fit
     with pytest.raises(ValueError):
         SplitController(ControllerConfig(p), 2, p.kv_blocks(2) + 1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), budget=st.integers(30, 80), unit=st.integers(1, 6))
+def test_a_moving_kv_floor_is_always_kept_and_a_raised_one_at_once(data, budget, unit):
+    """The admission floor moves in multiples of one request's blocks; whatever the curves and the hysteresis,
+    the pool never holds less than the floor of its time, and raising the floor above it resizes at once."""
+    p = problem(budget_slots=budget, floor=unit, min_cap=2, max_cap=16)
+    cfg = ControllerConfig(p, resolve_every=2, min_gain=data.draw(st.sampled_from([0.0, 0.05, 0.5])), half_life=40.0,
+                           min_observations=0, admission_window=4)
+    start = data.draw(st.sampled_from(list(p.feasible_caps())))
+    ctl = SplitController(cfg, start, p.kv_blocks(start))
+    most = p.kv_blocks(p.min_cap) // unit
+    for _ in range(data.draw(st.integers(1, 25))):
+        ctl.observe_experts(distances(data.draw(st.lists(st.integers(0, 16), max_size=20)), 16), tokens=3)
+        ctl.observe_kv(distances(data.draw(st.lists(st.integers(0, 60), max_size=10)), 60))
+        floor = unit * data.draw(st.integers(1, most))
+        before = ctl.kv_blocks
+        forced = ctl.require_kv_floor(floor)
+        assert (forced is not None) == (before < floor) and ctl.kv_blocks >= floor == ctl.kv_floor
+        if forced is not None:
+            assert forced.reason.startswith("admission") and forced.to_kv_blocks >= floor
+        resize = ctl.step()
+        for r in (forced, resize):
+            if r is not None:
+                assert r.to_cap * p.slot_bytes + r.to_kv_blocks * p.block_bytes <= p.budget_bytes
+                assert p.min_cap <= r.to_cap <= p.max_cap
+        assert ctl.kv_blocks >= ctl.kv_floor
+    with pytest.raises(ValueError):
+        ctl.require_kv_floor(unit - 1 if unit > 1 else p.kv_blocks(p.min_cap) + 1)
+
+
+def test_payback_holds_a_resize_until_its_gain_repays_the_stall():
+    p = problem(budget_slots=60, floor=4, min_cap=2, max_cap=16)
+    cfg = ControllerConfig(p, resolve_every=1, min_gain=0.05, half_life=None, min_observations=0, resize_cost_s=2.0)
+    ctl = SplitController(cfg, 2, p.kv_blocks(2))
+    ctl.observe_experts(list(range(1, 17)) * 8, tokens=8)  # every slot up to 16 removes misses; KV never misses
+    ctl.observe_kv([1, 1])
+    expert, kv = ctl.curves()
+    best = split(p, expert, kv)
+    gain = 1 - best.latency / ctl._current_latency(expert, kv)
+    assert gain > 0.05 and ctl.expected_stall_s == 2.0
+    assert ctl.step(held_s=0.99 * 2.0 / gain) is None  # it would not repay 2 s in the time the conditions held
+    resize = ctl.step(held_s=1.01 * 2.0 / gain)
+    assert resize is not None and resize.to_cap == best.expert_cap
+    ctl.measured_stall(0.5)
+    ctl.measured_stall(1.5)
+    assert ctl.expected_stall_s == 1.0  # measured stalls replace the prior
+    assert ControllerConfig(p).resize_cost_s is None and SplitController(ControllerConfig(p), 2, 10).expected_stall_s is None
