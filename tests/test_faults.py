@@ -26,7 +26,6 @@ from safetensors.torch import load_file, save_file
 
 from wisp import LLM, SamplingParams, WispError
 from wisp.config import EngineConfig
-from wisp.core.experts.expert_major import staging_bytes
 from wisp.engine.load_oom import RESERVE, DeviceBytes, oom_message
 from wisp.models.config_parsers import model_config, read_model_config
 from wisp.models.random_checkpoint import DEMO_CONFIG, write_random_checkpoint
@@ -242,20 +241,20 @@ def test_oom_message_names_a_budget_that_fits():
     need = DeviceBytes.of(cfg, config, 4 * floor_blocks, floor_blocks, block_bytes)
     slot = 2 * cfg.expert_bytes
     # room for the weights, KV as configured, staging and 6 slots: cap 6
-    usable = RESERVE + need.weights + need.kv + staging_bytes(cfg.expert_bytes, cfg.num_experts) + 6 * slot + 10
+    usable = RESERVE + need.weights + need.kv + 2 * cfg.expert_bytes + 6 * slot + 10
     assert "--expert-cap 6 would fit" in oom_message(cfg, config, need, usable, "loading the weights", OOM)
     # only with KV at its floor does a cap >= top_k fit
-    usable = RESERVE + need.weights + need.kv_floor + staging_bytes(cfg.expert_bytes, cfg.num_experts) + 5 * slot
+    usable = RESERVE + need.weights + need.kv_floor + 2 * cfg.expert_bytes + 5 * slot
     assert f"--expert-cap 5 --kv-bytes {need.kv_floor} (the KV floor) would fit" in oom_message(
         cfg, config, need, usable, "loading the weights", OOM)
     # not even top_k slots with the floor: fewer requests at once
     per_request = need.kv_floor // 4
-    usable = RESERVE + need.weights + staging_bytes(cfg.expert_bytes, cfg.num_experts) + 4 * slot + 2 * per_request
+    usable = RESERVE + need.weights + 2 * cfg.expert_bytes + 4 * slot + 2 * per_request
     assert "--max-concurrency 2 --expert-cap 4 would fit" in oom_message(cfg, config, need, usable, "x", OOM)
     # resident mode is told to page
     resident = EngineConfig(model="x", mode="resident", max_model_len=256)
     need_r = DeviceBytes.of(cfg, resident, floor_blocks, floor_blocks, block_bytes)
-    usable = RESERVE + need_r.weights + need_r.kv + staging_bytes(cfg.expert_bytes, cfg.num_experts) + 9 * slot
+    usable = RESERVE + need_r.weights + need_r.kv + 2 * cfg.expert_bytes + 9 * slot
     assert "--expert-cap 9 --mode paged would fit" in oom_message(cfg, resident, need_r, usable, "x", OOM)
     # nothing fits
     assert "larger device" in oom_message(cfg, config, need, RESERVE, "x", OOM)

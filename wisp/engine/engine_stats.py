@@ -24,7 +24,7 @@ def engine_stats(engine) -> dict:
         "graph_steps": runner.graph_steps,
         "piece_steps": runner.piece_steps,  # hybrid decode steps replayed as pieces, the CPU helping between
         "expert_device_bytes": sum(s.device_bytes for s in stores.values()),
-        "expert_staging_bytes": _staging_bytes(stores.values()),  # wide steps' staging halves, shared by layers
+        "expert_staging_bytes": _staging_bytes(stores.values()),  # wide steps' two buffers, shared by layers
         **_kv_stats(engine),
         "admission_floor_blocks": engine.floor_blocks,
         "split_controller": _split_stats(engine),

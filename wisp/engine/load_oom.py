@@ -3,8 +3,8 @@ configuration puts on the device and, when the device's usable memory is known, 
 
 `DeviceBytes.of` counts what the engine places on the device, by part: the non-expert weights (attention,
 dense and shared MLPs, norms, routers, embeddings, LM head), the experts there (resident: every expert;
-paged: cap slots per MoE layer plus the staging halves of wide steps; offload: one layer's bank;
-zero-copy: the staging halves its prefill chunks stream through) and the KV pool, next to its admission floor (max_concurrency x ceil(max_model_len /
+paged: cap slots per MoE layer plus the two expert-sized staging buffers; offload: one layer's bank;
+zero-copy: the two staging buffers its prefill chunks stream through) and the KV pool, next to its admission floor (max_concurrency x ceil(max_model_len /
 block_size) blocks). Activations, workspace and CUDA graphs come on top; `RESERVE` stands for them when a
 fitting configuration is searched (`wisp.plan.sizes.DEFAULT_RESERVE_BYTES`, what the planner keeps free).
 
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 
 from wisp.config import EngineConfig, ModelConfig
-from wisp.core.experts.expert_major import staging_bytes
 from wisp.options import SCRATCH_MODES
 from wisp.plan.sizes import DEFAULT_RESERVE_BYTES, non_expert_params
 
@@ -45,15 +44,15 @@ class DeviceBytes:
            embedding_on_host: bool = False) -> "DeviceBytes":
         element = torch.empty((), dtype=cfg.dtype).element_size()
         layers, e = len(cfg.moe_layer_ids), cfg.expert_bytes
-        slot, staging = 0, staging_bytes(e, cfg.num_experts)
+        slot = 0
         if config.mode == "resident":
             experts = layers * cfg.num_experts * e
         elif config.mode in SCRATCH_MODES:  # hybrid with no slots: its hot experts (0 unless asked)
-            experts, slot = (sum(config.resolve_layer_caps(cfg)) + layers * config.hot_experts) * e + staging, layers * e
+            experts, slot = (sum(config.resolve_layer_caps(cfg)) + layers * config.hot_experts) * e + 2 * e, layers * e
         elif config.mode == "offload":
             experts = cfg.num_experts * e
-        else:  # zero-copy reads the host masters in place; a prefill chunk streams through the staging halves
-            experts = staging
+        else:  # zero-copy reads the host masters in place; a prefill chunk streams through two staging buffers
+            experts = 2 * e
         return cls(non_expert_params(cfg, embedding_on_host) * element, experts, num_blocks * block_bytes,
                    floor_blocks * block_bytes, slot)
 
@@ -87,7 +86,7 @@ def _what_fits(cfg: ModelConfig, config: EngineConfig, need: DeviceBytes, usable
     budget = usable - RESERVE
     keep = f" would fit (keeping {RESERVE} bytes for activations)"
     scratch = config.mode in ("resident", *SCRATCH_MODES)
-    staging, slot = staging_bytes(cfg.expert_bytes, cfg.num_experts), len(cfg.moe_layer_ids) * cfg.expert_bytes
+    staging, slot = 2 * cfg.expert_bytes, len(cfg.moe_layer_ids) * cfg.expert_bytes
     if scratch:
         paged = " --mode paged" if config.mode == "resident" else ""
         largest = cfg.num_experts if config.mode == "resident" else max(config.resolve_layer_caps(cfg)) - 1

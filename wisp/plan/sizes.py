@@ -2,7 +2,7 @@
 
 Owns `ModelSizes`: one expert, one expert slot (that expert in every MoE layer), one KV block (all
 layers, K and V) and everything that is not a routed expert (attention, dense and shared MLPs, norms,
-routers, embeddings and LM head, plus paged mode's staging halves for wide steps), and
+routers, embeddings and LM head, plus paged mode's two expert-sized staging buffers), and
 `cap_for_budget`, the largest paged cap a batch-1 run can afford under a VRAM budget.
 
 Invariants: slot_bytes = number of MoE layers * expert_bytes; block_bytes equals the engine's
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from wisp.config import ModelConfig
-from wisp.core.experts.expert_major import staging_bytes
 
 GiB = 1 << 30
 DEFAULT_RESERVE_BYTES = GiB // 2  # activations and workspace, kept out of the pageable budget
@@ -25,7 +24,7 @@ DEFAULT_RESERVE_BYTES = GiB // 2  # activations and workspace, kept out of the p
 
 @dataclass(frozen=True)
 class ModelSizes:
-    non_expert_bytes: int  # weights outside the routed experts, plus the staging halves of wide steps
+    non_expert_bytes: int  # weights outside the routed experts, plus the two expert-sized staging buffers
     expert_bytes: int  # one expert
     slot_bytes: int  # one slot in every MoE layer
     block_bytes: int  # one KV block across layers
@@ -34,7 +33,7 @@ class ModelSizes:
     def of(cls, cfg: ModelConfig, block_size: int, embedding_on_host: bool = False) -> "ModelSizes":
         """embedding_on_host: the token embedding table lives in pinned host memory (`--embedding`), not in VRAM."""
         element = torch.empty((), dtype=cfg.dtype).element_size()
-        staging = staging_bytes(cfg.expert_bytes, cfg.num_experts)  # paged mode's staging halves for wide steps
+        staging = 2 * cfg.expert_bytes  # paged mode's two staging buffers for wide steps (`wisp.core.experts.expert_major`)
         kv_block = cfg.kv_tensors * cfg.num_layers * cfg.num_kv_heads * block_size * cfg.head_dim * element  # MLA: 1
         return cls(non_expert_params(cfg, embedding_on_host) * element + staging, cfg.expert_bytes,
                    len(cfg.moe_layer_ids) * cfg.expert_bytes, kv_block)

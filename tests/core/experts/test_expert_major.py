@@ -67,19 +67,17 @@ def streams(draw):
 
 @pytest.mark.slow
 @settings(max_examples=40, deadline=None)
-@given(case=streams(), dtype=st.sampled_from([torch.float32, torch.bfloat16]), rows=st.sampled_from([1, 2, 3, None]))
-def test_wide_steps_equal_resident_and_the_lru_model(case, dtype, rows):
-    """rows: the staging half's experts (None: the default, every expert of these small banks), so a step's
-    streamed misses run in one wave or in several through alternating halves."""
+@given(case=streams(), dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_wide_steps_equal_resident_and_the_lru_model(case, dtype):
     with pytest.MonkeyPatch.context() as monkeypatch:
-        check_stream(case, dtype, monkeypatch, rows)
+        check_stream(case, dtype, monkeypatch)
 
 
-def check_stream(case, dtype, monkeypatch, rows=None):
+def check_stream(case, dtype, monkeypatch):
     n, k, cap, lengths, seed = case
     host = bank(n, dtype, seed)
     resident = resident_store({name: t.clone() for name, t in host.items()})
-    store = paged_store(host, cap, "cpu", expert_major.StagingBuffers(host, torch.device("cpu"), rows))
+    store = paged_store(host, cap, "cpu")
     copies = []
     real_copy, real_slot_copy = expert_major._copy_expert, ExpertPager.copy_into_slot
     monkeypatch.setattr(expert_major, "_copy_expert", lambda p, e, dest: (copies.append(e), real_copy(p, e, dest)))
@@ -190,28 +188,3 @@ def test_zero_copy_stages_from_twice_per_expert_on_average(rows, stages):
     hidden, _, weights = (x.to(ZERO_COPY_DEVICE) for x in batch(4, 2, 2, 0, torch.float32))
     staged.forward(hidden, torch.tensor(rows, device=ZERO_COPY_DEVICE), weights)
     assert staged.counters.loads == (len({e for row in rows for e in row}) if stages else 0)
-
-
-@pytest.mark.parametrize("rows, waves", [(1, 6), (2, 3), (4, 2), (6, 1)])
-def test_streamed_misses_run_in_waves_of_a_staging_half(rows, waves):
-    """A step touching all 8 experts with 2 slots: 2 kept, 6 streamed. The streamed ones cost one launch per
-    wave of `rows` experts (not one per expert), the kept ones one launch, and the bits stay the resident bank's."""
-    from dataclasses import replace
-
-    from wisp.core.kernels.registry import TORCH_KERNELS
-
-    n, k = 8, 2
-    host = bank(n, torch.float32)
-    store = paged_store(host, 2, "cpu", expert_major.StagingBuffers(host, torch.device("cpu"), rows))
-    launches = []
-    store.kernels = replace(TORCH_KERNELS, pairs_by_map=lambda *a, **kw: (launches.append(a[5].clone()),
-                                                                           TORCH_KERNELS.pairs_by_map(*a, **kw)))
-    hidden, _, weights = batch(n, 4, k, 0, torch.float32)
-    ids = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]])
-    out = store.forward(hidden, ids, weights)
-    assert torch.equal(out, resident_store(bank(n, torch.float32)).forward(hidden, ids, weights))
-    assert len(launches) == 1 + waves  # the kept pair in one launch, the streamed in waves (no hits: empty slots)
-    mapped = [sorted(torch.nonzero(m >= 0).flatten().tolist()) for m in launches]
-    assert sorted(e for wave in mapped for e in wave) == list(range(n))  # each expert computed in exactly one launch
-    assert mapped[0] == [6, 7]  # the kept: the last token's experts
-    assert all(len(wave) <= rows for wave in mapped[1:])

@@ -7,7 +7,7 @@ place host-side steps are counted (graph steps count on the device, `wisp.core.e
 Each routed expert is served one way (`Serve`):
 - HELD: from the residency's device bank (a full bank, an LRU slot it already held, a hot bank);
 - COPY: copied host -> device into the LRU slot it keeps (`loads` names the slot);
-- STAGE: copied through a staging half for this step only, not kept;
+- STAGE: copied through one of the two staging buffers for this step only, not kept;
 - IN_PLACE: read by the GPU's kernel from the pinned host master (UVA), once per routed pair;
 - CPU: computed on the host from the pinned master, never crossing the link.
 `filled` are the experts the residency copied into its bank for this step before serving it (a layer

@@ -29,7 +29,7 @@ import torch
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.experts.counters import ExpertCounters, fold_many
 from wisp.core.experts.cpu_server import CpuServer
-from wisp.core.experts.expert_major import StagingBuffers, compute_from_copies
+from wisp.core.experts.expert_major import StagingBuffers, compute_from_copies, offsets_of
 from wisp.core.experts.hot_experts import HotExperts
 from wisp.core.experts.miss_policies import MissPolicy, RoutedStep
 from wisp.core.experts.pager import use_host_many
@@ -163,7 +163,7 @@ class ExpertStore:
         per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
         kernels, host = self.kernels, self.host
         held = self.residency.bank_and_map()
-        if held is not None and plan.uses(Serve.HELD):
+        if held is not None and (plan.loads or plan.uses(Serve.HELD)):
             bank, expert_map = held
             kernels.pairs_by_map(per_k, hidden, bank[GATE_UP], bank[DOWN], topk_ids, expert_map, extras=extras_of(bank))
         in_place = plan.of(Serve.IN_PLACE)
@@ -172,9 +172,11 @@ class ExpertStore:
             in_place_map[in_place] = torch.tensor(in_place, dtype=torch.int32)
             in_place_map = self.cpu.to_device(in_place_map) if self.cpu is not None else in_place_map.to(hidden.device)
             kernels.pairs_by_map(per_k, hidden, host[GATE_UP], host[DOWN], topk_ids, in_place_map, extras=extras_of(host))
-        if plan.staged or plan.loads:
-            compute_from_copies(host, self._staging(), kernels, per_k, hidden, topk_ids, list(plan.staged),
-                                list(plan.loads), held[0] if plan.loads else None)
+        copies = [(e, None) for e in plan.staged] + list(plan.loads)
+        if copies:
+            scratch = held[0] if plan.loads else None
+            compute_from_copies(host, self._staging(), kernels, per_k, hidden, topk_ids, copies, offsets_of(plan.counts),
+                                scratch)
         if plan.loads:
             self.residency.after_copies()
         return per_k
