@@ -28,6 +28,17 @@ def test_steps_on_the_host_lists_python_functions(tmp_path):
     assert "ms a step unprofiled" in proc.stdout and "Ordered by: cumulative time" in proc.stdout
 
 
+def test_steps_profile_a_batch_decoding_together_through_the_wide_step(tmp_path):
+    """--batch 4 at cap 4 of the demo's top-4: the four requests decode together (load control off), so the profiled
+    steps are wide and run expert-major."""
+    args = [a if a != "5" else "80" for a in STEPS]  # --rows 80: deep enough for the expert-major function
+    proc = run_wisp([*args, "--batch", "4", "--host"], tmp_path / "cache", command="bench")
+    assert proc.returncode == 0, proc.stderr
+    assert "compute_from_copies" in proc.stdout
+    proc = run_wisp([*args, "--host"], tmp_path / "cache", command="bench")  # one request fits the slots
+    assert proc.returncode == 0 and "compute_from_copies" not in proc.stdout
+
+
 def _host(name: str, ts: float, dur: float, correlation: int | None = None) -> dict:
     return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "args": {"correlation": correlation}}
 

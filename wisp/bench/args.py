@@ -331,6 +331,8 @@ def _add_profile_parsers(kinds) -> None:
     steps.add_argument("--device", default="auto", help="auto, cpu or cuda")
     steps.add_argument("--phase", choices=("prefill", "decode"), default="decode")
     steps.add_argument("--prompt-len", type=int, default=128)
+    steps.add_argument("--batch", type=int, default=1,
+                       help="requests decoding together (load control off: a batch wider than the slots runs wide)")
     steps.add_argument("--rows", type=int, default=30, help="kernels (or functions) to print")
     steps.add_argument("--graphs", action="store_true",
                        help="decode with CUDA graphs (the profile lists the kernels replayed)")

@@ -1,10 +1,12 @@
 """`wisp bench profile steps`: profile eager (or `--graphs`) engine steps of a preset with dummy weights
 (optionally fewer layers) and print the device's kernels by total time: a cold prefill of one prompt
-(--phase prefill) or decode steps at batch 1 (--phase decode). On a CUDA device the profile is of the GPU's
+(--phase prefill) or decode steps of `--batch` requests decoding together (--phase decode; load control off, so a
+batch wider than the slots runs its wide expert-major step). On a CUDA device the profile is of the GPU's
 kernels; on the CPU (`--device cpu`, e.g. the demo model) of the CPU's operators.
 
     wisp bench profile steps --model qwen3-30b-a3b --layers 8 --mode resident --phase decode
     wisp bench profile steps --model olmoe-1b-7b --mode resident --phase prefill --prompt-len 2048
+    wisp bench profile steps --model qwen3-30b-a3b --mode paged --cap 16 --batch 4 --trace wide_step.json
     wisp bench profile steps --model olmoe-1b-7b --mode hybrid --cap 0 --graphs --warm 40 --prompt-len 512 \
         --routing-trace .gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl --trace share_steps.json
 
@@ -33,10 +35,10 @@ def _warm_engine(args):
     if args.layers:
         presets.PRESETS[args.model] = dict(presets.preset(args.model), num_hidden_layers=args.layers)
     llm = LLM(args.model, load_format="dummy", device=args.device, mode=args.mode, expert_cap=args.cap,
-              max_concurrency=1, max_model_len=args.prompt_len + args.warm + 2 * args.steps + 64,
-              max_num_batched_tokens=max(args.prompt_len, 512), enforce_eager=not args.graphs,
+              max_concurrency=args.batch, load_control="off", max_model_len=args.prompt_len + args.warm + 2 * args.steps + 64,
+              max_num_batched_tokens=max(args.batch * args.prompt_len, 512), enforce_eager=not args.graphs,
               **({"hot_experts": args.hot_experts} if args.hot_experts else {}))
-    trace, routing = routing_for(args.routing_trace, llm.config, requests=1)
+    trace, routing = routing_for(args.routing_trace, llm.config, requests=args.batch)
     replay = replay_routing(llm, trace) if trace is not None else None
 
     def prompt(seed: int) -> list[int]:
@@ -46,7 +48,9 @@ def _warm_engine(args):
     llm.generate([prompt(0)], SamplingParams(max_tokens=4, ignore_eos=True))  # compiles every kernel
     if replay is not None:
         replay.active = True
-    llm.engine.add_request("x", prompt(1), SamplingParams(max_tokens=args.warm + 2 * args.steps + 30, ignore_eos=True))
+    for i in range(args.batch):
+        llm.engine.add_request(f"x{i}", prompt(1 + i), SamplingParams(max_tokens=args.warm + 2 * args.steps + 30,
+                                                                       ignore_eos=True))
     if args.phase == "decode":
         for _ in range(args.warm):  # the prefill and the first decode steps
             llm.engine.step()
