@@ -2,7 +2,10 @@
 # GPU-machine calls for load control (`wisp bench serve`), one H200; STAGE picks one call's work, results in $OUT.
 #   qwen3:   Qwen3-30B-A3B preset, random router: C = 16 at W = 1, 4 (on, off; fixed widths 1 and 2 as run-to-completion,
 #            --max-concurrency b, and as turns under the same wait bound, --load-control width:b) and C = 32 at W = 8
-#   mixtral: Mixtral-8x7B preset, the 4 real decode sequences replayed one per request, C = 4 and 6, W = 4
+#   mixtral: Mixtral-8x7B preset, the 4 real decode sequences replayed one per request, W = 4, at CAPS (default 4 6):
+#            on, off and fixed widths 1 and 2 under the same bound (an arm takes 80-115 s at C = 4)
+#   wide:    where a wide decode step's time goes: `wisp bench profile steps` of 4 requests decoding together at
+#            C = 16 (load control off), kernels and a Chrome trace of the copies against the compute
 #   agent:   `wisp bench agent`, OLMoE preset, 8 GiB, W = 4, real layer-0 routing, os and db sessions, on and off
 #   phases:  `wisp bench agent` with the concurrency in phases (1 session at a time, then 8 at once, then 2; os and db
 #            sessions, repeats made distinct), mv-wsa against the controller (KV floor following the requests in
@@ -15,7 +18,7 @@ set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 d=.gpu_data
-serve() { name=$1; shift; timeout 240 python3 -m wisp bench serve --load-format dummy --prompt-len 128 --output-len 128 \
+serve() { name=$1; shift; timeout ${LIMIT:-240} python3 -m wisp bench serve --load-format dummy --prompt-len 128 --output-len 128 \
   --out "$out/$name.json" "$@" 2>"$out/$name.log" | tee "$out/$name.txt"; }
 # agent NAME SECONDS ARGS...: one `wisp bench agent` call on the OLMoE preset, cut at SECONDS (records are written
 # after every arm, so a cut run keeps the arms it finished)
@@ -37,12 +40,13 @@ from wisp.trace.format import RoutingTrace
 from wisp.trace.readers import load_any
 parts = [load_any('$d/gsm8k_2_decode_TxLxK.npz'), load_any('$d/humaneval_2_decode_TxLxK.npz')]
 RoutingTrace.concat(parts).save('$d/mixtral_4_sequences.npz')"
-  for cap in 4 6; do
-    serve mixtral_c$cap --model mixtral-8x7b --mode paged --expert-cap $cap --concurrency 4 --num-requests 4 \
-      --routing-trace $d/mixtral_4_sequences.npz --load-control on,off
-    serve mixtral_c${cap}_fixed1 --model mixtral-8x7b --mode paged --expert-cap $cap --concurrency 4 --num-requests 4 \
-      --routing-trace $d/mixtral_4_sequences.npz --load-control off --max-concurrency 1
+  for cap in ${CAPS:-4 6}; do
+    LIMIT=520 serve mixtral_c$cap --model mixtral-8x7b --mode paged --expert-cap $cap --concurrency 4 --num-requests 4 \
+      --routing-trace $d/mixtral_4_sequences.npz --load-control on,off,width:1,width:2
   done ;;
+wide)
+  timeout 300 python3 -m wisp bench profile steps --model qwen3-30b-a3b --mode paged --cap 16 --batch 4 --steps 4 \
+    --rows 40 --trace "$out/wide_step.json" > "$out/wide_step.txt" 2>&1 ;;
 agent)
   for lc in on off; do
     timeout 280 python3 -m wisp bench agent --model olmoe-1b-7b --load-format dummy --vram-budget 8GiB --concurrency 4 \
@@ -57,5 +61,5 @@ phases_static)
 stationary)
   agent stationary_os 320 --sessions $d/agentinstruct_os_sample5.json --concurrency 4 --arms mv-wsa,controller --order abba
   agent stationary_db 200 --sessions $d/agentinstruct_db_sample5.json --concurrency 4 --arms mv-wsa,controller --order abba ;;
-*) echo "unknown STAGE ${STAGE}; choose qwen3, mixtral, agent, phases, phases_static or stationary" >&2; exit 2 ;;
+*) echo "unknown STAGE ${STAGE}; choose qwen3, mixtral, wide, agent, phases, phases_static or stationary" >&2; exit 2 ;;
 esac
