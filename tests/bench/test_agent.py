@@ -67,31 +67,62 @@ def test_arms_are_sized_on_one_plan_and_keep_the_floor():
     assert start.expert_cap == 6 and start.kv_blocks == problem.kv_blocks(6)
 
 
+def _budget_leaving_slots(slots: int, max_concurrency: int, max_model_len: int, block_size: int = 16):
+    """(the demo's whole VRAM budget on the CPU, its ModelSizes), the budget such that the KV floor of
+    max_concurrency x max_model_len leaves exactly `slots` expert slots: the planner's reserve, the non-expert bytes
+    (staging buffers included), `slots` slots, the floor and half a slot more (slots + 1 do not fit beside the
+    floor), from `ModelSizes` as `wisp bench agent` plans it."""
+    from wisp.bench.decode import model_config_for
+    from wisp.plan.sizes import DEFAULT_RESERVE_BYTES, ModelSizes
+
+    sizes = ModelSizes.of(model_config_for("demo", "safetensors"), block_size)
+    floor = max_concurrency * -(-max_model_len // block_size)
+    return (DEFAULT_RESERVE_BYTES + sizes.non_expert_bytes + slots * sizes.slot_bytes + floor * sizes.block_bytes
+            + sizes.slot_bytes // 2), sizes
+
+
 @pytest.mark.slow
 def test_bench_agent_phases_abba_records_each_phase_and_the_split_over_time(tmp_path):
-    """Concurrency 1, then 8, then 2 on a budget where W = 8's floor leaves 7 slots of 16: the static arm keeps
-    W = 8's KV all along; the controller's floor follows the sessions in flight (more slots while one or two run,
-    grown back before the 8 are admitted). Arms in ABBA order, each in a fresh process."""
+    """Concurrency 1, then 8, then 2 on a budget derived from the model's sizes so that W = 8's floor leaves 7 slots
+    of 16 and one request's context leaves room for all 16: the static arm keeps W = 8's KV all along; the
+    controller's floor follows the sessions in flight (more slots while one runs, grown back before the 8 are
+    admitted). The plan's costs are given (the recompute cost estimated on a loaded CPU varies many times over from
+    run to run) and --min-gain 0 takes the W = 1 trade on any predicted gain, not on one above a threshold that the
+    KV misses no split removes can dilute. Arms in ABBA order, each in a fresh process."""
+    slots, width, max_model_len = 7, 8, 256  # width: the widest phase
+    budget, sizes = _budget_leaving_slots(slots, width, max_model_len)
     sessions, out = tmp_path / "agentinfer_sessions.jsonl", tmp_path / "agent.json"
     _agentinfer_file(sessions, sessions=6, reply=10)
     proc = run_wisp(["agent", "--model", "demo", "--sessions", sessions, "--phases", "1:2,8:8,2:4", "--vram-budget",
-                     "523MiB", "--max-model-len", "256", "--max-reply-tokens", "10", "--device", "cpu",
-                     "--resolve-every", "4", "--min-observations", "10", "--admission-window", "16",
-                     "--resize-cost-s", "off", "--arms", "mv-wsa,controller", "--order", "abba", "--out", out],
+                     budget, "--max-model-len", max_model_len, "--max-reply-tokens", "10", "--device", "cpu",
+                     "--recompute-cost", "1e-5", "--resolve-every", "4", "--min-observations", "10", "--min-gain", "0",
+                     "--admission-window", "16", "--resize-cost-s", "off", "--arms", "mv-wsa,controller", "--order",
+                     "abba", "--out", out],
                     tmp_path / "cache", command="bench")
     assert proc.returncode == 0, proc.stderr
     records = json.loads(out.read_text())
     assert [(r["arm"], r["position"]) for r in records] == [("mv-wsa", 0), ("controller", 1), ("controller", 2),
                                                             ("mv-wsa", 3)]
-    floor = records[0]["admission_floor_blocks"]  # W = 8's
+    floor, pageable = records[0]["admission_floor_blocks"], records[0]["pageable_bytes"]  # W = 8's floor
+    assert {r["recompute_seconds_per_token"] for r in records} == {1e-5}  # the plan priced KV misses as given
+
+    def blocks_beside(cap: int) -> int:
+        return (pageable - cap * sizes.slot_bytes) // sizes.block_bytes
+
+    # the budget as derived: W = 8's floor leaves `slots` slots; one request's context leaves room for all 16
+    assert blocks_beside(slots) >= floor > blocks_beside(slots + 1) and blocks_beside(16) >= floor // width
     for r in records:
         assert r["concurrency"] == 8 and r["phases"] == "1:2,8:8,2:4" and r["sessions"] == 14 and r["turns"] == 42
         assert r["preemptions"] == 0 and r["isolation"] == "process" and r["gpu_bytes_before_load"] == 0
+        assert r["kv_blocks"] >= floor and sum(r["expert_caps"]) <= slots * len(r["expert_caps"])
         assert [(p["width"], p["sessions"], p["turns"]) for p in r["per_phase"]] == [(1, 2, 6), (8, 8, 24), (2, 4, 12)]
         for p in r["per_phase"]:
             assert p["wall_s"] > 0 and p["output_tok_s"] > 0 and 0 <= p["hit_rate"] <= 1
         assert sum(p["wall_s"] for p in r["per_phase"]) == pytest.approx(r["e2e_wall_s"], rel=0.05)
     assert {r["prefill_tokens"] for r in records} == {records[0]["prefill_tokens"]}  # the same work in every arm
+    # one plan: the mv-wsa arm's per-layer caps spend the slots of the uniform cap the controller starts at
+    assert sum(records[0]["expert_caps"]) == sum(records[1]["expert_caps"])
+    assert records[0]["kv_blocks"] == records[1]["kv_blocks"]
     for r in records[1:3]:
         first, wide = r["per_phase"][0], r["per_phase"][1]
         assert first["kv_blocks_end"] < floor and first["admission_limit_end"] < 8  # one session: KV below W = 8's

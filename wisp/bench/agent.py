@@ -19,8 +19,10 @@ the engine's own (request arrival -> first token -> last token, `Sequence` times
 an agent's: the history it resends may come from the prefix cache (unlike `wisp bench prefill`'s cold TTFT).
 
 Budget: `--vram-budget` is the whole device budget. Arms are sized by `wisp.bench.agent_arms` from a plan
-made on this workload; after a warm-up the peak allocator statistic is reset and each record reports
-`peak_gpu_bytes` (torch.cuda.max_memory_allocated while serving) and `within_budget`.
+made on this workload (its costs: host->device seconds per byte probed on CUDA, 1e-10 on the CPU; seconds per
+recomputed token `--recompute-cost`, else estimated on the device, and recorded); after a warm-up the peak
+allocator statistic is reset and each record reports `peak_gpu_bytes` (torch.cuda.max_memory_allocated while
+serving) and `within_budget`.
 
 Arms: each runs isolated from the others (`wisp.bench.agent_run`: a fresh process by default), in the order
 given (repeats allowed, each its own record with its `position`) or, with `--order abba`, the arms and then the
@@ -110,6 +112,7 @@ def bench_agent(args) -> list[dict]:
     gbps = probe_h2d_gbps(device)
     inputs = PlanInputs(vram_budget=args.vram_budget, max_concurrency=args.concurrency, max_model_len=args.max_model_len,
                         seconds_per_byte=None if device.type == "cuda" else 1e-10,
+                        recompute_seconds_per_token=args.recompute_cost,
                         embedding_on_host=embedding_on_host(args.embedding, device, cfg.tie_word_embeddings))
     plan_trace = trace if trace is not None else uniform_trace(cfg, 512)
     plan = make_plan(cfg, inputs, plan_trace, session_kv_trace(sessions, phases, 16), device)
@@ -118,6 +121,7 @@ def bench_agent(args) -> list[dict]:
               "sessions": len(sessions), "concurrency": args.concurrency, "vram_budget": args.vram_budget,
               "reserve_bytes": plan.report.reserve_bytes, "non_expert_bytes": plan.report.non_expert_bytes,
               "pageable_bytes": plan.report.pageable_bytes, "admission_floor_blocks": plan.report.admission_floor_blocks,
+              "recompute_seconds_per_token": plan.report.cost_model.recompute_seconds_per_token,
               "h2d_gbps_probe": round(gbps, 2), "device": gpu, "commit": _git_commit(), "isolation": args.isolation,
               "command": "wisp bench agent " + " ".join(sys.argv[3:])}
     if args.phases is not None:

@@ -8,11 +8,13 @@ engine is dropped, collected and the device synchronised and its cached memory r
 says how much device memory was still allocated (`gpu_bytes_before_load`) or reserved by the allocator
 (`gpu_reserved_before_load`) when the arm's engine started loading.
 
-The record: the arm's split, its turns' TTFT, turn wall and per-stream decode speed (`summarize`), end-to-end
-wall, hit rate, KV and traffic counters, peak device memory; per workflow and per phase (`per_phase`: each
-phase's wall, TTFT, decode and output tok/s, hit rate, and the split and admission limit at its end); for the
-controller arm, every resize (seconds from the start of serving, from -> to, the admission limit after it, its
-stall by part, why) and the controller's own host seconds.
+The record: the arm's split (`expert_cap`: the largest per-layer cap; `expert_caps`: each MoE layer's, so the
+mv-wsa arm's uneven caps show that they spend the slots of the plan's uniform cap, where the controller starts),
+its turns' TTFT, turn wall and per-stream decode speed (`summarize`), end-to-end wall, hit rate, KV and traffic
+counters, peak device memory; per workflow and per phase (`per_phase`: each phase's wall, TTFT, decode and output
+tok/s, hit rate, and the split and admission limit at its end); for the controller arm, every resize (seconds from
+the start of serving, from -> to, the admission limit after it, its stall by part, why) and the controller's own
+host seconds.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def run_arm(args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session], phas
     times, marks = serve_phases(engine, sessions, phases, replay, args.max_reply_tokens, lambda: _mark(engine))
     e2e = time.perf_counter() - start
     stats = engine.stats()
-    record = {"arm": spec.arm, "mode": spec.mode, "expert_cap": spec.expert_cap, "kv_blocks": spec.kv_blocks,
+    record = {"arm": spec.arm, "mode": spec.mode, "expert_cap": spec.expert_cap,
+              "expert_caps": list(spec.expert_caps) if spec.expert_caps else None, "kv_blocks": spec.kv_blocks,
               **summarize(times), "e2e_wall_s": round(e2e, 3), "preemptions": stats["preemptions"],
               "hit_rate": round(stats["hit_rate"], 4), "kv_blocks_peak": stats["kv_peak_blocks_used"],
               "bytes_h2d": stats["bytes_h2d"], "prefix_hit_tokens": stats["prefix_hit_tokens"],

@@ -165,6 +165,9 @@ def _add_agent_parser(kinds) -> None:
     agent.add_argument("--controller-start", choices=["plan", "50-50", "kv-blind"], default="plan",
                        help="the split the controller arm starts from")
     agent.add_argument("--max-num-batched-tokens", type=int, default=MAX_NUM_BATCHED_TOKENS)
+    agent.add_argument("--recompute-cost", type=parse_positive_float, default=None, metavar="S",
+                       help="the plan's seconds per recomputed token (default: estimated from a timed GEMM on the device, "
+                            "which a loaded CPU can put many times off)")
     agent.add_argument("--resolve-every", type=int, default=32, help="controller: engine steps between re-solves")
     agent.add_argument("--min-gain", type=float, default=0.05, help="controller: hysteresis (relative latency gain)")
     agent.add_argument("--half-life", type=float, default=20000.0, help="controller: references per half-weight")
