@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow  # each LLM takes seconds to build
 
-from tests.helpers import COMMON, FAMILY_SPECS  # noqa: E402
+from tests.integrations.vllm.checkpoints import HEADS_32, tiny_bf16_checkpoint  # noqa: E402
 
 N, TOP_K = 8, 2
 EXPERT_BYTES = (2 * 32 * 64 + 64 * 32) * 2  # one expert's gate_up [64, 64] and down [64, 32] in bf16
@@ -38,27 +37,6 @@ def vllm_env(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-
-
-# vLLM's CPU attention takes head_dim 32 (the shared specs use 16 for Qwen3-MoE and 64 / 4 = 16 elsewhere)
-HEADS_32 = {"qwen3_moe": {"head_dim": 32}, "olmoe": {"num_attention_heads": 2, "num_key_value_heads": 2},
-            "mixtral": {"num_attention_heads": 2, "num_key_value_heads": 2}}
-
-
-def tiny_bf16_checkpoint(family: str, path):
-    """A tiny random bf16 checkpoint of `family` (tests/helpers.py's spec, heads of 32), written by transformers."""
-    import transformers
-
-    cfg_cls, model_cls, kwargs = FAMILY_SPECS[family]
-    torch.manual_seed(0)
-    config = getattr(transformers, cfg_cls)(**{**COMMON, **kwargs, **HEADS_32[family]})
-    model = getattr(transformers, model_cls)(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.5 if "embed" in name else 0.15)
-    model.to(torch.bfloat16).save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
