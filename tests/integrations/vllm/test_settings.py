@@ -25,17 +25,27 @@ def test_per_layer_caps_leave_other_layers_resident():
     assert [s.cap_for(i, 8, 2) for i in (0, 1, 2, None)] == [2, None, 8, None]
 
 
+def test_a_plan_pages_and_leaves_the_caps_to_the_model():
+    s = settings_from({"wisp": {"plan": "plans/qwen3.json"}})
+    assert s == WispSettings("paged", plan="plans/qwen3.json") and s.layer_caps == {} and s.expert_cap is None
+
+
 def test_resident_mode_pages_nothing():
     assert settings_from({"wisp": {"mode": "resident"}}).cap_for(0, 8, 2) is None
 
 
 @pytest.mark.parametrize("table, message", [
     ({"mode": "zero-copy", "expert_cap": 2}, "unknown wisp mode 'zero-copy'"),
-    ({"mode": "paged"}, 'needs "expert_cap"'),
+    ({"mode": "paged"}, 'needs "expert_cap".*or "plan"'),
     ({"expert_cap": 0}, "positive int"),
     ({"expert_cap": True}, "positive int"),
     ({"expert_cap": {"first": 2}}, "decoder layer indices"),
-    ({"expert_cap": 2, "plan": "x"}, "unknown key"),
+    ({"expert_cap": 2, "policy": "lru"}, "unknown key"),
+    ({"expert_cap": 2, "plan": "plan.json"}, '"plan" and "expert_cap" both set the expert caps: give one'),
+    ({"expert_cap": {"0": 2}, "plan": "plan.json"}, "give one"),
+    ({"mode": "resident", "plan": "plan.json"}, 'use mode "paged" with it'),
+    ({"plan": ""}, "must be the path of a `wisp plan` file"),
+    ({"plan": 3}, "must be the path"),
     ("paged", "must be a table"),
 ])
 def test_bad_settings_give_one_clear_error(table, message):

@@ -50,9 +50,11 @@ def qwen3_moe(checkpoints):
     return checkpoints["qwen3_moe"]
 
 
-def make_llm(path, additional_config=None, eager=True):
+def make_llm(path, additional_config=None, eager=True, **options):
+    """One process's vLLM over a tiny checkpoint; `options`: other vLLM engine arguments, or these replaced."""
+    options = {"max_model_len": 128, "max_num_seqs": 4, **options}
     return vllm.LLM(str(path), skip_tokenizer_init=True, enforce_eager=eager, distributed_executor_backend="uni",
-                    dtype="bfloat16", max_model_len=128, max_num_seqs=4, seed=0, additional_config=additional_config or {})
+                    dtype="bfloat16", seed=0, additional_config=additional_config or {}, **options)
 
 
 def greedy(llm):

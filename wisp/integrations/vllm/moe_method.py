@@ -8,9 +8,19 @@ vLLM builds it for every unquantized MoE layer. Without wisp's settings it is vL
   which makes them resident and runs vLLM's kernel (`moe_kernel.apply`) on the slots with the ids remapped. The op
   is opaque because the step's decision reads the routing on the host: on the CPU vLLM traces the MoE layer into
   its compiled graph (no `moe_forward` op there), and the op keeps that graph whole around the decision.
-Supported on this seam: unquantized experts without biases, no expert parallelism (vLLM's CPU kernel ignores
-`expert_map`); anything else is refused with one line at load time. A layer with shared experts calls the paging
-directly (eager only: the op cannot carry vLLM's SharedExperts object).
+Supported on this seam: unquantized experts without biases; anything else is refused with one line at load time.
+A layer with shared experts calls the paging directly (eager only: the op cannot carry vLLM's SharedExperts object).
+A `plan` setting is read when the method is built (`applied_plan`): its caps, and vLLM's KV cache sized to it.
+
+Written for vLLM's CUDA build and never run on a GPU (vLLM's CUDA wheel cannot reach the machines this was
+tested on), so unverified:
+- with vLLM's Triton MoE backend, a paged layer's bank is created in pinned host memory (`create_weights` under
+  the CPU device, `requires_device_loading` False), so loading never holds a whole bank on the GPU; its C slots
+  live on the GPU, and small steps (decode) decide on the device (`SlotPaging`); other backends load on the GPU
+  and then move the bank to pinned host masters;
+- expert parallelism without all-to-all kernels and without EPLB: vLLM's global -> local `expert_map` is composed
+  with the step's rows (`SlotPaging.step_expert_parallel`) and handed to the kernel. vLLM's CPU kernel ignores
+  `expert_map`, so on the CPU expert parallelism is refused.
 """
 
 from __future__ import annotations
@@ -21,10 +31,13 @@ import weakref
 
 import torch
 from vllm.config import get_current_vllm_config_or_none
+from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 from vllm.model_executor.utils import replace_parameter
+from vllm.platforms import current_platform
 
 from wisp.core.experts.counters import ExpertCounters, sum_counters
+from wisp.integrations.vllm.applied_plan import apply_plan
 from wisp.integrations.vllm.settings import WispVllmConfigError, layer_index_of, settings_from
 from wisp.integrations.vllm.slot_paging import SlotPaging
 
@@ -38,26 +51,49 @@ class WispPagedMoEMethod(UnquantizedFusedMoEMethod):
     def __init__(self, moe):
         super().__init__(moe)
         config = get_current_vllm_config_or_none()
-        self.wisp_settings = settings_from(config.additional_config if config is not None else None)
+        self.wisp_settings = apply_plan(settings_from(config.additional_config if config is not None else None), config)
         self.wisp_paging: SlotPaging | None = None
+        self.wisp_host_bank = False  # CUDA: the bank was created in pinned host memory (`create_weights`)
+        self.wisp_global_to_local: torch.Tensor | None = None  # expert parallel: vLLM's expert_map
         if self.wisp_settings is not None and self.wisp_settings.expert_cap is not None:  # fail before loading
             self.wisp_settings.cap_for(None, moe.num_local_experts, moe.experts_per_token)
 
+    @property
+    def requires_device_loading(self) -> bool:
+        """vLLM moves a layer's weights to the GPU for `process_weights_after_loading` unless this is False."""
+        return not self.wisp_host_bank
+
+    def create_weights(self, layer, num_experts: int, hidden_size: int, intermediate_size_per_partition: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
+        args = (layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype)
+        self.wisp_host_bank = (current_platform.is_cuda() and self.unquantized_backend == UnquantizedMoeBackend.TRITON
+                               and self._cap_of(layer, num_experts) is not None)
+        if not self.wisp_host_bank:
+            return super().create_weights(*args, **extra_weight_attrs)
+        with torch.device("cpu"):  # unverified (module docstring): the bank never lands on the GPU whole
+            super().create_weights(*args, **extra_weight_attrs)
+        for b in BANK:
+            getattr(layer, b).data = getattr(layer, b).data.pin_memory()
+
+    def _cap_of(self, layer, num_experts: int) -> int | None:
+        if self.wisp_settings is None:
+            return None
+        return self.wisp_settings.cap_for(layer_index_of(getattr(layer, "layer_name", "")), num_experts,
+                                          self.moe.experts_per_token)
+
     def process_weights_after_loading(self, layer) -> None:
         super().process_weights_after_loading(layer)
-        settings = self.wisp_settings
-        if settings is None:
-            return
-        name = getattr(layer, "layer_name", "")
-        cap = settings.cap_for(layer_index_of(name), layer.w13_weight.shape[0], self.moe.experts_per_token)
+        cap = self._cap_of(layer, layer.w13_weight.shape[0])
         if cap is None:
             return
+        name = getattr(layer, "layer_name", "")
         if self.moe.has_bias:
             raise WispVllmConfigError(f"wisp paging inside vLLM does not page expert biases yet ({name}); "
                                       f'use mode "resident" for this model')
         if layer.expert_map is not None:
-            raise WispVllmConfigError(f"wisp paging inside vLLM does not compose with expert parallelism yet ({name})")
-        paging = SlotPaging({b: getattr(layer, b).data for b in BANK}, cap)
+            self.wisp_global_to_local = self._expert_parallel_map(layer, name)
+        device = torch.device("cuda", torch.cuda.current_device()) if self.wisp_host_bank else None
+        paging = SlotPaging({b: getattr(layer, b).data for b in BANK}, cap, device)
         for b in BANK:
             replace_parameter(layer, b, paging.slots[b])
         self.wisp_paging = paging
@@ -78,12 +114,30 @@ class WispPagedMoEMethod(UnquantizedFusedMoEMethod):
     def paged_apply(self, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None) -> torch.Tensor:
         """One step: the routed experts made resident, vLLM's kernel run on the bank the step returns."""
         activation, weight_on_input = self.wisp_layer_args
-        bank, rows = self.wisp_paging.step(topk_ids)
+        global_to_local, expert_map = self.wisp_global_to_local, None
+        if global_to_local is None:
+            bank, topk_ids = self.wisp_paging.step(topk_ids)
+            num_experts = bank["w13_weight"].shape[0]
+        else:  # unverified (module docstring): global ids, the composed map sends them to the bank's rows
+            bank, expert_map = self.wisp_paging.step_expert_parallel(topk_ids, global_to_local)
+            num_experts = global_to_local.shape[0]
         return self.moe_kernel.apply(
-            hidden_states=x, w1=bank["w13_weight"], w2=bank["w2_weight"], topk_weights=topk_weights, topk_ids=rows,
-            activation=activation, global_num_experts=bank["w13_weight"].shape[0], expert_map=None,
+            hidden_states=x, w1=bank["w13_weight"], w2=bank["w2_weight"], topk_weights=topk_weights,
+            topk_ids=topk_ids, activation=activation, global_num_experts=num_experts, expert_map=expert_map,
             apply_router_weight_on_input=weight_on_input, shared_experts=shared_experts,
             shared_experts_input=shared_experts_input)
+
+    def _expert_parallel_map(self, layer, name: str) -> torch.Tensor:
+        """vLLM's global -> local expert map of this rank, where paging can compose with it (else one error)."""
+        parallel = self.moe.moe_parallel_config
+        if current_platform.is_cpu():
+            raise WispVllmConfigError(f"expert parallelism on the CPU: vLLM's CPU MoE kernel ignores expert_map "
+                                      f"({name}); use tensor parallelism")
+        if parallel.use_all2all_kernels or parallel.enable_eplb:
+            raise WispVllmConfigError(f"wisp paging composes with expert parallelism only without all-to-all "
+                                      f"kernels and without EPLB ({name}): data parallel attention and expert "
+                                      f"rebalancing move experts under the pager")
+        return layer.expert_map
 
 
 @torch.library.custom_op("wisp::vllm_paged_moe", mutates_args=())
@@ -98,12 +152,13 @@ def _(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, key: 
 
 
 def layer_counters(model: torch.nn.Module) -> dict[str, dict[str, int]]:
-    """A model's paged layers: module name -> wisp's counters (hits, misses, loads, bytes_h2d, ...) and wide steps."""
+    """A model's paged layers: module name -> wisp's counters (hits, misses, loads, bytes_h2d, ...), wide steps and
+    the layer's expert slots."""
     found = {}
     for name, module in model.named_modules():
         paging = getattr(getattr(module, "quant_method", None), "wisp_paging", None)
         if paging is not None:
-            found[name] = {**paging.counters.as_dict(), "wide_steps": paging.wide_steps}
+            found[name] = {**paging.counters.as_dict(), "wide_steps": paging.wide_steps, "slots": paging.pager.capacity}
     return found
 
 

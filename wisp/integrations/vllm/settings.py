@@ -5,6 +5,8 @@ Keys of the "wisp" table:
 - `expert_cap`: C, one int for every MoE layer, or a table {decoder layer index: C} (layers it leaves out stay
   resident). A cap must be at least the model's top_k (a token's experts must fit at once) and is clipped to the
   layer's expert count.
+- `plan`: the path of a `wisp plan` file, in place of `expert_cap` (giving both is an error): its per-layer caps
+  and its KV bytes, checked against the model vLLM serves when vLLM builds it (`wisp.integrations.vllm.plan_fit`).
 
 No table (or no additional_config) means the plug-in is off: vLLM's method runs unchanged. Every bad setting
 raises `WispVllmConfigError` with one line saying what to write instead. Imports no vLLM.
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 SUPPORTED_VLLM = (0, 32)  # the (major, minor) whose MoE method seam this plug-in was tested against
 SUPPORTED_RANGE = ">=0.32,<0.33"
 MODES = ("paged", "resident")
-KEYS = ("mode", "expert_cap")
+KEYS = ("mode", "expert_cap", "plan")
 
 
 class WispVllmConfigError(ValueError):
@@ -43,6 +45,7 @@ class WispSettings:
     mode: str = "resident"
     expert_cap: int | None = None  # one cap for every MoE layer
     layer_caps: dict[int, int] = field(default_factory=dict)  # decoder layer index -> cap (when expert_cap is None)
+    plan: str | None = None  # a `wisp plan` file; its caps fill layer_caps once the model is known
 
     @property
     def paged(self) -> bool:
@@ -77,12 +80,26 @@ def settings_from(additional_config: dict | None) -> WispSettings | None:
     mode = table.get("mode", "paged")
     if mode not in MODES:
         raise WispVllmConfigError(f"unknown wisp mode {mode!r} for vLLM; choose one of {list(MODES)}")
-    cap = table.get("expert_cap")
+    cap, plan = table.get("expert_cap"), table.get("plan")
+    if plan is not None:
+        return _plan_settings(mode, cap, plan)
     if mode == "paged" and cap is None:
-        raise WispVllmConfigError('wisp mode "paged" needs "expert_cap": an int, or a table {layer index: int}')
+        raise WispVllmConfigError('wisp mode "paged" needs "expert_cap" (an int, or a table {layer index: int}) '
+                                  'or "plan" (a file from `wisp plan`)')
     if cap is None or isinstance(cap, dict):
         return WispSettings(mode, None, {_index(k): _positive(v) for k, v in (cap or {}).items()})
     return WispSettings(mode, _positive(cap))
+
+
+def _plan_settings(mode: str, cap, plan) -> WispSettings:
+    if cap is not None:
+        raise WispVllmConfigError('wisp "plan" and "expert_cap" both set the expert caps: give one (the plan '
+                                  'also sizes the KV cache)')
+    if mode != "paged":
+        raise WispVllmConfigError(f'a wisp "plan" pages the experts: use mode "paged" with it, not {mode!r}')
+    if not isinstance(plan, str) or not plan:
+        raise WispVllmConfigError(f'wisp "plan" must be the path of a `wisp plan` file, not {plan!r}')
+    return WispSettings(mode, plan=plan)
 
 
 def _positive(value) -> int:
