@@ -88,8 +88,7 @@ def fit_plan(plan: Plan, cfg: ModelConfig, source: str) -> PlanFit:
         if not cfg.top_k <= cap <= cfg.num_experts:
             raise WispVllmConfigError(f"{source} gives MoE layer {layer} {cap} expert slots; the model needs "
                                       f"top_k {cfg.top_k} <= cap <= {cfg.num_experts} experts")
-    block_bytes = ModelSizes.of(cfg, plan.kv_block_size).block_bytes
-    return PlanFit(dict(zip(layers, plan.per_layer_caps)), plan.kv_blocks * block_bytes,
+    return PlanFit(dict(zip(layers, plan.per_layer_caps)), plan.kv_blocks * served.kv_block_bytes,
                    plan.kv_blocks * plan.kv_block_size)
 
 
