@@ -93,15 +93,6 @@ def baseline(baselines):
     return baselines["qwen3_moe", True]
 
 
-def test_the_entry_point_is_wisps_register():
-    from importlib.metadata import entry_points
-
-    from wisp.integrations.vllm import register
-
-    (point,) = [p for p in entry_points(group="vllm.general_plugins") if p.name == "wisp"]
-    assert point.load() is register
-
-
 @pytest.mark.parametrize("cap", [TOP_K, N // 2, N])
 def test_paged_runs_give_vllms_tokens_and_logprobs(baseline, qwen3_moe, cap):
     out, counters = greedy(make_llm(qwen3_moe, {"wisp": {"mode": "paged", "expert_cap": cap}}))
