@@ -138,13 +138,14 @@ class ModelRunner:
                 and c.resolve_backend("moe", self.device) == "triton" and self.kv.uses_triton)
 
     def graph_max_batch(self) -> int:
-        """The largest decode batch replayed as a CUDA graph. In paged mode also B x top_k <= the smallest
-        cap: a graph pages in device groups of C // top_k tokens, and a wider batch would evict and reload
-        experts group after group within one step; it runs eagerly instead, expert-major, each missing
-        expert copied once (docs/decisions/wide-decode-batches-run-expert-major.md)."""
+        """The largest decode batch replayed as a CUDA graph. A paged store with staging rows runs a batch wider
+        than its slots expert-major on the device, each missing expert copied once
+        (`wisp.core.experts.expert_major_on_device`); one without them pages a graph in groups of C // top_k
+        tokens, which would evict and reload experts group after group within one step, so there B x top_k
+        <= its cap and a wider batch runs eagerly, expert-major (docs/decisions/wide-decode-batches-run-expert-major.md)."""
         c = self.config
         limit = min(c.cuda_graph_max_batch, c.max_concurrency)
-        caps = [s.slots for s in self.model.experts.values() if s.slots is not None]
+        caps = [s.slots for s in self.model.experts.values() if s.slots is not None and not s.wide_in_graph]
         return min(limit, min(caps) // self.model.config.top_k) if caps else limit
 
     @property

@@ -89,10 +89,14 @@ def test_a_request_is_batch_invariant_under_graphs():
     assert all(torch.equal(x, y) for x, y in zip(alone, batched))
 
 
-def test_paged_counters_at_batch_one_match_the_host_pager():
-    graphed, eager = engine("paged", 4, False), engine("paged", 4, True)
-    run(graphed, PROMPTS[:1], (20,)), run(eager, PROMPTS[:1], (20,))
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS])
+def test_paged_counters_match_the_host_pager(prompts):
+    """At batch 1, and with three requests at C = 4 and top-4 (steps of 2 and 3 rows wider than the slots,
+    decided on the device, `wisp.core.experts.expert_major_on_device`, against the eager host decision)."""
+    graphed, eager = (engine("paged", 4, e, load_control="off") for e in (False, True))
+    run(graphed, prompts), run(eager, prompts)
     sg, se = graphed.stats(), eager.stats()
+    assert sg["graph_steps"] > 0
     for key in ("expert_hits", "expert_misses", "expert_evictions", "bytes_h2d", "moe_steps"):
         assert sg[key] == se[key], key
 

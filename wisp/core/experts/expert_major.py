@@ -36,20 +36,24 @@ from wisp.core.kernels.registry import MoEKernels
 
 class StagingBuffers:
     """Two expert-sized device buffers shared by every paged (or zero-copy) layer of a model (layers run one
-    after another), the copy stream, and per buffer the event after which its last reader is done."""
+    after another), the copy stream, and per buffer the event after which its last reader is done. The two
+    are the rows of one [2, ...] bank (`bank`), which a wide graph step fills and reads a wave at a time
+    (`wisp.core.experts.expert_major_on_device`)."""
+
+    rows = 2
 
     def __init__(self, like: dict[str, torch.Tensor], device: torch.device):
         self.device = torch.device(device)
-        self.buffers = [
-            {name: torch.empty(t.shape[1:], dtype=t.dtype, device=self.device) for name, t in like.items()} for _ in range(2)
-        ]
+        self.bank = {name: torch.empty((self.rows, *t.shape[1:]), dtype=t.dtype, device=self.device)
+                     for name, t in like.items()}  # [2, ...] per tensor
+        self.buffers = [{name: t[i] for name, t in self.bank.items()} for i in range(self.rows)]
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.free_after: list[torch.cuda.Event | None] = [None, None]
         self.turn = 0
 
     @property
     def device_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for b in self.buffers for t in b.values())
+        return sum(t.numel() * t.element_size() for t in self.bank.values())
 
     def take(self) -> int:
         """The index of the buffer to fill next (they alternate)."""

@@ -28,7 +28,7 @@ repeated id counts at its last place).
 
 Where the state lives (`state_on`): on the host (`prepare`, used by prefill and eager steps) or on the
 device (`prepare_on_device`, CUDA only: `wisp.core.experts.device_pager` decides and copies with no host sync,
-so a decode step can be one CUDA graph). `use_host()` / `use_device()` hand the state over (a no-op
+so a decode step can be one CUDA graph; a wide one through `wisp.core.experts.expert_major_on_device`). `use_host()` / `use_device()` hand the state over (a no-op
 when it is already there); each `prepare*` call takes it where it needs it.
 
 Invariants (`check_integrity`): slot_of[e] == s <=> expert_in_slot[s] == e; expert_map == slot_of;

@@ -118,9 +118,11 @@ class Residency(ABC):
     # -- a graph step (no host sync) ------------------------------------------------------------------
     @abstractmethod
     def graph_forward(self, fused: Callable, hidden: torch.Tensor, topk_ids: torch.Tensor,
-                      topk_weights: torch.Tensor) -> torch.Tensor:
+                      topk_weights: torch.Tensor, wide: Callable | None = None) -> torch.Tensor:
         """The step with no host sync and fixed shapes, counted on the device: `fused(hidden, bank, ids, weights,
-        map)` over whatever this residency reads (capturable in a CUDA graph with the Triton backend)."""
+        map)` over whatever this residency reads (capturable in a CUDA graph with the Triton backend). `wide(pager,
+        hidden, ids, weights)`, where the store has one, runs a step wider than a pager's slots
+        (`wisp.core.experts.expert_major_on_device`)."""
 
     def device_count_vector(self) -> torch.Tensor | None:
         return self._counts
@@ -146,7 +148,7 @@ class NoBank(Residency):
     capacity = 0
     reads_in_place = True
 
-    def graph_forward(self, fused, hidden, topk_ids, topk_weights):
+    def graph_forward(self, fused, hidden, topk_ids, topk_weights, wide=None):
         from wisp.core.experts.device_pager import count_step
 
         count_step(self._device_counts(topk_ids.device), topk_ids, self.num_experts, hits=False,
@@ -175,7 +177,7 @@ class FullBank(Residency):
     def bank_and_map(self):
         return self.bank, self.expert_map
 
-    def graph_forward(self, fused, hidden, topk_ids, topk_weights):
+    def graph_forward(self, fused, hidden, topk_ids, topk_weights, wide=None):
         from wisp.core.experts.device_pager import count_step
 
         count_step(self._device_counts(topk_ids.device), topk_ids, self.num_experts, hits=True)
@@ -237,7 +239,7 @@ class LayerBuffer(Residency):
     def bank_and_map(self):
         return self.buffer.tensors, self.expert_map
 
-    def graph_forward(self, fused, hidden, topk_ids, topk_weights):
+    def graph_forward(self, fused, hidden, topk_ids, topk_weights, wide=None):
         from wisp.core.experts.device_pager import count_step
 
         self._fill()
@@ -299,10 +301,14 @@ class LruSlots(Residency):
     def after_copies(self):
         self.pager.publish_map()
 
-    def graph_forward(self, fused, hidden, topk_ids, topk_weights):
-        """Pages in groups of C // top_k tokens (a group's experts always fit), each decided on the device."""
+    def graph_forward(self, fused, hidden, topk_ids, topk_weights, wide=None):
+        """A step of at most C // top_k tokens (its experts always fit) is decided on the device and runs `fused`
+        over the slots; a wider one runs expert-major on the device (`wide`), or, with no `wide`, in groups of
+        C // top_k tokens, each its own step."""
         pager = self.pager
         group = pager.capacity // topk_ids.shape[1]
+        if wide is not None and hidden.shape[0] > group:
+            return wide(pager, hidden, topk_ids, topk_weights)
         outs = []
         for start in range(0, hidden.shape[0], group):
             ids = topk_ids[start : start + group]

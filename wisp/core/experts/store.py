@@ -30,6 +30,7 @@ from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.experts.counters import ExpertCounters, fold_many
 from wisp.core.experts.cpu_server import CpuServer
 from wisp.core.experts.expert_major import StagingBuffers, compute_from_copies, offsets_of
+from wisp.core.experts.expert_major_on_device import wide_step_on_device
 from wisp.core.experts.hot_experts import HotExperts
 from wisp.core.experts.miss_policies import MissPolicy, RoutedStep
 from wisp.core.experts.pager import use_host_many
@@ -190,7 +191,17 @@ class ExpertStore:
     def forward_graph_safe(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """`forward` with no host sync and fixed shapes, capturable in a CUDA graph (Triton backend): the
         residency's graph path, counted on the device (`sync_all_counters` folds the counts in)."""
-        return self.residency.graph_forward(self.moe_fn, hidden, topk_ids, topk_weights)
+        wide = self._wide_on_device if self.wide_in_graph else None
+        return self.residency.graph_forward(self.moe_fn, hidden, topk_ids, topk_weights, wide)
+
+    @property
+    def wide_in_graph(self) -> bool:
+        """Whether a graph step may be wider than the slots: it then runs expert-major on the device through the
+        staging rows (`wisp.core.experts.expert_major_on_device`), each miss copied once."""
+        return self.staging is not None and self.residency.pager is not None
+
+    def _wide_on_device(self, pager, hidden, topk_ids, topk_weights) -> torch.Tensor:
+        return wide_step_on_device(pager, self.staging, self.kernels, hidden, topk_ids, topk_weights)
 
     def device_count_vector(self) -> torch.Tensor | None:
         return self.residency.device_count_vector()
