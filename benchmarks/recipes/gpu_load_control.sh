@@ -4,8 +4,9 @@
 #            --max-concurrency b, and as turns under the same wait bound, --load-control width:b) and C = 32 at W = 8
 #   mixtral: Mixtral-8x7B preset, the 4 real decode sequences replayed one per request, W = 4, at CAPS (default 4 6):
 #            on, off and fixed widths 1 and 2 under the same bound (an arm takes 80-115 s at C = 4)
-#   wide:    where a wide decode step's time goes: `wisp bench profile steps` of 4 requests decoding together at
-#            C = 16 (load control off), kernels and a Chrome trace of the copies against the compute
+#   wide:    wide decode steps (4 and 8 requests decoding together at C = 16, load control off) as CUDA graphs,
+#            decided on the device, against the eager host-decided step (--enforce-eager), after the GPU tests
+#            of the device path (about 6 of the 10 minutes)
 #   agent:   `wisp bench agent`, OLMoE preset, 8 GiB, W = 4, real layer-0 routing, os and db sessions, on and off
 #   phases:  `wisp bench agent` with the concurrency in phases (1 session at a time, then 8 at once, then 2; os and db
 #            sessions, repeats made distinct), mv-wsa against the controller (KV floor following the requests in
@@ -45,8 +46,12 @@ RoutingTrace.concat(parts).save('$d/mixtral_4_sequences.npz')"
       --routing-trace $d/mixtral_4_sequences.npz --load-control on,off,width:1,width:2
   done ;;
 wide)
-  timeout 300 python3 -m wisp bench profile steps --model qwen3-30b-a3b --mode paged --cap 16 --batch 4 --steps 4 \
-    --rows 40 --trace "$out/wide_step.json" > "$out/wide_step.txt" 2>&1 ;;
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/experts/test_expert_major_on_device.py \
+    tests/core/experts/test_device_pager.py tests/engine/decode/test_graphs.py > "$out/wide_tests.txt" 2>&1
+  tail -3 "$out/wide_tests.txt"
+  w="--load-format dummy --prompt-len 128 --model qwen3-30b-a3b --mode paged --expert-cap 16 --decode-tokens 16 --load-control off"
+  timeout 200 python3 -m wisp bench decode $w --batch 1,4,8 --out "$out/wide_graphs.json" 2>"$out/wide_graphs.log" | tee "$out/wide_graphs.txt"
+  timeout 150 python3 -m wisp bench decode $w --batch 4 --enforce-eager --out "$out/wide_eager.json" 2>"$out/wide_eager.log" | tee "$out/wide_eager.txt" ;;
 agent)
   for lc in on off; do
     timeout 280 python3 -m wisp bench agent --model olmoe-1b-7b --load-format dummy --vram-budget 8GiB --concurrency 4 \
