@@ -49,9 +49,10 @@ wide)
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/experts/test_expert_major_on_device.py \
     tests/core/experts/test_device_pager.py tests/engine/decode/test_graphs.py > "$out/wide_tests.txt" 2>&1
   tail -3 "$out/wide_tests.txt"
-  w="--load-format dummy --prompt-len 128 --model qwen3-30b-a3b --mode paged --expert-cap 16 --decode-tokens 16 --load-control off"
-  timeout 200 python3 -m wisp bench decode $w --batch 1,4,8 --out "$out/wide_graphs.json" 2>"$out/wide_graphs.log" | tee "$out/wide_graphs.txt"
-  timeout 150 python3 -m wisp bench decode $w --batch 4 --enforce-eager --out "$out/wide_eager.json" 2>"$out/wide_eager.log" | tee "$out/wide_eager.txt" ;;
+  w="--load-format dummy --prompt-len 128 --model qwen3-30b-a3b --expert-cap 16 --decode-tokens 16 --load-control off"
+  timeout 240 python3 -m wisp bench decode $w --mode resident,paged --batch 4,8 --out "$out/wide_graphs.json" \
+    2>"$out/wide_graphs.log" | tee "$out/wide_graphs.txt"
+  timeout 100 python3 -m wisp bench decode $w --mode paged --batch 4 --enforce-eager --out "$out/wide_eager.json" 2>"$out/wide_eager.log" | tee "$out/wide_eager.txt" ;;
 agent)
   for lc in on off; do
     timeout 280 python3 -m wisp bench agent --model olmoe-1b-7b --load-format dummy --vram-budget 8GiB --concurrency 4 \
