@@ -75,6 +75,6 @@ def test_device_wide_steps_equal_the_eager_ones(case, dtype):
 
 def test_a_wide_step_streams_several_waves_and_evicts_a_hit_it_does_not_keep():
     """16 experts, 3 slots, top-2: 6 tokens route to up to 12 experts, so up to 9 stream through the 2 staging
-    rows (one a wave, 9 waves); a token early in a step hits a slot that a kept miss then takes."""
+    rows (5 waves); a token early in a step hits a slot that a kept miss then takes."""
     c = run_stream(16, 2, 3, [1, 6, 2, 6, 1, 6], seed=7, dtype=torch.bfloat16)
     assert c.misses > 3 * 6 and c.hits > 0 and c.evictions > 0

@@ -112,7 +112,7 @@ def _lru_decide(ids_ptr, n_pairs, top_k, expert_map_ptr, expert_in_slot_ptr, las
         tl.store(load_map_ptr + e, tl.where(load, new_s_of_e, -1), mask=e_ok)
         w = tl.arange(0, BLOCK_W)
         in_wave = streamed[None, :] & ((stream_rank // ROWS)[None, :] == w[:, None])  # [W, E]
-        row = tl.where(in_wave, (w[:, None] % 2) * ROWS + (stream_rank % ROWS)[None, :], -1)  # waves alternate halves
+        row = tl.where(in_wave, (stream_rank % ROWS)[None, :], -1)
         tl.store(wave_map_ptr + w[:, None] * N + e[None, :], row, mask=(w[:, None] < WAVES) & e_ok[None, :])
     m64 = n_miss.to(tl.int64)
     _bump(count_ptr, 0, 1)  # COUNT_FIELDS: steps, hits, misses, evictions, loads, bytes_h2d
@@ -192,7 +192,6 @@ class DeviceLRU:
         self.copy_loads(host, scratch, min(topk_ids.numel(), self.capacity))
 
     def decide_wide(self, expert_map: torch.Tensor, topk_ids: torch.Tensor, rows: int) -> "WideDecision":
-        """(`rows`: streamed experts per wave; the staging bank holds two waves, which alternate.)"""
         """Launch a wide step's decision for routed ids [T, K] (any number of distinct experts; no host sync):
         the state moves exactly as `ExpertPager.decide`'s, and the returned `WideDecision` says what to copy
         and through which maps to compute. Nothing is copied here (`copy_loads`, `copy_wave`)."""
@@ -226,11 +225,10 @@ class DeviceLRU:
 
     def copy_wave(self, host: dict[str, torch.Tensor], staging: dict[str, torch.Tensor], wide: "WideDecision",
                   wave: int) -> None:
-        """Copy a wide step's streamed misses of one wave (ranks wave x rows on) into its half of the staging
-        rows (even waves the first `rows`, odd ones the next)."""
+        """Copy a wide step's streamed misses of one wave (ranks wave x rows on) into staging rows 0, 1, ..."""
         per_tensor = max(t[0].numel() * t.element_size() for t in host.values())
         chunk = max(per_tensor * wide.rows // self.STAGED_COPY_PROGRAMS, 32 * 1024)
-        _copy_listed(host, staging, wide.stream_e, wide.row_of_program[wave % 2], wide.n_stream, wave * wide.rows, wide.rows,
+        _copy_listed(host, staging, wide.stream_e, wide.row_of_program, wide.n_stream, wave * wide.rows, wide.rows,
                      min(chunk, self.COPY_CHUNK_BYTES))
 
 
@@ -238,8 +236,7 @@ class WideDecision:
     """A wide step's decision on the device (`DeviceLRU.decide_wide` rewrites it in place, so graphs captured
     over it stay valid): `hit_map` [N] the hits' slots before the step, `load_map` [N] the kept misses' new
     slots, `stream_e` the other misses in ascending id (`n_stream` of them), and per wave of `rows` of them
-    `wave_map[w]` [N] -> staging row (-1 elsewhere; wave w fills rows (w % 2) x rows on, so one wave can be
-    copied while the one before is computed); `waves` is how many the last step may have used."""
+    `wave_map[w]` [N] -> staging row (-1 elsewhere); `waves` is how many the last step may have used."""
 
     def __init__(self, num_experts: int, rows: int, device: torch.device):
         self.rows, self.num_experts = rows, num_experts
@@ -249,7 +246,7 @@ class WideDecision:
         self.hit_map = torch.full((num_experts,), -1, dtype=torch.int32, device=device)
         self.load_map = torch.full((num_experts,), -1, dtype=torch.int32, device=device)
         self.wave_map = torch.full((most, num_experts), -1, dtype=torch.int32, device=device)  # [W, N]
-        self.row_of_program = torch.arange(2 * rows, dtype=torch.int32, device=device).view(2, rows)  # [half, i]
+        self.row_of_program = torch.arange(rows, dtype=torch.int32, device=device)
         self.waves = most
 
     def waves_for(self, n_pairs: int, kept: int) -> int:

@@ -6,14 +6,13 @@ queues one copy per missing expert; every layer waits for that round trip with t
 decision is taken on the device (`DeviceLRU.decide_wide`: `ExpertPager.decide`'s rule, counted on the device)
 and every launch has a fixed shape:
 1. the hits run from their slots as they were, through `hit_map`, in one `pairs_by_map` launch;
-2. the kept misses are copied into their slots (after step 1 read any slot they take);
-3. the streamed misses (those the step does not keep) cross PCIe one wave at a time, a wave being half the
-   staging rows: each is copied from the pinned masters in place (UVA) into its half, then computed through
-   its `wave_map`; a wave past the step's streamed count copies nothing and computes nothing;
-4. the kept misses are computed through `load_map`, and the [T*K, D] pair outputs summed over k in routing order.
-On CUDA the copies run on the staging's copy stream, in that order, each waiting only for the last reader of
-what it overwrites (the hits launch; for a half, the wave two back), so the link stays busy while a wave is
-computed; the stream is joined back before the combine, so the whole step can be captured in one graph.
+2. the streamed misses (those the step does not keep) cross PCIe in waves of the staging bank's rows: each
+   wave is copied from the pinned masters in place (UVA) into the rows, then computed through its
+   `wave_map`; a wave past the step's streamed count copies nothing and computes nothing;
+3. the kept misses are copied into their slots (after step 1 read any slot they take), then computed
+   through `load_map`;
+4. the [T*K, D] pair outputs are summed over k in routing order.
+Everything runs on the current stream, so each copy follows the reads of what it overwrites.
 
 Invariants: the output is torch.equal to `fused` over a resident bank (each pair is computed once, by the
 same per-pair kernel, and combined in the same order); the slots, map, LRU state and counters after the
@@ -38,38 +37,16 @@ def wide_step_on_device(pager: ExpertPager, staging: StagingBuffers, kernels: Mo
     pager.use_device()
     lru, scratch, host = pager.device_lru, pager.scratch, pager.host
     t, k = topk_ids.shape
-    wide = lru.decide_wide(pager.expert_map, topk_ids, staging.rows // 2)  # a wave: half the rows
+    wide = lru.decide_wide(pager.expert_map, topk_ids, staging.rows)
     per_k = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)  # [T*K, D]
 
     def pairs(bank: dict[str, torch.Tensor], expert_map: torch.Tensor) -> None:
         kernels.pairs_by_map(per_k, hidden, bank[GATE_UP], bank[DOWN], topk_ids, expert_map, extras=extras_of(bank))
 
     pairs(scratch, wide.hit_map)
-    max_loads = min(pager.capacity, t * k)
-    copy = staging.stream
-    if copy is None:  # the CPU (Triton's interpreter): one after another
-        for wave in range(wide.waves):
-            lru.copy_wave(host, staging.bank, wide, wave)
-            pairs(staging.bank, wide.wave_map[wave])
-        lru.copy_loads(host, scratch, max_loads)
-        pairs(scratch, wide.load_map)
-    else:
-        main = torch.cuda.current_stream(hidden.device)
-        copy.wait_stream(main)  # after the decision, and after the hits read the slots the loads take
-        with torch.cuda.stream(copy):
-            lru.copy_loads(host, scratch, max_loads)
-            loaded = copy.record_event()
-        freed: list[torch.cuda.Event | None] = [None, None]  # per half of the staging rows: its last reader
-        for wave in range(wide.waves):
-            with torch.cuda.stream(copy):
-                if freed[wave % 2] is not None:
-                    copy.wait_event(freed[wave % 2])
-                lru.copy_wave(host, staging.bank, wide, wave)
-                landed = copy.record_event()
-            main.wait_event(landed)
-            pairs(staging.bank, wide.wave_map[wave])
-            freed[wave % 2] = main.record_event()
-        main.wait_event(loaded)
-        pairs(scratch, wide.load_map)
-        main.wait_stream(copy)  # joined: a graph capture ends with every stream it forked
+    for wave in range(wide.waves):
+        lru.copy_wave(host, staging.bank, wide, wave)
+        pairs(staging.bank, wide.wave_map[wave])
+    lru.copy_loads(host, scratch, min(pager.capacity, t * k))
+    pairs(scratch, wide.load_map)
     return kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)
