@@ -44,6 +44,25 @@ def test_rows_read_the_routed_experts_and_misses_follow_lru(capacity, seed):
     assert (paging.wide_steps > 0) == any(len(t) > capacity for t in trace)
 
 
+def test_a_resize_empties_the_slots_keeps_the_counters_and_pages_on_from_the_same_masters():
+    g = torch.Generator().manual_seed(3)
+    bank = {"w13_weight": torch.randn(N, 6, 4, generator=g), "w2_weight": torch.randn(N, 4, 3, generator=g)}
+    paging = SlotPaging(bank, 3)
+    steps = random_steps(3)
+    for topk_ids in steps[:6]:
+        paging.step(topk_ids)
+    counted = paging.counters.as_dict()
+    paging.resize(5)
+    assert paging.pager.capacity == 5 and paging.pager.resident_experts() == []
+    assert paging.counters.as_dict() == counted and paging.pager.host["w13_weight"] is bank["w13_weight"]
+    for topk_ids in steps[6:]:
+        step_bank, rows = paging.step(topk_ids)
+        for name, full in bank.items():
+            assert torch.equal(step_bank[name][rows.long()], full[topk_ids.long()])
+    after = [touch_order(step.tolist()) for step in steps[6:]]
+    assert paging.counters.misses - counted["misses"] == expert_miss_curve(after, N)[5]  # LRU from empty at C = 5
+
+
 def test_on_the_cpu_the_bank_itself_is_the_master():
     bank = {"w13_weight": torch.randn(N, 2, 2), "w2_weight": torch.randn(N, 2, 2)}
     paging = SlotPaging(bank, 2)

@@ -9,6 +9,7 @@ and every paged run must give its baseline's greedy tokens and top-5 logprobs ex
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import pytest
 
@@ -70,19 +71,23 @@ def greedy(llm):
     return tokens, llm.apply_model(layer_counters)[0]
 
 
+FAMILIES = ("qwen3_moe", "olmoe", "mixtral")
+
+
 @pytest.fixture(scope="module")
 def baselines(vllm_env, checkpoints):
-    """{(family, eager): outputs} of vLLM with no plug-in loaded; then wisp's method is registered for the rest of
-    the module."""
+    """{(family, eager): outputs} of vLLM with no plug-in loaded, eager and torch.compile'd; then wisp's method is
+    registered for the rest of the module."""
     from vllm.model_executor.custom_op import op_registry_oot
 
     from wisp.integrations.vllm import register
 
     assert "UnquantizedFusedMoEMethod" not in op_registry_oot
     found = {}
-    for family, eager in [("qwen3_moe", True), ("qwen3_moe", False), ("olmoe", True), ("mixtral", True)]:
-        found[family, eager], counters = greedy(make_llm(checkpoints[family], eager=eager))
-        assert counters == {}
+    for family in FAMILIES:
+        for eager in (True, False):
+            found[family, eager], counters = greedy(make_llm(checkpoints[family], eager=eager))
+            assert counters == {}
     register()
     register()  # vLLM may load plug-ins more than once per process
     return found
@@ -93,33 +98,42 @@ def baseline(baselines):
     return baselines["qwen3_moe", True]
 
 
-@pytest.mark.parametrize("cap", [TOP_K, N // 2, N])
-def test_paged_runs_give_vllms_tokens_and_logprobs(baseline, qwen3_moe, cap):
-    out, counters = greedy(make_llm(qwen3_moe, {"wisp": {"mode": "paged", "expert_cap": cap}}))
-    assert out == baseline
-    assert sorted(counters) == ["model.layers.0.mlp.experts.routed_experts", "model.layers.2.mlp.experts.routed_experts"]
-    for c in counters.values():
-        assert c["steps"] > 0 and c["hits"] > 0 and c["bytes_h2d"] == c["loads"] * EXPERT_BYTES
-        if cap < N:
-            assert c["misses"] > N and c["evictions"] > 0  # more than the cold misses: the slots turn over
-        else:
-            assert c["misses"] <= N and c["evictions"] == 0 and c["wide_steps"] == 0
-    if cap == TOP_K:
-        assert all(c["wide_steps"] > 0 for c in counters.values())  # the batched prefill routes to more than C
+def counted_since(before: dict, now: dict) -> dict:
+    """Per layer, the counts added since `before` (and the layer's slots now)."""
+    return {layer: {key: v if key == "slots" else v - before.get(layer, {}).get(key, 0) for key, v in c.items()}
+            for layer, c in now.items()}
 
 
-def test_compiled_paged_run_gives_vllms_compiled_tokens(baselines, qwen3_moe):
-    """torch.compile traces vLLM's CPU MoE layer; wisp's opaque op keeps the graph whole around the decision."""
-    out, counters = greedy(make_llm(qwen3_moe, {"wisp": {"mode": "paged", "expert_cap": TOP_K}}, eager=False))
-    assert out == baselines["qwen3_moe", False]
-    assert all(c["misses"] > N and c["wide_steps"] > 0 for c in counters.values()) and len(counters) == 2
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "compiled"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_paged_runs_give_vllms_tokens_and_logprobs_at_every_cap(baselines, checkpoints, family, eager):
+    """One LLM per family, eager and compiled (torch.compile traces vLLM's CPU MoE layer; wisp's opaque op keeps
+    the graph whole around the decision), at C = top_k, then resized between requests to N / 2 and N: every run
+    gives vLLM's own tokens and top-5 logprobs. Prefix caching is off so that every run recomputes its prompts."""
+    from wisp.integrations.vllm import layer_counters, resize_slots
 
-
-@pytest.mark.parametrize("family", ["olmoe", "mixtral"])
-def test_other_families_page_with_vllms_tokens(baselines, checkpoints, family):
-    out, counters = greedy(make_llm(checkpoints[family], {"wisp": {"mode": "paged", "expert_cap": TOP_K}}))
-    assert out == baselines[family, True]
-    assert len(counters) == 2 and all(c["misses"] > N and c["wide_steps"] > 0 for c in counters.values())
+    llm = make_llm(checkpoints[family], {"wisp": {"mode": "paged", "expert_cap": TOP_K}}, eager=eager,
+                   enable_prefix_caching=False)
+    before: dict = {}
+    for cap in (TOP_K, N // 2, N):
+        if cap != TOP_K:
+            assert set(llm.apply_model(partial(resize_slots, expert_cap=cap))[0].values()) == {cap}
+        out, now = greedy(llm)
+        assert out == baselines[family, eager], cap
+        counters, before = counted_since(before, now), now
+        assert len(counters) == 2  # Qwen3-MoE: layers 0 and 2 (1 is dense); OLMoE and Mixtral: both layers
+        for c in counters.values():
+            assert c["slots"] == cap
+            assert c["steps"] > 0 and c["hits"] > 0 and c["bytes_h2d"] == c["loads"] * EXPERT_BYTES
+            if cap < N:
+                assert c["misses"] > N and c["evictions"] > 0  # more than the cold misses: the slots turn over
+            else:
+                assert c["misses"] <= N and c["evictions"] == 0 and c["wide_steps"] == 0
+            if cap == TOP_K:
+                assert c["wide_steps"] > 0  # the batched prefill routes to more than C
+    with pytest.raises(Exception, match="below the model's top_k 2"):  # refused whole: no layer changes
+        llm.apply_model(partial(resize_slots, expert_cap=1))
+    assert {c["slots"] for c in llm.apply_model(layer_counters)[0].values()} == {N}
 
 
 def test_without_a_wisp_table_the_method_is_vllms(baseline, qwen3_moe):

@@ -4,7 +4,7 @@
 possibly more than once. It checks the vLLM version first: outside the supported range it logs one error naming
 the range and returns, leaving vLLM untouched. Otherwise it registers `WispPagedMoEMethod` in place of vLLM's
 `UnquantizedFusedMoEMethod`; that method is vLLM's own unless `additional_config={"wisp": {...}}` asks for paging
-(`wisp.integrations.vllm.settings`). This module imports vLLM only inside `register` and `layer_counters`.
+(`wisp.integrations.vllm.settings`). This module imports vLLM only inside `register`, `layer_counters` and `resize_slots`.
 """
 
 from __future__ import annotations
@@ -45,3 +45,11 @@ def layer_counters(model) -> dict[str, dict[str, int]]:
     from wisp.integrations.vllm.moe_method import layer_counters as counters
 
     return counters(model)
+
+
+def resize_slots(model, expert_cap: int) -> dict[str, int]:
+    """Every paged layer of a vLLM model to `expert_cap` slots, between requests:
+    `llm.apply_model(functools.partial(resize_slots, expert_cap=C))` (`wisp.integrations.vllm.moe_method.resize_slots`)."""
+    from wisp.integrations.vllm.moe_method import resize_slots as resize
+
+    return resize(model, expert_cap)

@@ -38,7 +38,7 @@ from vllm.platforms import current_platform
 
 from wisp.core.experts.counters import ExpertCounters, sum_counters
 from wisp.integrations.vllm.applied_plan import apply_plan
-from wisp.integrations.vllm.settings import WispVllmConfigError, layer_index_of, settings_from
+from wisp.integrations.vllm.settings import WispVllmConfigError, checked_cap, layer_index_of, settings_from
 from wisp.integrations.vllm.slot_paging import SlotPaging
 
 BANK = ("w13_weight", "w2_weight")
@@ -160,6 +160,22 @@ def layer_counters(model: torch.nn.Module) -> dict[str, dict[str, int]]:
         if paging is not None:
             found[name] = {**paging.counters.as_dict(), "wide_steps": paging.wide_steps, "slots": paging.pager.capacity}
     return found
+
+
+def resize_slots(model: torch.nn.Module, expert_cap: int) -> dict[str, int]:
+    """Give every paged layer of a vLLM model `expert_cap` slots (at most its experts; never below top_k), empty:
+    experts page back in on demand, counters carry over. From the offline API, between requests:
+    `llm.apply_model(functools.partial(resize_slots, expert_cap=C))` (one dict per worker). Returns layer name ->
+    its slots now. The op stays the same, so compiled graphs stay valid."""
+    paged = [(name, module, module.quant_method) for name, module in model.named_modules()
+             if getattr(getattr(module, "quant_method", None), "wisp_paging", None) is not None]
+    caps = {name: checked_cap(expert_cap, method.wisp_paging.pager.num_experts, method.moe.experts_per_token,
+                              f" ({name})") for name, _, method in paged}  # all checked before any layer changes
+    for name, module, method in paged:
+        method.wisp_paging.resize(caps[name])
+        for b in BANK:
+            replace_parameter(module, b, method.wisp_paging.slots[b])
+    return caps
 
 
 @atexit.register

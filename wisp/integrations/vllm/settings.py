@@ -58,12 +58,17 @@ class WispSettings:
         cap = self.expert_cap if self.expert_cap is not None else self.layer_caps.get(layer_index)
         if cap is None:
             return None
-        if cap < top_k:
-            where = "" if layer_index is None or self.expert_cap is not None else f" (layer {layer_index})"
-            raise WispVllmConfigError(
-                f"wisp expert_cap {cap}{where} is below the model's top_k {top_k}: a token's experts must fit in "
-                f"the slots at once; use expert_cap >= {top_k}")
-        return min(cap, num_experts)
+        where = "" if layer_index is None or self.expert_cap is not None else f" (layer {layer_index})"
+        return checked_cap(cap, num_experts, top_k, where)
+
+
+def checked_cap(cap: int, num_experts: int, top_k: int, where: str = "") -> int:
+    """A layer's slot count: `cap`, at most the layer's experts; raises if below top_k."""
+    if cap < top_k:
+        raise WispVllmConfigError(
+            f"wisp expert_cap {cap}{where} is below the model's top_k {top_k}: a token's experts must fit in "
+            f"the slots at once; use expert_cap >= {top_k}")
+    return min(cap, num_experts)
 
 
 def settings_from(additional_config: dict | None) -> WispSettings | None:

@@ -65,6 +65,17 @@ class SlotPaging:
     def slots(self) -> dict[str, torch.Tensor]:
         return self.pager.scratch
 
+    def resize(self, capacity: int) -> None:
+        """New C slots over the same host masters, empty (experts page back in on demand); counters carry over.
+        The old slots are released once nothing else holds them (the caller points the layer's weights here)."""
+        old = self.pager
+        if capacity == old.capacity:
+            return
+        counters = self.counters
+        self.pager = None
+        self.pager = ExpertPager(old.host, capacity, old.device)
+        self.pager.counters = counters
+
     def step(self, topk_ids: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """(the bank to run this step's kernel on, topk_ids [T, K] remapped into its rows)."""
         bank, rows = self.rows_for(topk_ids)
