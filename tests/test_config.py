@@ -73,3 +73,15 @@ def test_load_control_settings_are_kept_in_one_spelling():
     assert EngineConfig(model="demo", load_control="off").load_control == "off"
     with pytest.raises(WispError, match="max-decode-wait-ms must be > 0"):
         EngineConfig(model="demo", max_decode_wait_ms=0)
+
+
+@pytest.mark.parametrize("mode", ["resident", "offload", "zero-copy"])
+def test_an_expert_cap_in_a_mode_without_slots_is_said_to_do_nothing(caplog, mode):
+    with caplog.at_level("WARNING"):
+        EngineConfig(model="demo", mode=mode, expert_cap=5)
+    assert f"--expert-cap 5 does nothing in --mode {mode}" in caplog.text and "paged and hybrid" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        EngineConfig(model="demo", mode=mode)
+        EngineConfig(model="demo", mode="paged", expert_cap=5)
+    assert "does nothing" not in caplog.text

@@ -278,9 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="wisp: %(message)s")  # warnings (a deprecated spelling) read as the errors do
     try:
-        return _command(args.command)(args)
+        status = _command(args.command)(args)
+        sys.stdout.flush()  # a reader that left shows here, not at interpreter exit
+        return status
     except WispError as exc:
         fail(str(exc))
+    except BrokenPipeError:  # the reader of stdout left (`wisp sim ... | head`): the rest goes nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        fail("stdout was closed before all of the output was written (broken pipe)")
 
 
 if __name__ == "__main__":

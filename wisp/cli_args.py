@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from typing import NoReturn
@@ -22,7 +23,8 @@ from wisp.options import DTYPE_NAMES as DTYPES
 
 __all__ = [  # CACHE_POLICIES and DTYPES are offered here for the parsers built elsewhere (cli, plan.args)
     "ATTENTION_BACKENDS", "CACHE_POLICIES", "DTYPES", "EMBEDDINGS", "MAX_NUM_BATCHED_TOKENS", "MODES", "MOE_BACKENDS",
-    "Parser", "add_backend_args", "add_engine_args", "backend_options", "fail", "parse_load_control", "parse_port", "parse_positive_float",
+    "Parser", "add_backend_args", "add_engine_args", "backend_options", "fail", "parse_load_control", "parse_output_file",
+    "parse_port", "parse_positive_float",
     "parse_positive_int",
     "parse_size", "parse_token_ids",
 ]
@@ -40,6 +42,20 @@ def fail(message: str) -> NoReturn:
     message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     print(f"wisp: error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def parse_output_file(text: str) -> str:
+    """A file the command will write: its folder must exist and be writable, and it must not be a folder itself
+    (checked before any work, so a typo costs one line, not a run)."""
+    path = os.path.abspath(os.path.expanduser(text))
+    folder = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: the folder {folder} is not writable")
+    return text
 
 
 def parse_token_ids(text: str) -> list[int]:

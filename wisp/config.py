@@ -205,6 +205,10 @@ class EngineConfig:
                 raise WispError("--mode hybrid-zero-copy keeps no expert slots: give it no --expert-cap (use "
                                 "--hot-experts to hold the most-routed experts on the GPU)")
             object.__setattr__(self, "expert_cap", 0)
+        if self.expert_cap is not None and self.mode not in (*SCRATCH_MODES, "hybrid-zero-copy"):
+            log.warning("--expert-cap %s does nothing in --mode %s: it has no expert slots (%s); the cap is for "
+                        "%s", self.expert_cap, self.mode, NO_SLOTS_BECAUSE.get(self.mode, "no slots"),
+                        " and ".join(SCRATCH_MODES))
         if self.load_format not in ("safetensors", "dummy"):
             raise WispError(f"unknown load format {self.load_format!r}; choose one of: safetensors, dummy")
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -285,6 +289,10 @@ class EngineConfig:
         if self.expert_cap is None:
             return n if self.mode not in SCRATCH_MODES else max(k, n // 2)
         return check_cap(int(self.expert_cap), model, self.mode)
+
+
+NO_SLOTS_BECAUSE = {"resident": "every expert stays on the device", "offload": "each layer is copied in whole",
+                    "zero-copy": "experts are read from host memory in place"}
 
 
 def resolve_device(name: str) -> torch.device:

@@ -149,3 +149,25 @@ def test_phases_set_the_engine_width_to_the_widest_and_refuse_another():
     assert args.concurrency == 4 and [(p.width, p.sessions) for p in phases] == [(4, 3)] and phased is sessions
     with pytest.raises(WispError, match="widest phase"):
         _phases(SimpleNamespace(phases="1:2,4:1", concurrency=2), sessions, 100)
+
+
+def test_the_default_max_model_len_fits_the_model(capsys):
+    """demo has max_position_embeddings 2048: the default takes that, and says so; a given one is kept."""
+    from types import SimpleNamespace
+
+    from wisp.bench.agent import fit_max_model_len
+    from wisp.bench.args import add_parser
+    from wisp.cli_args import Parser
+    from wisp.bench.decode import model_config_for
+
+    parser = Parser(prog="wisp")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "agent", "--model", "demo", "--sessions", "s.json", "--vram-budget", "1GiB"])
+    demo = model_config_for("demo", "safetensors")
+    assert args.max_model_len is None and demo.max_position_embeddings < 4096
+    fit_max_model_len(args, demo)
+    assert args.max_model_len == demo.max_position_embeddings
+    assert f"--max-model-len {demo.max_position_embeddings}" in capsys.readouterr().err
+    given = SimpleNamespace(max_model_len=512)
+    fit_max_model_len(given, demo)
+    assert given.max_model_len == 512

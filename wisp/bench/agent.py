@@ -98,6 +98,14 @@ def _phases(args, sessions: list[Session], vocab_size: int) -> tuple[list[Phase]
     return phases, sessions_for_phases(sessions, phases, vocab_size)
 
 
+def fit_max_model_len(args, cfg: ModelConfig) -> None:
+    """--max-model-len left out: 4096, or the model's max_position_embeddings when smaller (said on stderr)."""
+    if args.max_model_len is None:
+        args.max_model_len = min(4096, cfg.max_position_embeddings)
+        if args.max_model_len < 4096:
+            print(f"wisp: --max-model-len {args.max_model_len}, the model's max_position_embeddings", file=sys.stderr)
+
+
 def arm_order(names: list[str], order: str) -> list[str]:
     """The arms in the order they run: as given, or ABBA (as given, then reversed)."""
     return names + names[::-1] if order == "abba" else list(names)
@@ -107,6 +115,7 @@ def bench_agent(args) -> list[dict]:
     names = arm_order(parse_arms(args.arms), args.order)
     device = resolve_device(args.device)
     cfg = model_config_for(args.model, args.load_format)
+    fit_max_model_len(args, cfg)
     phases, sessions = _phases(args, _sessions(args, cfg), cfg.vocab_size)
     trace, routing = routing_for(args.routing_trace, cfg, max(8192, len(sessions) * args.max_model_len))
     gbps = probe_h2d_gbps(device)

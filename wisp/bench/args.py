@@ -14,8 +14,8 @@ import argparse
 
 from collections.abc import Callable
 
-from wisp.cli_args import (MAX_NUM_BATCHED_TOKENS, MODES, add_backend_args, parse_load_control, parse_positive_float,
-                           parse_positive_int, parse_size)
+from wisp.cli_args import (MAX_NUM_BATCHED_TOKENS, MODES, add_backend_args, parse_load_control, parse_output_file,
+                           parse_positive_float, parse_positive_int, parse_size)
 
 
 def add_parser(sub) -> None:
@@ -86,7 +86,7 @@ def _add_decode_parser(kinds) -> None:
     dec.add_argument("--prefetch", action="store_true",
                      help="paged runs copy each next layer's predicted experts ahead (eager; wisp.core.experts.prefetch)")
     dec.add_argument("--peer-decode-tokens", type=int, default=16, help="decode tokens of the (slow) accelerate peer")
-    dec.add_argument("--out", default=None, help="write the records as a JSON list here")
+    dec.add_argument("--out", type=parse_output_file, default=None, help="write the records as a JSON list here")
 
 
 def _add_prefill_parser(kinds) -> None:
@@ -96,8 +96,8 @@ def _add_prefill_parser(kinds) -> None:
     pre.add_argument("--max-num-batched-tokens", type=int, default=MAX_NUM_BATCHED_TOKENS,
                      help="the engine's token budget per step (prefill chunk size)")
     add_backend_args(pre)
-    pre.add_argument("--out", default=None, help="write the records as a JSON list here")
-    pre.add_argument("--plot", default=None, help="draw TTFT against prompt length into this PNG")
+    pre.add_argument("--out", type=parse_output_file, default=None, help="write the records as a JSON list here")
+    pre.add_argument("--plot", type=parse_output_file, default=None, help="draw TTFT against prompt length into this PNG")
 
 
 def _add_serve_parser(kinds) -> None:
@@ -133,8 +133,8 @@ def _add_serve_parser(kinds) -> None:
                      help="stream from this live OpenAI-compatible server (`wisp serve`) instead of an engine in "
                           "process (needs httpx; --model then only gives the prompts' vocabulary)")
     srv.add_argument("--api-key", default=None, help="with --server: its bearer key")
-    srv.add_argument("--out", default=None, help="write the records as a JSON list here")
-    srv.add_argument("--plot", default=None, help="draw tok/s and p99 ITL against W (or rate) into this PNG")
+    srv.add_argument("--out", type=parse_output_file, default=None, help="write the records as a JSON list here")
+    srv.add_argument("--plot", type=parse_output_file, default=None, help="draw tok/s and p99 ITL against W (or rate) into this PNG")
 
 
 def _add_agent_parser(kinds) -> None:
@@ -156,7 +156,9 @@ def _add_agent_parser(kinds) -> None:
     agent.add_argument("--isolation", choices=["process", "engine"], default="process",
                        help="process: each arm in a fresh Python process (nothing left from the arms before); "
                             "engine: a fresh engine in this process, device memory released between arms")
-    agent.add_argument("--max-model-len", type=int, default=4096)
+    agent.add_argument("--max-model-len", type=int, default=None,
+                       help="longest prompt + reply, tokens (default: 4096, or the model's max_position_embeddings "
+                            "when that is smaller)")
     agent.add_argument("--max-reply-tokens", type=int, default=64, help="cap on each reply (the dataset's length)")
     agent.add_argument("--max-sessions", type=int, default=None, help="only the first N sessions")
     agent.add_argument("--routing-trace", default=None, metavar="FILE",
@@ -180,8 +182,8 @@ def _add_agent_parser(kinds) -> None:
                             "re-solved split is adopted when its gain repays the stall in the time conditions held); "
                             "off: hysteresis only")
     add_backend_args(agent)
-    agent.add_argument("--out", default=None, help="write the records as a JSON list here")
-    agent.add_argument("--plot", default=None, help="draw turn wall and TTFT per arm into this PNG")
+    agent.add_argument("--out", type=parse_output_file, default=None, help="write the records as a JSON list here")
+    agent.add_argument("--plot", type=parse_output_file, default=None, help="draw turn wall and TTFT per arm into this PNG")
 
 
 def _seconds_or_off(text: str) -> float | None:
@@ -212,7 +214,7 @@ def _add_soak_parser(kinds) -> None:
     soak.add_argument("--seed", type=int, default=0)
     soak.add_argument("--server-arg", action="append", default=[],
                       help="one more `wisp serve` argument (repeatable; --server-arg=--flag for a flag)")
-    soak.add_argument("--out", default=None, help="write the JSON report here (the server's log beside it)")
+    soak.add_argument("--out", type=parse_output_file, default=None, help="write the JSON report here (the server's log beside it)")
 
 
 def _add_accuracy_parser(kinds) -> None:
@@ -232,7 +234,7 @@ def _add_accuracy_parser(kinds) -> None:
                      help="what resident is compared with; resident-torch (resident on the torch MoE kernels) gives "
                           "the difference any change of GEMM rounding makes: the noise floor for hybrid's figure")
     acc.add_argument("--seed", type=int, default=0)
-    acc.add_argument("--out", default=None)
+    acc.add_argument("--out", type=parse_output_file, default=None)
 
 
 def _add_llama_cpp_parsers(kinds) -> None:
@@ -249,14 +251,14 @@ def _add_llama_cpp_parsers(kinds) -> None:
     run.add_argument("--extra", default="", help="more llama-bench flags, e.g. '-t 16 -fa 1'")
     run.add_argument("--commit", default=None, help="llama.cpp commit (default: .llama_cpp/COMMIT, from fetch.sh)")
     run.add_argument("--unsampled-decode", action="store_true", help="time the decode again without the GPU sampler")
-    run.add_argument("--out", required=True)
+    run.add_argument("--out", type=parse_output_file, required=True)
     compare = _kind(tools, "compare", "llama_cpp.compare.bench_compare",
                     "llama.cpp against wisp at each of llama.cpp's expert placements: one comparison file")
     compare.add_argument("--peer", required=True, help="`wisp bench llama-cpp run`'s records")
     compare.add_argument("--decode", action="append", required=True, help="our decode records (repeatable)")
     compare.add_argument("--prefill", action="append", default=[], help="our prefill records (repeatable)")
     compare.add_argument("--note", default=None)
-    compare.add_argument("--out", required=True)
+    compare.add_argument("--out", type=parse_output_file, required=True)
     pair = _kind(tools, "pair", "llama_cpp.paired.bench_pair",
                  "a paired run's records (wisp, llama.cpp, wisp again on one machine) as rows of the paired file")
     pair.add_argument("--out-dir", required=True, help="the paired stage's output folder")
@@ -267,13 +269,13 @@ def _add_llama_cpp_parsers(kinds) -> None:
     gguf = _kind(tools, "gguf", "llama_cpp.random_gguf.bench_gguf",
                  "write a random-weight GGUF in a wisp preset's real shapes, for llama-bench")
     gguf.add_argument("--model", required=True, help="a wisp preset (olmoe-1b-7b, qwen3-30b-a3b) or a config.json")
-    gguf.add_argument("--out", required=True)
+    gguf.add_argument("--out", type=parse_output_file, required=True)
     gguf.add_argument("--type", choices=["bf16", "q8_0"], default="bf16")
     gguf.add_argument("--seed", type=int, default=0)
     peak = _kind(tools, "peak", "llama_cpp.gpu_peak.bench_peak",
                  "run a program under the GPU memory sampler (NVML, as nvidia-smi counts); exit with its status",
                  usage="wisp bench llama-cpp peak [-h] --out FILE -- PROGRAM [ARG ...]")
-    peak.add_argument("--out", required=True, metavar="FILE",
+    peak.add_argument("--out", type=parse_output_file, required=True, metavar="FILE",
                       help="write {command, returncode, peak_gpu_bytes, baseline_bytes} here")
     peak.add_argument("program", nargs=argparse.REMAINDER, help="-- then the program and its arguments")
     cost = _kind(tools, "sampler-cost", "llama_cpp.sampler_cost.bench_sampler_cost",
@@ -286,14 +288,14 @@ def _add_llama_cpp_parsers(kinds) -> None:
     cost.add_argument("--prompt-len", type=int, default=512)
     cost.add_argument("--round", type=int, default=32, help="tokens per arm before switching")
     cost.add_argument("--rounds", type=int, default=4, help="rounds of both arms")
-    cost.add_argument("--out", required=True)
+    cost.add_argument("--out", type=parse_output_file, required=True)
 
 
 def _add_sweep_parsers(kinds) -> None:
     sweeps = _group(kinds, "sweep", "kernel timings over their launch parameters", "sweep")
     moe = _kind(sweeps, "moe-attention", "sweeps.moe_attention.sweep_moe_attention",
                 "the Triton MoE and attention kernels over their block sizes (CUDA)")
-    moe.add_argument("--out", default="kernel_sweep.json")
+    moe.add_argument("--out", type=parse_output_file, default="kernel_sweep.json")
     moe.add_argument("--compare-with", default=None, help="another triton_moe.py, timed on the same inputs")
     moe.add_argument("--no-sweep", action="store_true", help="the default blocks only")
     linear = _kind(sweeps, "linear", "sweeps.linear.sweep_linear",
@@ -304,7 +306,7 @@ def _add_sweep_parsers(kinds) -> None:
     linear.add_argument("--graph-rows", type=int, default=16,
                         help="row counts up to this are timed as CUDA-graph replays (decode runs in graphs; launched "
                              "one by one, a few-microsecond kernel times its launch)")
-    linear.add_argument("--out", default=None)
+    linear.add_argument("--out", type=parse_output_file, default=None)
     cpu = _kind(sweeps, "cpu-experts", "sweeps.cpu_experts.sweep_cpu_experts",
                 "hybrid's CPU expert kernels, alone and (CUDA) beside the GPU's in-place reads or copies")
     cpu.add_argument("--hidden", type=int, default=2048, help="D (OLMoE-1B-7B: 2048)")
@@ -320,7 +322,7 @@ def _add_sweep_parsers(kinds) -> None:
     cpu.add_argument("--threads", type=parse_int_list, default=None,
                      help="comma-separated torch thread counts (default: torch's)")
     cpu.add_argument("--repeats", type=int, default=48)
-    cpu.add_argument("--out", default=None)
+    cpu.add_argument("--out", type=parse_output_file, default=None)
 
 
 def _add_profile_parsers(kinds) -> None:

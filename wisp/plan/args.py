@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from wisp.cli_args import EMBEDDINGS, parse_size
+from wisp.cli_args import EMBEDDINGS, parse_output_file, parse_size
 from wisp.models.presets import PRESETS
 
 
@@ -36,8 +36,8 @@ def add_parser(sub) -> None:
     plan = sub.add_parser("plan", help="split a VRAM budget between expert slots and the KV pool")
     add_budget_args(plan, required=True)
     plan.add_argument("--trace", required=True, help="routing trace (.npz/.jsonl, or a shared real trace)")
-    plan.add_argument("--out", default=None, help="write the plan JSON here (default: stdout)")
-    plan.add_argument("--plot", default=None, help="write a PNG with both miss curves and the predicted latency by expert fraction")
+    plan.add_argument("--out", type=parse_output_file, default=None, help="write the plan JSON here (default: stdout)")
+    plan.add_argument("--plot", type=parse_output_file, default=None, help="write a PNG with both miss curves and the predicted latency by expert fraction")
     plan.add_argument("--hybrid-costs", default=None, metavar="FILE.json",
                       help="a JSON object of hybrid mode's costs (copy_s, cpu_rows, cpu_s_at_rows, optional "
                            "cpu_overhead_s; seconds): also compare paged (exact LRU) and --mode hybrid (simulated) "

@@ -12,6 +12,7 @@ algorithm and has no one-pass curve). `model_shape`, `load_traces` and `plan_fro
 from __future__ import annotations
 
 import sys
+import zipfile
 from pathlib import Path
 
 from wisp.config import EngineConfig, ModelConfig, parse_dtype, resolve_device
@@ -35,14 +36,34 @@ def load_traces(args) -> tuple:
     from wisp.trace.kv_trace import read_kv_trace
     from wisp.trace.readers import load_any
 
-    if not Path(args.trace).is_file():
+    path = Path(args.trace)
+    if path.is_dir():
+        raise WispError(f"routing trace {args.trace} is a folder; give a trace file (.npz or .jsonl)")
+    if not path.is_file():
         raise WispError(f"routing trace {args.trace} does not exist")
     try:
         trace = load_any(args.trace)
+    except (zipfile.BadZipFile, EOFError):
+        raise WispError(f"could not read routing trace {args.trace}: not a whole .npz archive (truncated, or not "
+                        "an .npz at all)") from None
     except (ValueError, KeyError, OSError, TypeError, AttributeError, IndexError) as exc:
         raise WispError(f"could not read routing trace {args.trace}: {exc}") from None
+    if trace.num_tokens == 0:
+        raise WispError(f"routing trace {args.trace} holds no tokens: there is nothing to plan or simulate from")
     kv = read_kv_trace(args.kv_trace, args.block_size) if args.kv_trace else None
     return trace, kv
+
+
+def check_trace_fits(trace, cfg: ModelConfig, model: str) -> None:
+    """A routing trace can price `model` only if it routes the model's top_k of at most its experts (a trace that
+    names its expert count must name the model's)."""
+    if trace.top_k != cfg.top_k:
+        raise WispError(f"the routing trace routes top-{trace.top_k} but {model} routes top-{cfg.top_k}: record a "
+                        f"trace of {model} (`wisp generate|serve --record-routing`)")
+    named = trace.metadata.get("num_experts")
+    if trace.num_experts > cfg.num_experts or (named is not None and int(named) != cfg.num_experts):
+        raise WispError(f"the routing trace routes over {trace.num_experts} experts but {model} has "
+                        f"{cfg.num_experts}: record a trace of {model} (`wisp generate|serve --record-routing`)")
 
 
 def _plan_inputs(args, cfg: ModelConfig):
@@ -78,6 +99,7 @@ def cmd_plan(args) -> int:
 
     cfg = model_shape(args.model, args.dtype)
     trace, kv = load_traces(args)
+    check_trace_fits(trace, cfg, args.model)
     plan = plan_from_args(args, cfg, trace, kv)
     if args.out:
         write_plan(plan, args.out)

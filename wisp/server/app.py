@@ -120,11 +120,20 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message = str(exc.detail)
-        if exc.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's, e.g. bad UTF-8
-            message = "the request body could not be read as JSON text (is it valid UTF-8?)"
+        if exc.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's: say why
+            message = _unparsable_body(exc.__cause__)
         return error_response(exc.status_code, ErrorInfo(message=message, type=kind), exc.headers)
 
     # no handler for Exception: guards.ErrorBoundary answers those (a generic 500), and closes the connection
+
+
+def _unparsable_body(cause: BaseException | None) -> str:
+    """What was wrong with a body FastAPI could not parse (its exception, chained as the cause)."""
+    if isinstance(cause, RecursionError):
+        return "the request body nests JSON arrays or objects too deeply to be parsed"
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the request body is not valid UTF-8 (byte {cause.start}); JSON text must be UTF-8"
+    return "the request body could not be read as JSON text"
 
 
 def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None = None,

@@ -21,7 +21,8 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_serializer, model_validator,
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_serializer,
+    model_validator,
 )
 
 from wisp.engine.sampling import SamplingParams
@@ -67,6 +68,18 @@ Encodable = AfterValidator(_encodable)
 """Checks, after the type, that every string in a value is valid Unicode (no lone surrogate)."""
 Text = Annotated[str, Encodable]
 """A request string wisp reads: valid Unicode, else a 400 naming its field."""
+
+
+def _whole(value: Any) -> Any:
+    """A float with no fractional part as the int it spells (JSON Schema's `integer` admits 16.0); else as it is,
+    for the strict int check to judge."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_whole)]
+"""An integer request field: an int, or a float with no fractional part (`16.0`); never a string or a bool."""
 
 
 # -- errors -------------------------------------------------------------------------------------------
@@ -136,15 +149,15 @@ class _SamplingRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     model: Text
-    max_tokens: Annotated[int | None, _POSITIVE_INT] = None  # default: 16 (completions), the rest of the context (chat)
+    max_tokens: Annotated[Int | None, _POSITIVE_INT] = None  # default: 16 (completions), the rest of the context (chat)
     temperature: Annotated[float | None, _accepts({"anyOf": [{"type": "number", "enum": [0]}, {"type": "number", "minimum": _FLOAT32_TINY, "maximum": 3.4e38}]})] = None  # OpenAI's default is 1
     top_p: Annotated[float | None, _accepts({"type": "number", "minimum": _FLOAT32_TINY, "maximum": 1})] = None
-    top_k: Annotated[int | None, _accepts({"type": "integer", "minimum": 0})] = None  # extension (vLLM's name)
-    n: Annotated[int | None, _UNSUPPORTED["n"]] = 1
+    top_k: Annotated[Int | None, _accepts({"type": "integer", "minimum": 0})] = None  # extension (vLLM's name)
+    n: Annotated[Int | None, _UNSUPPORTED["n"]] = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: Annotated[str | list[str] | None, Encodable, _STOP] = None
-    seed: Annotated[int | None, _accepts({"type": "integer", "minimum": 0, "maximum": _SEED_MAX})] = None
+    seed: Annotated[Int | None, _accepts({"type": "integer", "minimum": 0, "maximum": _SEED_MAX})] = None
     ignore_eos: bool | None = None  # extension
     user: Text | None = None
     presence_penalty: Annotated[float | None, _UNSUPPORTED["zero"]] = None
@@ -164,6 +177,13 @@ class _SamplingRequest(BaseModel):
     def _unsupported(cls, v, info):
         if v or (info.field_name == "logprobs" and isinstance(v, int) and not isinstance(v, bool)):
             raise ValueError(f"{info.field_name} is not supported")  # completions' logprobs: 0 is a request too
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= _SEED_MAX:
+            raise ValueError(f"seed must be in [0, {_SEED_MAX}]")
         return v
 
     @field_validator("presence_penalty", "frequency_penalty")
@@ -216,10 +236,10 @@ class _SamplingRequest(BaseModel):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: Annotated[str | list[int] | list[str] | list[list[int]], Encodable, _PROMPT]
+    prompt: Annotated[str | list[Int] | list[str] | list[list[Int]], Encodable, _PROMPT]
     echo: Annotated[bool | None, _UNSUPPORTED["false"]] = False
-    logprobs: Annotated[int | None, _UNSUPPORTED["absent"]] = None  # 0 would ask for the sampled token's logprob
-    best_of: Annotated[int | None, _UNSUPPORTED["n"]] = None
+    logprobs: Annotated[Int | None, _UNSUPPORTED["absent"]] = None  # 0 would ask for the sampled token's logprob
+    best_of: Annotated[Int | None, _UNSUPPORTED["n"]] = None
     suffix: Annotated[str | None, _UNSUPPORTED["empty string"]] = None
 
     @field_validator("prompt")
@@ -247,12 +267,22 @@ class TextPart(BaseModel):
     text: str  # checked by ChatMessage.content
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 class ChatMessage(BaseModel):
     """One message; extra keys (name, tool_call_id, ...) are kept and passed to the chat template."""
 
     model_config = ConfigDict(strict=True, extra="allow")
-    role: Text
+    role: Annotated[Text, WithJsonSchema({"type": "string", "enum": list(ROLES)})]
     content: Annotated[str | list[TextPart] | None, Encodable] = None
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, v: str) -> str:
+        if v not in ROLES:
+            raise ValueError(f"role {v!r} is not one of {', '.join(ROLES)}")
+        return v
 
     @model_validator(mode="after")
     def _extra_encodable(self) -> "ChatMessage":
@@ -274,11 +304,32 @@ class ResponseFormat(BaseModel):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Annotated[int | None, _POSITIVE_INT] = None
+    max_completion_tokens: Annotated[Int | None, _POSITIVE_INT] = None
     logprobs: Annotated[bool | None, _UNSUPPORTED["false"]] = False
-    top_logprobs: Annotated[int | None, _UNSUPPORTED["zero"]] = None
+    top_logprobs: Annotated[Int | None, _UNSUPPORTED["zero"]] = None
     tools: Annotated[list[dict[str, Any]] | None, _UNSUPPORTED["empty array"]] = None
     response_format: ResponseFormat | None = None
+    # tool calling and reasoning controls, not honoured yet: only their absence (or "none") is accepted
+    tool_choice: Annotated[Any, _accepts({"type": "string", "enum": ["none"]})] = None
+    parallel_tool_calls: Annotated[Any, _UNSUPPORTED["absent"]] = None
+    functions: Annotated[Any, _UNSUPPORTED["absent"]] = None
+    function_call: Annotated[Any, _UNSUPPORTED["absent"]] = None
+    reasoning_effort: Annotated[Any, _UNSUPPORTED["absent"]] = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, v):
+        if v not in (None, "none"):
+            raise ValueError("tool_choice is not supported: wisp does not call tools (omit it, or send \"none\")")
+        return v
+
+    @field_validator("parallel_tool_calls", "functions", "function_call", "reasoning_effort")
+    @classmethod
+    def _not_honoured(cls, v, info):
+        if v is not None:
+            raise ValueError(f"{info.field_name} is not supported: it would change the reply, and wisp cannot honour "
+                             "it (omit it)")
+        return v
 
     @field_validator("response_format")
     @classmethod

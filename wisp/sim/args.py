@@ -6,7 +6,7 @@ Invariant: imports neither torch nor the engine (see wisp/cli_args.py), so build
 
 from __future__ import annotations
 
-from wisp.cli_args import CACHE_POLICIES
+from wisp.cli_args import CACHE_POLICIES, parse_output_file
 from wisp.plan.args import add_budget_args
 
 
@@ -18,8 +18,8 @@ def add_parser(sub) -> None:
     sim.add_argument("--per-token", action="store_true",
                      help="every token its own step (the batch-1 decode view the planner prices), ignoring the "
                           "trace's step column (e.g. the Qwen1.5 log's batched passes of up to 57 experts)")
-    sim.add_argument("--json", default=None, help="also write the results as JSON here")
-    sim.add_argument("--plot", default=None, help="write a PNG of hit rate against capacity per policy")
+    sim.add_argument("--json", type=parse_output_file, default=None, help="also write the results as JSON here")
+    sim.add_argument("--plot", type=parse_output_file, default=None, help="write a PNG of hit rate against capacity per policy")
     sim.add_argument("--sessions", nargs="+", default=None, metavar="FILE",
                      help="agent-session KV traces (needs --model, --vram-budget): the online controller against the "
                           "oracle, best static, the plan, 50-50 and KV-blind splits, per file and all back to back")

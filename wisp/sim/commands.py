@@ -20,7 +20,7 @@ import torch
 
 from wisp.config import ModelConfig
 from wisp.errors import WispError
-from wisp.plan.commands import load_traces, model_shape, plan_from_args
+from wisp.plan.commands import check_trace_fits, load_traces, model_shape, plan_from_args
 from wisp.sim.policies import OUT_OF_DOMAIN, POLICIES
 from wisp.trace.format import RoutingTrace
 from wisp.trace.kv_trace import KVTrace
@@ -36,6 +36,8 @@ def cmd_sim(args) -> int:
     if args.per_token:
         trace = one_step_per_token(trace)
     cfg = model_shape(args.model, args.dtype) if args.model and args.vram_budget else None
+    if cfg is not None:
+        check_trace_fits(trace, cfg, args.model)
     sessions = _session_inputs(args, cfg, trace) if args.sessions or args.replay_layers else None
     if sessions and kv is None:
         kv = sessions.workflows[0][1]  # the plan is made on the first workflow, as a user would plan once

@@ -59,11 +59,16 @@ class RoutingTrace:
         ids = np.asarray(ids)
         if ids.ndim != 3:
             raise ValueError(f"ids must be [T, L, K], got shape {ids.shape}")
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            fractional = ids[~np.isfinite(ids) | (ids != np.round(ids))] if np.issubdtype(ids.dtype, np.number) else ids
+            if not np.issubdtype(ids.dtype, np.number) or fractional.size:
+                example = fractional.flat[0] if fractional.size else ids.flat[0]
+                raise ValueError(f"expert ids must be whole numbers, found {example!r}")
         if ids.size and ids.min() < -1:
             raise ValueError("expert ids must be >= -1 (-1 = missing)")
+        if ids.size and ids.max() > np.iinfo(np.int16).max:
+            raise ValueError(f"expert ids must be below {np.iinfo(np.int16).max + 1}, found {int(ids.max())}")
         self.ids = ids.astype(np.int16)
-        if not np.array_equal(self.ids, ids):
-            raise ValueError("expert ids do not fit int16")
         T, L, _ = ids.shape
         self.weights = None if weights is None else np.asarray(weights, dtype=np.float32)
         if self.weights is not None and self.weights.shape != ids.shape:
