@@ -216,6 +216,44 @@ def test_randomized_requests_leave_no_leak(server, reference):
     assert again.choices[0].text == reference[3]
 
 
+def test_a_prompt_of_megabytes_stalls_neither_health_nor_a_stream(server):
+    """A 3.9 MB text prompt (under the 4 MiB body limit) once held /health for 6.45 s and a running stream for
+    6.9 s: the tokenizer held the GIL in the server's process. Now it encodes in a worker process, and pieces of
+    the text prove it over the context at once."""
+    health: list[float] = []
+    gaps: list[float] = []
+    stop = threading.Event()
+
+    def poll_health() -> None:
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                t = time.monotonic()
+                assert http.get(server.base + "/health").status_code == 200
+                health.append(time.monotonic() - t)
+                time.sleep(0.01)
+
+    def stream() -> None:
+        last = time.monotonic()
+        for _ in server.client().completions.create(model="demo", prompt="Hello", max_tokens=64, temperature=0,
+                                                    stream=True):
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    with ThreadPoolExecutor(2) as pool:
+        polling, streaming = pool.submit(poll_health), pool.submit(stream)
+        time.sleep(0.3)
+        big = httpx.post(server.base + "/v1/completions", timeout=120, headers={"Authorization": f"Bearer {API_KEY}"},
+                         json={"model": "demo", "prompt": "word " * 780_000, "max_tokens": 4})
+        streaming.result(timeout=120)
+        stop.set()
+        polling.result(timeout=60)
+    assert big.status_code == 400 and big.json()["error"]["code"] == "context_length_exceeded", big.text
+    assert "the prompt alone has at least" in big.json()["error"]["message"]  # counted only that far
+    assert len(health) > 5 and max(health) < 1.0, sorted(health)[-5:]
+    assert max(gaps[1:], default=0) < 1.0, sorted(gaps)[-5:]
+
+
 def test_sigterm_exits_cleanly(server):
     client = server.client()
     stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Go on"}],

@@ -11,6 +11,7 @@ class TextTokenizer:
     def __init__(self, path: Path):
         from tokenizers import Tokenizer
 
+        self.path = path  # the file: a worker process loads its own copy (wisp.server.prompt_encoder)
         try:
             self._tok = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception

@@ -41,6 +41,7 @@ from wisp.server.chat_template import ChatTemplate
 from wisp.server.guards import DEFAULT_MAX_REQUEST_BYTES, BodyLimit, ErrorBoundary, error_response
 from wisp.server.metrics import ServerMetrics
 from wisp.server.openapi import HealthStatus, errors, install as install_openapi, prometheus_text, streamed
+from wisp.server.prompt_encoder import PromptEncoder, TooLong
 from wisp.server.protocol import (
     APIError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionChoice,
     CompletionRequest, ErrorInfo, ModelCard, ModelList, REQUEST_FAILED, Usage, new_id, now, unencodable_at,
@@ -49,7 +50,7 @@ from wisp.server.streaming import ChatChunks, ClientGone, CompletionChunks, fina
 
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
-TOKENIZER_THREADS = 2  # prompts rendered and tokenized at once; more wait their turn (off the event loop)
+TOKENIZER_THREADS = 2  # prompts rendered (chat templates) and encoded at once; more wait their turn (off the loop)
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 _GENERATION_ERRORS = errors(400, 404, 413, 500, 503)  # and 401 with an API key (openapi.install adds it)
 _SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
@@ -142,10 +143,11 @@ def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None =
     over `max_request_bytes` is a 413)."""
     metrics = ServerMetrics(engine.stats, engine.stats_age)
     engine.add_observer(metrics)
-    tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="wisp-tokenize")
+    render_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="wisp-render")
+    encoder = PromptEncoder(engine.tokenizer, TOKENIZER_THREADS)
     generator = _Generator(engine, served_model_name, ChatTemplate(engine.chat_template, engine.special_tokens),
-                           tokenizer_pool)
-    app = FastAPI(title="wisp", lifespan=_lifespan(engine, tokenizer_pool), docs_url=None, redoc_url=None)
+                           render_pool, encoder)
+    app = FastAPI(title="wisp", lifespan=_lifespan(engine, render_pool, encoder), docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.served_model_name = served_model_name
@@ -161,17 +163,20 @@ def build_app(engine: AsyncEngine, served_model_name: str, api_key: str | None =
     return app
 
 
-def _lifespan(engine: AsyncEngine, tokenizer_pool: ThreadPoolExecutor):
-    """Start the engine thread with the app; on shutdown abort what is left and join it."""
+def _lifespan(engine: AsyncEngine, render_pool: ThreadPoolExecutor, encoder: PromptEncoder):
+    """Start the engine thread (and the prompt encoder's workers) with the app; on shutdown abort what is left
+    and join it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
         try:
+            await asyncio.to_thread(encoder.warm_up)
             yield
         finally:
             await asyncio.to_thread(engine.shutdown)
-            tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+            render_pool.shutdown(wait=False, cancel_futures=True)
+            encoder.shutdown()
 
     return lifespan
 
@@ -255,10 +260,12 @@ def max_tokens_for(req, prompt_len: int, limit: int, default: int | None, prompt
     return max_tokens
 
 
-def too_long(prompt_len: int, limit: int, param: str) -> APIError:
-    """The prompt alone fills the context (checked before any other work on the request)."""
+def too_long(prompt_len: int, limit: int, param: str, at_least: bool = False) -> APIError:
+    """The prompt alone fills the context (checked before any other work on the request); `at_least`: it was
+    counted only until that was certain."""
+    has = f"at least {prompt_len}" if at_least else f"{prompt_len}"
     return APIError(400, f"This model's maximum context length is {limit} tokens. However, the prompt alone has "
-                         f"{prompt_len} tokens ({prompt_len} in the prompt, at least 1 needed for the completion). "
+                         f"{has} tokens ({has} in the prompt, at least 1 needed for the completion). "
                          "Please reduce the length of the prompt.", param=param, code="context_length_exceeded")
 
 
@@ -274,11 +281,11 @@ class _Generator:
     whole)."""
 
     def __init__(self, engine: AsyncEngine, served_model_name: str, chat_template: ChatTemplate,
-                 tokenizer_pool: ThreadPoolExecutor):
+                 render_pool: ThreadPoolExecutor, encoder: PromptEncoder):
         self.engine = engine
         self.served_model_name = served_model_name
         self.chat_template = chat_template
-        self.tokenizer_pool = tokenizer_pool
+        self.render_pool, self.encoder = render_pool, encoder
 
     def check_model(self, name: str) -> None:
         if name != self.served_model_name:
@@ -297,23 +304,27 @@ class _Generator:
             raise APIError(400, str(exc), param="messages") from None
 
     async def encode(self, text_of, field: str) -> list[int]:
-        """Token ids of the text `text_of()` makes (the prompt, or the rendered chat), both run on the
-        tokenizer pool; a 400 naming `field` if it cannot be encoded or leaves no room for a completion."""
-        tokenizer = self.engine.tokenizer
-        if tokenizer is None:
+        """Token ids of the text `text_of()` makes (the prompt, or the rendered chat: rendered on a thread, encoded
+        by the prompt encoder, `wisp.server.prompt_encoder`); a 400 naming `field` if it cannot be encoded or
+        leaves no room for a completion."""
+        if self.engine.tokenizer is None:
             raise APIError(400, "this model has no tokenizer.json: send the prompt as a list of token ids", param=field)
 
-        def work() -> list[int]:
+        def render() -> str:
             text = text_of()
             if unencodable_at(text) is not None:  # a template can quote what validation let through (e.g. a key)
                 raise APIError(400, f"{field}: the text holds a lone UTF-16 surrogate, which is not valid Unicode",
                                param=field)
-            return tokenizer.encode(text)
+            return text
 
-        prompt_ids = await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, work)
-        if len(prompt_ids) >= self.engine.max_model_len:
-            raise too_long(len(prompt_ids), self.engine.max_model_len, field)
-        return prompt_ids
+        limit = self.engine.max_model_len
+        text = await asyncio.get_running_loop().run_in_executor(self.render_pool, render)
+        encoded = await self.encoder.encode(text, limit)
+        if isinstance(encoded, TooLong):
+            raise too_long(encoded.at_least, limit, field, at_least=True)
+        if len(encoded) >= limit:
+            raise too_long(len(encoded), limit, field)
+        return encoded
 
     async def generate(self, req, request: Request, prompt_ids: list[int], default_max: int | None, field: str,
                        prefix: str, chunks, whole):
