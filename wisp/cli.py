@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 from wisp.bench.args import add_parser as add_bench_parser
 from wisp.cli_args import (
-    DTYPES, Parser, add_engine_args, backend_options, fail, parse_port, parse_positive_int, parse_size, parse_token_ids,
+    DTYPES, Parser, add_engine_args, backend_options, fail, parse_port, parse_positive_float, parse_positive_int,
+    parse_size, parse_token_ids,
 )
 from wisp.errors import WispError
 from wisp.options import is_hybrid_zero_copy
@@ -68,6 +69,14 @@ def _add_serve_parser(sub) -> None:
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     srv.add_argument("--max-request-bytes", type=parse_size, default="4MiB", metavar="SIZE",
                      help="largest request body accepted, e.g. 4MiB (default), 16MiB; a larger one gets a 413")
+    srv.add_argument("--max-connections", type=parse_positive_int, default=1024,
+                     help="connections open at once; past it a new one is closed at accept (default 1024)")
+    srv.add_argument("--header-timeout", type=parse_positive_float, default=10.0, metavar="S",
+                     help="seconds a connection has to send a request's headers (default 10)")
+    srv.add_argument("--body-timeout", type=parse_positive_float, default=60.0, metavar="S",
+                     help="seconds a request has to send its body after its headers (default 60)")
+    srv.add_argument("--keep-alive-timeout", type=parse_positive_float, default=5.0, metavar="S",
+                     help="seconds an idle keep-alive connection stays open (default 5)")
     sizing = srv.add_mutually_exclusive_group()
     sizing.add_argument("--plan", default=None, metavar="PLAN.json", help="size both pools from `wisp plan` output")
     sizing.add_argument("--vram-budget", type=parse_size, default=None,
@@ -212,6 +221,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from wisp.engine.async_engine import AsyncEngine
     from wisp.engine.engine import LLMEngine
     from wisp.server.app import build_app
+    from wisp.server.connections import ConnectionLimits
     from wisp.server.serve import serve
 
     _check_hot_budget_flags(args)
@@ -245,7 +255,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         add_resize_route(app, async_engine, args.api_key)
     host = f"[{args.host}]" if ":" in args.host else args.host
-    serve(app, async_engine, sock, f"wisp: serving {args.model} on http://{host}:{sock.getsockname()[1]}")
+    limits = ConnectionLimits(args.max_connections, args.header_timeout, args.body_timeout, args.keep_alive_timeout)
+    serve(app, async_engine, sock, f"wisp: serving {args.model} on http://{host}:{sock.getsockname()[1]}", limits=limits)
     if recorder is not None:
         _save_trace(recorder, args.record_routing)
     return 0

@@ -35,11 +35,12 @@ def make_client(api_key: str | None = None, max_request_bytes: int | None = None
 
 
 @contextmanager
-def serve_on_loopback(app, start_timeout: float, stop_timeout: float = 10.0):
-    """uvicorn serving `app` on a free 127.0.0.1 port in a daemon thread; yields (host, port)."""
+def serve_on_loopback(app, start_timeout: float, stop_timeout: float = 10.0, **config):
+    """uvicorn serving `app` on a free 127.0.0.1 port in a daemon thread; yields (host, port). `config`: more
+    uvicorn.Config arguments."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout

@@ -15,6 +15,7 @@ import socket
 from fastapi import FastAPI
 
 from wisp.engine.async_engine import AsyncEngine
+from wisp.server.connections import ConnectionLimits, guarded_protocol, quiet_loop_errors
 
 GRACE_S = 5.0
 
@@ -24,12 +25,15 @@ async def _stop_engine_after(engine: AsyncEngine, delay: float) -> None:
     await asyncio.to_thread(engine.shutdown)
 
 
-def serve(app: FastAPI, engine: AsyncEngine, sock: socket.socket, ready_line: str, grace_s: float = GRACE_S) -> None:
-    """Serve `app` on `sock` (bound, not listening) until SIGINT/SIGTERM; prints `ready_line` once listening."""
+def serve(app: FastAPI, engine: AsyncEngine, sock: socket.socket, ready_line: str, grace_s: float = GRACE_S,
+          limits: ConnectionLimits = ConnectionLimits()) -> None:
+    """Serve `app` on `sock` (bound, not listening) until SIGINT/SIGTERM; prints `ready_line` once listening.
+    `limits`: the connection cap and deadlines (`wisp.server.connections`)."""
     import uvicorn
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None) -> None:
+            quiet_loop_errors(asyncio.get_running_loop())
             await super().startup(sockets)
             if self.started:
                 print(ready_line, flush=True)
@@ -43,7 +47,8 @@ def serve(app: FastAPI, engine: AsyncEngine, sock: socket.socket, ready_line: st
 
     # uvicorn's own deadline is only a backstop: the engine stop above ends every response first
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=grace_s + 10)
+                            timeout_graceful_shutdown=grace_s + 10, http=guarded_protocol(limits),
+                            timeout_keep_alive=limits.keep_alive_s)
     # uvicorn re-raises the signal that stopped it once it is done; with no-op handlers in place that
     # re-raise does nothing, so a clean shutdown returns normally
     for sig in (signal.SIGINT, signal.SIGTERM):
