@@ -72,7 +72,7 @@ def test_a_slowloris_attack_is_capped_and_timed_out_while_health_answers(partial
         assert len(outcomes) == 60 and None not in outcomes  # every stalled connection was closed by the server
         assert max(outcomes) < deadline + 3.0  # at its deadline (or at once, past the cap)
         assert max(open_at_accept) == CAP  # never more open than the cap: the rest were closed at accept
-        assert max(latencies) < 0.5, sorted(latencies)[-5:]
+        assert max(latencies) < 0.1, sorted(latencies)[-5:]  # measured here: 2-30 ms
         after = http.client.HTTPConnection(host, port, timeout=5)  # a new connection is taken again
         after.request("GET", "/health")
         assert after.getresponse().status == 200
