@@ -14,7 +14,8 @@ USER = [{"role": "user", "content": "Hi"}]
 UNHONOURED = [("tool_choice", "auto"), ("tool_choice", "required"),
               ("tool_choice", {"type": "function", "function": {"name": "f"}}), ("parallel_tool_calls", True),
               ("parallel_tool_calls", False), ("functions", [{"name": "f", "parameters": {}}]),
-              ("function_call", "auto"), ("reasoning_effort", "low")]
+              ("function_call", "auto"), ("reasoning_effort", "low"), ("audio", {"voice": "alloy", "format": "wav"}),
+              ("web_search_options", {}), ("modalities", ["text", "audio"])]
 
 
 @pytest.mark.parametrize("field, value", UNHONOURED)
@@ -25,9 +26,9 @@ def test_a_field_wisp_cannot_honour_is_400_naming_it(served, field, value):
     assert err["param"] == field and fake.steps == 0
 
 
-def test_tool_choice_none_asks_for_nothing_and_is_accepted(client):
+def test_the_neutral_values_ask_for_nothing_and_are_accepted(client):
     resp = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "tool_choice": "none",
-                                                     "max_tokens": 2})
+                                                     "modalities": ["text"], "max_tokens": 2})
     assert resp.status_code == 200, resp.text
 
 

@@ -315,6 +315,16 @@ class ChatCompletionRequest(_SamplingRequest):
     functions: Annotated[Any, _UNSUPPORTED["absent"]] = None
     function_call: Annotated[Any, _UNSUPPORTED["absent"]] = None
     reasoning_effort: Annotated[Any, _UNSUPPORTED["absent"]] = None
+    audio: Annotated[Any, _UNSUPPORTED["absent"]] = None
+    web_search_options: Annotated[Any, _UNSUPPORTED["absent"]] = None
+    modalities: Annotated[Any, _accepts({"type": "array", "items": {"type": "string", "enum": ["text"]}})] = None
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_out(cls, v):
+        if v is not None and v != ["text"]:
+            raise ValueError(f"modalities {v!r} is not supported: wisp answers in text only (omit it, or send [\"text\"])")
+        return v
 
     @field_validator("tool_choice")
     @classmethod
@@ -323,7 +333,8 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError("tool_choice is not supported: wisp does not call tools (omit it, or send \"none\")")
         return v
 
-    @field_validator("parallel_tool_calls", "functions", "function_call", "reasoning_effort")
+    @field_validator("parallel_tool_calls", "functions", "function_call", "reasoning_effort", "audio",
+                     "web_search_options")
     @classmethod
     def _not_honoured(cls, v, info):
         if v is not None:
