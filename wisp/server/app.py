@@ -43,8 +43,10 @@ from wisp.server.metrics import ServerMetrics
 from wisp.server.openapi import HealthStatus, errors, install as install_openapi, prometheus_text, streamed
 from wisp.server.prompt_encoder import PromptEncoder, TooLong
 from wisp.server.protocol import (
-    APIError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionChoice,
-    CompletionRequest, ErrorInfo, ModelCard, ModelList, REQUEST_FAILED, Usage, new_id, now, unencodable_at,
+    APIError, ChatCompletionRequest, CompletionRequest, ErrorInfo, REQUEST_FAILED, unencodable_at,
+)
+from wisp.server.responses import (
+    AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice, ModelCard, ModelList, Usage, new_id, now,
 )
 from wisp.server.streaming import ChatChunks, ClientGone, CompletionChunks, final_output, sse_events
 

@@ -1,6 +1,7 @@
-"""The OpenAI wire format wisp speaks: request bodies, responses, stream chunks and error objects.
+"""The OpenAI wire format wisp reads: request bodies and error objects (responses: `wisp.server.responses`).
 
-Requests are validated strictly (a string where a number belongs is a 400, never coerced); fields
+Requests are validated strictly (a string where a number belongs is a 400, never coerced; a float with no
+fractional part is an integer, as JSON Schema's `integer` says); fields
 OpenAI defines that wisp cannot honour (n > 1, logprobs, penalties, tools, ...) are rejected with a
 message naming them rather than silently ignored; fields nobody defines are ignored. Field names
 follow the OpenAI API exactly.
@@ -16,13 +17,10 @@ Invariants:
 from __future__ import annotations
 
 import re
-import time
-import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_serializer,
-    model_validator,
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator,
 )
 
 from wisp.engine.sampling import SamplingParams
@@ -351,100 +349,3 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-
-# -- responses ----------------------------------------------------------------------------------------
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def now() -> int:
-    return int(time.time())
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-    @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> "Usage":
-        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens)
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class Completion(BaseModel):
-    """A whole completion, or (object="text_completion" too, per OpenAI) one stream chunk."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class ChatDelta(BaseModel):
-    role: str | None = None
-    content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler):  # OpenAI deltas carry only what changed
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChatDelta
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "wisp"
-    max_model_len: int
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]

@@ -19,10 +19,8 @@ from pydantic import BaseModel
 from starlette.requests import Request
 
 from wisp.engine.async_engine import EngineShutDown, RequestFailed, RequestStream
-from wisp.server.protocol import (
-    REQUEST_FAILED, ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion, CompletionChoice, ErrorInfo,
-    ErrorResponse, Usage,
-)
+from wisp.server.protocol import REQUEST_FAILED, ErrorInfo, ErrorResponse
+from wisp.server.responses import ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion, CompletionChoice, Usage
 
 if TYPE_CHECKING:
     from wisp.engine.engine import StepOutput
