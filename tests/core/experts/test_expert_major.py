@@ -57,11 +57,12 @@ def lru_model(steps, cap):
 
 
 @st.composite
-def streams(draw):
+def streams(draw, max_tokens: int = 24, max_steps: int = 6):
+    """(experts, top_k, cap, tokens per step, seed) of a random stream of steps, some wider than the cap."""
     n = draw(st.sampled_from([6, 8, 16]))
     k = draw(st.integers(1, 4))
     cap = draw(st.integers(k, n))
-    lengths = draw(st.lists(st.integers(1, 24), min_size=1, max_size=6))
+    lengths = draw(st.lists(st.integers(1, max_tokens), min_size=1, max_size=max_steps))
     return n, k, cap, lengths, draw(st.integers(0, 2**20))
 
 
