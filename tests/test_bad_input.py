@@ -273,7 +273,7 @@ def test_tiny_temperature_samples_the_argmax_instead_of_overflowing():
 
     from wisp.engine.sampling import Sampler
 
-    assert Sampler(SamplingParams(temperature=1e-40, seed=0))(torch.tensor([0.5, 3.0, 2.9])) == 1
+    assert Sampler(SamplingParams(temperature=1e-40, seed=0))(torch.tensor([0.5, 3.0, 2.9])).token == 1
 
 
 def test_a_failed_generate_leaves_nothing_in_the_engine(llm, monkeypatch):
@@ -293,7 +293,7 @@ def test_a_failed_generate_leaves_nothing_in_the_engine(llm, monkeypatch):
 def test_a_failing_sampler_fails_its_requests_alone(llm, monkeypatch):
     engine = llm.engine
 
-    def boom(self, logits):
+    def boom(self, logits, *args):
         raise RuntimeError("sampler failed")
 
     monkeypatch.setattr("wisp.engine.sampling.Sampler.__call__", boom)  # one request's part of the step fails

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from wisp.errors import WispError
 from wisp.models.random_checkpoint import DEMO_CHAT_TEMPLATE
@@ -34,6 +35,7 @@ class StepOutput:
     finish_reason: str | None
     prompt_tokens: int
     error: str | None = None
+    logprobs: list | None = None
 
 
 class ByteTokenizer:
@@ -63,6 +65,8 @@ class FakeEngine:
     def __init__(self, max_model_len: int = 128, max_concurrency: int = 2, num_blocks: int = 64, block_size: int = 4,
                  step_delay: float = 0.0):
         self.tokenizer = ByteTokenizer()
+        self.model_config = SimpleNamespace(family="qwen3_moe")
+        self.grammars = None  # no grammar engine: constrained requests get a 400 here
         self.chat_template = DEMO_CHAT_TEMPLATE
         self.special_tokens = {"eos_token": "<|endoftext|>"}
         self.max_model_len = max_model_len
@@ -86,7 +90,7 @@ class FakeEngine:
         assert me == self._owner, "engine called from two threads"
 
     # -- the LLMEngine interface ----------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_ids: list[int], params) -> None:
+    def add_request(self, request_id: str, prompt_ids: list[int], params, constraint=None) -> None:
         self._check_thread()
         if request_id in self.running or any(r.request_id == request_id for r in self.waiting):
             raise WispError(f"duplicate request id {request_id}")

@@ -193,21 +193,39 @@ def test_missing_fields_are_400(client):
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
-def test_n_other_than_1_is_400(client, route):
-    body = {"model": MODEL, "prompt": "x", "messages": [{"role": "user", "content": "x"}], "n": 2}
-    err = assert_error(client.post(route, json=body), 400, "n=2", "one choice")
+@pytest.mark.parametrize("n", [0, 129])
+def test_n_out_of_range_is_400(client, route, n):
+    body = {"model": MODEL, "prompt": "x", "messages": [{"role": "user", "content": "x"}], "n": n}
+    err = assert_error(client.post(route, json=body), 400, "n must be in [1, 128]")
     assert err["param"] == "n"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_each_get_an_index(client, stream):
+    body = {"model": MODEL, "prompt": "x", "n": 3, "max_tokens": 4, "stream": stream}
+    resp = client.post("/v1/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    if stream:
+        chunks = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
+        finished = [c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"]]
+        assert sorted(finished) == [0, 1, 2]
+    else:
+        assert [c["index"] for c in resp.json()["choices"]] == [0, 1, 2]
+        assert resp.json()["usage"]["completion_tokens"] == 12
 
 
 @pytest.mark.parametrize(
     "fields, needle",
     [
-        ({"logprobs": 2}, "logprobs"),
-        ({"logprobs": 0}, "logprobs"),  # OpenAI: the sampled token's logprob; wisp returns none, so it refuses
-        ({"echo": True}, "echo"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": -1}, "logprobs"),
         ({"best_of": 3}, "best_of"),
-        ({"presence_penalty": 0.5}, "penalties"),
-        ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+        ({"suffix": "end"}, "suffix"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"logit_bias": {"a": 2.0}}, "token ids"),
+        ({"logit_bias": {"1": 101}}, "logit_bias"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "exactly one"),
         ({"prompt": ["a", "b"]}, "one prompt"),
         ({"prompt": ""}, "empty"),
         ({"prompt": []}, "empty"),

@@ -8,24 +8,18 @@ SIGTERM while a stream is in flight and checks the process exits 0 within the gr
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.server.live_server import demo_server
 from wisp import LLM, SamplingParams
 
 pytestmark = pytest.mark.slow  # a live `wisp serve` subprocess
@@ -36,55 +30,12 @@ PROMPTS = [PREFIX + f"Question {i}: what is {i} + {i}?" for i in range(8)]
 MAX_TOKENS = 16
 
 
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    base: str
-    log: Path
-
-    def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base + "/v1", api_key=API_KEY, max_retries=0, timeout=60, **kw)
-
-    def metrics(self) -> dict[str, float]:
-        """sample name (with its labels as {k=v}) -> value."""
-        text = httpx.get(self.base + "/metrics", timeout=10).text
-        return {s.name + "".join(f"{{{k}={v}}}" for k, v in sorted(s.labels.items())): s.value
-                for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "wisp-cache"  # conftest's demo cache: written once per session
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    port = free_port()
-    env = dict(os.environ, WISP_CACHE=str(cache), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "wisp", "serve", "--model", "demo", "--device", "cpu", "--port", str(port),
-             "--api-key", API_KEY, "--max-num-batched-tokens", "32"],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
-        )
-    srv = Server(proc, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, f"server exited with {proc.returncode}:\n{log.read_text()}"
-        assert time.monotonic() < deadline, f"server not healthy after 120 s:\n{log.read_text()}"
-        try:
-            if httpx.get(srv.base + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    yield srv
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    with demo_server(cache, log, "--max-num-batched-tokens", "32", api_key=API_KEY) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +103,8 @@ def test_bad_inputs(server):
         openai.OpenAI(base_url=server.base + "/v1", api_key="wrong", max_retries=0).models.list()
     with pytest.raises(openai.NotFoundError, match="gpt-4"):
         client.completions.create(model="gpt-4", prompt="x")
-    with pytest.raises(openai.BadRequestError, match="n=2"):
-        client.completions.create(model="demo", prompt="x", n=2)
+    with pytest.raises(openai.BadRequestError, match=r"n must be in \[1, 128\]"):
+        client.completions.create(model="demo", prompt="x", n=0)
     with pytest.raises(openai.BadRequestError, match=r"2048 tokens.*2100 tokens \(2000 in the prompt, 100 for"):
         client.completions.create(model="demo", prompt="a" * 2000, max_tokens=100)
     auth = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
@@ -175,7 +126,7 @@ def _one_random_request(client: openai.OpenAI, seed: int) -> str:
     payload = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
     if kind == "bad":
         with pytest.raises(openai.BadRequestError):
-            create(**payload, **kw, n=2)
+            create(**payload, **kw, n=200)
     elif kind == "timeout":  # the client gives up on a non-streamed request
         try:
             client.with_options(timeout=0.01).completions.create(**payload, **kw)

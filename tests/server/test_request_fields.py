@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server.helpers import MODEL
+from tests.server.helpers import MODEL, make_client
 from tests.server.test_app import assert_error
 from wisp.server.protocol import _SEED_MAX, ROLES
 
 USER = [{"role": "user", "content": "Hi"}]
-UNHONOURED = [("tool_choice", "auto"), ("tool_choice", "required"),
-              ("tool_choice", {"type": "function", "function": {"name": "f"}}), ("parallel_tool_calls", True),
-              ("parallel_tool_calls", False), ("functions", [{"name": "f", "parameters": {}}]),
+UNHONOURED = [("functions", [{"name": "f", "parameters": {}}]),
               ("function_call", "auto"), ("reasoning_effort", "low"), ("audio", {"voice": "alloy", "format": "wav"}),
               ("web_search_options", {}), ("modalities", ["text", "audio"])]
 
@@ -83,3 +81,49 @@ def test_json_nested_too_deeply_says_so(client):
     body = '{"model": "fake", "prompt": ' + "[" * 5000 + "]" * 5000 + "}"
     assert_error(client.post("/v1/completions", content=body, headers={"content-type": "application/json"}), 400,
                  "too deeply")
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("fields, param, needle", [
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice", "not in tools"),
+    ({"tools": [TOOL, TOOL]}, "tools", "same function name"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools", "function name"),
+    ({"top_logprobs": 2}, "top_logprobs", "needs logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "needs a json_schema"),
+    ({"response_format": {"type": "yaml"}}, "response_format", "not one of"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "response_format",
+     "both constrain"),
+    ({"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
+     "both constrain"),
+])
+def test_inconsistent_agent_fields_are_400_naming_the_field(served, fields, param, needle):
+    client, fake, _ = served
+    resp = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, **fields})
+    err = assert_error(resp, 400, needle)
+    assert err["param"] == param and fake.steps == 0
+
+
+def test_agent_fields_are_accepted():
+    client, _, _ = make_client(max_model_len=1024, num_blocks=1024)  # the tools make a long prompt
+    with client:
+        resp = client.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 3, "tools": [TOOL], "tool_choice": "auto", "parallel_tool_calls": True,
+            "messages": USER + [{"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "42"}],
+            "presence_penalty": 0.5, "frequency_penalty": -0.5, "logit_bias": {"65": 3}, "logprobs": True,
+            "top_logprobs": 2, "n": 2, "seed": 4})
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["choices"]) == 2
+
+
+def test_a_constraint_without_a_grammar_engine_is_400(served):
+    client, fake, _ = served  # the fake engine has no tokenizer.json to compile grammars over
+    resp = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER,
+                                                     "response_format": {"type": "json_object"}})
+    err = assert_error(resp, 400, "tokenizer.json")
+    assert err["param"] == "response_format" and fake.steps == 0

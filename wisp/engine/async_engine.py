@@ -38,7 +38,8 @@ from wisp.errors import WispError
 
 if TYPE_CHECKING:
     from wisp.engine.engine import LLMEngine, StepOutput
-    from wisp.engine.sampling import SamplingParams
+    from wisp.engine.grammar import Grammars
+    from wisp.engine.sampling import SamplingParams, TokenConstraint
 
 log = logging.getLogger("wisp.engine")
 
@@ -88,6 +89,7 @@ class _Add:
     params: "SamplingParams"
     live: _Live
     admitted: asyncio.Future = field(repr=False)
+    constraint: "TokenConstraint | None" = None
 
 
 @dataclass
@@ -196,6 +198,16 @@ class AsyncEngine:
         return self.engine.tokenizer
 
     @property
+    def model_family(self) -> str:
+        """The model's family name (`wisp.models.families`), e.g. qwen3_moe or gpt_oss."""
+        return self.engine.model_config.family
+
+    @property
+    def grammars(self) -> "Grammars | None":
+        """Compiles requests' grammars (thread-safe: llguidance's tokenizer is shared read-only)."""
+        return self.engine.grammars
+
+    @property
     def chat_template(self) -> str | None:
         return self.engine.chat_template
 
@@ -261,13 +273,15 @@ class AsyncEngine:
         return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(done)), timeout)
 
     # -- requests ------------------------------------------------------------------------------------
-    async def submit(self, request_id: str, prompt_ids: list[int], params: "SamplingParams") -> RequestStream:
-        """Admit a request into the engine; raises what `add_request` raised (WispError) or EngineShutDown."""
+    async def submit(self, request_id: str, prompt_ids: list[int], params: "SamplingParams",
+                     constraint: "TokenConstraint | None" = None) -> RequestStream:
+        """Admit a request into the engine (`constraint`: its grammar); raises what `add_request` raised (WispError)
+        or EngineShutDown."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         live = _Live(loop, queue, time.perf_counter(), len(prompt_ids))
         admitted = loop.create_future()
-        self._post(_Add(request_id, list(prompt_ids), params, live, admitted))
+        self._post(_Add(request_id, list(prompt_ids), params, live, admitted, constraint))
         try:
             await admitted
         except asyncio.CancelledError:
@@ -360,7 +374,7 @@ class AsyncEngine:
             _settle(cmd.admitted, WispError(f"request id {cmd.request_id!r} is already running"))
             return
         try:
-            self.engine.add_request(cmd.request_id, cmd.prompt_ids, cmd.params)
+            self.engine.add_request(cmd.request_id, cmd.prompt_ids, cmd.params, constraint=cmd.constraint)
         except Exception as exc:
             _settle(cmd.admitted, exc)
             return

@@ -37,11 +37,12 @@ from wisp.engine.load_control.attach import load_control_for
 from wisp.engine.routing_feed import RoutingFeed
 from wisp.engine.resize_timings import ResizeClock, ResizeTimings
 from wisp.engine.model_runner import ModelRunner
-from wisp.engine.sampling import SamplingParams
+from wisp.engine.grammar import Grammars
+from wisp.engine.sampling import SamplingParams, TokenConstraint, TokenLogprobs, token_logprobs
 from wisp.engine.scheduler import Scheduler
 from wisp.engine.sequence import Sequence
 from wisp.engine.tokenizer import TextTokenizer
-from wisp.errors import WispError
+from wisp.errors import InvalidParameter, WispError
 from wisp.models.loader import CheckpointReader, HostMemory, load_model
 from wisp.models.random_checkpoint import RandomWeights
 from wisp.models.source import model_source
@@ -58,6 +59,7 @@ class StepOutput:
     finish_reason: str | None  # "stop", "length", "abort", or "error" (its own step failed: `error` says how)
     prompt_tokens: int
     error: str | None = None  # for finish_reason "error": a message for the client (`RequestFailure.message`)
+    logprobs: list[TokenLogprobs] | None = None  # per generated token so far, when the request asked for them
 
 
 class LLMEngine:
@@ -77,6 +79,8 @@ class LLMEngine:
         num_blocks = self._pool_blocks()  # refuse a too-small pool before loading anything
         self.tokenizer = TextTokenizer.from_dir(self.path) if self.path else None
         self.chat_template, self.special_tokens = _tokenizer_config(self.path) if self.path else (None, {})
+        self.grammars = None if self.tokenizer is None else Grammars(self.tokenizer.path, cfg.vocab_size,
+                                                                      list(cfg.eos_token_ids))
         self.requests: dict[str, Sequence] = {}
         self.live_split = None  # the online split controller, when one is registered
         self.feed: RoutingFeed | None = None  # every step's routing, per request (`subscribe_routing`)
@@ -178,11 +182,15 @@ class LLMEngine:
             raise WispError(f"prompt has {len(prompt_ids)} tokens; max-model-len is {self.max_model_len}")
 
     def add_request(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, strict_length: bool = True, keep_logits: bool = False
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, strict_length: bool = True,
+        keep_logits: bool = False, constraint: TokenConstraint | None = None,
     ) -> None:
         """Queue a request. strict_length: prompt + max_tokens must fit max_model_len (else generation
-        simply stops there)."""
+        simply stops there). constraint: a grammar its tokens follow (`Grammars.constraint`), used by it alone."""
         self.validate_prompt(prompt_ids)
+        vocab = self.model_config.vocab_size
+        if any(token >= vocab for token, _ in params.logit_bias):
+            raise InvalidParameter("logit_bias", f"logit_bias names a token id outside the vocabulary [0, {vocab})")
         if strict_length and len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise WispError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = "
@@ -192,7 +200,7 @@ class LLMEngine:
             raise WispError(f"request id {request_id!r} is already in use")
         detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else None
         seq = Sequence(request_id, list(prompt_ids), params, self.max_model_len, keep_logits=keep_logits,
-                       detokenizer=detokenizer)
+                       detokenizer=detokenizer, constraint=constraint)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         if self.live_split is not None:
@@ -249,6 +257,12 @@ class LLMEngine:
             return self.runner.prompt_logits(prompt_ids, table)
         finally:
             self.pool.release(table)
+
+    def prompt_logprobs(self, prompt_ids: list[int], top: int) -> list[TokenLogprobs | None]:
+        """Per prompt token, its log-probability given the tokens before it and the `top` most likely there (the
+        first token: None), from a teacher-forced forward (`prompt_logits`)."""
+        logits = self.prompt_logits(prompt_ids)  # [T, V]
+        return [None] + [token_logprobs(row, token, top) for row, token in zip(logits[:-1], prompt_ids[1:])]
 
     def resize_kv(self, num_blocks: int) -> None:
         """Shrink or grow the KV pool between steps, requests running or not (see `apply_plan`)."""
@@ -352,7 +366,8 @@ def _output(seq: Sequence) -> StepOutput:
     failure = seq.failure
     new_ids = [] if failure is not None else [seq.output_ids[-1]]  # a failed step gained no token
     return StepOutput(seq.request_id, new_ids, list(seq.output_ids), seq.text, seq.finished, seq.finish_reason,
-                      len(seq.prompt_ids), None if failure is None else failure.message)
+                      len(seq.prompt_ids), None if failure is None else failure.message,
+                      None if seq.output_logprobs is None else list(seq.output_logprobs))
 
 
 def _weights(config: EngineConfig, cfg: ModelConfig, path: Path | None, device: torch.device):

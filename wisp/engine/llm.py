@@ -33,6 +33,7 @@ class RequestOutput:
     first_token_time: float | None = None
     finish_time: float | None = None
     error: str | None = None  # why it finished with "error" (`wisp.engine.request_failure`); the others ran on
+    logprobs: list | None = None  # per generated token (`TokenLogprobs`), when its params asked for them
 
 
 class LLM:
@@ -93,7 +94,7 @@ class LLM:
         return [
             RequestOutput(
                 s.prompt_ids, s.output_ids, s.text, s.finish_reason, s.logits, s.arrival_time, s.first_token_time, s.finish_time,
-                None if s.failure is None else s.failure.message,
+                None if s.failure is None else s.failure.message, s.output_logprobs,
             )
             for s in seqs
         ]

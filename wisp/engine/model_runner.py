@@ -260,10 +260,15 @@ class ModelRunner:
         tokens: list[int | RequestFailure] = []
         for seq, row in zip(seqs, logits):
             try:
-                tokens.append(seq.sampler(row))
+                sampled = seq.sampler(row, seq.output_ids, seq.constraint)
+                if seq.constraint is not None:
+                    seq.constraint.accept(sampled.token)
             except Exception as exc:
                 tokens.append(RequestFailure.caught(seq.request_id, SAMPLING, exc))
                 continue
+            tokens.append(sampled.token)
+            if sampled.logprobs is not None:
+                seq.output_logprobs.append(sampled.logprobs)
             if seq.logits is not None:
                 seq.logits.append(row.cpu())
         return tokens

@@ -3,6 +3,13 @@
 Each request samples with its own torch.Generator (seeded from `seed`, or from a random seed drawn at
 submission), so its tokens never depend on the other requests in a batch. temperature 0 is greedy.
 
+Before it samples, the sampler adjusts its request's logits row, in this order (OpenAI's semantics): `logit_bias`
+adds to the listed tokens; `presence_penalty` subtracts from every token the request has generated, and
+`frequency_penalty` that much per time generated; a `TokenConstraint` (a grammar, `wisp.engine.grammar`) sets the
+tokens it forbids to -inf. With `logprobs` it reports log_softmax of that adjusted row (before temperature, top-k
+and top-p): the sampled token's log-probability and the `logprobs` most likely tokens'. A request that asks for none
+of these samples from its row exactly as before, so its tokens are unchanged.
+
 The sampler computes in float32, so `SamplingParams` rejects (never clamps) a temperature or top_p that
 float32 cannot hold: above 0 but rounding to 0 there (below about 7e-46, half of FLOAT32_MIN_POSITIVE =
 2**-149; a temperature of 1e-50 divided the logits by 0 and made NaN, a top_p of 1e-50 kept no token),
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol, Sequence
 
 import torch
 
@@ -41,6 +49,10 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()  # generation ends before the first occurrence of any of these strings
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # None: none; n: the sampled token's log-probability and the n most likely
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids distinct
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -62,6 +74,69 @@ class SamplingParams:
                 f"[{FLOAT32_MIN_POSITIVE:.4g}, 1] (or top_k 1 to keep only the most likely token)")
         if self.top_k < 0:
             raise InvalidParameter("top_k", f"top_k must be >= 0, got {self.top_k}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidParameter("logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2 <= value <= 2):
+                raise InvalidParameter(name, f"{name} must be in [-2, 2], got {value}")
+        for token, bias in self.logit_bias:
+            if token < 0:
+                raise InvalidParameter("logit_bias", f"logit_bias: token id {token} is negative")
+            if not (math.isfinite(bias) and -100 <= bias <= 100):
+                raise InvalidParameter("logit_bias", f"logit_bias for token {token} must be in [-100, 100], got {bias}")
+        if len({t for t, _ in self.logit_bias}) != len(self.logit_bias):
+            raise InvalidParameter("logit_bias", "logit_bias names a token twice")
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.logit_bias) or bool(self.presence_penalty) or bool(self.frequency_penalty)
+
+
+MAX_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+
+
+class TokenLogprobs(NamedTuple):
+    """One sampled token's log-probability and the most likely tokens' (id, log-probability), most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+class Sampled(NamedTuple):
+    token: int
+    logprobs: TokenLogprobs | None  # when the request asked for them
+
+
+class TokenConstraint(Protocol):
+    """What the sampler asks of a grammar: forbid tokens in a logits row (in place, -inf), and take the token chosen."""
+
+    def mask(self, logits: torch.Tensor) -> None: ...
+
+    def accept(self, token: int) -> None: ...
+
+
+def adjusted(logits: torch.Tensor, params: SamplingParams, history: Sequence[int]) -> torch.Tensor:
+    """logits [V] float32 with `params`' bias and penalties applied (a new tensor; `logits` when there are none)."""
+    if not params.adjusts_logits:
+        return logits
+    row = logits.float().clone()
+    if params.logit_bias:
+        ids = torch.tensor([t for t, _ in params.logit_bias], device=row.device)
+        keep = ids < row.numel()
+        row[ids[keep]] += torch.tensor([b for _, b in params.logit_bias], device=row.device)[keep]
+    if history and (params.presence_penalty or params.frequency_penalty):
+        counts = torch.bincount(torch.tensor(list(history), device=row.device), minlength=row.numel())[: row.numel()]
+        row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    return row
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> TokenLogprobs:
+    """The log-probabilities under `logits` [V] of `token` and of the `top` most likely tokens."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = torch.topk(logprobs, min(top, logprobs.numel())) if top else (logprobs[:0], logprobs[:0].long())
+    return TokenLogprobs(token, float(logprobs[token]), tuple(zip(ids.tolist(), values.tolist())))
 
 
 class Sampler:
@@ -72,7 +147,19 @@ class Sampler:
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor) -> int:
+    def __call__(self, logits: torch.Tensor, history: Sequence[int] = (),
+                 constraint: TokenConstraint | None = None) -> Sampled:
+        """The next token from `logits` [V] after `history` (the request's output so far), within `constraint`."""
+        row = adjusted(logits, self.params, history)
+        if constraint is not None:
+            row = logits.float().clone() if row is logits else row  # the caller's row stays as it was
+            constraint.mask(row)
+        token = self._choose(row)
+        if self.params.logprobs is None:
+            return Sampled(token, None)
+        return Sampled(token, token_logprobs(row, token, self.params.logprobs))
+
+    def _choose(self, logits: torch.Tensor) -> int:
         p = self.params
         if p.temperature == 0:
             return int(torch.argmax(logits).item())

@@ -10,7 +10,7 @@ import torch
 
 from wisp.engine.detokenizer import IncrementalDetokenizer
 from wisp.engine.request_failure import RequestFailure
-from wisp.engine.sampling import Sampler, SamplingParams
+from wisp.engine.sampling import Sampler, SamplingParams, TokenConstraint, TokenLogprobs
 
 
 class Status(Enum):
@@ -36,6 +36,8 @@ class Sequence:
     text: str = ""  # the output's text (cut before a stop string), kept by `detokenizer` if there is one
     detokenizer: IncrementalDetokenizer | None = None
     logits: list[torch.Tensor] | None = None
+    constraint: TokenConstraint | None = None  # a grammar its tokens must follow (`wisp.engine.grammar`)
+    output_logprobs: list[TokenLogprobs] | None = None  # per output token, when params.logprobs asks
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     last_token_time: float | None = None  # when its latest token was sampled (load control's wait clock)
@@ -45,6 +47,8 @@ class Sequence:
         self.sampler = Sampler(self.params)
         if self.keep_logits:
             self.logits = []
+        if self.params.logprobs is not None:
+            self.output_logprobs = []
 
     @property
     def token_ids(self) -> list[int]:

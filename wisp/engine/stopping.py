@@ -1,5 +1,5 @@
 """When a request ends, checked after each sampled token: its stop tokens (and the model's EOS unless
-`ignore_eos`), its token limits, and its stop strings.
+`ignore_eos`), a grammar that allows nothing more, its token limits, and its stop strings.
 
 A stop string ends the request with its text cut before the string's first occurrence. The text is
 searched incrementally: every earlier step searched the text it had then and found nothing, so only
@@ -20,6 +20,8 @@ def stop_reason(seq: Sequence, token: int, eos_token_ids: Collection[int]) -> st
     p = seq.params
     reason = None
     if token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids):
+        reason = "stop"
+    elif getattr(seq.constraint, "finished", False):  # its grammar allows no further token
         reason = "stop"
     elif len(seq.output_ids) >= p.max_tokens or len(seq) >= seq.max_len:
         reason = "length"

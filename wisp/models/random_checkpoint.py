@@ -27,7 +27,7 @@ from wisp.core.kernels.fp8_blocks import quantize_blocks, scale_key
 from wisp.models.config_parsers import model_config
 from wisp.models.families import get_family
 
-DEMO_VERSION = "v2"
+DEMO_VERSION = "v3"
 DEMO_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3MoeForCausalLM"],
     "model_type": "qwen3_moe",
@@ -53,8 +53,19 @@ DEMO_CONFIG: dict[str, Any] = {
     "dtype": "float32",
 }
 DEMO_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# ChatML, with tools listed in a system turn and calls written as Hermes-style <tool_call> blocks (as Qwen's templates
+# do): an assistant turn's tool_calls are rendered back, and a tool's reply goes in a <tool_response> block
 DEMO_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if tools %}<|im_start|>system\nYou can call these tools. Write each call as <tool_call>\n"
+    "{\"name\": ..., \"arguments\": {...}}\n</tool_call>.\n<tools>\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools><|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for c in m.get('tool_calls', []) %}<tool_call>\n{\"name\": \"{{ c['function']['name'] }}\", "
+    "\"arguments\": {% if c['function']['arguments'] is string %}{{ c['function']['arguments'] }}"
+    "{% else %}{{ c['function']['arguments'] | tojson }}{% endif %}}\n</tool_call>{% endfor %}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 

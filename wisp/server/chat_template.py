@@ -42,11 +42,12 @@ class ChatTemplate:
         except TemplateError as exc:
             self._problem = f"the model's chat template does not compile: {exc}"
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt for `messages`, ending with the assistant's generation prompt; WispError if it fails."""
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt for `messages` (and `tools`, OpenAI's tool dicts, which the template lists for the model),
+        ending with the assistant's generation prompt; WispError if it fails."""
         if self._template is None:
             raise WispError(self._problem)
         try:
-            return self._template.render(messages=messages, add_generation_prompt=True, **self._variables)
+            return self._template.render(messages=messages, tools=tools, add_generation_prompt=True, **self._variables)
         except Exception as exc:  # TemplateError, raise_exception(), or a template tripping on odd input
             raise WispError(f"the chat template rejected these messages: {exc}") from None

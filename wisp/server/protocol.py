@@ -2,9 +2,10 @@
 
 Requests are validated strictly (a string where a number belongs is a 400, never coerced; a float with no
 fractional part is an integer, as JSON Schema's `integer` says); fields
-OpenAI defines that wisp cannot honour (n > 1, logprobs, penalties, tools, ...) are rejected with a
+OpenAI defines that wisp cannot honour (best_of, suffix, audio, the deprecated functions, ...) are rejected with a
 message naming them rather than silently ignored; fields nobody defines are ignored. Field names
-follow the OpenAI API exactly.
+follow the OpenAI API exactly; `structured_outputs` (regex, Lark grammar, JSON schema or choice) and `top_k` are
+vLLM's extensions.
 
 Invariants:
 - Every string a request carries that wisp reads (`Text`: model, prompt, stop, user, message roles,
@@ -23,7 +24,9 @@ from pydantic import (
     AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator,
 )
 
-from wisp.engine.sampling import SamplingParams
+from dataclasses import dataclass
+
+from wisp.engine.sampling import MAX_LOGPROBS, SamplingParams
 
 
 # -- text ---------------------------------------------------------------------------------------------
@@ -136,6 +139,47 @@ _UNSUPPORTED = {  # options OpenAI defines that wisp only takes at their neutral
 }
 
 
+MAX_CHOICES = 128  # OpenAI's bound on n
+_PENALTY = _accepts({"type": "number", "minimum": -2, "maximum": 2})
+_LOGIT_BIAS = _accepts({"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})
+
+
+@dataclass(frozen=True)
+class GrammarRequest:
+    """What a request's output must follow: `kind` json_schema (spec: the schema), json_object, regex, grammar (a
+    Lark grammar in llguidance's dialect) or choice (spec: the strings); `param` names the field it came from."""
+
+    kind: str
+    spec: Any
+    param: str
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` extension: exactly one of json (a schema), regex, grammar (Lark) or choice."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    json_: Annotated[dict[str, Any] | None, Encodable] = Field(None, alias="json")
+    regex: Text | None = None
+    grammar: Text | None = None
+    choice: Annotated[list[str] | None, Encodable] = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "StructuredOutputs":
+        given = [k for k in ("json_", "regex", "grammar", "choice") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of json, regex, grammar or choice")
+        if self.choice is not None and not self.choice:
+            raise ValueError("choice must list at least one string")
+        return self
+
+    def grammar_request(self) -> GrammarRequest:
+        if self.json_ is not None:
+            return GrammarRequest("json_schema", self.json_, "structured_outputs")
+        kind = "regex" if self.regex is not None else "grammar" if self.grammar is not None else "choice"
+        return GrammarRequest(kind, getattr(self, kind), "structured_outputs")
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True)
     include_usage: bool | None = False
@@ -151,30 +195,47 @@ class _SamplingRequest(BaseModel):
     temperature: Annotated[float | None, _accepts({"anyOf": [{"type": "number", "enum": [0]}, {"type": "number", "minimum": _FLOAT32_TINY, "maximum": 3.4e38}]})] = None  # OpenAI's default is 1
     top_p: Annotated[float | None, _accepts({"type": "number", "minimum": _FLOAT32_TINY, "maximum": 1})] = None
     top_k: Annotated[Int | None, _accepts({"type": "integer", "minimum": 0})] = None  # extension (vLLM's name)
-    n: Annotated[Int | None, _UNSUPPORTED["n"]] = 1
+    n: Annotated[Int | None, _accepts({"type": "integer", "minimum": 1, "maximum": MAX_CHOICES})] = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: Annotated[str | list[str] | None, Encodable, _STOP] = None
     seed: Annotated[Int | None, _accepts({"type": "integer", "minimum": 0, "maximum": _SEED_MAX})] = None
     ignore_eos: bool | None = None  # extension
     user: Text | None = None
-    presence_penalty: Annotated[float | None, _UNSUPPORTED["zero"]] = None
-    frequency_penalty: Annotated[float | None, _UNSUPPORTED["zero"]] = None
-    logit_bias: Annotated[dict[str, float] | None, _UNSUPPORTED["empty object"]] = None
+    presence_penalty: Annotated[float | None, _PENALTY] = None
+    frequency_penalty: Annotated[float | None, _PENALTY] = None
+    logit_bias: Annotated[dict[str, float] | None, _LOGIT_BIAS] = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's extension
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, v: int | None) -> int | None:
-        if v not in (None, 1):
-            raise ValueError(f"n={v} is not supported: wisp returns exactly one choice per request (use n=1)")
+    def _choices(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= MAX_CHOICES:
+            raise ValueError(f"n must be in [1, {MAX_CHOICES}], got {v}")
         return v
 
-    # fields of the two request kinds (check_fields=False: each kind has only some of them)
-    @field_validator("echo", "logprobs", "suffix", "top_logprobs", "tools", check_fields=False)
+    @field_validator("suffix", check_fields=False)
     @classmethod
     def _unsupported(cls, v, info):
-        if v or (info.field_name == "logprobs" and isinstance(v, int) and not isinstance(v, bool)):
-            raise ValueError(f"{info.field_name} is not supported")  # completions' logprobs: 0 is a request too
+        if v:
+            raise ValueError(f"{info.field_name} is not supported")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalty(cls, v: float | None, info) -> float | None:
+        if v is not None and not -2 <= v <= 2:
+            raise ValueError(f"{info.field_name} must be in [-2, 2], got {v}")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"logit_bias keys are token ids (strings of digits), got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias for token {key} must be in [-100, 100], got {bias}")
         return v
 
     @field_validator("seed")
@@ -182,20 +243,6 @@ class _SamplingRequest(BaseModel):
     def _seed_range(cls, v: int | None) -> int | None:
         if v is not None and not 0 <= v <= _SEED_MAX:
             raise ValueError(f"seed must be in [0, {_SEED_MAX}]")
-        return v
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v: float | None) -> float | None:
-        if v:
-            raise ValueError("presence/frequency penalties are not supported (leave them at 0)")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, v: dict | None) -> dict | None:
-        if v:
-            raise ValueError("logit_bias is not supported")
         return v
 
     @field_validator("stop")
@@ -218,27 +265,54 @@ class _SamplingRequest(BaseModel):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
-        """SamplingParams for this request (raises InvalidParameter, naming the field, on out-of-range values)."""
+    @property
+    def choices(self) -> int:
+        return self.n or 1
+
+    def requested_logprobs(self) -> int | None:
+        """How many top log-probabilities each token reports (None: none)."""
+        return None
+
+    def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
+        """SamplingParams for choice `choice` of this request (raises InvalidParameter, naming the field, on
+        out-of-range values). With a seed, choice i samples from seed + i (mod 2**63): reproducible and distinct."""
         kw: dict[str, Any] = dict(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
-            seed=self.seed,
+            seed=None if self.seed is None else (self.seed + choice) % 2**63,
             ignore_eos=bool(self.ignore_eos),
+            logprobs=self.requested_logprobs(),
+            logit_bias=tuple((int(k), float(b)) for k, b in (self.logit_bias or {}).items()),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
         )
         if self.stop_strings:  # only when asked, so params stay default-constructible without it
             kw["stop"] = self.stop_strings
         return SamplingParams(**kw)
 
+    def grammar_request(self) -> "GrammarRequest | None":
+        """The grammar this request's output must follow (`structured_outputs`), or None."""
+        return None if self.structured_outputs is None else self.structured_outputs.grammar_request()
+
 
 class CompletionRequest(_SamplingRequest):
     prompt: Annotated[str | list[Int] | list[str] | list[list[Int]], Encodable, _PROMPT]
-    echo: Annotated[bool | None, _UNSUPPORTED["false"]] = False
-    logprobs: Annotated[Int | None, _UNSUPPORTED["absent"]] = None  # 0 would ask for the sampled token's logprob
+    echo: bool | None = False
+    logprobs: Annotated[Int | None, _accepts({"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS})] = None
     best_of: Annotated[Int | None, _UNSUPPORTED["n"]] = None
     suffix: Annotated[str | None, _UNSUPPORTED["empty string"]] = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {v}")
+        return v
+
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -295,21 +369,73 @@ class ChatMessage(BaseModel):
         return out
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+    name: Text
+    description: Text | None = None
+    schema_: Annotated[dict[str, Any] | None, Encodable] = Field(None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
-    type: Annotated[Text, WithJsonSchema({"type": "string", "enum": ["text"]})]
+    model_config = ConfigDict(strict=True, extra="ignore")
+    type: Annotated[Text, WithJsonSchema({"type": "string", "enum": ["text", "json_object", "json_schema"]})]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _known(self) -> "ResponseFormat":
+        if self.type not in ("text", "json_object", "json_schema"):
+            raise ValueError(f"response_format type {self.type!r} is not one of text, json_object, json_schema")
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema object")
+        return self
+
+
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    name: Annotated[Text, WithJsonSchema({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"})]
+    description: Text | None = None
+    parameters: Annotated[dict[str, Any] | None, Encodable] = None
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _FUNCTION_NAME.fullmatch(v):
+            raise ValueError(f"function name {v!r} must be 1-64 letters, digits, underscores or dashes")
+        return v
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Annotated[Int | None, _POSITIVE_INT] = None
-    logprobs: Annotated[bool | None, _UNSUPPORTED["false"]] = False
-    top_logprobs: Annotated[Int | None, _UNSUPPORTED["zero"]] = None
-    tools: Annotated[list[dict[str, Any]] | None, _UNSUPPORTED["empty array"]] = None
+    logprobs: bool | None = False
+    top_logprobs: Annotated[Int | None, _accepts({"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS})] = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
-    # tool calling and reasoning controls, not honoured yet: only their absence (or "none") is accepted
-    tool_choice: Annotated[Any, _accepts({"type": "string", "enum": ["none"]})] = None
-    parallel_tool_calls: Annotated[Any, _UNSUPPORTED["absent"]] = None
+    # not honoured: only their absence is accepted
     functions: Annotated[Any, _UNSUPPORTED["absent"]] = None
     function_call: Annotated[Any, _UNSUPPORTED["absent"]] = None
     reasoning_effort: Annotated[Any, _UNSUPPORTED["absent"]] = None
@@ -324,28 +450,74 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError(f"modalities {v!r} is not supported: wisp answers in text only (omit it, or send [\"text\"])")
         return v
 
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, v):
-        if v not in (None, "none"):
-            raise ValueError("tool_choice is not supported: wisp does not call tools (omit it, or send \"none\")")
-        return v
-
-    @field_validator("parallel_tool_calls", "functions", "function_call", "reasoning_effort", "audio",
-                     "web_search_options")
+    @field_validator("functions", "function_call", "reasoning_effort", "audio", "web_search_options")
     @classmethod
     def _not_honoured(cls, v, info):
         if v is not None:
+            hint = " (use tools and tool_choice)" if info.field_name in ("functions", "function_call") else " (omit it)"
             raise ValueError(f"{info.field_name} is not supported: it would change the reply, and wisp cannot honour "
-                             "it (omit it)")
+                             f"it{hint}")
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, v: int | None, info) -> int | None:
+        if v is not None and not 0 <= v <= MAX_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {v}")
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct_tools(cls, v: list[Tool] | None) -> list[Tool] | None:
+        names = [t.function.name for t in v or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("two tools have the same function name")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v, info):
+        names = [t.function.name for t in info.data.get("tools") or ()]
+        if v == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        if isinstance(v, NamedToolChoice) and v.function.name not in names:
+            raise ValueError(f"tool_choice names function {v.function.name!r}, which is not in tools")
+        if names and (v == "required" or isinstance(v, NamedToolChoice)) and info.data.get("structured_outputs"):
+            raise ValueError("a forced tool_choice and structured_outputs both constrain the output: send one")
         return v
 
     @field_validator("response_format")
     @classmethod
-    def _text_only(cls, v: ResponseFormat | None):
+    def _one_constraint(cls, v: ResponseFormat | None, info) -> ResponseFormat | None:
+        choice = info.data.get("tool_choice")
         if v is not None and v.type != "text":
-            raise ValueError(f"response_format type {v.type!r} is not supported (only 'text')")
+            if info.data.get("structured_outputs") is not None:
+                raise ValueError("response_format and structured_outputs both constrain the output: send one")
+            if info.data.get("tools") and (choice == "required" or isinstance(choice, NamedToolChoice)):
+                raise ValueError("response_format and a forced tool_choice both constrain the output: send one")
         return v
+
+    @property
+    def uses_tools(self) -> bool:
+        """Whether the reply may hold tool calls (tools given and tool_choice not "none")."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def forces_tool_call(self) -> bool:
+        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
+
+    def requested_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def grammar_request(self) -> GrammarRequest | None:
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            return GrammarRequest("json_object", None, "response_format")
+        if fmt is not None and fmt.type == "json_schema":
+            return GrammarRequest("json_schema", fmt.json_schema.schema_ or {}, "response_format")
+        return super().grammar_request()
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
