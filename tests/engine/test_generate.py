@@ -63,3 +63,12 @@ def test_stats_totals_equal_sum_of_layers(demo):
     assert s["expert_hits"] == sum(c["hits"] for c in layers)
     assert s["bytes_h2d"] == sum(c["bytes_h2d"] for c in layers) == s["expert_loads"] * demo.config.expert_bytes
     assert s["tokens_prefilled"] == len(demo.tokenizer.encode("Hello there")) and s["tokens_decoded"] == 3
+
+
+def test_special_tokens_are_left_out_of_the_text_unless_asked(demo):
+    im_end = demo.tokenizer.encode("<|im_end|>")
+    assert len(im_end) == 1  # a special token of the demo's vocabulary
+    forced = SamplingParams(max_tokens=3, ignore_eos=True, logit_bias=((im_end[0], 100.0),))
+    skipped, kept = demo.generate(["Hi", "Hi"], [forced, replace(forced, skip_special_tokens=False)])
+    assert skipped.token_ids == kept.token_ids == im_end * 3
+    assert skipped.text == "" and kept.text == "<|im_end|>" * 3

@@ -198,7 +198,9 @@ class LLMEngine:
             )
         if request_id in self.requests:
             raise WispError(f"request id {request_id!r} is already in use")
-        detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else None
+        decoder = self.tokenizer if params.skip_special_tokens or self.tokenizer is None \
+            else self.tokenizer.keeping_special_tokens()
+        detokenizer = IncrementalDetokenizer(decoder) if decoder is not None else None
         seq = Sequence(request_id, list(prompt_ids), params, self.max_model_len, keep_logits=keep_logits,
                        detokenizer=detokenizer, constraint=constraint)
         self.requests[request_id] = seq

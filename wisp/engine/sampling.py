@@ -53,6 +53,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids distinct
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    skip_special_tokens: bool = True  # the output text leaves special tokens out (False: a format that reads them)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

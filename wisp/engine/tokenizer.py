@@ -28,6 +28,18 @@ class TextTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def keeping_special_tokens(self) -> "SpecialTokensKept":
+        """This tokenizer as a decoder that writes special tokens' text too (a format whose markers are specials)."""
+        return SpecialTokensKept(self._tok)
+
+
+class SpecialTokensKept:
+    def __init__(self, tok):
+        self._tok = tok
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)
+
 
 def require(tok: TextTokenizer | None, path: Path | None) -> TextTokenizer:
     if tok is None:

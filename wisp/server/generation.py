@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import Request
@@ -139,12 +140,14 @@ class Generator:
         chat = isinstance(req, ChatCompletionRequest)
         limit = self.engine.max_model_len
         max_tokens = max_tokens_for(req, len(prompt_ids), limit, None if chat else DEFAULT_COMPLETION_TOKENS, field)
+        tool_format = self.tool_format if chat and req.uses_tools else None
         try:
             params = [req.sampling_params(max_tokens, i) for i in range(req.choices)]
+            if tool_format is not None and tool_format.keeps_special_tokens:
+                params = [replace(p, skip_special_tokens=False) for p in params]
         except WispError as exc:
             param = param_of(str(exc), _SAMPLING_FIELDS, None)
             raise APIError(400, str(exc), param=length_param(req) if param == "max_tokens" else param) from None
-        tool_format = self.tool_format if chat and req.uses_tools else None
         loop = asyncio.get_running_loop()
         constraints = await loop.run_in_executor(
             self.render_pool, lambda: compile_constraints(self.engine.grammars, grammar_for(req, tool_format),

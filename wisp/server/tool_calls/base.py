@@ -122,6 +122,7 @@ class ToolCallFormat(ABC):
     the per-reply state. `name` is set by the registry."""
 
     name: str = ""
+    keeps_special_tokens: bool = False  # its markers are special tokens: the reply is decoded with them kept
 
     def __init__(self, random_bytes: RandomBytes = os.urandom):
         self._random_bytes = random_bytes

@@ -88,6 +88,8 @@ def is_content_stray(text: str) -> bool:
 class HarmonyFormat(ToolCallFormat):
     """gpt-oss's harmony messages (see the module docstring)."""
 
+    keeps_special_tokens = True  # <|channel|>, <|message|>, <|call|> ... are special tokens of gpt-oss's vocabulary
+
     def parse(self, text: str) -> ParsedReply:
         content: list[str] = []
         reasoning: list[str] = []
