@@ -92,3 +92,15 @@ def test_serve_records_get_their_own_table(tmp_path):
     page = render(load_records(tmp_path))
     assert "closed loop, prompt 128 tokens, 64 output tokens" in page and "| aggregate tok/s |" in page
     assert "| on | 16 | 4 | 4 | 66.2 |" in page and "| 1785.0 |" in page
+
+
+def test_grammar_mask_records_get_their_own_columns(tmp_path):
+    record = {"grammar_engine": "llguidance 1.9.1", "grammar": "tool call", "batch": 8, "allowed_share": 0.16,
+              "mask_us_mean": 328.4, "mask_us_p99": 2588.0, "apply_us_mean": 41.2, "advance_us_mean": 55.0,
+              "total_us_mean": 424.6, "total_us_p99": 2700.0, "compile_cold_ms": 1.3, "vocab_size": 151936,
+              "tokens": 256, "gpu": "NVIDIA H200"}
+    (tmp_path / "grammar_mask_cost.json").write_text(json.dumps([record]))
+    page = render(load_records(tmp_path))
+    assert "| engine | grammar | batch | allowed | mask us mean |" in page
+    assert "| llguidance 1.9.1 | tool call | 8 | 0.16 | 328 | 2588 | 41 | 55 | 425 | 2700 | 1.3 |" in page
+    assert "151,936-token vocabulary" in page

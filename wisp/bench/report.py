@@ -55,6 +55,19 @@ PREFILL_COLUMNS = [  # `wisp bench prefill` records: one per (run, prompt length
     ("bytes_h2d", "GB host->GPU", "GB"),
     ("h2d_gbps_probe", "probe GB/s", "{:.1f}"),
 ]
+GRAMMAR_COLUMNS = [  # benchmarks/probes/grammar_mask_cost.py: per engine, grammar and batch, microseconds a decode step
+    ("grammar_engine", "engine", "{}"),
+    ("grammar", "grammar", "{}"),
+    ("batch", "batch", "{}"),
+    ("allowed_share", "allowed", "{:.2f}"),
+    ("mask_us_mean", "mask us mean", "{:.0f}"),
+    ("mask_us_p99", "mask us p99", "{:.0f}"),
+    ("apply_us_mean", "apply us mean", "{:.0f}"),
+    ("advance_us_mean", "advance us mean", "{:.0f}"),
+    ("total_us_mean", "total us mean", "{:.0f}"),
+    ("total_us_p99", "total us p99", "{:.0f}"),
+    ("compile_cold_ms", "compile cold ms", "{:.1f}"),
+]
 PEER_COLUMNS = [  # `wisp bench llama-cpp compare` records: llama.cpp and wisp at each llama.cpp expert placement
     ("system", "system", "{}"),
     ("placement", "placement", "{}"),
@@ -141,14 +154,18 @@ def render(rows: list[tuple[str, dict]]) -> str:
         out.append(f"## {name}")
         out.append("")
         prefill, agent, peer, serve = "prefill_steps" in first, "arm" in first, "system" in first, "loop" in first
-        columns = (PEER_COLUMNS if peer else AGENT_COLUMNS if agent else PREFILL_COLUMNS if prefill else
-                   SERVE_COLUMNS if serve else DECODE_COLUMNS)
+        grammar = "grammar_engine" in first
+        columns = (GRAMMAR_COLUMNS if grammar else PEER_COLUMNS if peer else AGENT_COLUMNS if agent else
+                   PREFILL_COLUMNS if prefill else SERVE_COLUMNS if serve else DECODE_COLUMNS)
         shape = (f"cold prompts, {first.get('max_num_batched_tokens', '-')} tokens per step" if prefill else
                  f"prompt {first.get('prompt_len', '-')} tokens, {first.get('decode_tokens', '-')} decode tokens")
         if serve:
             what = first.get("model", what)
             shape = (f"{first['loop']} loop, prompt {first['prompt_len']} tokens, {first['output_len']} output tokens, "
                      f"routing {first.get('routing', '-')}")
+        if grammar:
+            shape = (f"constrained decoding's token mask at a {first['vocab_size']:,}-token vocabulary, per decode step "
+                     f"of the batch's matchers together, a random walk of {first['tokens']} tokens")
         if peer:
             shape = "batch-1 decode and cold TTFT at each of llama.cpp's expert placements, at its GPU footprint there"
         if agent:
