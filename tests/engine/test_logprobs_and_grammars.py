@@ -101,3 +101,18 @@ def test_prompt_logprobs_are_the_teacher_forced_distribution(demo):
     for i in range(1, len(ids)):
         expected = torch.log_softmax(logits[i - 1].float(), -1)
         assert abs(entries[i].logprob - float(expected[ids[i]])) <= 1e-5
+
+
+def test_masks_prepared_together_equal_each_grammar_own(demo):
+    from wisp.engine.grammar import prepare_masks
+
+    grammars = demo.engine.grammars
+    made = [grammars.constraint(json_schema_grammar(SCHEMA)), grammars.constraint(regex_grammar(r"[ab]{2}c"))]
+    for c, prefix in zip(made, ['{"name":"x', "a"]):
+        for token in demo.encode(prefix):
+            c.accept(token)
+    own = [c.allowed(torch.device("cpu")) for c in made]
+    prepare_masks(made)
+    assert all(c._prepared is not None for c in made)
+    assert all(torch.equal(c.allowed(torch.device("cpu")), mask) for c, mask in zip(made, own))
+    assert not torch.equal(own[0], own[1])

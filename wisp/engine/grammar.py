@@ -85,15 +85,40 @@ class Grammars:
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
+def prepare_masks(constraints: list["GrammarConstraint"]) -> None:
+    """Compute the next-token bitmasks of several requests' grammars at once, on llguidance's worker threads (the GIL
+    released), so that the CPU work overlaps the step the device is still running; each `mask` then uses its row."""
+    if not constraints:
+        return
+    import llguidance
+
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        _EXECUTOR = llguidance.LLExecutor()
+    words = -(-constraints[0].vocab_size // 32)
+    masks = torch.zeros((len(constraints), words), dtype=torch.int32)  # [R, W]
+    _EXECUTOR.unsafe_compute_mask_ptr([(c.matcher, i) for i, c in enumerate(constraints)], masks.data_ptr(),
+                                      words * 4, len(constraints))  # each row's bytes
+    for c, row in zip(constraints, masks):
+        c._prepared = row
+
+
+_EXECUTOR = None
+
+
 class GrammarConstraint:
     """One request's grammar state (llguidance's `LLMatcher`), the sampler's `TokenConstraint`."""
 
     def __init__(self, matcher, vocab_size: int):
         self.matcher, self.vocab_size = matcher, vocab_size
+        self._prepared: torch.Tensor | None = None  # this step's bitmask, when `prepare_masks` computed it
 
     def allowed(self, device: torch.device) -> torch.Tensor:
         """bool [vocab_size]: the tokens the grammar allows next."""
-        words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32).to(device)  # [W]
+        if self._prepared is not None:
+            words, self._prepared = self._prepared.to(device), None  # [W]
+        else:
+            words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32).to(device)  # [W]
         bits = (words[:, None] >> _BITS.to(device)) & 1  # [W, 32], bit b of word w is token 32 w + b
         allowed = bits.reshape(-1).bool()[: self.vocab_size]
         if allowed.numel() < self.vocab_size:
@@ -106,6 +131,7 @@ class GrammarConstraint:
         logits.masked_fill_(~self.allowed(logits.device)[: logits.numel()], float("-inf"))
 
     def accept(self, token: int) -> None:
+        self._prepared = None
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"the grammar refused token {token}: {self.matcher.get_error()}")
 

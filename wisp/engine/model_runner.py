@@ -41,6 +41,7 @@ from wisp.engine.decode.select import graph_strategy
 from wisp.engine.decode.step_kinds import StepKindChooser
 from wisp.engine.decode.strategy import DecodeStrategy, EagerDecode
 from wisp.engine.kv_cache import BlockTableKV, KVCache
+from wisp.engine.grammar import GrammarConstraint, prepare_masks
 from wisp.engine.request_failure import SAMPLING, RequestFailure
 from wisp.engine.scheduler import Batch, decodes
 from wisp.engine.sequence import Sequence
@@ -258,6 +259,10 @@ class ModelRunner:
     def sample(seqs: list[Sequence], logits) -> list[int | RequestFailure]:
         """Each sequence's next token from its logits row, or its RequestFailure if its sampler raised."""
         tokens: list[int | RequestFailure] = []
+        try:  # the grammars' masks on the CPU while the device may still be computing the logits
+            prepare_masks([s.constraint for s in seqs if isinstance(s.constraint, GrammarConstraint)])
+        except Exception:  # noqa: BLE001 (each constraint computes its own mask in `mask`, and fails alone there)
+            pass
         for seq, row in zip(seqs, logits):
             try:
                 sampled = seq.sampler(row, seq.output_ids, seq.constraint)
