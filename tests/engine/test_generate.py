@@ -4,16 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
-from wisp import LLM, SamplingParams
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WISP_CACHE", str(tmp_path_factory.getbasetemp() / "wisp-cache"))
-        return LLM("demo", device="cpu", mode="paged", expert_cap=4)
+from wisp import SamplingParams
 
 
 def test_max_tokens_and_text(demo):

@@ -11,17 +11,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from wisp import LLM, SamplingParams
+from wisp import SamplingParams
 from wisp.engine.grammar import json_schema_grammar, regex_grammar
 
 PROMPTS = ["Hello", "The quick brown fox", "1 2 3 4"]
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WISP_CACHE", str(tmp_path_factory.getbasetemp() / "wisp-cache"))
-        return LLM("demo", device="cpu", mode="paged", expert_cap=4)
 
 
 def test_greedy_logprobs_equal_log_softmax_of_the_sampled_logits(demo):

@@ -140,6 +140,13 @@ _UNSUPPORTED = {  # options OpenAI defines that wisp only takes at their neutral
 
 
 MAX_CHOICES = 128  # OpenAI's bound on n
+
+
+def _within(value, low, high, name: str):
+    """`value` if it is None or in [low, high], else a ValueError naming the field and the range."""
+    if value is not None and not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
 _PENALTY = _accepts({"type": "number", "minimum": -2, "maximum": 2})
 _LOGIT_BIAS = _accepts({"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
                         "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})
@@ -210,9 +217,7 @@ class _SamplingRequest(BaseModel):
     @field_validator("n")
     @classmethod
     def _choices(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= MAX_CHOICES:
-            raise ValueError(f"n must be in [1, {MAX_CHOICES}], got {v}")
-        return v
+        return _within(v, 1, MAX_CHOICES, "n")
 
     @field_validator("suffix", check_fields=False)
     @classmethod
@@ -224,9 +229,7 @@ class _SamplingRequest(BaseModel):
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
     def _penalty(cls, v: float | None, info) -> float | None:
-        if v is not None and not -2 <= v <= 2:
-            raise ValueError(f"{info.field_name} must be in [-2, 2], got {v}")
-        return v
+        return _within(v, -2, 2, info.field_name)
 
     @field_validator("logit_bias")
     @classmethod
@@ -307,9 +310,7 @@ class CompletionRequest(_SamplingRequest):
     @field_validator("logprobs")
     @classmethod
     def _logprobs(cls, v: int | None) -> int | None:
-        if v is not None and not 0 <= v <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {v}")
-        return v
+        return _within(v, 0, MAX_LOGPROBS, "logprobs")
 
     def requested_logprobs(self) -> int | None:
         return self.logprobs
@@ -462,8 +463,7 @@ class ChatCompletionRequest(_SamplingRequest):
     @field_validator("top_logprobs")
     @classmethod
     def _top_logprobs(cls, v: int | None, info) -> int | None:
-        if v is not None and not 0 <= v <= MAX_LOGPROBS:
-            raise ValueError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {v}")
+        _within(v, 0, MAX_LOGPROBS, "top_logprobs")
         if v and not info.data.get("logprobs"):
             raise ValueError("top_logprobs needs logprobs set to true")
         return v
