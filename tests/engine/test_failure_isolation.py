@@ -36,11 +36,11 @@ class Poisoned:
     def __init__(self, real):
         self.real, self.calls = real, 0
 
-    def __call__(self, logits: torch.Tensor) -> int:
+    def __call__(self, logits: torch.Tensor, *context):
         self.calls += 1
         if self.calls == FAIL_AT:
             raise RuntimeError("injected sampler failure")
-        return self.real(logits)
+        return self.real(logits, *context)
 
 
 def run(engine: LLMEngine, rids: list[str]) -> tuple[dict, list[list]]:
