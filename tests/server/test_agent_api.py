@@ -227,3 +227,17 @@ def test_logit_bias_forces_a_token(server):
                                               logprobs=0, logit_bias={"70": 100})
     assert set(resp.choices[0].logprobs.tokens) == {resp.choices[0].logprobs.tokens[0]}
     assert len(resp.choices[0].logprobs.tokens) == 5
+
+
+def test_penalties_change_a_greedy_reply_that_repeats(server):
+    client = server.client()
+
+    def tokens(**kw):
+        resp = client.completions.create(model="demo", prompt="la la la", max_tokens=24, temperature=0, logprobs=0, **kw)
+        return resp.choices[0].logprobs.tokens
+
+    plain = tokens()
+    assert len(set(plain)) < len(plain)  # greedy on the random demo repeats itself
+    for penalty in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0}):
+        penalised = tokens(**penalty)
+        assert penalised != plain and len(set(penalised)) > len(set(plain))
