@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 from pydantic import BaseModel
 
 from wisp.engine.async_engine import EngineShutDown, RequestFailed
+from wisp.errors import WispError
 from wisp.server.choices import Choices
 from wisp.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
 from wisp.server.protocol import REQUEST_FAILED, ErrorInfo, ErrorResponse
@@ -170,6 +171,8 @@ async def sse_events(choices: Choices, fmt, include_usage: bool, prompt_tokens: 
         yield sse(ErrorResponse(error=ErrorInfo(message=str(exc), type="server_error", code="engine_unavailable")))
     except RequestFailed as exc:
         yield sse(ErrorResponse(error=ErrorInfo(message=str(exc), type="server_error", code=REQUEST_FAILED)))
+    except WispError as exc:  # a later choice refused at submission (the first one was admitted before the stream)
+        yield sse(ErrorResponse(error=ErrorInfo(message=str(exc), type="invalid_request_error")))
     finally:
         choices.close()
     yield sse("[DONE]")
