@@ -8,6 +8,11 @@ next session in file order (so several files run back to back: a drifting worklo
 dataset's length, capped (`--max-reply-tokens`), with ignore_eos. `--phases W:N,...` changes the concurrency in
 phases, one after another in one engine (`wisp.bench.agent_phases`); the engine's W is then the widest phase.
 
+Tools: `--tools` sends AgentInstruct sessions as tool sessions (`wisp.bench.agent_tools`: the workflow's tools in
+the first message, actions as hermes calls, observations as tool messages) and forces every reply to be one call to
+those tools, as `tool_choice: "required"` would (`wisp.bench.agent_tool_replay`); max_tokens stays the dataset's reply
+length, capped. The records then say `"tools": true` and how many turns ended in a complete call.
+
 Routing: `--routing-trace FILE` replays real routing for every token, prefill and decode
 (`wisp.trace.session_replay`), each session from its own offset; a one-layer trace is spread over all
 layers at different offsets (an approximation, labelled `routing: approx-layer0:<file>`). Without a trace the
@@ -42,7 +47,8 @@ import torch
 from wisp.bench.agent_arms import arm_specs, parse_arms
 from wisp.bench.agent_phases import Phase, one_phase, parse_phases, sessions_for_phases
 from wisp.bench.agent_run import run_arm_isolated
-from wisp.bench.agent_sessions import Session, load_sessions, train_session_tokenizer
+from wisp.bench.agent_sessions import END_OF_TEXT, Session, load_sessions, train_session_tokenizer
+from wisp.bench.agent_tool_replay import ToolGrammarSource
 from wisp.bench.decode import _git_commit, model_config_for, probe_h2d_gbps
 from wisp.bench.routing import routing_for, uniform_trace
 from wisp.config import EngineConfig, ModelConfig, resolve_device
@@ -67,7 +73,8 @@ def session_kv_trace(sessions: list[Session], phases: list[Phase], block_size: i
     return kv
 
 
-def _sessions(args, cfg: ModelConfig) -> list[Session]:
+def _sessions(args, cfg: ModelConfig) -> tuple[list[Session], ToolGrammarSource | None]:
+    """The workload's sessions and, with --tools, what the arms force their calls with (the same tokenizer)."""
     from wisp.models.source import model_source
 
     path = model_source(EngineConfig(model=args.model, load_format=args.load_format))[0]
@@ -75,13 +82,17 @@ def _sessions(args, cfg: ModelConfig) -> list[Session]:
     if tokenizer_file is not None and tokenizer_file.is_file():
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        tokenizer, end_ids = Tokenizer.from_file(str(tokenizer_file)), tuple(cfg.eos_token_ids)
+        text = tokenizer_file.read_text  # the file the engine's own grammars read
     else:
         texts = [p for p in args.sessions if "agentinfer" not in Path(p).name]
-        tokenizer = train_session_tokenizer(texts, cfg.vocab_size) if texts else None
+        tokenizer = train_session_tokenizer(texts, cfg.vocab_size, args.tools) if texts else None
+        end_ids = (tokenizer.token_to_id(END_OF_TEXT),) if args.tools and tokenizer is not None else ()
+        text = tokenizer.to_str if tokenizer is not None else str
     sessions = load_sessions(args.sessions, tokenizer, args.max_reply_tokens,
-                             args.max_model_len - args.max_reply_tokens - 1, cfg.vocab_size)
-    return sessions[: args.max_sessions] if args.max_sessions else sessions
+                             args.max_model_len - args.max_reply_tokens - 1, cfg.vocab_size, args.tools)
+    tools = ToolGrammarSource(text(), end_ids, cfg.vocab_size) if args.tools else None
+    return (sessions[: args.max_sessions] if args.max_sessions else sessions), tools
 
 
 def _phases(args, sessions: list[Session], vocab_size: int) -> tuple[list[Phase], list[Session]]:
@@ -116,7 +127,8 @@ def bench_agent(args) -> list[dict]:
     device = resolve_device(args.device)
     cfg = model_config_for(args.model, args.load_format)
     fit_max_model_len(args, cfg)
-    phases, sessions = _phases(args, _sessions(args, cfg), cfg.vocab_size)
+    loaded, tools = _sessions(args, cfg)
+    phases, sessions = _phases(args, loaded, cfg.vocab_size)
     trace, routing = routing_for(args.routing_trace, cfg, max(8192, len(sessions) * args.max_model_len))
     gbps = probe_h2d_gbps(device)
     inputs = PlanInputs(vram_budget=args.vram_budget, max_concurrency=args.concurrency, max_model_len=args.max_model_len,
@@ -132,12 +144,13 @@ def bench_agent(args) -> list[dict]:
               "pageable_bytes": plan.report.pageable_bytes, "admission_floor_blocks": plan.report.admission_floor_blocks,
               "recompute_seconds_per_token": plan.report.cost_model.recompute_seconds_per_token,
               "h2d_gbps_probe": round(gbps, 2), "device": gpu, "commit": _git_commit(), "isolation": args.isolation,
+              "tools": args.tools,
               "command": "wisp bench agent " + " ".join(sys.argv[3:])}
     if args.phases is not None:
         common["phases"] = args.phases
     records = []
     for position, spec in enumerate(arm_specs(plan, names, cfg.num_experts, args.controller_start)):
-        r = run_arm_isolated(args.isolation, args, cfg, spec, sessions, phases, trace, plan.curves.problem)
+        r = run_arm_isolated(args.isolation, args, cfg, spec, sessions, phases, trace, plan.curves.problem, tools)
         r.update(common, position=position,
                  within_budget=r["peak_gpu_bytes"] <= args.vram_budget if device.type == "cuda" else None)
         records.append(r)
@@ -161,6 +174,12 @@ def _print_table(records: list[dict]) -> None:
     r = records[0]
     print(f"budget {r['vram_budget'] / 2**30:.2f} GiB on {r['device']}; routing {r['routing']}; "
           f"{r['sessions']} sessions at concurrency {r.get('phases', r['concurrency'])}")
+    for r in records:
+        if "tool_calls" in r:
+            calls = r["tool_calls"]
+            print(f"{r['arm']:11}tool calls: {calls['complete']} complete, {calls['cut']} cut at max_tokens, "
+                  f"{calls['other']} other; grammar masks {r['grammar_mask_s']:.3f} s")
+    r = records[0]
     if "phases" not in r:
         return
     print(f"{'arm':11}{'phase':>6}{'W':>4}{'wall s':>9}{'out tok/s':>11}{'dec tok/s':>11}{'TTFT p50':>10}{'hit':>7}"

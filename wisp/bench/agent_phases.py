@@ -15,6 +15,10 @@ repeat made distinct (`repeat`: its first prompt id shifted by the pass number, 
 keeps the lengths and the turns' shared prefixes, but shares no KV block with an earlier pass, because a block's
 cache key chains every id before it.
 
+Tool sessions (`tools`, a `wisp.bench.agent_tool_replay.ToolReplay`): each turn's request carries its workflow's
+forced-call grammar, and each finished turn's times carry its finish reason and reply ids (judged after serving, by
+`ToolReplay.judge`, so that no decoding or parsing runs between the engine's steps).
+
 Invariants: sessions_for_phases returns exactly sum(phase.sessions) sessions; `serve_phases` serves phase p's
 sessions only after phase p-1's last turn finished, never more than phase p's width at once, each session's
 turns in order; every turn is served once.
@@ -48,6 +52,8 @@ class TurnTimes:
     first_token: float
     finish: float
     output_tokens: int
+    finish_reason: str | None = None  # with tools only, as is output_ids
+    output_ids: tuple[int, ...] | None = None  # the reply's ids
 
     @property
     def ttft(self) -> float:
@@ -109,17 +115,17 @@ def summarize(times: list[TurnTimes]) -> dict:
 
 
 def serve_phases(engine, sessions: list[Session], phases: list[Phase], replay, max_reply: int,
-                 mark: Callable[[], dict] | None = None) -> tuple[list[TurnTimes], list[dict]]:
+                 mark: Callable[[], dict] | None = None, tools=None) -> tuple[list[TurnTimes], list[dict]]:
     """Serve `sessions` phase after phase (see the module docstring). `replay` (a `SessionRoutingReplay`, or None)
-    routes session s from offset s x (its length // sessions). Returns every turn's times and `mark()` taken before
-    the first phase and after each (none without `mark`)."""
+    routes session s from offset s x (its length // sessions); `tools` (a `ToolReplay`, or None) forces tool calls.
+    Returns every turn's times and `mark()` taken before the first phase and after each (none without `mark`)."""
     done: list[TurnTimes] = []
     marks = [mark()] if mark is not None else []
     stride = len(replay) // max(len(sessions), 1) if replay is not None else 0
     first = 0
     for p, phase in enumerate(phases):
         group = range(first, first + phase.sessions)
-        done += _serve_phase(engine, sessions, group, phase.width, p, replay, stride, max_reply)
+        done += _serve_phase(engine, sessions, group, phase.width, p, replay, stride, max_reply, tools)
         first += phase.sessions
         if mark is not None:
             marks.append(mark())
@@ -127,14 +133,15 @@ def serve_phases(engine, sessions: list[Session], phases: list[Phase], replay, m
 
 
 def _serve_phase(engine, sessions: list[Session], group: range, width: int, phase: int, replay, stride: int,
-                 max_reply: int) -> list[TurnTimes]:
+                 max_reply: int, tools) -> list[TurnTimes]:
     queue, live, done = deque(group), {}, []
 
     def submit(s: int, k: int) -> None:
         turn: Turn = sessions[s].turns[k]
         rid = f"s{s}t{k}"
         params = SamplingParams(max_tokens=min(turn.reply_tokens, max_reply), ignore_eos=True)
-        engine.add_request(rid, list(turn.prompt_ids), params, strict_length=False)
+        grammar = {} if tools is None else {"constraint": tools.constraint(sessions[s].workflow)}
+        engine.add_request(rid, list(turn.prompt_ids), params, strict_length=False, **grammar)
         if replay is not None:
             replay.assign(rid, s * stride)
         live[rid] = (s, k, engine.requests[rid])
@@ -149,8 +156,9 @@ def _serve_phase(engine, sessions: list[Session], group: range, width: int, phas
             s, k, seq = live.pop(out.request_id)
             if replay is not None:
                 replay.forget(out.request_id)
+            reply = {} if tools is None else {"finish_reason": out.finish_reason, "output_ids": tuple(seq.output_ids)}
             done.append(TurnTimes(s, k, sessions[s].workflow, phase, seq.arrival_time, seq.first_token_time,
-                                  seq.finish_time, len(seq.output_ids)))
+                                  seq.finish_time, len(seq.output_ids), **reply))
             if k + 1 < len(sessions[s].turns):
                 submit(s, k + 1)
             elif queue:

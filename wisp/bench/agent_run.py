@@ -14,7 +14,10 @@ its turns' TTFT, turn wall and per-stream decode speed (`summarize`), end-to-end
 counters, peak device memory; per workflow and per phase (`per_phase`: each phase's wall, TTFT, decode and output
 tok/s, hit rate, and the split and admission limit at its end); for the controller arm, every resize (seconds from
 the start of serving, from -> to, the admission limit after it, its stall by part, why) and the controller's own
-host seconds.
+host seconds. With tools (`wisp.bench.agent_tool_replay`): `tool_calls`, how many turns ended in a complete call, were
+cut at their max_tokens or neither (also per workflow), and `grammar_mask_s`, the seconds of the sampler's mask
+calls on the forced calls (`ToolReplay.mask_s`: copying each bitmask to the device and filling the logits, and
+computing a bitmask the runner did not prepare for the whole batch beforehand).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 from wisp.bench.agent_arms import ArmSpec
 from wisp.bench.agent_phases import Phase, serve_phases, summarize
 from wisp.bench.agent_sessions import Session
+from wisp.bench.agent_tool_replay import ToolGrammarSource, ToolReplay, call_counts
 from wisp.bench.decode import _peak, _reset_peak
 from wisp.cli_args import backend_options
 from wisp.config import EngineConfig, ModelConfig
@@ -40,17 +44,18 @@ from wisp.trace.session_replay import SessionRoutingReplay
 
 
 def run_arm_isolated(isolation: str, args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session],
-                     phases: list[Phase], trace: RoutingTrace | None, problem: SplitProblem) -> dict:
+                     phases: list[Phase], trace: RoutingTrace | None, problem: SplitProblem,
+                     tools: ToolGrammarSource | None = None) -> dict:
     """`run_arm` in a fresh process ("process") or in this one ("engine"); see the module docstring."""
     if isolation == "engine":
-        return run_arm(args, cfg, spec, sessions, phases, trace, problem)
+        return run_arm(args, cfg, spec, sessions, phases, trace, problem, tools)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # what this process cached is no arm's
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(run_arm, args, cfg, spec, sessions, phases, trace, problem).result()
+        return pool.submit(run_arm, args, cfg, spec, sessions, phases, trace, problem, tools).result()
 
 
 def controller_config(args, problem: SplitProblem) -> ControllerConfig:
@@ -65,7 +70,7 @@ def controller_config(args, problem: SplitProblem) -> ControllerConfig:
 
 
 def run_arm(args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session], phases: list[Phase],
-            trace: RoutingTrace | None, problem: SplitProblem) -> dict:
+            trace: RoutingTrace | None, problem: SplitProblem, tools: ToolGrammarSource | None = None) -> dict:
     before, reserved = _release_device()
     engine = _engine(args, spec)
     replay = None
@@ -74,10 +79,11 @@ def run_arm(args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session], phas
                                       args.max_num_batched_tokens + args.concurrency)
         engine.runner.set_routing_replay(replay)
     _warm_up(engine, min(512, args.max_model_len - 8))
+    forced = ToolReplay(tools, [s.workflow for s in sessions]) if tools is not None else None  # grammars compiled
     if spec.controller:
         engine.set_live_split(SplitController(controller_config(args, problem), spec.expert_cap, spec.kv_blocks))
     start = time.perf_counter()
-    times, marks = serve_phases(engine, sessions, phases, replay, args.max_reply_tokens, lambda: _mark(engine))
+    times, marks = serve_phases(engine, sessions, phases, replay, args.max_reply_tokens, lambda: _mark(engine), forced)
     e2e = time.perf_counter() - start
     stats = engine.stats()
     record = {"arm": spec.arm, "mode": spec.mode, "expert_cap": spec.expert_cap,
@@ -91,6 +97,12 @@ def run_arm(args, cfg: ModelConfig, spec: ArmSpec, sessions: list[Session], phas
     record["per_workflow"] = {w: summarize([t for t in times if t.workflow == w])
                               for w in dict.fromkeys(s.workflow for s in sessions)}
     record["per_phase"] = _phase_records(times, phases, marks)
+    if forced is not None:
+        verdicts = [(t.workflow, forced.judge(t.workflow, list(t.output_ids), t.finish_reason)[1]) for t in times]
+        record["tool_calls"] = call_counts(v for _, v in verdicts)
+        for w, per in record["per_workflow"].items():
+            per["tool_calls"] = call_counts(v for vw, v in verdicts if vw == w)
+        record["grammar_mask_s"] = round(forced.mask_s, 4)
     if engine.live_split is not None:
         live, offset = engine.live_split, engine.live_split.started - start  # resizes timed from serving's start
         record["resizes"] = [{"at_s": round(e.at_s + offset, 3), "stall_s": round(e.stall_s, 4),

@@ -23,6 +23,11 @@ Invariants: every id is in [0, vocab_size) (a tokenizer producing another raises
 is in [1, max_reply_tokens]; the first turn whose prompt exceeds max_prompt_tokens ends its session (the
 turns before it stay; a session left without turns is dropped); bad input raises WispError.
 
+Tool sessions (`tools=True`, `wisp bench agent --tools`): each AgentInstruct conversation is first rendered as
+`wisp.bench.agent_tools.tool_messages` says (a system message with the workflow's tools first, actions as hermes
+`<tool_call>` blocks, observations as "tool" messages), then tokenized as above; the turns are the same assistant
+messages. The agentinfer log has no text to render: with tools it is a WispError.
+
 Tokenizers: any object whose encode(text) gives ids or an object with .ids (a `tokenizers.Tokenizer` is
 called with add_special_tokens=False: a BOS per message would sit mid-prompt), e.g. a checkpoint's
 tokenizer.json, or `train_session_tokenizer`'s byte-level BPE trained on the sessions' own text.
@@ -38,11 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wisp.bench.agent_tools import tool_messages
 from wisp.errors import WispError
 from wisp.trace.kv_trace import read_json_records
 
 MAX_TRAINED_VOCAB = 32_000  # the trained BPE's ceiling (merges of pairs seen twice run out near 13k on all files)
 ROLES = {"human": "user", "gpt": "assistant", "system": "system"}  # AgentInstruct "from" -> role
+END_OF_TEXT = "<|endoftext|>"  # the trained BPE's one special token with tools: where a forced call ends
 
 
 @dataclass(frozen=True)
@@ -59,8 +66,9 @@ class Session:
 
 
 def load_sessions(paths: Iterable[str | Path] | str | Path, tokenizer: Any, max_reply_tokens: int,
-                  max_prompt_tokens: int | None, vocab_size: int) -> list[Session]:
-    """Every session of every file, files in the order given (tokenizer may be None for agentinfer logs)."""
+                  max_prompt_tokens: int | None, vocab_size: int, tools: bool = False) -> list[Session]:
+    """Every session of every file, files in the order given (tokenizer may be None for agentinfer logs); `tools`:
+    AgentInstruct conversations rendered as tool sessions."""
     if vocab_size < 1 or max_reply_tokens < 1 or (max_prompt_tokens is not None and max_prompt_tokens < 1):
         raise WispError(f"agent sessions need vocab_size, max_reply_tokens and max_prompt_tokens >= 1 "
                         f"(got {vocab_size}, {max_reply_tokens}, {max_prompt_tokens})")
@@ -71,7 +79,9 @@ def load_sessions(paths: Iterable[str | Path] | str | Path, tokenizer: Any, max_
             if "conversations" in records[0]:
                 if tokenizer is None:
                     raise WispError(f"{path} holds AgentInstruct text: it needs a tokenizer")
-                sessions += _instruct_sessions(path, records, _encoder(tokenizer, vocab_size), *limits)
+                sessions += _instruct_sessions(path, records, _encoder(tokenizer, vocab_size), *limits, tools)
+            elif tools:
+                raise WispError(f"{path} holds token counts only: tool sessions are rendered from AgentInstruct text")
             else:
                 sessions += _agentinfer_sessions(records, vocab_size, *limits)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -82,9 +92,10 @@ def load_sessions(paths: Iterable[str | Path] | str | Path, tokenizer: Any, max_
     return sessions
 
 
-def train_session_tokenizer(paths: Iterable[str | Path] | str | Path, vocab_size: int):
-    """A byte-level BPE (`tokenizers.Tokenizer`) trained on the AgentInstruct files' rendered messages, with
-    at most min(vocab_size, MAX_TRAINED_VOCAB) ids (vocab_size: the model's). Same files -> same vocabulary."""
+def train_session_tokenizer(paths: Iterable[str | Path] | str | Path, vocab_size: int, tools: bool = False):
+    """A byte-level BPE (`tokenizers.Tokenizer`) trained on the AgentInstruct files' rendered messages (as tool
+    sessions with `tools`), with at most min(vocab_size, MAX_TRAINED_VOCAB) ids (vocab_size: the model's). Same
+    files -> same vocabulary. With `tools` it also holds END_OF_TEXT, a special token (id 0) a forced call ends with."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     size = min(vocab_size, MAX_TRAINED_VOCAB)
@@ -92,38 +103,47 @@ def train_session_tokenizer(paths: Iterable[str | Path] | str | Path, vocab_size
         raise WispError(f"a byte-level BPE needs at least 256 ids, the model has {vocab_size}: "
                         "pass the checkpoint's tokenizer or use an agentinfer trace")
     texts = [piece for path, records in _files(paths) if "conversations" in records[0]
-             for rec in records for piece in _pieces(rec["conversations"])]
+             for rec in records for piece in _pieces(_messages(rec["conversations"], _workflow(path), tools))]
     if not texts:
         raise WispError("no text to train a tokenizer on: agentinfer traces hold token counts only")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=size, min_frequency=2, show_progress=False, special_tokens=[],
+        vocab_size=size, min_frequency=2, show_progress=False, special_tokens=[END_OF_TEXT] if tools else [],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     assert tok.get_vocab_size() <= size, (tok.get_vocab_size(), size)
     return tok
 
 
 # -- AgentInstruct ---------------------------------------------------------------------------------
-def _pieces(conversation: list[dict]) -> Iterator[str]:
+def _workflow(path: Path) -> str:
+    match = re.match(r"agentinstruct_([^_]+)_", path.name)
+    return match.group(1) if match else path.stem
+
+
+def _messages(conversation: list[dict], workflow: str, tools: bool) -> list[tuple[str, str]]:
+    """(role, text) per message, as a tool session with `tools`."""
+    messages = [(m.get("role") or ROLES.get(m.get("from"), m.get("from")),
+                 (m.get("content") if "content" in m else m.get("value")) or "") for m in conversation]
+    return tool_messages(workflow, messages) if tools else messages
+
+
+def _pieces(messages: list[tuple[str, str]]) -> Iterator[str]:
     """Each message's header, then its body, in the fixed format (the units tokenized one at a time)."""
-    for m in conversation:
-        role = m.get("role") or ROLES.get(m.get("from"), m.get("from"))
-        text = m.get("content") if "content" in m else m.get("value")
+    for role, text in messages:
         yield f"<|{role}|>\n"
-        yield f"{text or ''}\n"
+        yield f"{text}\n"
 
 
 def _instruct_sessions(path: Path, records: list[dict], encode: Callable[[str], list[int]],
-                       max_reply: int, max_prompt: int | None) -> list[Session]:
-    match = re.match(r"agentinstruct_([^_]+)_", path.name)
-    workflow = match.group(1) if match else path.stem
+                       max_reply: int, max_prompt: int | None, tools: bool) -> list[Session]:
+    workflow = _workflow(path)
     sessions = []
     for i, rec in enumerate(records):
         prompt: list[int] = []
         turns = []
-        pieces = _pieces(rec["conversations"])
+        pieces = _pieces(_messages(rec["conversations"], workflow, tools))
         for header in pieces:
             head, body = encode(header), encode(next(pieces))
             if header == "<|assistant|>\n":

@@ -161,6 +161,10 @@ def _add_agent_parser(kinds) -> None:
                             "when that is smaller)")
     agent.add_argument("--max-reply-tokens", type=int, default=64, help="cap on each reply (the dataset's length)")
     agent.add_argument("--max-sessions", type=int, default=None, help="only the first N sessions")
+    agent.add_argument("--tools", action="store_true",
+                       help="AgentInstruct sessions as tool sessions (each workflow's tools, actions as hermes calls, "
+                            "observations as tool messages; wisp.bench.agent_tools), every reply forced to one call to "
+                            "those tools, as tool_choice 'required' would")
     agent.add_argument("--routing-trace", default=None, metavar="FILE",
                        help="real routing for every token (a one-layer trace is spread over all layers); 'uniform': "
                             "i.i.d. uniform top-k, a no-locality bound")
