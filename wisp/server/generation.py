@@ -25,13 +25,14 @@ from wisp.server.choices import Choices
 from wisp.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
 from wisp.server.output_constraints import compile_constraints, grammar_for
 from wisp.server.prompt_encoder import PromptEncoder, TooLong
-from wisp.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, unencodable_at
+from wisp.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from wisp.server.responses import (
     AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice, FunctionCall, ToolCallOut, Usage,
     new_id, now,
 )
 from wisp.server.streaming import ChatChunks, CompletionChunks, sse_events
 from wisp.server.tool_calls import tool_call_format_for
+from wisp.server.wire_types import unencodable_at
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 _SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs", "logit_bias",

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from wisp.engine.grammar import json_object_grammar, json_schema_grammar, lark_grammar, regex_grammar
 from wisp.errors import InvalidParameter
-from wisp.server.protocol import ChatCompletionRequest, GrammarRequest, NamedToolChoice
+from wisp.server.output_fields import GrammarRequest, NamedToolChoice
+from wisp.server.protocol import ChatCompletionRequest
 
 if TYPE_CHECKING:
     from wisp.engine.grammar import GrammarConstraint, Grammars

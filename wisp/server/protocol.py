@@ -7,80 +7,22 @@ message naming them rather than silently ignored; fields nobody defines are igno
 follow the OpenAI API exactly; `structured_outputs` (regex, Lark grammar, JSON schema or choice) and `top_k` are
 vLLM's extensions.
 
-Invariants:
-- Every string a request carries that wisp reads (`Text`: model, prompt, stop, user, message roles,
-  contents and extra message keys) is valid Unicode: JSON can spell a lone UTF-16 surrogate
-  (`"\\ud800"`), which no encoder or tokenizer accepts, so it is a validation error naming its field.
-- An `ErrorInfo` message is always encodable as UTF-8 (unencodable characters are backslash-escaped),
+Field types (valid-Unicode text, integers as whole floats): `wisp.server.wire_types`; the fields that shape the
+reply's text (response_format, structured_outputs, tools): `wisp.server.output_fields`.
+
+Invariant: an `ErrorInfo` message is always encodable as UTF-8 (unencodable characters are backslash-escaped),
   so rendering an error can never fail on the text it quotes.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator,
-)
-
-from dataclasses import dataclass
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from wisp.engine.sampling import MAX_LOGPROBS, SamplingParams
-
-
-# -- text ---------------------------------------------------------------------------------------------
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def unencodable_at(text: str) -> int | None:
-    """The index of the first character of `text` that UTF-8 cannot encode (a lone surrogate), or None."""
-    match = _SURROGATE.search(text)
-    return None if match is None else match.start()
-
-
-def _first_unencodable(value: Any, path: str = "") -> tuple[str, str, int] | None:
-    """(path, text, index) of the first string under `value` (str, list, dict or model, walked in order)
-    holding a lone surrogate; path is relative (`.0.text`, `.name`, or "" for `value` itself)."""
-    if isinstance(value, str):
-        at = unencodable_at(value)
-        return None if at is None else (path, value, at)
-    if isinstance(value, BaseModel):
-        value = value.model_dump()
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = _first_unencodable(str(key), f"{path}.<key>") or _first_unencodable(item, f"{path}.{key}")
-        if found is not None:
-            return found
-    return None
-
-
-def _encodable(value: Any) -> Any:
-    found = _first_unencodable(value)
-    if found is not None:
-        path, text, at = found
-        where = f"{path.lstrip('.')}: " if path else ""
-        raise ValueError(f"{where}the text holds a lone UTF-16 surrogate (U+{ord(text[at]):04X} at character {at}), "
-                         "which is not valid Unicode: send valid UTF-8 (an escaped surrogate must be half of a pair)")
-    return value
-
-
-Encodable = AfterValidator(_encodable)
-"""Checks, after the type, that every string in a value is valid Unicode (no lone surrogate)."""
-Text = Annotated[str, Encodable]
-"""A request string wisp reads: valid Unicode, else a 400 naming its field."""
-
-
-def _whole(value: Any) -> Any:
-    """A float with no fractional part as the int it spells (JSON Schema's `integer` admits 16.0); else as it is,
-    for the strict int check to judge."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-Int = Annotated[int, BeforeValidator(_whole)]
-"""An integer request field: an int, or a float with no fractional part (`16.0`); never a string or a bool."""
+from wisp.server.output_fields import GrammarRequest, NamedToolChoice, ResponseFormat, StructuredOutputs, Tool
+from wisp.server.wire_types import Encodable, Int, Text, accepts, check_encodable, unencodable_at
 
 
 # -- errors -------------------------------------------------------------------------------------------
@@ -114,28 +56,22 @@ class APIError(Exception):
 
 
 # -- requests -----------------------------------------------------------------------------------------
-# What the OpenAPI document says a field accepts: the values the validators below and SamplingParams let
-# through, not just the Python type (the validation itself is unchanged; 400s keep their own messages).
-def _accepts(schema: dict[str, Any], nullable: bool = True) -> WithJsonSchema:
-    return WithJsonSchema({"anyOf": [schema, {"type": "null"}]} if nullable else schema)
-
-
 _FLOAT32_TINY = 1e-45  # the least value float32 does not round to 0 (SamplingParams rejects those that do)
 _SEED_MAX = 2**63 - 2**10  # the largest double below 2**63 (the document's numbers are doubles)
-_POSITIVE_INT = _accepts({"type": "integer", "minimum": 1})
+_POSITIVE_INT = accepts({"type": "integer", "minimum": 1})
 _TEXT = {"type": "string", "minLength": 1}
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-_PROMPT = _accepts({"anyOf": [_TEXT, _TOKEN_IDS, {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": 1},
+_PROMPT = accepts({"anyOf": [_TEXT, _TOKEN_IDS, {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": 1},
                               {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 1}]}, nullable=False)
-_STOP = _accepts({"anyOf": [_TEXT, {"type": "array", "items": _TEXT}]})
+_STOP = accepts({"anyOf": [_TEXT, {"type": "array", "items": _TEXT}]})
 _UNSUPPORTED = {  # options OpenAI defines that wisp only takes at their neutral value
-    "n": _accepts({"type": "integer", "enum": [1]}),
-    "zero": _accepts({"type": "number", "enum": [0]}),
+    "n": accepts({"type": "integer", "enum": [1]}),
+    "zero": accepts({"type": "number", "enum": [0]}),
     "absent": WithJsonSchema({"type": "null"}),
-    "false": _accepts({"type": "boolean", "enum": [False]}),
-    "empty object": _accepts({"type": "object", "maxProperties": 0}),
-    "empty string": _accepts({"type": "string", "maxLength": 0}),
-    "empty array": _accepts({"type": "array", "maxItems": 0}),
+    "false": accepts({"type": "boolean", "enum": [False]}),
+    "empty object": accepts({"type": "object", "maxProperties": 0}),
+    "empty string": accepts({"type": "string", "maxLength": 0}),
+    "empty array": accepts({"type": "array", "maxItems": 0}),
 }
 
 
@@ -147,44 +83,9 @@ def _within(value, low, high, name: str):
     if value is not None and not low <= value <= high:
         raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
     return value
-_PENALTY = _accepts({"type": "number", "minimum": -2, "maximum": 2})
-_LOGIT_BIAS = _accepts({"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+_PENALTY = accepts({"type": "number", "minimum": -2, "maximum": 2})
+_LOGIT_BIAS = accepts({"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
                         "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})
-
-
-@dataclass(frozen=True)
-class GrammarRequest:
-    """What a request's output must follow: `kind` json_schema (spec: the schema), json_object, regex, grammar (a
-    Lark grammar in llguidance's dialect) or choice (spec: the strings); `param` names the field it came from."""
-
-    kind: str
-    spec: Any
-    param: str
-
-
-class StructuredOutputs(BaseModel):
-    """vLLM's `structured_outputs` extension: exactly one of json (a schema), regex, grammar (Lark) or choice."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    json_: Annotated[dict[str, Any] | None, Encodable] = Field(None, alias="json")
-    regex: Text | None = None
-    grammar: Text | None = None
-    choice: Annotated[list[str] | None, Encodable] = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> "StructuredOutputs":
-        given = [k for k in ("json_", "regex", "grammar", "choice") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError("give exactly one of json, regex, grammar or choice")
-        if self.choice is not None and not self.choice:
-            raise ValueError("choice must list at least one string")
-        return self
-
-    def grammar_request(self) -> GrammarRequest:
-        if self.json_ is not None:
-            return GrammarRequest("json_schema", self.json_, "structured_outputs")
-        kind = "regex" if self.regex is not None else "grammar" if self.grammar is not None else "choice"
-        return GrammarRequest(kind, getattr(self, kind), "structured_outputs")
 
 
 class StreamOptions(BaseModel):
@@ -199,14 +100,14 @@ class _SamplingRequest(BaseModel):
 
     model: Text
     max_tokens: Annotated[Int | None, _POSITIVE_INT] = None  # default: 16 (completions), the rest of the context (chat)
-    temperature: Annotated[float | None, _accepts({"anyOf": [{"type": "number", "enum": [0]}, {"type": "number", "minimum": _FLOAT32_TINY, "maximum": 3.4e38}]})] = None  # OpenAI's default is 1
-    top_p: Annotated[float | None, _accepts({"type": "number", "minimum": _FLOAT32_TINY, "maximum": 1})] = None
-    top_k: Annotated[Int | None, _accepts({"type": "integer", "minimum": 0})] = None  # extension (vLLM's name)
-    n: Annotated[Int | None, _accepts({"type": "integer", "minimum": 1, "maximum": MAX_CHOICES})] = 1
+    temperature: Annotated[float | None, accepts({"anyOf": [{"type": "number", "enum": [0]}, {"type": "number", "minimum": _FLOAT32_TINY, "maximum": 3.4e38}]})] = None  # OpenAI's default is 1
+    top_p: Annotated[float | None, accepts({"type": "number", "minimum": _FLOAT32_TINY, "maximum": 1})] = None
+    top_k: Annotated[Int | None, accepts({"type": "integer", "minimum": 0})] = None  # extension (vLLM's name)
+    n: Annotated[Int | None, accepts({"type": "integer", "minimum": 1, "maximum": MAX_CHOICES})] = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: Annotated[str | list[str] | None, Encodable, _STOP] = None
-    seed: Annotated[Int | None, _accepts({"type": "integer", "minimum": 0, "maximum": _SEED_MAX})] = None
+    seed: Annotated[Int | None, accepts({"type": "integer", "minimum": 0, "maximum": _SEED_MAX})] = None
     ignore_eos: bool | None = None  # extension
     user: Text | None = None
     presence_penalty: Annotated[float | None, _PENALTY] = None
@@ -303,7 +204,7 @@ class _SamplingRequest(BaseModel):
 class CompletionRequest(_SamplingRequest):
     prompt: Annotated[str | list[Int] | list[str] | list[list[Int]], Encodable, _PROMPT]
     echo: bool | None = False
-    logprobs: Annotated[Int | None, _accepts({"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS})] = None
+    logprobs: Annotated[Int | None, accepts({"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS})] = None
     best_of: Annotated[Int | None, _UNSUPPORTED["n"]] = None
     suffix: Annotated[str | None, _UNSUPPORTED["empty string"]] = None
 
@@ -359,7 +260,7 @@ class ChatMessage(BaseModel):
 
     @model_validator(mode="after")
     def _extra_encodable(self) -> "ChatMessage":
-        _encodable(self.model_extra or {})
+        check_encodable(self.model_extra or {})
         return self
 
     def template_dict(self) -> dict[str, Any]:
@@ -370,68 +271,11 @@ class ChatMessage(BaseModel):
         return out
 
 
-class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
-    name: Text
-    description: Text | None = None
-    schema_: Annotated[dict[str, Any] | None, Encodable] = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    type: Annotated[Text, WithJsonSchema({"type": "string", "enum": ["text", "json_object", "json_schema"]})]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _known(self) -> "ResponseFormat":
-        if self.type not in ("text", "json_object", "json_schema"):
-            raise ValueError(f"response_format type {self.type!r} is not one of text, json_object, json_schema")
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("response_format of type json_schema needs a json_schema object")
-        return self
-
-
-_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    name: Annotated[Text, WithJsonSchema({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"})]
-    description: Text | None = None
-    parameters: Annotated[dict[str, Any] | None, Encodable] = None
-    strict: bool | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _FUNCTION_NAME.fullmatch(v):
-            raise ValueError(f"function name {v!r} must be 1-64 letters, digits, underscores or dashes")
-        return v
-
-
-class Tool(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class FunctionName(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    name: Text
-
-
-class NamedToolChoice(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    type: Literal["function"]
-    function: FunctionName
-
-
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Annotated[Int | None, _POSITIVE_INT] = None
     logprobs: bool | None = False
-    top_logprobs: Annotated[Int | None, _accepts({"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS})] = None
+    top_logprobs: Annotated[Int | None, accepts({"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS})] = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -442,7 +286,7 @@ class ChatCompletionRequest(_SamplingRequest):
     reasoning_effort: Annotated[Any, _UNSUPPORTED["absent"]] = None
     audio: Annotated[Any, _UNSUPPORTED["absent"]] = None
     web_search_options: Annotated[Any, _UNSUPPORTED["absent"]] = None
-    modalities: Annotated[Any, _accepts({"type": "array", "items": {"type": "string", "enum": ["text"]}})] = None
+    modalities: Annotated[Any, accepts({"type": "array", "items": {"type": "string", "enum": ["text"]}})] = None
 
     @field_validator("modalities")
     @classmethod
