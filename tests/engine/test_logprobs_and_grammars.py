@@ -109,3 +109,19 @@ def test_masks_prepared_together_equal_each_grammar_own(demo):
     assert all(c._prepared is not None for c in made)
     assert all(torch.equal(c.allowed(torch.device("cpu")), mask) for c, mask in zip(made, own))
     assert not torch.equal(own[0], own[1])
+
+
+def test_a_tokenizer_the_grammar_engine_cannot_read_fails_only_constrained_requests(tmp_path):
+    from wisp.engine.grammar import Grammars
+    from wisp.errors import InvalidParameter
+    from wisp.server.logprobs import TokenTexts
+
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": {"type": "Unknown"}}')
+    grammars = Grammars(bad, 259, [256])
+    for _ in range(2):  # the same answer every time, without trying again
+        with pytest.raises(InvalidParameter, match="unavailable for this model") as info:
+            grammars.constraint(regex_grammar("a"), "structured_outputs")
+        assert info.value.param == "structured_outputs"
+    texts = TokenTexts(grammars.token_bytes, lambda ids: "".join(chr(65 + i) for i in ids))
+    assert texts(1) == ("B", b"B")  # logprobs fall back to the tokenizer's own decode

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from wisp.errors import InvalidParameter
+from wisp.errors import InvalidParameter, WispError
 
 JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: ", " and ": " are not emitted either
 
@@ -58,21 +58,34 @@ class Grammars:
     def __init__(self, tokenizer_file: Path, vocab_size: int, eos_token_ids: list[int]):
         self.tokenizer_file, self.vocab_size, self.eos_token_ids = tokenizer_file, vocab_size, list(eos_token_ids)
         self._tokenizer = None
+        self._problem: str | None = None  # why llguidance could not take this tokenizer, once it failed
 
     @property
     def tokenizer(self):
-        if self._tokenizer is None:
-            import llguidance
+        """llguidance's view of the tokenizer (built on first use); WispError, the same every time, if llguidance
+        cannot read this tokenizer.json: only constrained requests need it, so only they fail."""
+        if self._tokenizer is None and self._problem is None:
+            try:
+                import llguidance
 
-            self._tokenizer = llguidance.LLTokenizer(str(self.tokenizer_file), n_vocab=self.vocab_size,
-                                                     eos_token=self.eos_token_ids or None)
+                self._tokenizer = llguidance.LLTokenizer(str(self.tokenizer_file), n_vocab=self.vocab_size,
+                                                         eos_token=self.eos_token_ids or None)
+            except Exception as exc:  # noqa: BLE001 (llguidance raises ValueError, ImportError: any is the same answer)
+                self._problem = f"the grammar engine cannot read {self.tokenizer_file.name}: {exc}"
+        if self._tokenizer is None:
+            raise WispError(self._problem)
         return self._tokenizer
 
     def constraint(self, grammar: str, param: str = "response_format") -> "GrammarConstraint":
-        """A fresh matcher for `grammar`; InvalidParameter(param) with llguidance's message if it does not compile."""
+        """A fresh matcher for `grammar`; InvalidParameter(param) with llguidance's message if it does not compile,
+        or with why the grammar engine cannot serve this tokenizer."""
         import llguidance
 
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        try:
+            tokenizer = self.tokenizer
+        except WispError as exc:
+            raise InvalidParameter(param, f"{param}: constrained output is unavailable for this model: {exc}") from None
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise InvalidParameter(param, f"{param}: the grammar does not compile: {matcher.get_error()}")
         return GrammarConstraint(matcher, self.vocab_size)

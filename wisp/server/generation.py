@@ -11,6 +11,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ from wisp.server.streaming import ChatChunks, CompletionChunks, sse_events
 from wisp.server.tool_calls import tool_call_format_for
 from wisp.server.wire_types import unencodable_at
 
+log = logging.getLogger("wisp.server")
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 _SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs", "logit_bias",
                     "presence_penalty", "frequency_penalty")
@@ -92,9 +94,13 @@ class Generator:
                                 engine.tokenizer.decode if engine.tokenizer is not None else None)
 
     def warm_up(self) -> None:
-        """Build what the first constrained or logprobs request would otherwise wait for (llguidance's tokenizer)."""
+        """Build what the first constrained or logprobs request would otherwise wait for (llguidance's tokenizer).
+        A tokenizer llguidance cannot read is logged: the server still starts, and constrained requests get a 400."""
         if self.engine.grammars is not None:
-            self.engine.grammars.tokenizer
+            try:
+                self.engine.grammars.tokenizer
+            except WispError as exc:
+                log.warning("constrained output is unavailable: %s", exc)
 
     def check_model(self, name: str) -> None:
         if name != self.served_model_name:

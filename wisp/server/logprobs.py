@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from wisp.engine.sampling import TokenLogprobs
+from wisp.errors import WispError
 from wisp.server.responses import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 
 
@@ -29,14 +30,23 @@ class TokenTexts:
     def __call__(self, token: int) -> tuple[str, bytes]:
         found = self._cache.get(token)
         if found is None:
-            if self._bytes is not None:
-                raw = self._bytes(token)
+            raw = self._exact_bytes(token)
+            if raw is not None:
                 found = raw.decode("utf-8", errors="replace"), raw
             else:
                 text = self._decode([token]) if self._decode is not None else f"<{token}>"
                 found = text, text.encode("utf-8")
             self._cache[token] = found
         return found
+
+    def _exact_bytes(self, token: int) -> bytes | None:
+        if self._bytes is None:
+            return None
+        try:
+            return self._bytes(token)
+        except WispError:  # the grammar engine cannot read this tokenizer: the tokenizer's own decode, from now on
+            self._bytes = None
+            return None
 
 
 def chat_logprobs(entries: Sequence[TokenLogprobs], texts: TokenTexts) -> ChatLogprobs:
