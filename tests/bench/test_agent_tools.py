@@ -155,7 +155,7 @@ def test_token_count_logs_have_no_text_to_render(tmp_path):
 
 def test_a_rendered_call_is_what_the_forced_grammar_writes():
     """Every call the history shows is laid out as the replay forces replies: the grammar takes its text whole."""
-    llguidance = pytest.importorskip("llguidance")
+    import llguidance  # a dependency of wisp: never skipped
     from wisp.engine.grammar import lark_grammar
     from wisp.models.random_checkpoint import demo_path
     from wisp.server.tool_calls import HermesFormat

@@ -107,6 +107,8 @@ def test_no_logprobs_unless_asked():
 
 
 class OnlyEven:
+    finished = False
+
     def __init__(self):
         self.accepted = []
 

@@ -111,11 +111,15 @@ class Sampled(NamedTuple):
 
 
 class TokenConstraint(Protocol):
-    """What the sampler asks of a grammar: forbid tokens in a logits row (in place, -inf), and take the token chosen."""
+    """What the sampler asks of a grammar: forbid tokens in a logits row (in place, -inf), and take the token chosen;
+    what the stop check asks: whether the grammar allows no further token (`wisp.engine.stopping`)."""
 
     def mask(self, logits: torch.Tensor) -> None: ...
 
     def accept(self, token: int) -> None: ...
+
+    @property
+    def finished(self) -> bool: ...
 
 
 def adjusted(logits: torch.Tensor, params: SamplingParams, history: Sequence[int]) -> torch.Tensor:

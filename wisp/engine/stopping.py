@@ -21,7 +21,7 @@ def stop_reason(seq: Sequence, token: int, eos_token_ids: Collection[int]) -> st
     reason = None
     if token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids):
         reason = "stop"
-    elif getattr(seq.constraint, "finished", False):  # its grammar allows no further token
+    elif seq.constraint is not None and seq.constraint.finished:  # its grammar allows no further token
         reason = "stop"
     elif len(seq.output_ids) >= p.max_tokens or len(seq) >= seq.max_len:
         reason = "length"

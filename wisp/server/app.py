@@ -218,6 +218,5 @@ def _add_generation_routes(app: FastAPI, generator: Generator) -> None:
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         generator.check_model(req.model)
         messages = [m.template_dict() for m in req.messages]
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.uses_tools else None
-        prompt_ids = await generator.encode(lambda: generator.render_chat(messages, tools), "messages")
+        prompt_ids = await generator.encode(lambda: generator.render_chat(messages, req.tool_dicts()), "messages")
         return await generator.generate(req, request, prompt_ids, "messages")

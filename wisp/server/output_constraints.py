@@ -43,10 +43,9 @@ def grammar_text(request: GrammarRequest) -> str:
 def grammar_for(req, tool_format: "ToolCallFormat | None") -> tuple[str, str] | None:
     """(grammar, field) for a request whose output is constrained, else None."""
     if isinstance(req, ChatCompletionRequest) and req.forces_tool_call and tool_format is not None:
-        tools = [t.model_dump(exclude_none=True) for t in req.tools]
         choice = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else "required"
         parallel = req.parallel_tool_calls is not False and choice == "required"
-        return lark_grammar(tool_format.grammar(tools, choice, parallel)), "tool_choice"
+        return lark_grammar(tool_format.grammar(req.tool_dicts(), choice, parallel)), "tool_choice"
     found = req.grammar_request()
     return None if found is None else (grammar_text(found), found.param)
 

@@ -348,6 +348,10 @@ class ChatCompletionRequest(_SamplingRequest):
         """Whether the reply may hold tool calls (tools given and tool_choice not "none")."""
         return bool(self.tools) and self.tool_choice != "none"
 
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as OpenAI's dicts (what chat templates and tool-call grammars read), when the reply may call them."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.uses_tools else None
+
     @property
     def forces_tool_call(self) -> bool:
         return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
