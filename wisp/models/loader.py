@@ -29,7 +29,7 @@ from wisp.config import EngineConfig, ModelConfig
 from wisp.core.experts.presets import PRESETS, ModelParts, build_store
 from wisp.core.experts.store import ExpertStore
 from wisp.core.kernels.cpu_expert_kernels import native_kernel_error
-from wisp.core.kernels.fp8_blocks import FP8, dequantize_blocks, scale_key
+from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8, Fp8BlockWeight, dequantize_blocks, scale_key
 from wisp.core.learners.hybrid_probe import probe_hybrid_costs
 from wisp.core.kernels.registry import moe_kernels
 from wisp.errors import WispError
@@ -191,10 +191,18 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
         def opt(key: str) -> torch.Tensor | None:
             return dev(key) if key in reader else None
 
+        packed = packs_fp8_projections(model_cfg, engine, device)
+
+        def proj(key: str) -> torch.Tensor | Fp8BlockWeight:  # a dense projection: FP8 kept packed where it can be
+            tensor = reader.get(key, allow_fp8=True) if packed else None
+            if tensor is None or tensor.dtype != FP8:
+                return dev(key)
+            return Fp8BlockWeight(tensor.to(device), reader.get(scale_key(key)).to(device=device, dtype=torch.float32))
+
         tied = model_cfg.tie_word_embeddings or "lm_head.weight" not in reader
         embed = _embedding(reader, model_cfg, engine, device, dev, tied)
         lm_head = embed.table if tied else dev("lm_head.weight")
-        layers = [_load_layer(i, model_cfg, names, dev, opt) for i in range(model_cfg.num_layers)]
+        layers = [_load_layer(i, model_cfg, names, dev, opt, proj) for i in range(model_cfg.num_layers)]
         experts = _load_experts(reader, model_cfg, engine, names, device, host)
         return MoEDecoder(model_cfg, embed, dev("model.norm.weight"), lm_head, layers, experts,
                           backend=engine.resolve_backend("moe", device))
@@ -242,11 +250,19 @@ def plain_tensor(reader, key: str, fp8_block: tuple[int, int] | None) -> torch.T
     return tensor
 
 
-def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeights:
+def packs_fp8_projections(cfg: ModelConfig, engine: EngineConfig, device: torch.device) -> bool:
+    """Whether an FP8 checkpoint's dense projections stay FP8 block-scaled on the device (half the bytes a decode
+    step reads): where the Triton GEMM dequantizes them in-kernel (CUDA, the Triton backend, 128 x 128 blocks).
+    Elsewhere they are dequantized once at load; the values multiplied are the same either way."""
+    return (cfg.fp8_block == DEFAULT_BLOCK and device.type == "cuda"
+            and engine.resolve_backend("moe", device) == "triton")
+
+
+def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt, proj) -> LayerWeights:
     if cfg.mla is not None:
         attn = load_mla_weights(lambda name: n.attn(i, name), dev, opt, cfg.mla, cfg.num_heads)
     else:
-        attn = _attention_weights(i, cfg, n, dev, opt)
+        attn = _attention_weights(i, cfg, n, dev, opt, proj)
     lw = LayerWeights(
         input_norm=dev(f"{n.layer(i)}.input_layernorm.weight"),
         post_norm=dev(f"{n.layer(i)}.post_attention_layernorm.weight"),
@@ -257,19 +273,19 @@ def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> LayerWeig
         lw.router = router.float() if cfg.router_float32 else router  # converted once here, not every step
         lw.router_bias = opt(n.router(i).removesuffix("weight") + "bias")
         if cfg.shared_expert_intermediate_size:
-            lw.shared = MLPWeights(*(dev(n.shared_expert(i, w)) for w in ("gate", "up", "down")))
+            lw.shared = MLPWeights(*(proj(n.shared_expert(i, w)) for w in ("gate", "up", "down")))
             lw.shared_gate = dev(n.shared_expert_gate(i)) if cfg.shared_expert_gated else None
     else:
-        lw.dense = MLPWeights(*(dev(n.dense_mlp(i, w)) for w in ("gate", "up", "down")))
+        lw.dense = MLPWeights(*(proj(n.dense_mlp(i, w)) for w in ("gate", "up", "down")))
     return lw
 
 
-def _attention_weights(i: int, cfg: ModelConfig, n: WeightNames, dev, opt) -> AttentionWeights:
+def _attention_weights(i: int, cfg: ModelConfig, n: WeightNames, dev, opt, proj) -> AttentionWeights:
     return AttentionWeights(
-        q=dev(n.attn(i, "q_proj.weight")),
-        k=dev(n.attn(i, "k_proj.weight")),
-        v=dev(n.attn(i, "v_proj.weight")),
-        o=dev(n.attn(i, "o_proj.weight")),
+        q=proj(n.attn(i, "q_proj.weight")),
+        k=proj(n.attn(i, "k_proj.weight")),
+        v=proj(n.attn(i, "v_proj.weight")),
+        o=proj(n.attn(i, "o_proj.weight")),
         q_bias=opt(n.attn(i, "q_proj.bias")),
         k_bias=opt(n.attn(i, "k_proj.bias")),
         v_bias=opt(n.attn(i, "v_proj.bias")),

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from wisp.config import ModelConfig
 from wisp.core.kernels import rows
+from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, Fp8BlockWeight
 from wisp.core.experts.store import ExpertStore, lru_state_on
 from wisp.models.families import get_family
 from wisp.models.mla import MlaWeights, mla_attention
@@ -57,6 +58,32 @@ class AttentionWeights:
     k_norm: torch.Tensor | None = None
     o_bias: torch.Tensor | None = None
     sinks: torch.Tensor | None = None  # [H] GPT-OSS's per-head sink logits
+    qkv: torch.Tensor | Fp8BlockWeight | None = None  # [q; k; v] rows in one weight (`fuse_qkv`), q, k, v its views
+    qkv_bias: torch.Tensor | None = None
+
+    def fuse_qkv(self) -> None:
+        """Put q, k and v in one weight (one launch projects all three), each left as a view of its rows: the
+        same bytes, no copy kept. An FP8 weight's scale rows follow its rows (each part's rows fill whole
+        128-row blocks, or nothing is fused)."""
+        parts, biases = (self.q, self.k, self.v), (self.q_bias, self.k_bias, self.v_bias)
+        if len({b is None for b in biases}) > 1:
+            return  # some biased, some not: left apart
+        if isinstance(self.q, Fp8BlockWeight):
+            if any(p.shape[0] % DEFAULT_BLOCK[0] for p in parts):
+                return
+            self.qkv = Fp8BlockWeight(torch.cat([p.weight for p in parts]), torch.cat([p.scale for p in parts]))
+            lo = 0
+            for name, p in zip(("q", "k", "v"), parts):
+                hi = lo + p.shape[0]
+                setattr(self, name, Fp8BlockWeight(self.qkv.weight[lo:hi],
+                                                   self.qkv.scale[lo // DEFAULT_BLOCK[0] : hi // DEFAULT_BLOCK[0]]))
+                lo = hi
+        else:
+            self.qkv = torch.cat(parts)
+            self.q, self.k, self.v = self.qkv.split([p.shape[0] for p in parts])
+        if biases[0] is not None:
+            self.qkv_bias = torch.cat(biases)
+            self.q_bias, self.k_bias, self.v_bias = self.qkv_bias.split([b.shape[0] for b in biases])
 
 
 class ChunkedKV:
@@ -154,6 +181,7 @@ class MoEDecoder:
         self.apply_rope = apply_rope
         self.linear = rows.linear  # the dense projections; "triton" on CUDA: one row-invariant launch each
         self.route_kernel = None  # "triton": softmax + top-k + renormalise in one launch
+        self.qkv_heads = None  # "triton": q/k norms, rotation and v's copy of one q/k/v projection in one launch
         if backend == "triton":
             from wisp.core.kernels.triton_norm import triton_rms_norm
             from wisp.core.kernels.triton_rope import triton_rope
@@ -169,7 +197,21 @@ class MoEDecoder:
                 from wisp.core.kernels.triton_linear import triton_linear
 
                 self.linear = triton_linear
+                for lw in layers:  # one launch projects q, k and v
+                    if isinstance(lw.attn, AttentionWeights):
+                        lw.attn.fuse_qkv()
+            if self.qkv_heads_fit():
+                from wisp.core.kernels.triton_qkv_heads import triton_qkv_heads
+
+                self.qkv_heads = triton_qkv_heads
         self.inv_freq = inv_freq(config.rope, config.rope_dim).to(self.device)
+
+    def qkv_heads_fit(self) -> bool:
+        """Whether q/k/v's heads can be made ready in one launch (`triton_qkv_heads`): the Triton kernels, a
+        rotation over the whole power-of-two head, norm weights in the activations' dtype, no clipping."""
+        cfg = self.config
+        return (self.apply_rope is not apply_rope and cfg.mla is None and cfg.rope_dim == cfg.head_dim
+                and cfg.clip_qkv is None and not cfg.norm_weight_float32 and cfg.qk_norm in ("none", "per_head", "full"))
 
     # -- pieces -------------------------------------------------------------------------------------
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,7 +227,15 @@ class MoEDecoder:
         if cfg.mla is not None:
             return mla_attention(self, li, x, rope, kv)
         t, h, hkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q, k, v = (self.linear(x, wt, b) for wt, b in ((w.q, w.q_bias), (w.k, w.k_bias), (w.v, w.v_bias)))
+        if w.qkv is not None and self.qkv_heads is not None:
+            q, k, v = self.qkv_heads(self.linear(x, w.qkv, w.qkv_bias), h, hkv, *rope, norm=cfg.qk_norm,
+                                     q_norm=w.q_norm, k_norm=w.k_norm, eps=cfg.rms_norm_eps)  # [T, H(kv), hd]
+            out = kv.write_attend(li, q, k, v, cfg.window_of(li), w.sinks)  # [T, H, hd]
+            return self.linear(out.reshape(t, h * hd), w.o, w.o_bias)
+        if w.qkv is not None:
+            q, k, v = self.linear(x, w.qkv, w.qkv_bias).split([h * hd, hkv * hd, hkv * hd], dim=1)
+        else:
+            q, k, v = (self.linear(x, wt, b) for wt, b in ((w.q, w.q_bias), (w.k, w.k_bias), (w.v, w.v_bias)))
         if cfg.qk_norm == "full":
             q, k = self.rms_norm(q, w.q_norm, cfg.rms_norm_eps), self.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
         q, k, v = q.view(t, h, hd), k.view(t, hkv, hd), v.view(t, hkv, hd)

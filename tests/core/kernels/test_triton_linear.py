@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp.core.kernels.triton_linear import triton_linear
+from wisp.core.kernels.fp8_blocks import Fp8BlockWeight, quantize_blocks
+from wisp.core.kernels.triton_linear import Tile, tile_for, triton_linear
 
 GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if GPU else "cpu")
@@ -74,3 +75,51 @@ def test_strided_bias_equals_contiguous():
     wide = torch.randn(80, device=DEVICE)
     assert torch.equal(triton_linear(x, w, wide[::2]), triton_linear(x, w, wide[::2].contiguous()))
 
+
+
+@settings(max_examples=8 if GPU else 4, deadline=None)
+@given(t=st.integers(1, 140), cuts=st.lists(st.integers(1, 139), max_size=3), seed=st.integers(0, 2**16),
+       splits=st.sampled_from([2, 3, 4]), parallel=st.booleans())
+def test_split_k_rows_do_not_depend_on_their_batch_or_schedule(t, cuts, seed, splits, parallel):
+    """With K summed in spans, both schedules (spans in one program, spans in parallel with the ordered fix-up)
+    give the same bits, and a row's bits still do not depend on what shares its launch."""
+    x, w, b = problem(t, 40, 300, torch.bfloat16, seed=seed, bias=seed % 2 == 1)
+    tile = Tile(64, 32, 64, 4, 2, splits)
+    whole = triton_linear(x, w, b, tile=tile, parallel=not parallel)
+    bounds = sorted({0, t, *(c for c in cuts if c < t)})
+    parts = [triton_linear(x[lo:hi], w, b, tile=tile, parallel=parallel) for lo, hi in zip(bounds, bounds[1:])]
+    assert torch.equal(torch.cat(parts), whole)
+    torch.testing.assert_close(whole.double(), oracle(x, w, b), **TOL[torch.bfloat16])
+
+
+def test_parallel_spans_leave_their_counters_zeroed_for_the_next_launch():
+    """Launch after launch on one stream, the parallel schedule keeps giving the in-one-program bits (a counter
+    left non-zero would make the next launch's tile finish early or never)."""
+    x, w, _ = problem(3, 96, 512, torch.bfloat16, seed=5)
+    tile = Tile(64, 32, 64, 4, 2, 4)
+    want = triton_linear(x, w, tile=tile, parallel=False)
+    for _ in range(3):
+        assert torch.equal(triton_linear(x, w, tile=tile, parallel=True), want)
+
+
+def test_tile_splits_k_for_few_output_blocks_and_never_for_many():
+    assert tile_for(512, 2048, torch.bfloat16).splits > 1  # a decode row's 16 output blocks: K is split
+    assert tile_for(151936, 2048, torch.bfloat16).splits == 1  # an LM head fills the GPU alone
+    for n, k in [(128, 2048), (2048, 4096), (512, 512), (64, 256)]:
+        tile = tile_for(n, k, torch.bfloat16)
+        assert -(-k // tile.block_k) >= 2 * tile.splits or tile.splits == 1  # each span keeps >= 2 K blocks
+
+
+@pytest.mark.parametrize("t", [1, 9])
+def test_fp8_block_weight_equals_its_dequantized_copy(t):
+    """An FP8 block-scaled weight read in-kernel gives the bits its dequantized bfloat16 copy gives, with the
+    same tile (each weight element dequantized as the torch path does)."""
+    g = torch.Generator().manual_seed(t)
+    packed = Fp8BlockWeight(*quantize_blocks(torch.randn(200, 384, generator=g)))
+    packed = Fp8BlockWeight(packed.weight.to(DEVICE), packed.scale.to(DEVICE))
+    x = torch.randn(t, 384, generator=g).to(torch.bfloat16).to(DEVICE)
+    tile = Tile(64, 32, 64, 4, 2, 3)
+    got = triton_linear(x, packed, tile=tile)
+    assert torch.equal(got, triton_linear(x, packed.dequantized(torch.bfloat16), tile=tile))
+    with pytest.raises(ValueError, match="block_k"):
+        triton_linear(x, packed, tile=Tile(64, 32, 256, 4, 2))

@@ -20,10 +20,12 @@ L2_FLUSH_BYTES = 128 << 20  # more than an H200's 50 MB of L2
 
 
 def tiles():
-    """The tiles swept: 64-row blocks, every column block and reduction depth, 4 warps, 3 or 4 stages."""
+    """The tiles swept: 64-row blocks, column blocks 16-128 and reduction depths 64-256 within a Hopper block's shared
+    memory at 3 stages, 4 warps, K summed in 1-16 spans."""
     from wisp.core.kernels.triton_linear import Tile
 
-    return [Tile(64, bn, bk, w, s) for bn, bk, w, s in itertools.product((16, 32, 64, 128), (64, 128, 256), (4,), (3, 4))]
+    shapes = [(16, 128), (16, 256), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64), (128, 128)]
+    return [Tile(64, bn, bk, 4, 3, sp) for (bn, bk), sp in itertools.product(shapes, (1, 2, 4, 8, 16))]
 
 
 def weights_of(model: str) -> dict[str, tuple[int, int]]:
@@ -31,7 +33,7 @@ def weights_of(model: str) -> dict[str, tuple[int, int]]:
     c = preset(model)
     d, h, hkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     hd = c.get("head_dim") or d // h
-    return {"q": (h * hd, d), "kv": (hkv * hd, d), "o": (d, h * hd), "router": (c["num_experts"], d),
+    return {"qkv": ((h + 2 * hkv) * hd, d), "o": (d, h * hd), "router": (c["num_experts"], d),
             "lm_head": (c["vocab_size"], d)}
 
 
@@ -40,23 +42,30 @@ def time_weight(model: str, name: str, n: int, k: int, args) -> list[dict]:
     from triton.testing import do_bench, do_bench_cudagraph
 
     from wisp.core.kernels import rows
+    from wisp.core.kernels.fp8_blocks import FP8, Fp8BlockWeight, quantize_blocks
     from wisp.core.kernels.triton_linear import tile_for, triton_linear
 
     def ms(fn, t: int) -> float:
-        return do_bench_cudagraph(fn, rep=25) if t <= args.graph_rows else do_bench(fn, warmup=5, rep=25)
+        return do_bench_cudagraph(fn, rep=10) if t <= args.graph_rows else do_bench(fn, warmup=5, rep=10)
 
     copies = -(-L2_FLUSH_BYTES // (2 * n * k))  # a call reads a weight no earlier call left in L2
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
     w = itertools.cycle(ws).__next__  # each call the next copy (graph captures too: one copy per replayed call)
+    packed = [Fp8BlockWeight(*quantize_blocks(ws[0].float())) for _ in range(copies)] if name != "lm_head" else []
+    p = itertools.cycle(packed).__next__
     default = tile_for(n, k, torch.bfloat16)
-    print(f"\n{model} {name} [{n}, {k}]  default tile {tuple(default)}")
-    print(f"{'rows':>6} {'cuBLAS tiles ms':>16} {'triton ms':>10} {'best tile':>28} {'best ms':>8}")
+    print(f"\n{model} {name} [{n}, {k}]  default tile {tuple(default)}  FP8 {tuple(tile_for(n, k, FP8))}")
+    print(f"{'rows':>6} {'cuBLAS tiles ms':>16} {'triton ms':>10} {'GB/s':>6} {'FP8 ms':>7} {'GB/s':>6} "
+          f"{'best tile':>24} {'best ms':>8}")
     records = []
     for t in args.rows:
         x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         r = dict(model=model, weight=name, n=n, k=k, rows=t, cublas_tiles_ms=ms(lambda: rows.linear(x, w()), t),
                  triton_ms=ms(lambda: triton_linear(x, w()), t), default_tile=list(default), tiles={},
+                 fp8_ms=ms(lambda: triton_linear(x, p()), t) if packed else None,
                  timing="cuda-graph" if t <= args.graph_rows else "launched")
+        r["triton_weight_gb_s"] = 2 * n * k / r["triton_ms"] / 1e6  # the weight's bytes over the time: decode's floor
+        r["fp8_weight_gb_s"] = n * k * (1 + 4 / 128**2) / r["fp8_ms"] / 1e6 if packed else None
         if not args.no_sweep:
             for tile in tiles():
                 key = ",".join(map(str, tile))
@@ -66,8 +75,9 @@ def time_weight(model: str, name: str, n: int, k: int, args) -> list[dict]:
                     r["tiles"][key] = f"{type(e).__name__}"
         timed = {key: v for key, v in r["tiles"].items() if isinstance(v, float)}
         best = min(timed, key=timed.get) if timed else "-"
-        print(f"{t:>6} {r['cublas_tiles_ms']:>16.4f} {r['triton_ms']:>10.4f} {best:>28} "
-              f"{timed.get(best, float('nan')):>8.4f}", flush=True)
+        fp8 = f"{r['fp8_ms']:>7.4f} {r['fp8_weight_gb_s']:>6.0f}" if packed else f"{'-':>7} {'-':>6}"
+        print(f"{t:>6} {r['cublas_tiles_ms']:>16.4f} {r['triton_ms']:>10.4f} {r['triton_weight_gb_s']:>6.0f} {fp8} "
+              f"{best:>24} {timed.get(best, float('nan')):>8.4f}", flush=True)
         records.append(r)
     return records
 

@@ -19,6 +19,8 @@ finite value), so every block uses the format's full range and nothing overflows
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 FP8 = torch.float8_e4m3fn
@@ -68,3 +70,23 @@ def quantize_blocks(w: torch.Tensor, block: tuple[int, int] = DEFAULT_BLOCK) -> 
     scale = torch.where(absmax > 0, absmax / FP8_MAX, torch.ones_like(absmax))
     weight = (w / _expand(scale, tuple(w.shape), block)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return weight, scale
+
+
+class Fp8BlockWeight(NamedTuple):
+    """A dense projection kept in its checkpoint's FP8 block-scaled form (read in-kernel by
+    `wisp.core.kernels.triton_linear`; `rows.linear` dequantizes it first): weight float8_e4m3fn [out, in], scale
+    float32 [ceil(out/128), ceil(in/128)]. Its values are `dequantized(dtype)`'s, bit for bit."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize_blocks(self.weight, self.scale, dtype)

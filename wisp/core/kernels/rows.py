@@ -62,8 +62,11 @@ def tile_linear(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return F.linear(tile, weight, bias)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, in] @ weight[out, in]^T (+ bias) -> [T, out], row-invariant."""
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, in] @ weight[out, in]^T (+ bias) -> [T, out], row-invariant. weight: a tensor, or a packed one with
+    `dequantized(dtype)` (`wisp.core.kernels.fp8_blocks.Fp8BlockWeight`), dequantized to x's dtype first."""
+    if not isinstance(weight, torch.Tensor):
+        weight = weight.dequantized(x.dtype)
     return map_row_tiles(x, lambda tile: tile_linear(tile, weight, bias))
 
 

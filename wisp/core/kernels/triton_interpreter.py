@@ -6,6 +6,8 @@ Under the interpreter tl.dot misreads 16-bit float operands (Triton 3.9), so the
 16-bit tiles (`wisp.core.kernels.triton_moe`, `wisp.core.kernels.triton_linear`, `wisp.engine.triton_attention`) widen them
 to float32 there first: exact products, IEEE sums (`ieee_products`, `dot_rows`). Compiled on a GPU they
 multiply the 16-bit tiles on tensor cores; float32 operands are multiplied in IEEE everywhere (never TF32).
+The interpreter also truncates a float32 -> bfloat16 cast, where the GPU (and torch) round to nearest even:
+`rounded` rounds by the bits there and with the hardware's cast when compiled, the same bits either way.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import triton
 import triton.language as tl
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+NATIVE_CASTS = tl.constexpr(not INTERPRETED)  # compiled: the hardware's float32 -> 16-bit casts round to nearest even
 
 
 def ieee_products(dtype: torch.dtype) -> bool:
@@ -32,3 +35,23 @@ def dot_rows(a, w, acc, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
     return tl.dot(a, tl.trans(w), acc)
+
+
+@triton.jit
+def rounded(w, ROUND: tl.constexpr):
+    """float32 w rounded to the compute dtype (ROUND: 0 float32, 1 bfloat16, 2 float16), back in float32, to
+    nearest even as torch casts. Compiled: one hardware cast each way. Interpreted: bfloat16 by the bits (its
+    plain cast truncates); the same bits for every finite w."""
+    if ROUND == 1:
+        if NATIVE_CASTS:
+            w = w.to(tl.bfloat16).to(tl.float32)
+        else:
+            bits = w.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            w = bits.to(tl.float32, bitcast=True)
+    elif ROUND == 2:
+        w = w.to(tl.float16).to(tl.float32)
+    return w
+
+
+ROUND_IDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # `rounded`'s codes for the compute dtype

@@ -23,7 +23,7 @@ Weights may be pinned host tensors (zero-copy mode): they are read in place over
 
 Quantized weights are dequantized in-kernel (`_weight_tile`), reading only their packed bytes and scales:
 FP8 block-scaled (`wisp.core.kernels.fp8_blocks`): each tile times its 128 x 128 block's float32 scale, rounded to
-hidden's dtype (`_rounded`, to nearest even by the bits); MXFP4 (`wisp.core.kernels.mxfp4`): codes and power-of-two
+hidden's dtype (`wisp.core.kernels.triton_interpreter.rounded`, to nearest even); MXFP4 (`wisp.core.kernels.mxfp4`): codes and power-of-two
 scales built from their bits, exact. Those are the values the torch kernels multiply after dequantizing,
 and they enter the product in hidden's dtype like plain weights. Biases (GPT-OSS) are added in float32
 after each reduction, and the clamped SwiGLU replaces silu(gate) * up when asked
@@ -44,21 +44,8 @@ import triton.language as tl
 from wisp.core.kernels.expert_extras import SILU, Activation, ExpertExtras
 from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8
 from wisp.core.kernels.moe import fused_from_pairs
-from wisp.core.kernels.triton_interpreter import dot_rows, ieee_products
+from wisp.core.kernels.triton_interpreter import ROUND_IDS, dot_rows, ieee_products, rounded
 from wisp.core.kernels.uva import device_view
-
-
-@triton.jit
-def _rounded(w, ROUND: tl.constexpr):
-    """float32 w rounded to the compute dtype (ROUND: 0 float32, 1 bfloat16, 2 float16), back in float32.
-    bfloat16 by its bits, to nearest even, as torch casts (Triton's interpreter truncates a plain cast)."""
-    if ROUND == 1:
-        bits = w.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        w = bits.to(tl.float32, bitcast=True)
-    elif ROUND == 2:
-        w = w.to(tl.float16).to(tl.float32)
-    return w
 
 
 @triton.jit
@@ -81,13 +68,13 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
         value = tl.where((code & 8) != 0, -value, value)
         # a scale per element, not one per 32-column group: docs/decisions/mxfp4-scale-gathered-per-element.md
         s = tl.load(sc + rows[:, None] * (COLS // 32) + cols[None, :] // 32, mask=mask, other=127).to(tl.uint32)
-        return _rounded(value * (s << 23).to(tl.float32, bitcast=True), ROUND)
+        return rounded(value * (s << 23).to(tl.float32, bitcast=True), ROUND)
     tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if FMT == 1:
         tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
         n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
         scale = tl.load(sc + (rows // FP8_BLOCK) * n_cols + col0 // FP8_BLOCK, mask=row_ok, other=0.0)  # [rows]
-        tile = _rounded(tile * scale[:, None], ROUND)
+        tile = rounded(tile * scale[:, None], ROUND)
     return tile
 
 
@@ -177,7 +164,7 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
             h = (up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))
         else:
             h = gate / (1.0 + tl.exp(-gate)) * up
-        h = _rounded(h, ROUND).to(h_ptr.dtype.element_ty)
+        h = rounded(h, ROUND).to(h_ptr.dtype.element_ty)
         tl.store(h_ptr + places[:, None] * I + rows[None, :], h, mask=row_ok[:, None] & i_ok[None, :])
 
 
@@ -222,7 +209,6 @@ BLOCK_M = 64  # pairs a tile: one fixed shape for every call, so no row's instru
 BLOCK_I_GATE_UP, BLOCK_D_GATE_UP = 32, 128
 BLOCK_D_DOWN, BLOCK_I_DOWN = 64, 128
 BLOCK_PAIRS = 128  # pairs a program of the sort
-ROUND_IDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # `_rounded`'s codes for the compute dtype
 
 
 def _format(w_gate_up: torch.Tensor, hidden: torch.Tensor, extras: ExpertExtras | None) -> int:
