@@ -6,7 +6,8 @@ once per tile, not once per token). Five launches:
 1. `_count_pairs`: each (token, k) pair whose expert has a slot takes a place among its slot's pairs
    (an atomic count; pairs of a -1 slot are never placed, so their rows are left as they are);
 2. `_sort_pairs`: the places become one list, each slot's pairs in whole tiles, slot after slot (on the
-   device: no host sync, capturable in a CUDA graph; the grid is the most tiles T*K pairs can need);
+   device: no host sync, capturable in a CUDA graph; the grid is the most tiles T*K pairs can need); up to
+   FEW_PAIRS pairs (a decode step) one program does 1 and 2 (`_sort_few_pairs`), with no zeroing launch;
 3. `_gate_up_act`: program (tile, block of I rows) computes silu(gate) * up of its pairs, accumulated in
    float32 (`tl.dot`), rounded to hidden's dtype, into h;
 4. `_down`: program (tile, block of D rows) computes its pairs' output rows in float32;
@@ -116,6 +117,25 @@ def _sort_pairs(ids_ptr, map_ptr, counts_ptr, rank_ptr, sorted_ptr, P, S, SP: tl
 
 
 @triton.jit
+def _sort_few_pairs(ids_ptr, map_ptr, counts_ptr, sorted_ptr, P, S, SP: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_P: tl.constexpr):
+    """`_count_pairs` and `_sort_pairs` in one program, for at most BLOCK_P pairs (a decode step): counts[slot]
+    written for every slot (no zeroing launch before), and each slot's pairs placed by pair index."""
+    pairs = tl.arange(0, BLOCK_P)
+    ok = pairs < P
+    slot = tl.load(map_ptr + tl.load(ids_ptr + pairs, mask=ok, other=0), mask=ok, other=-1)
+    live = ok & (slot >= 0)
+    earlier = (slot[:, None] == slot[None, :]) & live[None, :] & (pairs[None, :] < pairs[:, None])  # [P, P]
+    rank = tl.sum(earlier.to(tl.int32), axis=1)
+    s = tl.arange(0, SP)
+    count = tl.sum(((slot[None, :] == s[:, None]) & live[None, :]).to(tl.int32), axis=1)  # [SP]
+    tl.store(counts_ptr + s, count, mask=s < S)
+    tiles = (count + BLOCK_M - 1) // BLOCK_M
+    first = tl.sum(tl.where(s[None, :] < slot[:, None], tiles[None, :], 0), axis=1)  # [P]
+    tl.store(sorted_ptr + first * BLOCK_M + rank, pairs, mask=live)
+
+
+@triton.jit
 def _tile_pairs(sorted_ptr, counts_ptr, S, SP: tl.constexpr, BLOCK_M: tl.constexpr):
     """This program's tile (axis 0): its slot (S or more: past the last tile), its rows' places in the sorted
     list and pair indices, and which rows are live."""
@@ -209,6 +229,7 @@ BLOCK_M = 64  # pairs a tile: one fixed shape for every call, so no row's instru
 BLOCK_I_GATE_UP, BLOCK_D_GATE_UP = 32, 128
 BLOCK_D_DOWN, BLOCK_I_DOWN = 64, 128
 BLOCK_PAIRS = 128  # pairs a program of the sort
+FEW_PAIRS = 64  # up to this many pairs (8 decode rows of top-8) are sorted by one program (`_sort_few_pairs`)
 
 
 def _format(w_gate_up: torch.Tensor, hidden: torch.Tensor, extras: ExpertExtras | None) -> int:
@@ -226,10 +247,15 @@ def _sorted_by_slot(ids: torch.Tensor, emap: torch.Tensor, slots: int) -> tuple[
     """The pairs of every slot in whole tiles, on the device with no host sync: (counts [slots] int32, sorted
     pair indices, the most tiles any routing of these pairs can need)."""
     p = ids.numel()
-    counts = torch.zeros(slots, dtype=torch.int32, device=ids.device)
-    rank = torch.empty(p, dtype=torch.int32, device=ids.device)
     max_tiles = (p + min(p, slots) * (BLOCK_M - 1)) // BLOCK_M if slots else 0  # no slot: nothing to compute
     order = torch.empty(max_tiles * BLOCK_M, dtype=torch.int32, device=ids.device)
+    if 0 < p <= FEW_PAIRS and max_tiles:  # a decode step: one launch, no zeroing
+        counts = torch.empty(slots, dtype=torch.int32, device=ids.device)
+        _sort_few_pairs[(1,)](ids, emap, counts, order, p, slots, SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M,
+                              BLOCK_P=FEW_PAIRS, num_warps=8)
+        return counts, order, max_tiles
+    counts = torch.zeros(slots, dtype=torch.int32, device=ids.device)
+    rank = torch.empty(p, dtype=torch.int32, device=ids.device)
     if max_tiles == 0:
         return counts, order, max_tiles  # nothing routed, or no slot: no launch
     grid = (triton.cdiv(p, BLOCK_PAIRS),)
