@@ -2,33 +2,37 @@
 # Batch-1 decode kernels on the GPU, in one call (docs/decisions/dense-projection-tiles-split-k-for-decode.md).
 # Prepare the older tree first (ignored by git, carried with `carry: [".gpu_data"]`):
 #   rm -rf .gpu_data/old && mkdir -p .gpu_data/old && git archive <REV> wisp | tar -x -C .gpu_data/old
-#   STAGE=check: the kernels' CUDA tests (the GEMM's both schedules under graph replay, the fused heads, the MoE),
+#   STAGE=check: (KERNEL_TESTS=1, MODEL_TESTS=1: the kernels' and the models' CUDA tests) (the GEMM's both schedules under graph replay, the fused heads, the MoE),
 #       resident decode A/B against .gpu_data/old (OLMoE BF16, Qwen3-30B-A3B BF16 and FP8, 48 layers), a profile
 #       of 8 layers after, `wisp bench sweep linear`, and the model parity tests with the Triton backend.
 # Results and logs in $OUT (packed into one archive: the device tool returns few files).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-here=$PWD
-wisp() { PYTHONPATH=$here python3 -m wisp "$@"; }
-old() { (cd .gpu_data/old && PYTHONPATH=$PWD python3 -m wisp "$@"); }
+export PYTHONPATH=$PWD
+wisp="python3 -m wisp"  # this tree; the older one: `old` (a script, so that `timeout` can run it)
+printf '#!/bin/sh\ncd %s/.gpu_data/old && PYTHONPATH=$PWD exec python3 -m wisp "$@"\n' "$PWD" > /tmp/old && chmod +x /tmp/old
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$out/gpu.txt"
+pack() { tar czf /tmp/decode_kernels.tgz -C "$out" --exclude decode_kernels.tgz . 2>/dev/null && cp /tmp/decode_kernels.tgz "$out/"; }
 decode="bench decode --load-format dummy --mode resident --prompt-len 512 --decode-tokens 128"
 case "${STAGE:-check}" in
 check)
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_triton_linear.py \
-    tests/core/kernels/test_triton_qkv_heads.py tests/core/kernels/test_triton_moe.py 2>&1 | tail -4 | tee "$out/pytest_kernels_cuda.txt"
+  [ -n "${KERNEL_TESTS:-}" ] && timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_triton_linear.py \
+    tests/core/kernels/test_triton_qkv_heads.py tests/core/kernels/test_triton_moe.py > "$out/pytest_kernels_cuda.txt" 2>&1
+  tail -4 "$out/pytest_kernels_cuda.txt" 2>/dev/null
   for m in ${MODELS:-olmoe-1b-7b qwen3-30b-a3b-fp8 qwen3-30b-a3b}; do
-    timeout 150 old $decode --model "$m" --out "$out/decode_${m}_before.json" 2>"$out/decode_${m}_before.log" | tail -2
-    timeout 150 wisp $decode --model "$m" --out "$out/decode_${m}_after.json" 2>"$out/decode_${m}_after.log" | tail -2
+    timeout 150 /tmp/old $decode --model "$m" --out "$out/decode_${m}_before.json" 2>"$out/decode_${m}_before.log" | tail -2
+    timeout 150 $wisp $decode --model "$m" --out "$out/decode_${m}_after.json" 2>"$out/decode_${m}_after.log" | tail -2
+    pack
   done
   for m in qwen3-30b-a3b-fp8 olmoe-1b-7b; do
-    timeout 90 wisp bench profile steps --model "$m" --layers 8 --mode resident --phase decode --graphs --rows 24 \
-      > "$out/profile_${m}_8_layers.txt" 2>&1; head -30 "$out/profile_${m}_8_layers.txt" | grep -v Warn
+    timeout 90 $wisp bench profile steps --model "$m" --layers 8 --mode resident --phase decode --graphs --rows 24 \
+      > "$out/profile_${m}_8_layers.txt" 2>&1; head -30 "$out/profile_${m}_8_layers.txt" | grep -v Warn; pack
   done
-  timeout 170 wisp bench sweep linear --rows 1,2048 --out "$out/linear_sweep.json" > "$out/linear_sweep.txt" 2>&1
-  grep -A40 "closest" "$out/linear_sweep.txt" | head -12
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/models/test_hf_parity.py tests/models/test_fp8_checkpoint.py \
-    --wisp-device cuda --wisp-moe-backend triton 2>&1 | tail -4 | tee "$out/pytest_models_cuda.txt" ;;
+  timeout 170 $wisp bench sweep linear --rows 1,2048 --out "$out/linear_sweep.json" > "$out/linear_sweep.txt" 2>&1
+  grep -A40 "closest" "$out/linear_sweep.txt" | head -12; pack
+  [ -n "${MODEL_TESTS:-}" ] && timeout 150 python3 -m pytest -q -p no:cacheprovider tests/models/test_hf_parity.py \
+    tests/models/test_fp8_checkpoint.py tests/models/test_qkv_fusion.py --wisp-device cuda --wisp-moe-backend triton \
+    > "$out/pytest_models_cuda.txt" 2>&1; tail -4 "$out/pytest_models_cuda.txt" 2>/dev/null ;;
 esac
-tar czf "$out/decode_kernels.tgz" -C "$out" --exclude decode_kernels.tgz . 2>/dev/null
+pack

@@ -1,5 +1,6 @@
-"""One launch readies q, k and v from a fused projection: the bits of `triton_rms_norm` + `triton_rope` (and a
-copy for v) on its column ranges, for each kind of q/k norm, from strided rows; and batch-invariant."""
+"""One launch readies q, k and v from a fused projection: what `triton_rms_norm` + `triton_rope` (and a copy for v)
+give on its column ranges, for each kind of q/k norm, from strided rows (their bits under the interpreter; compiled,
+a reduction's order across threads may differ between the kernels, so within rounding); and batch-invariant."""
 
 from __future__ import annotations
 
@@ -44,7 +45,11 @@ def test_equals_norm_then_rope_bit_for_bit(norm, dtype):
     got = triton_qkv_heads(qkv, h, hkv, cos, sin, norm, q_norm, k_norm, eps=1e-6)
     want = unfused(qkv, h, hkv, hd, cos, sin, norm, q_norm, k_norm, 1e-6)
     for a, b in zip(got, want):
-        assert a.is_contiguous() and torch.equal(a, b)
+        assert a.is_contiguous()
+        if DEVICE.type == "cpu":
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5 if dtype == torch.float32 else 1.6e-2, atol=1e-5)
 
 
 def test_a_token_gets_the_bits_it_gets_alone():

@@ -2,7 +2,8 @@
 over the whole projection, or not at all) and rotated, v copied out, each into its own contiguous [T, heads, hd].
 
 It does what `triton_rms_norm` then `triton_rope` (and a copy for v) do to the projection's three column ranges,
-with the same operations in the same order, so it gives their bits:
+with the same operations in the same order (their bits under the interpreter; compiled, the threads of a reduction
+may be laid out otherwise than in those kernels, so the sums of squares agree to rounding):
 - a norm's sum of squares is the same one-dimensional fixed-order reduction over the normed width (a head, or the
   whole q or k row) as `_rms_norm`'s, then each element is x * rsqrt(mean + eps), cast to x's dtype, times the
   weight in float32, cast again;
