@@ -120,7 +120,8 @@ class LLMEngine:
         """The KV tensors, the block pool over them, the scheduler of that pool and the runner."""
         c, cfg = self.config, self.model_config
         self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, c.kv_block_size, num_blocks, cfg.dtype,
-                          self.device, attention=c.resolve_backend("attention", self.device), keys_only=cfg.kv_tensors == 1)
+                          self.device, attention=c.resolve_backend("attention", self.device), keys_only=cfg.kv_tensors == 1,
+                          value_dim=cfg.mla.kv_lora_rank if cfg.mla is not None else None)
         self.pool = BlockPool(num_blocks, c.kv_block_size)
         self.scheduler = Scheduler(self.pool, c.max_concurrency, c.max_num_batched_tokens, c.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.pool, c, self.max_model_len)

@@ -10,12 +10,15 @@ A query's result is then a fixed computation over keys 0..p alone: extra (masked
 zeros. So a token's attention output is bit-identical whether its prefix came from the prefix cache, a
 chunked or whole prefill, a recompute after preemption, or decode, and whatever else shares the batch.
 The fast path on CUDA, `wisp.engine.triton_attention` (used with attention="triton" where head_dim and
-block_size allow), keeps that guarantee in its own fixed order; its numbers differ slightly from these.
+block_size allow), keeps that guarantee in its own fixed order; its numbers differ slightly from these. A
+keys-only cache with a `value_dim` (MLA's latent entry) takes `wisp.engine.triton_mla_attention` there instead.
 Attention sinks (GPT-OSS: `sinks` [H], one learned logit per head) join each row's softmax after the keys as a
 key of logit `sinks[h]` and value zero: they add to the denominator only.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -24,20 +27,38 @@ from wisp.core.kernels.rows import ROW_TILE
 
 class KVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, num_blocks: int, dtype, device,
-                 attention: str = "torch", keys_only: bool = False):
+                 attention: str = "torch", keys_only: bool = False, value_dim: int | None = None):
         self.shape_tail = (num_kv_heads, block_size, head_dim)
         self.keys_only = keys_only  # the values alias the keys (MLA's one compressed entry: `wisp.models.mla`)
+        # keys-only: the values are the keys' first value_dim columns (MLA's latent; the rest is its rope key), and
+        # the Triton path is the latent kernels (`wisp.engine.triton_mla_attention`); None: the whole keys
+        self.value_dim = value_dim if keys_only else None
         self.num_layers, self.block_size, self.dtype, self.device = num_layers, block_size, dtype, torch.device(device)
         self.k = self.v = None
         self.attend_fn = paged_attention
-        pow2 = block_size & (block_size - 1) == 0  # a head of another width is padded to one (masked lanes)
-        fits = 16 <= head_dim <= 256  # wider (MLA's 576, padded to 1024) needs more shared memory than an H200 has
-        self.uses_triton = attention == "triton" and self.device.type == "cuda" and block_size >= 16 and fits and pow2
-        if self.uses_triton:  # tl.dot needs dims >= 16, tl.arange powers of two; else the torch path (no graphs)
+        self.uses_triton = attention == "triton" and _triton_runs_on(self.device) and self._triton_fits(head_dim)
+        if self.uses_triton and self.value_dim is not None:
+            from wisp.engine.triton_mla_attention import latent_attend
+
+            self.attend_fn = functools.partial(latent_attend, value_dim=self.value_dim)
+        elif self.uses_triton:
             from wisp.engine.triton_attention import triton_paged_attention
 
             self.attend_fn = triton_paged_attention
         self.resize(num_blocks)
+
+    def _triton_fits(self, head_dim: int) -> bool:
+        """Whether the Triton kernels take this cache's shape (else the torch path, and no CUDA graphs): blocks of a
+        power of two >= 16 keys (tl.arange, tl.dot); a head of 16..256 (another width is padded to a power of two
+        with masked lanes; wider would not fit in shared memory), or a latent entry `latent_fits` takes."""
+        bs = self.block_size
+        if bs < 16 or bs & (bs - 1):
+            return False
+        if self.value_dim is not None:
+            from wisp.engine.triton_mla_attention import latent_fits
+
+            return self.shape_tail[0] == 1 and latent_fits(head_dim, self.value_dim, self.dtype)
+        return 16 <= head_dim <= 256
 
     @staticmethod
     def block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype, tensors: int = 2) -> int:
@@ -89,6 +110,16 @@ class KVCache:
         return new
 
 
+def _triton_runs_on(device: torch.device) -> bool:
+    """The Triton kernels run compiled on CUDA, or on the CPU under Triton's interpreter (the tests: the engine
+    itself asks for them on CUDA only, `EngineConfig.resolve_backend`)."""
+    if device.type == "cuda":
+        return True
+    from wisp.core.kernels.triton_interpreter import INTERPRETED
+
+    return device.type == "cpu" and INTERPRETED
+
+
 class BlockTableKV:
     """One sequence's view of the cache: what the model's attention writes to and reads from."""
 
@@ -118,7 +149,7 @@ class DecodeBatchKV:
     def __init__(self, cache: KVCache, tables: torch.Tensor, positions: torch.Tensor):
         from wisp.engine.triton_attention import decode_meta
 
-        self.cache, self.tables = cache, tables
+        self.cache, self.tables, self.positions = cache, tables, positions
         bs = cache.block_size
         self.blocks = tables.gather(1, (positions // bs)[:, None].to(torch.int64))[:, 0].long()  # [B]
         self.offsets = positions % bs  # [B]
@@ -129,6 +160,11 @@ class DecodeBatchKV:
         from wisp.engine.triton_attention import decode_attention, write_kv
 
         write_kv(k, v, self.cache.k[layer], self.cache.v[layer], self.blocks, self.offsets)
+        if self.cache.value_dim is not None:  # latent attention (values aliasing keys: v is k)
+            from wisp.engine.triton_mla_attention import mla_decode_attention
+
+            assert window is None and sinks is None
+            return mla_decode_attention(q, self.cache.k[layer], self.tables, self.positions, self.cache.value_dim)
         return decode_attention(q, self.cache.k[layer], self.cache.v[layer], self.tables, self.meta, window, sinks=sinks)
 
 

@@ -10,9 +10,13 @@ kv_lora_rank per token. Per token and layer:
 So the KV cache holds one entry per token, `[latent | k_rope]` (kv_lora_rank + rope_dim values: 576 for
 DeepSeek-V2-Lite against 2 x 16 x 192 for its expanded keys and values), read by every head as one shared
 key (MQA with one KV head), and also as the value: the attention output's first kv_lora_rank values are the
-latent's softmax average, which W_uv_h takes to the head's value. The paged attention kernels run unchanged
-with the cache's values aliasing its keys (`KVCache(keys_only=True)`); a KV block costs
-layers x block_size x (kv_lora_rank + rope_dim) x element bytes.
+latent's softmax average, which W_uv_h takes to the head's value. The cache's values alias its keys
+(`KVCache(keys_only=True, value_dim=kv_lora_rank)`); a KV block costs layers x block_size x (kv_lora_rank +
+rope_dim) x element bytes. `kv.write_attend` picks the kernel: on the torch path `paged_attention` over the whole
+entry (its rope columns averaged too, then dropped); with the Triton backend (CUDA) the latent kernels of
+`wisp.engine.triton_mla_attention` (the latent and rope parts as two products, the latent read once as key and
+value, all heads of a token in one program; zeros in the rope columns), prefill and the decode launch that CUDA
+graphs capture. Either way the first kv_lora_rank output columns are the latent's average, the only ones read.
 
 The rope rotates interleaved pairs (x[2i], x[2i+1]) in DeepSeek's layout; the loader permutes the rope rows of
 q and kv_a (evens, then odds) so the half-split rotation the other families use computes the same scores.

@@ -2,10 +2,10 @@
 
 Every expert mode, bfloat16, several requests at once so the batch size changes while they run; the
 graph engine must have replayed graphs and the eager engine none; a request's logits must not depend
-on its batch; paged counters at batch 1 equal the host pager's; a step replayed as pieces (hybrid mode's
-CPU-helped steps) equals the whole graph when the same experts run between the pieces. The strategies
-(`wisp.engine.decode`) are captured here directly, driven by a stand-in runner whose "sequences" are a step's
-(tokens, positions, tables) themselves.
+on its batch (DeepSeek-V2's latent attention too); paged counters at batch 1 equal the host pager's; a
+step replayed as pieces (hybrid mode's CPU-helped steps) equals the whole graph when the same experts run
+between the pieces. The strategies (`wisp.engine.decode`) are captured here directly, driven by a stand-in
+runner whose "sequences" are a step's (tokens, positions, tables) themselves.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def captured(eng: LLMEngine, scratch_block: int, *kinds):
     return inputs, strategies
 
 
-def engine(mode, cap, eager, **kw) -> LLMEngine:
-    return LLMEngine(EngineConfig(model="demo", device="cuda", mode=mode, expert_cap=cap, dtype="bfloat16",
+def engine(mode, cap, eager, model="demo", **kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=model, device="cuda", mode=mode, expert_cap=cap, dtype="bfloat16",
                                   max_model_len=128, max_concurrency=4, enforce_eager=eager, **kw))
 
 
@@ -81,6 +81,22 @@ def test_graph_decode_equals_eager(mode, cap):
         assert len(la) == len(lb)
         for step, (x, y) in enumerate(zip(la, lb)):
             assert torch.equal(x, y), (mode, cap, step)
+
+
+@pytest.mark.parametrize("mode,cap", [("resident", None), ("paged", 4)])
+def test_latent_attention_decodes_from_graphs_with_the_eager_bits(hf_checkpoints, mode, cap):
+    """DeepSeek-V2 (latent attention on `wisp.engine.triton_mla_attention`) captures its decode steps too; they
+    equal the eager engine's, and a request's logits do not depend on its batch."""
+    path = str(hf_checkpoints["deepseek_v2"])
+    prompts = [[t % 128 for t in p] for p in PROMPTS]  # the tiny model's vocabulary
+    graphed, eager = engine(mode, cap, False, path), engine(mode, cap, True, path)
+    assert graphed.kv.value_dim is not None and graphed.runner.strategy.captured
+    a, b = run(graphed, prompts), run(eager, prompts)
+    assert graphed.stats()["graph_steps"] > 0 and eager.stats()["graph_steps"] == 0
+    for la, lb in zip(a, b):
+        assert len(la) == len(lb) and all(torch.equal(x, y) for x, y in zip(la, lb))
+    alone = run(engine(mode, cap, False, path), prompts[1:2], (14,))[0]
+    assert all(torch.equal(x, y) for x, y in zip(alone, a[1]))
 
 
 def test_a_request_is_batch_invariant_under_graphs():
