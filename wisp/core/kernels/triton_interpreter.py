@@ -39,18 +39,19 @@ def dot_rows(a, w, acc, IEEE: tl.constexpr):
 
 @triton.jit
 def rounded(w, ROUND: tl.constexpr):
-    """float32 w rounded to the compute dtype (ROUND: 0 float32, 1 bfloat16, 2 float16), back in float32, to
-    nearest even as torch casts. Compiled: one hardware cast each way. Interpreted: bfloat16 by the bits (its
-    plain cast truncates); the same bits for every finite w."""
+    """float32 w rounded to the compute dtype (ROUND: 0 float32, 1 bfloat16, 2 float16) to nearest even as torch
+    casts; callers cast the result to the compute dtype (exact). Compiled: one hardware cast, and the result is
+    already in the compute dtype. Interpreted: bfloat16 by the bits (its plain cast truncates), kept in float32;
+    the same values for every finite w."""
     if ROUND == 1:
         if NATIVE_CASTS:
-            w = w.to(tl.bfloat16).to(tl.float32)
+            w = w.to(tl.bfloat16)
         else:
             bits = w.to(tl.uint32, bitcast=True)
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
             w = bits.to(tl.float32, bitcast=True)
     elif ROUND == 2:
-        w = w.to(tl.float16).to(tl.float32)
+        w = w.to(tl.float16) if NATIVE_CASTS else w.to(tl.float16).to(tl.float32)
     return w
 
 

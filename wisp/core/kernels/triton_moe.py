@@ -52,7 +52,8 @@ from wisp.core.kernels.uva import device_view
 @triton.jit
 def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr, FMT: tl.constexpr,
                  FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr):
-    """The float32 tile [rows, BLOCK_C columns from col0] of one expert's [R, COLS] weight at w (scales at sc),
+    """The tile [rows, BLOCK_C columns from col0] of one expert's [R, COLS] weight at w (scales at sc; callers cast
+    it to the compute dtype, exact),
     dequantized as the torch kernels do: FMT 0 plain; 1 FP8 (float32 product with the 128 x 128 block's scale,
     rounded to the compute dtype); 2 MXFP4 (two e2m1 codes a byte, even column in the low nibble, times
     2^(e8m0 - 127): exact, built from the bits). col0 is a multiple of BLOCK_C, which divides the FP8 block, so
@@ -70,12 +71,12 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
         # a scale per element, not one per 32-column group: docs/decisions/mxfp4-scale-gathered-per-element.md
         s = tl.load(sc + rows[:, None] * (COLS // 32) + cols[None, :] // 32, mask=mask, other=127).to(tl.uint32)
         return rounded(value * (s << 23).to(tl.float32, bitcast=True), ROUND)
-    tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
     if FMT == 1:
         tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
         n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
         scale = tl.load(sc + (rows // FP8_BLOCK) * n_cols + col0 // FP8_BLOCK, mask=row_ok, other=0.0)  # [rows]
-        tile = rounded(tile * scale[:, None], ROUND)
+        tile = rounded(tile.to(tl.float32) * scale[:, None], ROUND)
     return tile
 
 
