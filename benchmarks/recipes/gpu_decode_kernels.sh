@@ -5,6 +5,11 @@
 #   STAGE=check: (KERNEL_TESTS=1, MODEL_TESTS=1: the kernels' and the models' CUDA tests) (the GEMM's both schedules under graph replay, the fused heads, the MoE),
 #       resident decode A/B against .gpu_data/old (OLMoE BF16, Qwen3-30B-A3B BF16 and FP8, 48 layers), a profile
 #       of 8 layers after, `wisp bench sweep linear`, and the model parity tests with the Triton backend.
+#   STAGE=peer: llama.cpp (built here, as gpu_llama_cpp.sh does) on OLMoE-1B-7B BF16 with every expert on the GPU,
+#       then wisp resident in the same call: decode (128 tokens after a 512-token prompt) and cold TTFT 512 / 2048.
+#       Needs .llama_cpp (carry it).
+#   STAGE=after: DeepSeek-V2-Lite's latent attention on the GPU (its tests, resident and paged decode), Qwen3-30B-A3B
+#       resident decode (BF16, FP8) and TTFT, and the default tiles' GEMM times (bf16 and FP8 weights).
 # Results and logs in $OUT (packed into one archive: the device tool returns few files).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -34,5 +39,33 @@ check)
   [ -n "${MODEL_TESTS:-}" ] && timeout 150 python3 -m pytest -q -p no:cacheprovider tests/models/test_hf_parity.py \
     tests/models/test_fp8_checkpoint.py tests/models/test_qkv_fusion.py --wisp-device cuda --wisp-moe-backend triton \
     > "$out/pytest_models_cuda.txt" 2>&1; tail -4 "$out/pytest_models_cuda.txt" 2>/dev/null ;;
+peer)
+  python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/*.whl 2>&1 | tail -1
+  STAGE=peer MODEL=olmoe-1b-7b TYPE=bf16 PLACEMENTS=all-gpu PEER_TIMEOUT=150 OUT="$out/peer" \
+    bash benchmarks/recipes/gpu_llama_cpp.sh 2>&1 | tail -8
+  pack
+  timeout 120 $wisp $decode --model olmoe-1b-7b --routing-trace .gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl \
+    --out "$out/decode_olmoe-1b-7b_resident.json" 2>"$out/decode_olmoe-1b-7b_resident.log" | tail -2
+  timeout 120 $wisp bench prefill --load-format dummy --model olmoe-1b-7b --mode resident --prompt-len 512,2048 \
+    --out "$out/prefill_olmoe-1b-7b_resident.json" 2>"$out/prefill_olmoe-1b-7b_resident.log" | tail -3
+  pack ;;
+after)
+  timeout 130 python3 -m pytest -q -p no:cacheprovider tests/engine/test_triton_mla_attention.py \
+    "tests/engine/decode/test_graphs.py::test_latent_attention_decodes_from_graphs_with_the_eager_bits" \
+    > "$out/pytest_mla_attention_cuda.txt" 2>&1; tail -2 "$out/pytest_mla_attention_cuda.txt"
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/models/test_hf_parity.py -k deepseek --wisp-device cuda \
+    --wisp-moe-backend triton --wisp-attention-backend triton > "$out/pytest_deepseek_cuda.txt" 2>&1
+  tail -2 "$out/pytest_deepseek_cuda.txt"
+  timeout 120 $wisp bench decode --load-format dummy --model deepseek-v2-lite --prompt-len 128 --decode-tokens 64 \
+    --mode resident,paged --expert-cap 16,32 --out "$out/decode_deepseek_v2_lite.json" 2>"$out/decode_deepseek.log" | tail -4
+  pack
+  for m in qwen3-30b-a3b-fp8 qwen3-30b-a3b; do
+    timeout 100 $wisp $decode --model "$m" --out "$out/decode_${m}_after.json" 2>"$out/decode_${m}_after.log" | tail -2
+    timeout 100 $wisp bench prefill --load-format dummy --model "$m" --mode resident --prompt-len 512,2048 \
+      --out "$out/prefill_${m}_resident.json" 2>"$out/prefill_${m}_resident.log" | tail -3
+    pack
+  done
+  timeout 60 $wisp bench sweep linear --rows 1,2048 --no-sweep --out "$out/linear_default_tiles.json" \
+    > "$out/linear_default_tiles.txt" 2>&1; grep -v "^$" "$out/linear_default_tiles.txt" | tail -30 ;;
 esac
 pack
