@@ -30,10 +30,12 @@ def test_q8_0_is_bit_equal_to_ggml_including_halves():
     assert codes[1] == -15 and codes[-1] == 16  # -14.5 -> -15 and 15.5 -> 16: away from zero, not to even
 
 
-@pytest.mark.parametrize("family, kind", [("olmoe-1b-7b", "bf16"), ("qwen3-30b-a3b", "q8_0")])
+@pytest.mark.parametrize("family, kind", [("olmoe-1b-7b", "bf16"), ("qwen3-30b-a3b", "q8_0"), ("gpt-oss-20b", "bf16")])
 def test_the_gguf_has_llama_cpps_tensors_in_the_presets_shapes(tmp_path, family, kind):
     raw = dict(preset(family), num_hidden_layers=2, num_experts=4, hidden_size=64, intermediate_size=64,
                moe_intermediate_size=32, vocab_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    if "layer_types" in raw:  # GPT-OSS: windowed and full layers alternate
+        raw["layer_types"] = raw["layer_types"][:2]
     (tmp_path / "config.json").write_text(json.dumps(raw))
     cfg = model_config(raw)
     proc = run_wisp(["llama-cpp", "gguf", "--model", tmp_path / "config.json", "--out", tmp_path / "m.gguf",
@@ -44,19 +46,28 @@ def test_the_gguf_has_llama_cpps_tensors_in_the_presets_shapes(tmp_path, family,
     reader = gguf.GGUFReader(out)
     arch = gguf_random.ARCHES[cfg.family]
     assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == gguf.MODEL_ARCH_NAMES[arch]
-    known = {gguf.TENSOR_NAMES[t].format(bid=i) + ".weight" for t in gguf.MODEL_TENSORS[arch] for i in range(2)}
+    known = {gguf.TENSOR_NAMES[t].format(bid=i) + part for t in gguf.MODEL_TENSORS[arch] for i in range(2)
+             for part in (".weight", ".bias")}
     tensors = {t.name: t for t in reader.tensors}
     assert set(tensors) <= known  # every name is one llama.cpp's loader looks for
     assert set(tensors) == {name for name, _ in gguf_random.tensor_shapes(cfg)}
     gate = tensors["blk.1.ffn_gate_exps.weight"]
     assert [int(n) for n in gate.shape] == [64, cfg.moe_intermediate_size, 4]  # innermost first: [D, I, N]
     expected_type = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[kind]
+    if cfg.mxfp4_experts:  # GPT-OSS: experts in MXFP4 whatever --type says, the rest as it says
+        assert tensors["blk.0.attn_q.weight"].tensor_type == expected_type
+        assert tensors["blk.1.attn_sinks.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+        assert tensors["blk.1.ffn_down_exps.bias"].tensor_type == gguf.GGMLQuantizationType.F32
+        expected_type = gguf.GGMLQuantizationType.MXFP4
     assert gate.tensor_type == expected_type and tensors["output_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
     field = reader.fields[f"{gguf.MODEL_ARCH_NAMES[arch]}.expert_used_count"]
     assert int(field.parts[-1][0]) == cfg.top_k
     assert len(reader.fields["tokenizer.ggml.tokens"].data) == cfg.vocab_size
-    weights = gguf.quants.dequantize(gate.data, gate.tensor_type)  # random normal * 0.02, as written
-    assert 0.015 < float(np.std(weights)) < 0.025
+    weights = gguf.quants.dequantize(gate.data, gate.tensor_type)
+    if cfg.mxfp4_experts:  # random e2m1 codes at scales 2^-7 .. 2^-4: every value is code x scale, up to 6 x 2^-4
+        assert np.abs(weights).max() <= 6 * 2**-4 and len(np.unique(weights)) > 8
+    else:  # random normal * 0.02, as written
+        assert 0.015 < float(np.std(weights)) < 0.025
 
 
 def test_a_family_llama_cpp_has_no_layout_for_is_one_line(tmp_path):

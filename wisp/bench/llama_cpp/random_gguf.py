@@ -7,7 +7,9 @@ The architecture's metadata and tensor names are llama.cpp's (through the `gguf`
 weights random normal (std 0.02, the router's too: llama.cpp's CPU path costs the same whatever the routing),
 the norms ones, and the vocabulary a placeholder of the preset's size (`<t0>`, `<t1>`, ...: llama-bench feeds
 token ids, never text). Tensors are written one at a time, so the host never holds the model. Supported:
-the OLMoE and Qwen3-MoE presets (llama.cpp's `olmoe` and `qwen3moe`).
+the OLMoE and Qwen3-MoE presets (llama.cpp's `olmoe` and `qwen3moe`), and GPT-OSS (`gpt-oss`: its experts in
+MXFP4 whatever `--type` says, as its checkpoints ship and llama.cpp runs them natively, random codes and scales as
+`--load-format dummy` makes them; the rest, biases and sinks included, as `--type` says).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from wisp.errors import WispError
 from wisp.models.config_parsers import model_config
 from wisp.models.presets import preset
 
-ARCHES = {"olmoe": gguf.MODEL_ARCH.OLMOE, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE}
+ARCHES = {"olmoe": gguf.MODEL_ARCH.OLMOE, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "gpt_oss": gguf.MODEL_ARCH.GPT_OSS}
+MXFP4 = gguf.GGMLQuantizationType.MXFP4
+EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 TYPES = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
 
 
@@ -36,14 +40,33 @@ def tensor_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     q_norm, k_norm = {"full": (h * hd, hkv * hd), "per_head": (hd, hd)}.get(cfg.qk_norm, (0, 0))
     for i in range(cfg.num_layers):
         b = f"blk.{i}"
+        post_norm = "post_attention_norm" if cfg.family == "gpt_oss" else "ffn_norm"
         shapes += [(f"{b}.attn_norm.weight", (d,)), (f"{b}.attn_q.weight", (h * hd, d)),
                    (f"{b}.attn_k.weight", (hkv * hd, d)), (f"{b}.attn_v.weight", (hkv * hd, d)),
-                   (f"{b}.attn_output.weight", (d, h * hd)), (f"{b}.ffn_norm.weight", (d,)),
+                   (f"{b}.attn_output.weight", (d, h * hd)), (f"{b}.{post_norm}.weight", (d,)),
                    (f"{b}.ffn_gate_inp.weight", (n, d)), (f"{b}.ffn_gate_exps.weight", (n, inter, d)),
                    (f"{b}.ffn_up_exps.weight", (n, inter, d)), (f"{b}.ffn_down_exps.weight", (n, d, inter))]
         if q_norm:
             shapes += [(f"{b}.attn_q_norm.weight", (q_norm,)), (f"{b}.attn_k_norm.weight", (k_norm,))]
+        if cfg.attention_bias or cfg.expert_bias:
+            shapes += [(f"{b}.attn_q.bias", (h * hd,)), (f"{b}.attn_k.bias", (hkv * hd,)),
+                       (f"{b}.attn_v.bias", (hkv * hd,))]
+        if cfg.expert_bias:
+            shapes += [(f"{b}.attn_output.bias", (d,)), (f"{b}.ffn_gate_inp.bias", (n,)),
+                       (f"{b}.ffn_gate_exps.bias", (n, inter)), (f"{b}.ffn_up_exps.bias", (n, inter)),
+                       (f"{b}.ffn_down_exps.bias", (n, d))]
+        if cfg.attention_sinks:
+            shapes.append((f"{b}.attn_sinks.weight", (h,)))
     return shapes
+
+
+def tensor_type(cfg: ModelConfig, name: str, shape: tuple[int, ...], kind: str) -> gguf.GGMLQuantizationType:
+    """A tensor's GGUF type: vectors and biases float32, MXFP4 experts in MXFP4, the rest `kind`."""
+    if len(shape) == 1 or name.endswith(".bias"):
+        return gguf.GGMLQuantizationType.F32
+    if cfg.mxfp4_experts and name.endswith(EXPERT_TENSORS):
+        return MXFP4
+    return TYPES[kind]
 
 
 def _metadata(writer: gguf.GGUFWriter, cfg: ModelConfig, file_type: int) -> None:
@@ -62,6 +85,12 @@ def _metadata(writer: gguf.GGUFWriter, cfg: ModelConfig, file_type: int) -> None
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_expert_count(cfg.num_experts)
     writer.add_expert_used_count(cfg.top_k)
+    if cfg.sliding_window:
+        writer.add_sliding_window(cfg.sliding_window)
+    if cfg.rope.kind == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(cfg.rope.factor)
+        writer.add_rope_scaling_orig_ctx_len(cfg.rope.original_max_position_embeddings)
     writer.add_tokenizer_model("llama")
     writer.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
     writer.add_token_scores([0.0] * cfg.vocab_size)
@@ -73,13 +102,20 @@ def _metadata(writer: gguf.GGUFWriter, cfg: ModelConfig, file_type: int) -> None
     writer.add_eos_token_id(2)
 
 
-def _random(name: str, shape: tuple[int, ...], kind: str, seed: int) -> np.ndarray:
-    """The tensor as GGUF data: norms ones, the rest normal * 0.02; bf16 as raw uint16, q8_0 quantized."""
+def _random(name: str, shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType, seed: int) -> np.ndarray:
+    """The tensor as GGUF data: norms ones, biases and sinks zeros, the rest normal * 0.02 (bf16 as raw uint16,
+    q8_0 quantized); MXFP4 random blocks: an e8m0 scale of 2^-7 .. 2^-4 and 16 bytes of random e2m1 codes
+    (weights up to 6 x 2^-4, as `--load-format dummy` makes them)."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=gen) * 0.02
-    if len(shape) == 1:  # norms stay float32, as converters write them
-        return x.numpy()
-    if kind == "bf16":
+    if qtype == MXFP4:
+        blocks = int(np.prod(shape)) // 32
+        scales = torch.randint(120, 124, (blocks, 1), generator=gen, dtype=torch.uint8)
+        codes = torch.randint(0, 256, (blocks, 16), generator=gen, dtype=torch.uint8)
+        return torch.cat([scales, codes], dim=1).reshape(*shape[:-1], shape[-1] // 32 * 17).numpy()
+    if len(shape) == 1 or name.endswith(".bias"):  # vectors stay float32, as converters write them
+        return (torch.ones(shape) if name.endswith("norm.weight") else torch.zeros(shape)).numpy()
+    x = torch.randn(shape, generator=gen) * 0.02
+    if qtype == gguf.GGMLQuantizationType.BF16:
         return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     return q8_0(x)
 
@@ -104,17 +140,18 @@ def write_gguf(model: str, out: Path, kind: str = "bf16", seed: int = 0) -> Path
     if cfg.family not in ARCHES:
         raise WispError(f"no GGUF layout for {cfg.family}; supported: {', '.join(ARCHES)}")
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[ARCHES[cfg.family]])
-    _metadata(writer, cfg, {"bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind])
-    shapes = tensor_shapes(cfg)
-    for name, shape in shapes:  # the header first: every tensor's name, shape, type and size
-        qtype = gguf.GGMLQuantizationType.F32 if len(shape) == 1 else TYPES[kind]
+    file_type = gguf.LlamaFileType.MOSTLY_MXFP4_MOE if cfg.mxfp4_experts else {
+        "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind]
+    _metadata(writer, cfg, file_type)
+    shapes = [(name, shape, tensor_type(cfg, name, shape, kind)) for name, shape in tensor_shapes(cfg)]
+    for name, shape, qtype in shapes:  # the header first: every tensor's name, shape, type and size
         nbytes = gguf.quant_shape_to_byte_shape(shape, qtype)
         writer.add_tensor_info(name, nbytes, np.dtype(np.uint8), int(np.prod(nbytes)), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for i, (name, shape) in enumerate(shapes):  # then the data, one tensor in memory at a time
-        writer.write_tensor_data(_random(name, shape, kind, seed + i).view(np.uint8))
+    for i, (name, shape, qtype) in enumerate(shapes):  # then the data, one tensor in memory at a time
+        writer.write_tensor_data(_random(name, shape, qtype, seed + i).view(np.uint8))
     writer.close()
     return out
 
