@@ -8,6 +8,7 @@
 #   STAGE=peer: llama.cpp (built here, as gpu_llama_cpp.sh does) on OLMoE-1B-7B BF16 with every expert on the GPU,
 #       then wisp resident in the same call: decode (128 tokens after a 512-token prompt) and cold TTFT 512 / 2048.
 #       Needs .llama_cpp (carry it).
+#   STAGE=ab: resident decode A/B against .gpu_data/old, alternating (OLMoE with and without its real routing, Qwen3).
 #   STAGE=after: DeepSeek-V2-Lite's latent attention on the GPU (its tests, resident and paged decode), Qwen3-30B-A3B
 #       resident decode (BF16, FP8) and TTFT, and the default tiles' GEMM times (bf16 and FP8 weights).
 # Results and logs in $OUT (packed into one archive: the device tool returns few files).
@@ -67,5 +68,19 @@ after)
   done
   timeout 60 $wisp bench sweep linear --rows 1,2048 --no-sweep --out "$out/linear_default_tiles.json" \
     > "$out/linear_default_tiles.txt" 2>&1; grep -v "^$" "$out/linear_default_tiles.txt" | tail -30 ;;
+ab)  # resident decode, .gpu_data/old against this tree, alternating twice; OLMoE with and without its real routing
+  trace=.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl
+  for round in 1 2; do
+    for arm in old new; do
+      run=$wisp; [ $arm = old ] && run=/tmp/old
+      timeout 60 $run $decode --model olmoe-1b-7b --out "$out/ab_olmoe_${arm}_r$round.json" 2>/dev/null | tail -1
+      timeout 60 $run $decode --model olmoe-1b-7b --routing-trace $trace --out "$out/ab_olmoe_trace_${arm}_r$round.json" \
+        2>/dev/null | tail -1
+    done
+  done
+  for arm in old new; do
+    run=$wisp; [ $arm = old ] && run=/tmp/old
+    timeout 90 $run $decode --model qwen3-30b-a3b --out "$out/ab_qwen3_${arm}.json" 2>/dev/null | tail -1
+  done ;;
 esac
 pack
