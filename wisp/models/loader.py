@@ -251,10 +251,13 @@ def plain_tensor(reader, key: str, fp8_block: tuple[int, int] | None) -> torch.T
 
 
 def packs_fp8_projections(cfg: ModelConfig, engine: EngineConfig, device: torch.device) -> bool:
-    """Whether an FP8 checkpoint's dense projections stay FP8 block-scaled on the device (half the bytes a decode
-    step reads): where the Triton GEMM dequantizes them in-kernel (CUDA, the Triton backend, 128 x 128 blocks).
-    Elsewhere they are dequantized once at load; the values multiplied are the same either way."""
-    return (cfg.fp8_block == DEFAULT_BLOCK and device.type == "cuda"
+    """Whether an FP8 checkpoint's dense projections stay FP8 block-scaled on the device (half their VRAM, which
+    the modes that keep experts off the GPU turn into expert slots): where the Triton GEMM dequantizes them
+    in-kernel (CUDA, the Triton backend, 128 x 128 blocks), in every mode but resident. Resident, every weight
+    fits and the faster form wins: dequantized once at load, the in-kernel dequantization cost more than its
+    bytes saved on the H200 (q/k/v of Qwen3-30B-A3B at one row 12.0 us against 10.7, at 2048 rows 223 against
+    129: docs/decisions/dense-projection-tiles-split-k-for-decode.md). The values multiplied are the same."""
+    return (cfg.fp8_block == DEFAULT_BLOCK and device.type == "cuda" and engine.mode != "resident"
             and engine.resolve_backend("moe", device) == "triton")
 
 
