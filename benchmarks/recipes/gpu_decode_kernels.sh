@@ -9,6 +9,7 @@
 #       then wisp resident in the same call: decode (128 tokens after a 512-token prompt) and cold TTFT 512 / 2048.
 #       Needs .llama_cpp (carry it).
 #   STAGE=ab: resident decode A/B against .gpu_data/old, alternating (OLMoE with and without its real routing, Qwen3).
+#   STAGE=arms: ARMS="old mid new" ROUNDS=4: resident decode of MODEL alternating trees under .gpu_data, one JSON.
 #   STAGE=after: DeepSeek-V2-Lite's latent attention on the GPU (its tests, resident and paged decode), Qwen3-30B-A3B
 #       resident decode (BF16, FP8) and TTFT, and the default tiles' GEMM times (bf16 and FP8 weights).
 # Results and logs in $OUT (packed into one archive: the device tool returns few files).
@@ -82,5 +83,28 @@ ab)  # resident decode, .gpu_data/old against this tree, alternating twice; OLMo
     run=$wisp; [ $arm = old ] && run=/tmp/old
     timeout 90 $run $decode --model qwen3-30b-a3b --out "$out/ab_qwen3_${arm}.json" 2>/dev/null | tail -1
   done ;;
+arms)  # resident OLMoE decode, alternating the trees in ARMS (folders under .gpu_data holding a wisp/, or "new"),
+  # ROUNDS times; one JSON of every record (the device tool returns few files)
+  mkdir -p /tmp/arms
+  for round in $(seq "${ROUNDS:-4}"); do
+    for arm in ${ARMS:-old new}; do
+      dir=$PWD; [ "$arm" != new ] && dir=$PWD/.gpu_data/$arm
+      (cd "$dir" && PYTHONPATH=$dir timeout 60 python3 -m wisp $decode --model "${MODEL:-olmoe-1b-7b}" \
+        --out "/tmp/arms/${arm}_r$round.json" 2>/dev/null | tail -1)
+    done
+  done
+  python3 - "$out/arms.json" <<'PY'
+import json, glob, sys, os
+recs = []
+for f in sorted(glob.glob("/tmp/arms/*.json")):
+    arm, rnd = os.path.basename(f)[:-5].rsplit("_r", 1)
+    for r in json.load(open(f)):
+        r.update(arm=arm, round=int(rnd)); recs.append(r)
+json.dump(recs, open(sys.argv[1], "w"), indent=1)
+for arm in sorted({r["arm"] for r in recs}):
+    v = sorted(r["decode_tok_s"] for r in recs if r["arm"] == arm)
+    print(arm, "tok/s", v, "median", v[len(v) // 2])
+PY
+  rm -f "$out"/decode_kernels.tgz; exit 0 ;;
 esac
 pack
