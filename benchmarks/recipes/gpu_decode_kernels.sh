@@ -99,10 +99,10 @@ recs = []
 for f in sorted(glob.glob("/tmp/arms/*.json")):
     arm, rnd = os.path.basename(f)[:-5].rsplit("_r", 1)
     for r in json.load(open(f)):
-        r.update(arm=arm, round=int(rnd)); recs.append(r)
+        r.update(tree=arm, repeat=int(rnd)); recs.append(r)  # not "arm": the report reads that as an agent record
 json.dump(recs, open(sys.argv[1], "w"), indent=1)
-for arm in sorted({r["arm"] for r in recs}):
-    v = sorted(r["decode_tok_s"] for r in recs if r["arm"] == arm)
+for arm in sorted({r["tree"] for r in recs}):
+    v = sorted(r["decode_tok_s"] for r in recs if r["tree"] == arm)
     print(arm, "tok/s", v, "median", v[len(v) // 2])
 PY
   rm -f "$out"/decode_kernels.tgz; exit 0 ;;
