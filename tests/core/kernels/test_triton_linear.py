@@ -79,17 +79,18 @@ def test_strided_bias_equals_contiguous():
 
 @settings(max_examples=8 if GPU else 4, deadline=None)
 @given(t=st.integers(1, 140), cuts=st.lists(st.integers(1, 139), max_size=3), seed=st.integers(0, 2**16),
-       splits=st.sampled_from([2, 3, 4]), parallel=st.booleans())
-def test_split_k_rows_do_not_depend_on_their_batch_or_schedule(t, cuts, seed, splits, parallel):
+       splits=st.sampled_from([2, 3, 4]), parallel=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_split_k_rows_do_not_depend_on_their_batch_or_schedule(t, cuts, seed, splits, parallel, dtype):
     """With K summed in spans, both schedules (spans in one program, spans in parallel with the ordered fix-up)
     give the same bits, and a row's bits still do not depend on what shares its launch."""
-    x, w, b = problem(t, 40, 300, torch.bfloat16, seed=seed, bias=seed % 2 == 1)
+    x, w, b = problem(t, 40, 300, dtype, seed=seed, bias=seed % 2 == 1)
     tile = Tile(64, 32, 64, 4, 2, splits)
     whole = triton_linear(x, w, b, tile=tile, parallel=not parallel)
     bounds = sorted({0, t, *(c for c in cuts if c < t)})
     parts = [triton_linear(x[lo:hi], w, b, tile=tile, parallel=parallel) for lo, hi in zip(bounds, bounds[1:])]
     assert torch.equal(torch.cat(parts), whole)
-    torch.testing.assert_close(whole.double(), oracle(x, w, b), **TOL[torch.bfloat16])
+    torch.testing.assert_close(whole.double(), oracle(x, w, b), **TOL[dtype])
 
 
 def test_parallel_spans_leave_their_counters_zeroed_for_the_next_launch():
@@ -105,6 +106,7 @@ def test_parallel_spans_leave_their_counters_zeroed_for_the_next_launch():
 def test_tile_splits_k_for_few_output_blocks_and_never_for_many():
     assert tile_for(512, 2048, torch.bfloat16).splits > 1  # a decode row's 16 output blocks: K is split
     assert tile_for(151936, 2048, torch.bfloat16).splits == 1  # an LM head fills the GPU alone
+    assert tile_for(64, 2048, torch.float32).splits > 1  # a float32 router (DeepSeek): 2 output blocks
     for n, k in [(128, 2048), (2048, 4096), (512, 512), (64, 256)]:
         tile = tile_for(n, k, torch.bfloat16)
         assert -(-k // tile.block_k) >= 2 * tile.splits or tile.splits == 1  # each span keeps >= 2 K blocks

@@ -61,17 +61,18 @@ def tile_for(n: int, k: int, dtype: torch.dtype) -> Tile:
     Hopper tensor cores' smallest product; the split of K is chosen so that one decode row's programs (output
     blocks x spans) reach about TARGET_PROGRAMS, each span keeping at least two K blocks. The constants come from
     `wisp bench sweep linear` on the H200 (docs/decisions/dense-projection-tiles-split-k-for-decode.md)."""
-    if dtype == torch.float32:
-        return Tile(64, 32, 32, 4, 2)
-    if n >= 8192:  # an LM head: its output blocks fill the GPU
+    if dtype == torch.float32:  # (DeepSeek's router: float32 logits of float32 activations, IEEE products)
+        block_n, block_k, target, warps, stages = 32, 32, TARGET_PROGRAMS, 4, 2
+    elif n >= 8192:  # an LM head: its output blocks fill the GPU
         return Tile(64, 64, 128, 4, 3)
-    # fused q/k/v (4096-8191 outputs): wider blocks halve its prefill's re-reads of x; narrower ones below
-    block_n, block_k, target = (64, 64, 2 * TARGET_PROGRAMS) if n >= 4096 else (32, 128, TARGET_PROGRAMS)
+    else:  # fused q/k/v (4096-8191 outputs): wider blocks halve its prefill's re-reads of x; narrower ones below
+        warps, stages = 4, 3
+        block_n, block_k, target = (64, 64, 2 * TARGET_PROGRAMS) if n >= 4096 else (32, 128, TARGET_PROGRAMS)
     n_blocks, k_blocks = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
     splits = 1
     while n_blocks * splits * 2 <= target and k_blocks >= splits * 4:
         splits *= 2
-    return Tile(64, block_n, block_k, 4, 3, splits)  # 3 stages of (64 + block_n) x block_k x 2 bytes: <= 96 KB
+    return Tile(64, block_n, block_k, warps, stages, splits)  # 3 stages of (64 + block_n) x block_k x 2 bytes: <= 96 KB
 
 
 @triton.jit
