@@ -194,9 +194,11 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
         packed = packs_fp8_projections(model_cfg, engine, device)
 
         def proj(key: str) -> torch.Tensor | Fp8BlockWeight:  # a dense projection: FP8 kept packed where it can be
-            tensor = reader.get(key, allow_fp8=True) if packed else None
-            if tensor is None or tensor.dtype != FP8:
+            if not packed:
                 return dev(key)
+            tensor = reader.get(key, allow_fp8=True)
+            if tensor.dtype != FP8:  # a plain tensor in an FP8 checkpoint: as `dev` gives it, without a second read
+                return tensor.to(device=device, dtype=dtype)
             return Fp8BlockWeight(tensor.to(device), reader.get(scale_key(key)).to(device=device, dtype=torch.float32))
 
         tied = model_cfg.tie_word_embeddings or "lm_head.weight" not in reader

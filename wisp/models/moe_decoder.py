@@ -72,12 +72,9 @@ class AttentionWeights:
             if any(p.shape[0] % DEFAULT_BLOCK[0] for p in parts):
                 return
             self.qkv = Fp8BlockWeight(torch.cat([p.weight for p in parts]), torch.cat([p.scale for p in parts]))
-            lo = 0
-            for name, p in zip(("q", "k", "v"), parts):
-                hi = lo + p.shape[0]
-                setattr(self, name, Fp8BlockWeight(self.qkv.weight[lo:hi],
-                                                   self.qkv.scale[lo // DEFAULT_BLOCK[0] : hi // DEFAULT_BLOCK[0]]))
-                lo = hi
+            rows = [p.shape[0] for p in parts]
+            self.q, self.k, self.v = map(Fp8BlockWeight, self.qkv.weight.split(rows),
+                                         self.qkv.scale.split([r // DEFAULT_BLOCK[0] for r in rows]))
         else:
             self.qkv = torch.cat(parts)
             self.q, self.k, self.v = self.qkv.split([p.shape[0] for p in parts])
@@ -226,12 +223,20 @@ class MoEDecoder:
         cfg, w = self.config, self.layers[li].attn
         if cfg.mla is not None:
             return mla_attention(self, li, x, rope, kv)
-        t, h, hkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        t, h, hd = x.shape[0], cfg.num_heads, cfg.head_dim
         if w.qkv is not None and self.qkv_heads is not None:
-            q, k, v = self.qkv_heads(self.linear(x, w.qkv, w.qkv_bias), h, hkv, *rope, norm=cfg.qk_norm,
+            q, k, v = self.qkv_heads(self.linear(x, w.qkv, w.qkv_bias), h, cfg.num_kv_heads, *rope, norm=cfg.qk_norm,
                                      q_norm=w.q_norm, k_norm=w.k_norm, eps=cfg.rms_norm_eps)  # [T, H(kv), hd]
-            out = kv.write_attend(li, q, k, v, cfg.window_of(li), w.sinks)  # [T, H, hd]
-            return self.linear(out.reshape(t, h * hd), w.o, w.o_bias)
+        else:
+            q, k, v = self.heads_apart(w, x, rope)
+        out = kv.write_attend(li, q, k, v, cfg.window_of(li), w.sinks)  # [T, H, hd]
+        return self.linear(out.reshape(t, h * hd), w.o, w.o_bias)
+
+    def heads_apart(self, w: AttentionWeights, x: torch.Tensor, rope) -> tuple[torch.Tensor, ...]:
+        """q [T, H, hd], k and v [T, Hkv, hd] of x, each step its own launch: the projections (one if fused),
+        the q/k norms, clipping and the rotation (where `qkv_heads` cannot do them in one)."""
+        cfg = self.config
+        t, h, hkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         if w.qkv is not None:
             q, k, v = self.linear(x, w.qkv, w.qkv_bias).split([h * hd, hkv * hd, hkv * hd], dim=1)
         else:
@@ -243,9 +248,7 @@ class MoEDecoder:
             q, k = self.rms_norm(q, w.q_norm, cfg.rms_norm_eps), self.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
         if cfg.clip_qkv is not None:
             q, k, v = (z.clamp(-cfg.clip_qkv, cfg.clip_qkv) for z in (q, k, v))
-        q, k = self.apply_rope(q, *rope), self.apply_rope(k, *rope)  # [T, H, hd], [T, Hkv, hd]
-        out = kv.write_attend(li, q, k, v, cfg.window_of(li), w.sinks)  # [T, H, hd]
-        return self.linear(out.reshape(t, h * hd), w.o, w.o_bias)
+        return self.apply_rope(q, *rope), self.apply_rope(k, *rope), v
 
     def route(self, li: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A MoE layer's routing of x [T, D]: expert ids and their weights, [T, K] each."""

@@ -51,7 +51,7 @@ def time_weight(model: str, name: str, n: int, k: int, args) -> list[dict]:
     copies = -(-L2_FLUSH_BYTES // (2 * n * k))  # a call reads a weight no earlier call left in L2
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
     w = itertools.cycle(ws).__next__  # each call the next copy (graph captures too: one copy per replayed call)
-    packed = [Fp8BlockWeight(*quantize_blocks(ws[0].float())) for _ in range(copies)] if name != "lm_head" else []
+    packed = [Fp8BlockWeight(*quantize_blocks(wi.float())) for wi in ws] if name != "lm_head" else []  # copies too
     p = itertools.cycle(packed).__next__
     default = tile_for(n, k, torch.bfloat16)
     print(f"\n{model} {name} [{n}, {k}]  default tile {tuple(default)}  FP8 {tuple(tile_for(n, k, FP8))}")

@@ -29,6 +29,7 @@ interpreter (the CPU tests) 16-bit operands are widened to float32 first (`wisp.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -54,6 +55,7 @@ class Tile(NamedTuple):
 TARGET_PROGRAMS = 256  # about two programs per multiprocessor of an H100 / H200 (132): decode's spans fill it
 
 
+@functools.cache
 def tile_for(n: int, k: int, dtype: torch.dtype) -> Tile:
     """The tile for a weight [n, k] of `dtype` (float8_e4m3fn: FP8 block-scaled): a function of the weight
     alone (never of the rows), since block_k and splits are part of every row's arithmetic (the pipeline depth,
@@ -72,7 +74,7 @@ def tile_for(n: int, k: int, dtype: torch.dtype) -> Tile:
     splits = 1
     while n_blocks * splits * 2 <= target and k_blocks >= splits * 4:
         splits *= 2
-    return Tile(64, block_n, block_k, warps, stages, splits)  # 3 stages of (64 + block_n) x block_k x 2 bytes: <= 96 KB
+    return Tile(64, block_n, block_k, warps, stages, splits)  # 16-bit: 3 stages of (64 + block_n) x block_k x 2 B <= 96 KB
 
 
 @triton.jit
@@ -161,6 +163,7 @@ class _TileCounters:
 _COUNTERS = _TileCounters()
 
 
+@functools.cache
 def _multiprocessors(device: torch.device) -> int:
     if device.type != "cuda":
         return 1  # the interpreter: either schedule, the same bits
