@@ -175,17 +175,18 @@ class MoEDecoder:
         self.rms_norm = rows.rms_norm  # "triton": one row-invariant kernel per norm / rotation (CUDA)
         if config.norm_weight_float32:
             self.rms_norm = rows.rms_norm_float32_weight
+        self.add_rms_norm = self._add_then_norm  # "triton": the residual add and the next norm in one launch
         self.apply_rope = apply_rope
         self.linear = rows.linear  # the dense projections; "triton" on CUDA: one row-invariant launch each
         self.route_kernel = None  # "triton": softmax + top-k + renormalise in one launch
         self.qkv_heads = None  # "triton": q/k norms, rotation and v's copy of one q/k/v projection in one launch
         if backend == "triton":
-            from wisp.core.kernels.triton_norm import triton_rms_norm
+            from wisp.core.kernels.triton_norm import triton_add_rms_norm, triton_rms_norm
             from wisp.core.kernels.triton_rope import triton_rope
             from wisp.core.kernels.triton_router import triton_route
 
             if not config.norm_weight_float32:
-                self.rms_norm = triton_rms_norm
+                self.rms_norm, self.add_rms_norm = triton_rms_norm, triton_add_rms_norm
             if config.routing == "softmax_topk":
                 self.route_kernel = triton_route
             if config.rope_dim & (config.rope_dim - 1) == 0:  # the Triton rotation needs a power of two
@@ -209,6 +210,12 @@ class MoEDecoder:
         cfg = self.config
         return (self.apply_rope is not apply_rope and cfg.mla is None and cfg.rope_dim == cfg.head_dim
                 and cfg.clip_qkv is None and not cfg.norm_weight_float32 and cfg.qk_norm in ("none", "per_head", "full"))
+
+    def _add_then_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, its norm): the residual add then `rms_norm`, each its own op (the torch path)."""
+        total = x + delta
+        return total, self.rms_norm(total, weight, eps)
 
     # -- pieces -------------------------------------------------------------------------------------
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,19 +330,25 @@ class MoEDecoder:
         A piece is graph-safe unless a routing hook is set (it reads routing on the host): only the routed
         experts between pieces may sync (the piece strategies, `wisp.engine.decode`)."""
         eps = self.config.rms_norm_eps
-        if before is None:
-            x, rope, start = self.embed(tokens), self.rope(positions), 0  # the rotation: once per forward
+        if before is None:  # the rotation: once per forward
+            x, rope, start = self.embed(tokens), self.rope(positions), 0
+            h = self.rms_norm(x, self.input_norm(0), eps)
         else:
-            x, rope, start = before.x + self.with_shared(before.layer, before.hidden, routed), before.rope, before.layer + 1
-        for li in range(start, len(self.layers)):
+            x, rope, start = before.x, before.rope, before.layer + 1
+            x, h = self.add_rms_norm(x, self.with_shared(before.layer, before.hidden, routed), self.input_norm(start),
+                                     eps)
+        for li in range(start, len(self.layers)):  # h: x normed for layer li's attention
             lw = self.layers[li]
-            x = x + self.attention(li, self.rms_norm(x, lw.input_norm, eps), rope, kv)
-            h = self.rms_norm(x, lw.post_norm, eps)
+            x, h = self.add_rms_norm(x, self.attention(li, h, rope, kv), lw.post_norm, eps)
             if lw.router is None:
-                x = x + mlp(h, lw.dense, self.linear)
+                x, h = self.add_rms_norm(x, mlp(h, lw.dense, self.linear), self.input_norm(li + 1), eps)
                 continue
             return Piece(x, rope, li, h, *self.route(li, h))
-        return Piece(self.rms_norm(x, self.final_norm, eps), rope)
+        return Piece(h, rope)
+
+    def input_norm(self, li: int) -> torch.Tensor:
+        """The norm weight before layer li's attention; past the last layer, the final norm's."""
+        return self.layers[li].input_norm if li < len(self.layers) else self.final_norm
 
     def begin_step(self) -> None:
         """Once per step, before it runs: every store hears the step's number (state shared by layers,

@@ -11,7 +11,7 @@ from wisp.core.kernels.moe import combine_in_routing_order, fused_moe
 
 pytest.importorskip("triton")
 from wisp.core.kernels.triton_moe import _combine, triton_fused_moe  # noqa: E402
-from wisp.core.kernels.triton_norm import triton_rms_norm  # noqa: E402
+from wisp.core.kernels.triton_norm import triton_add_rms_norm, triton_rms_norm  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -50,6 +50,20 @@ def test_rms_norm_matches_the_reference_and_is_row_invariant(shape):
     assert torch.equal(triton_rms_norm(flat[:1], w, 1e-6), got.reshape(-1, shape[-1])[:1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(5, 40), (1, 2048)])
+def test_add_rms_norm_gives_the_bits_of_the_add_then_the_norm(shape, dtype):
+    g = torch.Generator().manual_seed(4)
+    x, d = (torch.randn(shape, generator=g).to(DEV, dtype) for _ in range(2))
+    d[0, :7] = -x[0, :7]  # exact cancellations
+    x[-1, -3:], d[-1, -3:] = 1.0, 2.0 ** -9  # ties: a 16-bit sum rounds to nearest even
+    w = torch.randn(shape[-1], generator=g).to(DEV, dtype)
+    total, normed = triton_add_rms_norm(x, d, w, 1e-6)
+    assert torch.equal(total, x + d)
+    assert torch.equal(normed, triton_rms_norm(x + d, w, 1e-6))
+    assert torch.equal(triton_add_rms_norm(x[-1:], d[-1:], w, 1e-6)[1], normed[-1:])  # row-invariant
+
+
 def test_rope_matches_the_reference():
     from wisp.core.kernels.triton_rope import triton_rope
     from wisp.models.moe_decoder import apply_rope
@@ -63,13 +77,33 @@ def test_rope_matches_the_reference():
 
 
 def test_device_counts_do_not_overflow_on_mixtral_sized_experts():
-    from wisp.core.experts.device_pager import count_step
+    from wisp.core.kernels.step_counts import StepCount, count_step
 
     ids = torch.tensor([[0, 1]] * 8, device=DEV)  # 16 routed pairs of 352 MB experts: 5.6 GB, past int32
     counts = torch.zeros(6, dtype=torch.int64, device=DEV)
-    count_step(counts, ids, 8, hits=False, pair_bytes=352_321_536)
-    count_step(counts, ids, 8, hits=True, loads=8, fixed_bytes=3 * 2**31)
+    count_step(StepCount(counts, 8, hits=False, pair_bytes=352_321_536), ids)
+    count_step(StepCount(counts, 8, hits=True, loads=8, fixed_bytes=3 * 2**31), ids)
     assert counts.tolist() == [2, 2, 2, 0, 8, 16 * 352_321_536 + 3 * 2**31]
+
+
+@pytest.mark.parametrize("t,hits", [(1, True), (3, False), (40, True)])  # 40 x 2 pairs: past the one-program sort
+def test_moe_counts_a_step_as_its_own_launch_would(t, hits):
+    from wisp.core.experts.counters import COUNT_FIELDS
+    from wisp.core.kernels.step_counts import StepCount, count_step
+
+    assert COUNT_FIELDS[:3] == ("steps", "hits", "misses") and COUNT_FIELDS[4:] == ("loads", "bytes_h2d")
+    g = torch.Generator().manual_seed(t)
+    n, k, d, i = 6, 2, 16, 8
+    hidden = torch.randn(t, d, generator=g).to(DEV)
+    gu, dn = torch.randn(n, 2 * i, d, generator=g).to(DEV), torch.randn(n, d, i, generator=g).to(DEV)
+    ids = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(t)]).to(DEV)
+    w = torch.softmax(torch.randn(t, k, generator=g), -1).to(DEV)
+    folded, apart = (torch.zeros(6, dtype=torch.int64, device=DEV) for _ in range(2))
+    make = lambda counts: StepCount(counts, n, hits=hits, loads=3, fixed_bytes=10, pair_bytes=7)  # noqa: E731
+    got = triton_fused_moe(hidden, gu, dn, ids, w, count=make(folded))
+    count_step(make(apart), ids)
+    assert torch.equal(got, triton_fused_moe(hidden, gu, dn, ids, w))  # counting changes no bit
+    assert torch.equal(folded, apart) and folded[1 if hits else 2] == ids.unique().numel()
 
 
 @pytest.mark.parametrize("n,k,normalize,dtype", [(8, 2, True, torch.float32), (60, 4, False, torch.bfloat16),

@@ -36,13 +36,8 @@ import triton
 import triton.language as tl
 
 from wisp.core.experts.counters import COUNT_FIELDS
+from wisp.core.kernels.step_counts import bump as _bump
 from wisp.core.kernels.uva import device_view
-
-
-@triton.jit
-def _bump(count_ptr, field, value):
-    """counts[field] += value (one program owns the count vector during a launch)."""
-    tl.store(count_ptr + field, tl.load(count_ptr + field) + value)
 
 
 @triton.jit
@@ -135,29 +130,6 @@ def _copy_misses(src_ptr, dst_ptr, miss_e_ptr, miss_s_ptr, n_miss_ptr, first, pe
             idx = c.to(tl.int64) * CHUNK + off + tl.arange(0, BLOCK)
             ok = idx < per_expert
             tl.store(dst + idx, tl.load(src + idx, mask=ok), mask=ok)
-
-
-@triton.jit
-def _count_step(ids_ptr, n_pairs, count_ptr, N, loads, step_bytes, HITS: tl.constexpr,
-                BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr):
-    p = tl.arange(0, BLOCK_P)
-    ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=-1).to(tl.int32)
-    e = tl.arange(0, BLOCK_E)
-    distinct = tl.sum(((tl.max((ids[None, :] == e[:, None]).to(tl.int32), axis=1) > 0) & (e < N)).to(tl.int64), axis=0)
-    _bump(count_ptr, 0, 1)
-    _bump(count_ptr, 1 if HITS else 2, distinct)
-    _bump(count_ptr, 4, loads)
-    _bump(count_ptr, 5, step_bytes)
-
-
-def count_step(counts: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, hits: bool, loads: int = 0,
-               fixed_bytes: int = 0, pair_bytes: int = 0) -> None:
-    """Add one MoE step of a non-paged store to a device count vector: steps += 1, the distinct routed
-    experts to hits (or misses), loads, and fixed_bytes + pairs * pair_bytes to bytes_h2d. No host sync."""
-    ids = topk_ids.reshape(-1)
-    step_bytes = fixed_bytes + ids.numel() * pair_bytes  # in Python: past 2**31 it is passed as int64
-    _count_step[(1,)](ids, ids.numel(), counts, num_experts, loads, step_bytes, HITS=hits,
-                      BLOCK_P=triton.next_power_of_2(max(ids.numel(), 2)), BLOCK_E=triton.next_power_of_2(max(num_experts, 2)))
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:

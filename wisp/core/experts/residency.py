@@ -29,6 +29,7 @@ import torch
 
 from wisp.core.bank_keys import GATE_UP
 from wisp.core.experts.counters import COUNT_FIELDS, ExpertCounters
+from wisp.core.kernels.step_counts import StepCount
 from wisp.core.experts.expert_major import StagingBuffers
 from wisp.core.experts.hot_experts import HotExperts
 from wisp.core.experts.pager import ExpertPager, StepDecision, expert_bytes
@@ -149,11 +150,9 @@ class NoBank(Residency):
     reads_in_place = True
 
     def graph_forward(self, fused, hidden, topk_ids, topk_weights, wide=None):
-        from wisp.core.experts.device_pager import count_step
-
-        count_step(self._device_counts(topk_ids.device), topk_ids, self.num_experts, hits=False,
-                   pair_bytes=self.expert_bytes)
-        return fused(hidden, self.host, topk_ids, topk_weights, self.in_place_map)
+        count = StepCount(self._device_counts(topk_ids.device), self.num_experts, hits=False,
+                          pair_bytes=self.expert_bytes)
+        return fused(hidden, self.host, topk_ids, topk_weights, self.in_place_map, count=count)
 
 
 @register_residency("full-bank")
@@ -178,10 +177,8 @@ class FullBank(Residency):
         return self.bank, self.expert_map
 
     def graph_forward(self, fused, hidden, topk_ids, topk_weights, wide=None):
-        from wisp.core.experts.device_pager import count_step
-
-        count_step(self._device_counts(topk_ids.device), topk_ids, self.num_experts, hits=True)
-        return fused(hidden, self.bank, topk_ids, topk_weights, self.expert_map)
+        count = StepCount(self._device_counts(topk_ids.device), self.num_experts, hits=True)
+        return fused(hidden, self.bank, topk_ids, topk_weights, self.expert_map, count=count)
 
 
 class SharedLayerBuffer:
@@ -240,12 +237,10 @@ class LayerBuffer(Residency):
         return self.buffer.tensors, self.expert_map
 
     def graph_forward(self, fused, hidden, topk_ids, topk_weights, wide=None):
-        from wisp.core.experts.device_pager import count_step
-
         self._fill()
         n = self.num_experts
-        count_step(self._device_counts(topk_ids.device), topk_ids, n, hits=False, loads=n, fixed_bytes=self.layer_bytes)
-        return fused(hidden, self.buffer.tensors, topk_ids, topk_weights, self.expert_map)
+        count = StepCount(self._device_counts(topk_ids.device), n, hits=False, loads=n, fixed_bytes=self.layer_bytes)
+        return fused(hidden, self.buffer.tensors, topk_ids, topk_weights, self.expert_map, count=count)
 
 
 @register_residency("lru-slots")

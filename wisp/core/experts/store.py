@@ -115,10 +115,11 @@ class ExpertStore:
         self.residency.forget()
 
     # -- an eager step ------------------------------------------------------------------------------------
-    def moe_fn(self, hidden, bank, topk_ids, topk_weights, expert_map) -> torch.Tensor:
-        """The backend's fused MoE over `bank` (weights, and the scales and biases where the bank has them)."""
+    def moe_fn(self, hidden, bank, topk_ids, topk_weights, expert_map, count=None) -> torch.Tensor:
+        """The backend's fused MoE over `bank` (weights, and the scales and biases where the bank has them);
+        `count` (a `StepCount`): the step is added to those device counts."""
         return self.kernels.fused(hidden, bank[GATE_UP], bank[DOWN], topk_ids, topk_weights, expert_map,
-                                  extras=extras_of(bank))
+                                  extras=extras_of(bank), count=count)
 
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """hidden [T, D], topk_ids / topk_weights [T, K] -> [T, D]."""

@@ -7,7 +7,9 @@ once per tile, not once per token). Five launches:
    (an atomic count; pairs of a -1 slot are never placed, so their rows are left as they are);
 2. `_sort_pairs`: the places become one list, each slot's pairs in whole tiles, slot after slot (on the
    device: no host sync, capturable in a CUDA graph; the grid is the most tiles T*K pairs can need); up to
-   FEW_PAIRS pairs (a decode step) one program does 1 and 2 (`_sort_few_pairs`), with no zeroing launch;
+   FEW_PAIRS pairs (a decode step) one program does 1 and 2 (`_sort_few_pairs`), with no zeroing launch, and
+   adds the step to the store's device counts when given one (`wisp.core.kernels.step_counts`; otherwise
+   `count_step` is its own launch);
 3. `_gate_up_act`: program (tile, block of I rows) computes silu(gate) * up of its pairs, accumulated in
    float32 (`tl.dot`), rounded to hidden's dtype, into h;
 4. `_down`: program (tile, block of D rows) computes its pairs' output rows in float32;
@@ -38,6 +40,8 @@ is one slot's tiles. Per row the arithmetic is the same, so the bits are too.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import triton
 import triton.language as tl
@@ -45,6 +49,7 @@ import triton.language as tl
 from wisp.core.kernels.expert_extras import SILU, Activation, ExpertExtras
 from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8
 from wisp.core.kernels.moe import fused_from_pairs
+from wisp.core.kernels.step_counts import StepCount, add_step, count_step, experts_block
 from wisp.core.kernels.triton_interpreter import ROUND_IDS, dot_rows, ieee_products, rounded
 from wisp.core.kernels.uva import device_view
 
@@ -118,13 +123,18 @@ def _sort_pairs(ids_ptr, map_ptr, counts_ptr, rank_ptr, sorted_ptr, P, S, SP: tl
 
 
 @triton.jit
-def _sort_few_pairs(ids_ptr, map_ptr, counts_ptr, sorted_ptr, P, S, SP: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_P: tl.constexpr):
+def _sort_few_pairs(ids_ptr, map_ptr, counts_ptr, sorted_ptr, P, S, step_ptr, N, loads, step_bytes,
+                    SP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, COUNT: tl.constexpr,
+                    HITS: tl.constexpr, BLOCK_E: tl.constexpr):
     """`_count_pairs` and `_sort_pairs` in one program, for at most BLOCK_P pairs (a decode step): counts[slot]
-    written for every slot (no zeroing launch before), and each slot's pairs placed by pair index."""
+    written for every slot (no zeroing launch before), and each slot's pairs placed by pair index. COUNT: the
+    step added to the count vector at step_ptr too (`add_step`)."""
     pairs = tl.arange(0, BLOCK_P)
     ok = pairs < P
-    slot = tl.load(map_ptr + tl.load(ids_ptr + pairs, mask=ok, other=0), mask=ok, other=-1)
+    ids = tl.load(ids_ptr + pairs, mask=ok, other=0)
+    if COUNT:
+        add_step(tl.where(ok, ids.to(tl.int32), -1), step_ptr, N, loads, step_bytes, HITS, BLOCK_E)
+    slot = tl.load(map_ptr + ids, mask=ok, other=-1)
     live = ok & (slot >= 0)
     earlier = (slot[:, None] == slot[None, :]) & live[None, :] & (pairs[None, :] < pairs[:, None])  # [P, P]
     rank = tl.sum(earlier.to(tl.int32), axis=1)
@@ -244,17 +254,23 @@ def _format(w_gate_up: torch.Tensor, hidden: torch.Tensor, extras: ExpertExtras 
     return fmt
 
 
-def _sorted_by_slot(ids: torch.Tensor, emap: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _sorted_by_slot(ids: torch.Tensor, emap: torch.Tensor, slots: int,
+                    count: StepCount | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The pairs of every slot in whole tiles, on the device with no host sync: (counts [slots] int32, sorted
-    pair indices, the most tiles any routing of these pairs can need)."""
+    pair indices, the most tiles any routing of these pairs can need). `count`: the step is added to it."""
     p = ids.numel()
     max_tiles = (p + min(p, slots) * (BLOCK_M - 1)) // BLOCK_M if slots else 0  # no slot: nothing to compute
     order = torch.empty(max_tiles * BLOCK_M, dtype=torch.int32, device=ids.device)
-    if 0 < p <= FEW_PAIRS and max_tiles:  # a decode step: one launch, no zeroing
+    if 0 < p <= FEW_PAIRS and max_tiles:  # a decode step: one launch, no zeroing, the count in it
         counts = torch.empty(slots, dtype=torch.int32, device=ids.device)
-        _sort_few_pairs[(1,)](ids, emap, counts, order, p, slots, SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M,
-                              BLOCK_P=FEW_PAIRS, num_warps=8)
+        step = (count.counts, count.num_experts, count.loads, count.step_bytes(p)) if count else (counts, 0, 0, 0)
+        _sort_few_pairs[(1,)](ids, emap, counts, order, p, slots, *step, SP=triton.next_power_of_2(slots),
+                              BLOCK_M=BLOCK_M, BLOCK_P=FEW_PAIRS, COUNT=count is not None,
+                              HITS=bool(count and count.hits), BLOCK_E=experts_block(count) if count else 2,
+                              num_warps=8)
         return counts, order, max_tiles
+    if count is not None:
+        count_step(count, ids)
     counts = torch.zeros(slots, dtype=torch.int32, device=ids.device)
     rank = torch.empty(p, dtype=torch.int32, device=ids.device)
     if max_tiles == 0:
@@ -304,15 +320,16 @@ def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top
 
 
 def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, extras=None,
-                        activation: Activation = SILU) -> None:
+                        activation: Activation = SILU, count: StepCount | None = None) -> None:
     """`wisp.core.kernels.moe.pairs_by_map` in Triton: per_k [T*K, D] float32 gets every pair whose expert has a
-    slot in expert_map [N] (None: identity); the other pairs are left as they are."""
+    slot in expert_map [N] (None: identity); the other pairs are left as they are. `count`: the step is added to
+    it (in the decode sort's launch where there is one)."""
     t, k = topk_ids.shape
     if expert_map is None:
         expert_map = torch.arange(w_gate_up.shape[0], dtype=torch.int32, device=hidden.device)
     ids = topk_ids.reshape(-1).contiguous()  # any integer dtype: the kernels load it as it is
     emap = expert_map.to(torch.int32).contiguous()
-    counts, order, max_tiles = _sorted_by_slot(ids, emap, w_gate_up.shape[0])
+    counts, order, max_tiles = _sorted_by_slot(ids, emap, w_gate_up.shape[0], count)
     _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), counts, order, max_tiles, k, False,
             extras and extras.contiguous(), activation)
 
@@ -345,6 +362,7 @@ def triton_fused_moe(
     expert_map: torch.Tensor | None = None,  # [N] int32, logical -> slot or -1
     extras: ExpertExtras | None = None,  # scales (FP8 / MXFP4 weights: dequantized in-kernel) and biases
     activation: Activation = SILU,
+    count: StepCount | None = None,  # the store's device counts, which the step is added to
 ) -> torch.Tensor:
-    return fused_from_pairs(triton_pairs_by_map, triton_combine, hidden, w_gate_up, w_down, topk_ids, topk_weights,
+    return fused_from_pairs(partial(triton_pairs_by_map, count=count), triton_combine, hidden, w_gate_up, w_down, topk_ids, topk_weights,
                             expert_map, extras, activation)
