@@ -155,11 +155,26 @@ class DecodeBatchKV:
         self.offsets = positions % bs  # [B]
         self.meta = decode_meta(positions)
 
+    def cache_slots(self, layer: int):
+        """Where the step's keys and values go in `layer`'s cache (`CacheSlots`), for a launch that makes them to
+        store them there itself (then `attend`); None for latent attention, whose entry is written apart."""
+        from wisp.core.kernels.triton_qkv_heads import CacheSlots
+
+        if self.cache.value_dim is not None:
+            return None
+        return CacheSlots(self.cache.k[layer], self.cache.v[layer], self.blocks, self.offsets)
+
     def write_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
                      sinks: torch.Tensor | None = None) -> torch.Tensor:
-        from wisp.engine.triton_attention import decode_attention, write_kv
+        from wisp.engine.triton_attention import write_kv
 
         write_kv(k, v, self.cache.k[layer], self.cache.v[layer], self.blocks, self.offsets)
+        return self.attend(layer, q, window, sinks)
+
+    def attend(self, layer: int, q: torch.Tensor, window: int | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """The step's attention over the cache, its own keys and values written already."""
+        from wisp.engine.triton_attention import decode_attention
+
         if self.cache.value_dim is not None:  # latent attention (values aliasing keys: v is k)
             from wisp.engine.triton_mla_attention import mla_decode_attention
 

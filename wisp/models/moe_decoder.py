@@ -89,6 +89,10 @@ class ChunkedKV:
     def __init__(self, chunks: Sequence[Chunk]):
         self.chunks = chunks
 
+    def cache_slots(self, layer: int) -> None:
+        """None: each chunk's storage writes its own keys and values (`write_attend`)."""
+        return None
+
     def write_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
                      sinks: torch.Tensor | None = None) -> torch.Tensor:
         out = torch.empty_like(q)
@@ -232,12 +236,14 @@ class MoEDecoder:
             return mla_attention(self, li, x, rope, kv)
         t, h, hd = x.shape[0], cfg.num_heads, cfg.head_dim
         if w.qkv is not None and self.qkv_heads is not None:
+            slots = kv.cache_slots(li)  # where the kv takes the keys and values straight from this launch, if it does
             q, k, v = self.qkv_heads(self.linear(x, w.qkv, w.qkv_bias), h, cfg.num_kv_heads, *rope, norm=cfg.qk_norm,
-                                     q_norm=w.q_norm, k_norm=w.k_norm, eps=cfg.rms_norm_eps)  # [T, H(kv), hd]
+                                     q_norm=w.q_norm, k_norm=w.k_norm, eps=cfg.rms_norm_eps, cache=slots)  # [T, H(kv), hd]
         else:
-            q, k, v = self.heads_apart(w, x, rope)
-        out = kv.write_attend(li, q, k, v, cfg.window_of(li), w.sinks)  # [T, H, hd]
-        return self.linear(out.reshape(t, h * hd), w.o, w.o_bias)
+            slots, (q, k, v) = None, self.heads_apart(w, x, rope)
+        window = cfg.window_of(li)
+        out = kv.write_attend(li, q, k, v, window, w.sinks) if slots is None else kv.attend(li, q, window, w.sinks)
+        return self.linear(out.reshape(t, h * hd), w.o, w.o_bias)  # out [T, H, hd]
 
     def heads_apart(self, w: AttentionWeights, x: torch.Tensor, rope) -> tuple[torch.Tensor, ...]:
         """q [T, H, hd], k and v [T, Hkv, hd] of x, each step its own launch: the projections (one if fused),
@@ -312,7 +318,8 @@ class MoEDecoder:
         return self.forward_batch(tokens, positions, ChunkedKV(chunks))
 
     def forward_batch(self, tokens: torch.Tensor, positions: torch.Tensor, kv, graph_safe: bool = False) -> torch.Tensor:
-        """tokens [T] at positions [T], attention through `kv.write_attend` -> final hidden [T, D]: the pieces
+        """tokens [T] at positions [T], attention through `kv.write_attend` (or, where `kv.cache_slots(layer)` names
+        the cache's slots, the fused heads' launch writes them and `kv.attend` reads) -> final hidden [T, D]: the pieces
         between MoE layers' experts, each layer's experts run between them.
         graph_safe: MoE stores run `forward_graph_safe` (no host sync: the body of a CUDA-graph decode step)."""
         if graph_safe and self.routing_hook is not None:

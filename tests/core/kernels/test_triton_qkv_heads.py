@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from wisp.core.kernels.triton_norm import triton_rms_norm
-from wisp.core.kernels.triton_qkv_heads import triton_qkv_heads
+from wisp.core.kernels.triton_qkv_heads import CacheSlots, triton_qkv_heads
 from wisp.core.kernels.triton_rope import triton_rope
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -64,3 +64,17 @@ def test_a_head_width_that_is_no_power_of_two_is_refused():
     qkv, cos, sin, *_ = case(2, 2, 1, 12, "none", torch.float32)
     with pytest.raises(ValueError, match="power-of-two head width"):
         triton_qkv_heads(qkv, 2, 1, cos, sin)
+
+
+@pytest.mark.parametrize("norm", ["none", "per_head"])
+def test_the_cache_gets_the_k_and_v_it_returns(norm):
+    t, h, hkv, hd, bs = 3, 4, 2, 16, 4
+    qkv, cos, sin, q_norm, k_norm = case(t, h, hkv, hd, norm, torch.bfloat16, seed=5)
+    k_cache, v_cache = (torch.randn(6, hkv, bs, hd).to(torch.bfloat16).to(DEVICE) for _ in range(2))
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    blocks, offsets = torch.tensor([5, 0, 2], device=DEVICE), torch.tensor([3, 0, 1], device=DEVICE)
+    q, k, v = triton_qkv_heads(qkv, h, hkv, cos, sin, norm, q_norm, k_norm,
+                               cache=CacheSlots(k_cache, v_cache, blocks, offsets))
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), triton_qkv_heads(qkv, h, hkv, cos, sin, norm, q_norm, k_norm)))
+    want_k[blocks, :, offsets], want_v[blocks, :, offsets] = k, v  # every other slot untouched
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
