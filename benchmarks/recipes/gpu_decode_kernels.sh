@@ -12,6 +12,10 @@
 #   STAGE=arms: ARMS="old mid new" ROUNDS=4: resident decode of MODEL alternating trees under .gpu_data, one JSON.
 #   STAGE=after: DeepSeek-V2-Lite's latent attention on the GPU (its tests, resident and paged decode), Qwen3-30B-A3B
 #       resident decode (BF16, FP8) and TTFT, and the default tiles' GEMM times (bf16 and FP8 weights).
+#   STAGE=fused: the decode launches folded (residual add into the norm, the step count into the MoE sort, k/v into
+#       the cache from the fused heads): their CUDA tests and the engine's graph and mode-identity tests, then
+#       resident decode alternating .gpu_data/old and this tree (OLMoE ROUNDS times, Qwen3 BF16 and FP8 once), OLMoE
+#       with its real routing, DeepSeek-V2-Lite resident and paged, and a profile of OLMoE's 8 layers; one JSON.
 # Results and logs in $OUT (packed into one archive: the device tool returns few files).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -83,6 +87,39 @@ ab)  # resident decode, .gpu_data/old against this tree, alternating twice; OLMo
     run=$wisp; [ $arm = old ] && run=/tmp/old
     timeout 90 $run $decode --model qwen3-30b-a3b --out "$out/ab_qwen3_${arm}.json" 2>/dev/null | tail -1
   done ;;
+fused)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_triton_interpreted.py \
+    tests/core/kernels/test_triton_qkv_heads.py tests/core/kernels/test_triton_moe.py tests/engine/decode/test_graphs.py \
+    > "$out/pytest_fused_cuda.txt" 2>&1; tail -3 "$out/pytest_fused_cuda.txt"
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/engine/test_mode_identity.py tests/models/test_hf_parity.py \
+    --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton > "$out/pytest_models_cuda.txt" 2>&1
+  tail -3 "$out/pytest_models_cuda.txt"; pack
+  mkdir -p /tmp/arms
+  one() {  # tree model name [flags]: one decode record into /tmp/arms/<tree>_<name>.json
+    local tree=$1 model=$2 name=$3; shift 3; local dir=$PWD; [ "$tree" != new ] && dir=$PWD/.gpu_data/$tree
+    (cd "$dir" && PYTHONPATH=$dir timeout 90 python3 -m wisp $decode --model "$model" "$@" \
+      --out "/tmp/arms/${tree}_$name.json" 2>>"$out/decode.log" | tail -1)
+  }
+  for round in $(seq "${ROUNDS:-3}"); do for tree in old new; do one $tree olmoe-1b-7b "olmoe_r$round"; done; done
+  one new olmoe-1b-7b olmoe_trace --routing-trace "$PWD/.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl"
+  for tree in old new; do one $tree olmoe-1b-7b olmoe_batches --batch 4,16; done
+  for m in qwen3-30b-a3b qwen3-30b-a3b-fp8; do for tree in old new; do one $tree $m "$m"; done; done
+  timeout 150 $wisp bench decode --load-format dummy --model deepseek-v2-lite --prompt-len 128 --decode-tokens 64 \
+    --mode resident,resident,paged --expert-cap 16,32 --out /tmp/arms/new_deepseek.json 2>>"$out/decode.log" | tail -4
+  python3 - "$out/decode_fused.json" <<'PY'
+import json, glob, sys, os
+recs = []
+for f in sorted(glob.glob("/tmp/arms/*.json")):
+    tree, name = os.path.basename(f)[:-5].split("_", 1)
+    for r in json.load(open(f)):
+        r.update(tree=tree, run=name); recs.append(r)
+json.dump(recs, open(sys.argv[1], "w"), indent=1)
+for r in recs:
+    print(r["tree"], r["run"], r.get("mode"), r.get("expert_cap"), "decode tok/s", r["decode_tok_s"], "ttft", r.get("ttft_s"))
+PY
+  pack
+  timeout 60 $wisp bench profile steps --model olmoe-1b-7b --layers 8 --mode resident --phase decode --graphs --rows 30 \
+    > "$out/profile_olmoe_8_layers.txt" 2>&1; grep -v Warn "$out/profile_olmoe_8_layers.txt" | head -34 ;;
 arms)  # resident OLMoE decode, alternating the trees in ARMS (folders under .gpu_data holding a wisp/, or "new"),
   # ROUNDS times; one JSON of every record (the device tool returns few files)
   mkdir -p /tmp/arms
