@@ -40,7 +40,7 @@ from wisp.engine.decode.graphs import GraphCapture, GraphInputs
 from wisp.engine.decode.select import graph_strategy
 from wisp.engine.decode.step_kinds import StepKindChooser
 from wisp.engine.decode.strategy import DecodeStrategy, EagerDecode
-from wisp.engine.kv_cache import BlockTableKV, KVCache
+from wisp.engine.kv_cache import BlockTableKV, DecodeBatchKV, KVCache
 from wisp.engine.grammar import GrammarConstraint, prepare_masks
 from wisp.engine.request_failure import SAMPLING, RequestFailure
 from wisp.engine.scheduler import Batch, decodes
@@ -238,7 +238,11 @@ class ModelRunner:
         self.tokens_decoded += batch_size
 
     def _run_eager(self, batch: Batch, sampling: list[bool]) -> torch.Tensor | list:
-        """The logits [S, V] at the last token of each sequence that samples (S of them)."""
+        """The logits [S, V] at the last token of each sequence that samples (S of them). A decode batch on the
+        Triton attention runs its attention as one launch a layer over the whole batch (`DecodeBatchKV`, as the
+        graphs do: the same arithmetic as a chunk's launch, so the same bits), not one launch per sequence."""
+        if batch.is_decode and self.kv.uses_triton:
+            return self._decode_eager(batch)
         chunks, tokens = [], []
         for seq, n in zip(batch.seqs, batch.num_tokens):
             chunks.append(Chunk(BlockTableKV(self.kv, seq.block_table), seq.num_computed, n))
@@ -248,6 +252,19 @@ class ModelRunner:
         ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
         rows = [i for i, keep in enumerate(sampling) if keep]
         return self.model.logits(hidden[ends[rows].to(self.device)]) if rows else []
+
+    def _decode_eager(self, batch: Batch) -> torch.Tensor:
+        """The logits [B, V] of a decode batch (every sequence samples), attention batched on the device."""
+        tokens, positions, tables = self.graph_inputs(batch.seqs)
+        width = max(map(len, tables))
+        dev = self.device
+        positions = torch.tensor(positions, device=dev)
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)  # [B, W]
+        for seq in batch.seqs:
+            self._count(seq, 1)
+        hidden = self.model.forward_batch(torch.tensor(tokens, device=dev), positions,
+                                          DecodeBatchKV(self.kv, tables, positions))
+        return self.model.logits(hidden)
 
     def _count(self, seq: Sequence, n: int) -> None:
         if decodes(seq, n):

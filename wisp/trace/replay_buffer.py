@@ -8,10 +8,11 @@ the route kernel's `override` reads them (`wisp.core.kernels.triton_router`); `i
 same choice for the torch routing paths.
 
 Invariants: `buf`'s address never changes, so the override works inside CUDA graphs (the runner re-captures
-them when a replay is set); `load` never waits for the device: on CUDA it sends the step's distinct rows
-and each token's index among them from pinned memory (torch's caching host allocator keeps a pinned block
-until the copy out of it is done) and gathers them into `buf` on the device; a step of more than
-`max_rows` tokens is a WispError. The host rows are never written after construction.
+them when a replay is set); the trace's rows, and a row of -1 after them, are on the device from the first
+`load`; `load` sends only each token's row index, through one pinned buffer rewritten once the previous
+step's copy out of it is done (no wait on the device's compute), and gathers the rows into `buf` on the
+device: one small copy and one gather a step. A step of more than `max_rows` tokens is a WispError. The host
+rows are never written after construction.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class ReplayBuffer:
         self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
         self.buf = torch.full((max_rows, len(moe_layer_ids), top_k), -1, dtype=torch.int64, device=device)
         self.layer_index = {li: i for i, li in enumerate(moe_layer_ids)}
+        self._device_rows: torch.Tensor | None = None  # [T + 1, L, K], made by the first `load`
+        self._staging: torch.Tensor | None = None  # pinned [max_rows] row indices (CUDA)
+        self._staged = None  # the event of the last copy out of `_staging`
 
     def __len__(self) -> int:
         return self.rows.shape[0]
@@ -71,17 +75,22 @@ class ReplayBuffer:
 
     def load(self, index: np.ndarray) -> None:
         """A step's rows into `buf`: token i routes as `rows_at(index)[i]`."""
-        if len(index) > self.buf.shape[0]:
-            raise WispError(f"a step of {len(index)} tokens exceeds the replay buffer's {self.buf.shape[0]} rows")
-        distinct, where = np.unique(index, return_inverse=True)
-        rows, where = self._to_device(self.rows_at(distinct)), self._to_device(where.reshape(-1).astype(np.int64))
-        torch.index_select(rows, 0, where, out=self.buf[: len(index)])
-
-    def _to_device(self, a: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(a))
-        if self.buf.device.type != "cuda":
-            return t.to(self.buf.device)
-        return t.pin_memory().to(self.buf.device, non_blocking=True)
+        n = len(index)
+        if n > self.buf.shape[0]:
+            raise WispError(f"a step of {n} tokens exceeds the replay buffer's {self.buf.shape[0]} rows")
+        if self._device_rows is None:  # the rows, then the row of -1 that index -1 reads
+            gap = np.full((1, *self.rows.shape[1:]), -1, dtype=np.int64)
+            self._device_rows = torch.from_numpy(np.concatenate([self.rows, gap])).to(self.buf.device)
+            if self.buf.device.type == "cuda":
+                self._staging = torch.empty(self.buf.shape[0], dtype=torch.int64, pin_memory=True)
+                self._staged = torch.cuda.Event()
+        rows = torch.from_numpy(np.where(np.asarray(index) < 0, len(self.rows), index).astype(np.int64))
+        if self._staging is not None:
+            self._staged.synchronize()  # the previous step's copy has left the staging buffer
+            self._staging[:n].copy_(rows)
+            rows = self._staging[:n].to(self.buf.device, non_blocking=True)
+            self._staged.record()
+        torch.index_select(self._device_rows, 0, rows, out=self.buf[:n])
 
     def replayed(self, layer: int, tokens: int) -> torch.Tensor:
         return self.buf[:tokens, self.layer_index[layer]]  # [T, K]

@@ -39,13 +39,16 @@ def bump(count_ptr, field, value):
 
 @triton.jit
 def add_step(ids, count_ptr, N, loads, step_bytes, HITS: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Add one step whose routed ids are `ids` (a vector, -1 where no pair) to the vector at count_ptr."""
+    """Add one step whose routed ids are `ids` (a vector, -1 where no pair) to the vector at count_ptr: one load
+    and one store of the whole vector (its fields are independent, so a launch pays one round trip, not six)."""
+    f = tl.arange(0, 8)
+    live = f < 6
+    before = tl.load(count_ptr + f, mask=live, other=0)
     e = tl.arange(0, BLOCK_E)
     distinct = tl.sum(((tl.max((ids[None, :] == e[:, None]).to(tl.int32), axis=1) > 0) & (e < N)).to(tl.int64), axis=0)
-    bump(count_ptr, 0, 1)
-    bump(count_ptr, 1 if HITS else 2, distinct)
-    bump(count_ptr, 4, loads)
-    bump(count_ptr, 5, step_bytes)
+    add = tl.where(f == 0, 1, 0).to(tl.int64) + tl.where(f == (1 if HITS else 2), distinct, 0)
+    add += tl.where(f == 4, loads, 0).to(tl.int64) + tl.where(f == 5, step_bytes, 0).to(tl.int64)
+    tl.store(count_ptr + f, before + add, mask=live)
 
 
 @triton.jit
