@@ -16,6 +16,12 @@
 #       the cache from the fused heads): their CUDA tests and the engine's graph and mode-identity tests, then
 #       resident decode alternating .gpu_data/old and this tree (OLMoE ROUNDS times, Qwen3 BF16 and FP8 once), OLMoE
 #       with its real routing, DeepSeek-V2-Lite resident and paged, and a profile of OLMoE's 8 layers; one JSON.
+#   STAGE=peer2: llama.cpp built here (the engine's CUDA graph and mode-identity tests run meanwhile), llama-bench on
+#       OLMoE-1B-7B BF16 all on the GPU, then wisp resident in the same call: decode with the random router (twice)
+#       and with OLMoE's real routing, batches 1, 4, 16 (16: past the graphs, eager), and a host profile of the
+#       replayed steps. Needs .llama_cpp (carry it).
+#   STAGE=gptoss: (a warm machine that still has the llama.cpp build) gpt-oss-20b with MXFP4 experts: llama-bench all
+#       on the GPU, then wisp resident decode and cold TTFT 512 / 2048 in the same call.
 # Results and logs in $OUT (packed into one archive: the device tool returns few files).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -120,6 +126,35 @@ PY
   pack
   timeout 60 $wisp bench profile steps --model olmoe-1b-7b --layers 8 --mode resident --phase decode --graphs --rows 30 \
     > "$out/profile_olmoe_8_layers.txt" 2>&1; grep -v Warn "$out/profile_olmoe_8_layers.txt" | head -34 ;;
+peer2)
+  python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/*.whl 2>&1 | tail -1
+  (STAGE=peer MODEL=olmoe-1b-7b TYPE=bf16 PLACEMENTS=all-gpu PEER_TIMEOUT=150 OUT="$out/peer" \
+    bash benchmarks/recipes/gpu_llama_cpp.sh > "$out/peer.log" 2>&1) &
+  peer=$!
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/decode/test_graphs.py \
+    tests/engine/test_mode_identity.py --wisp-device cuda --wisp-moe-backend triton --wisp-attention-backend triton \
+    > "$out/pytest_engine_cuda.txt" 2>&1; tail -2 "$out/pytest_engine_cuda.txt"
+  wait $peer; tail -8 "$out/peer.log"; pack
+  trace=$PWD/.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl
+  for r in 1 2; do
+    timeout 60 $wisp $decode --model olmoe-1b-7b --out "$out/decode_olmoe_router_r$r.json" 2>>"$out/decode.log" | tail -1
+    timeout 60 $wisp $decode --model olmoe-1b-7b --routing-trace "$trace" --out "$out/decode_olmoe_trace_r$r.json" \
+      2>>"$out/decode.log" | tail -1
+  done
+  timeout 90 $wisp $decode --model olmoe-1b-7b --batch 4,16 --out "$out/decode_olmoe_batches.json" 2>>"$out/decode.log" | tail -2
+  timeout 120 $wisp bench prefill --load-format dummy --model olmoe-1b-7b --mode resident --prompt-len 512,2048 \
+    --out "$out/prefill_olmoe.json" 2>>"$out/decode.log" | tail -3
+  pack
+  timeout 60 $wisp bench profile steps --model olmoe-1b-7b --mode resident --phase decode --graphs --host --rows 25 \
+    --routing-trace "$trace" --prompt-len 512 --steps 100 > "$out/host_profile_trace.txt" 2>&1; head -30 "$out/host_profile_trace.txt" ;;
+gptoss)
+  python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/*.whl 2>&1 | tail -1
+  STAGE=peer MODEL=gpt-oss-20b TYPE=bf16 PLACEMENTS=all-gpu PEER_TIMEOUT=200 OUT="$out/peer_gpt_oss" \
+    bash benchmarks/recipes/gpu_llama_cpp.sh 2>&1 | tail -8
+  pack
+  timeout 120 $wisp $decode --model gpt-oss-20b --out "$out/decode_gpt_oss_20b.json" 2>"$out/decode_gpt_oss.log" | tail -2
+  timeout 120 $wisp bench prefill --load-format dummy --model gpt-oss-20b --mode resident --prompt-len 512,2048 \
+    --out "$out/prefill_gpt_oss_20b.json" 2>>"$out/decode_gpt_oss.log" | tail -3 ;;
 arms)  # resident OLMoE decode, alternating the trees in ARMS (folders under .gpu_data holding a wisp/, or "new"),
   # ROUNDS times; one JSON of every record (the device tool returns few files)
   mkdir -p /tmp/arms
