@@ -35,7 +35,7 @@ decode="bench decode --load-format dummy --mode resident --prompt-len 512 --deco
 case "${STAGE:-check}" in
 check)
   [ -n "${KERNEL_TESTS:-}" ] && timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_triton_linear.py \
-    tests/core/kernels/test_triton_qkv_heads.py tests/core/kernels/test_triton_moe.py > "$out/pytest_kernels_cuda.txt" 2>&1
+    tests/core/kernels/test_triton_qkv_heads.py tests/core/kernels/test_triton_moe.py tests/core/kernels/test_quantized_experts.py > "$out/pytest_kernels_cuda.txt" 2>&1
   tail -4 "$out/pytest_kernels_cuda.txt" 2>/dev/null
   for m in ${MODELS:-olmoe-1b-7b qwen3-30b-a3b-fp8 qwen3-30b-a3b}; do
     timeout 150 /tmp/old $decode --model "$m" --out "$out/decode_${m}_before.json" 2>"$out/decode_${m}_before.log" | tail -2
@@ -149,9 +149,13 @@ peer2)
     --routing-trace "$trace" --prompt-len 512 --steps 100 > "$out/host_profile_trace.txt" 2>&1; head -30 "$out/host_profile_trace.txt" ;;
 gptoss)
   python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/*.whl 2>&1 | tail -1
-  STAGE=peer MODEL=gpt-oss-20b TYPE=bf16 PLACEMENTS=all-gpu PEER_TIMEOUT=200 OUT="$out/peer_gpt_oss" \
-    bash benchmarks/recipes/gpu_llama_cpp.sh 2>&1 | tail -8
-  pack
+  (STAGE=peer MODEL=gpt-oss-20b TYPE=bf16 PLACEMENTS=all-gpu PEER_TIMEOUT=200 OUT="$out/peer_gpt_oss" \
+    bash benchmarks/recipes/gpu_llama_cpp.sh > "$out/peer_gpt_oss.log" 2>&1) &
+  peer=$!
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_quantized_experts.py \
+    tests/core/kernels/test_mxfp4.py tests/core/kernels/test_triton_moe.py > "$out/pytest_quantized_cuda.txt" 2>&1
+  tail -2 "$out/pytest_quantized_cuda.txt"
+  wait $peer; tail -3 "$out/peer_gpt_oss.log"; pack
   timeout 120 $wisp $decode --model gpt-oss-20b --out "$out/decode_gpt_oss_20b.json" 2>"$out/decode_gpt_oss.log" | tail -2
   timeout 120 $wisp bench prefill --load-format dummy --model gpt-oss-20b --mode resident --prompt-len 512,2048 \
     --out "$out/prefill_gpt_oss_20b.json" 2>>"$out/decode_gpt_oss.log" | tail -3 ;;

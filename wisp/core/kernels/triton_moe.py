@@ -66,7 +66,7 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
     (docs/decisions/fp8-block-scale-read-once-a-row.md), and every element gets the same scale and product."""
     cols = col0 + tl.arange(0, BLOCK_C)
     mask = row_ok[:, None] & (cols < COLS)[None, :]
-    if FMT == 2:
+    if FMT == 2:  # (one return below: compiled, each branch's tile has its own dtype)
         byte = tl.load(w + rows[:, None] * (COLS // 2) + cols[None, :] // 2, mask=mask, other=0).to(tl.int32)
         code = tl.where((cols % 2 == 0)[None, :], byte & 0xF, byte >> 4)
         mag, e = (code & 7), (code & 7) >> 1
@@ -75,13 +75,14 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
         value = tl.where((code & 8) != 0, -value, value)
         # a scale per element, not one per 32-column group: docs/decisions/mxfp4-scale-gathered-per-element.md
         s = tl.load(sc + rows[:, None] * (COLS // 32) + cols[None, :] // 32, mask=mask, other=127).to(tl.uint32)
-        return rounded(value * (s << 23).to(tl.float32, bitcast=True), ROUND)
-    tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
-    if FMT == 1:
-        tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
-        n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
-        scale = tl.load(sc + (rows // FP8_BLOCK) * n_cols + col0 // FP8_BLOCK, mask=row_ok, other=0.0)  # [rows]
-        tile = rounded(tile.to(tl.float32) * scale[:, None], ROUND)
+        tile = rounded(value * (s << 23).to(tl.float32, bitcast=True), ROUND)
+    else:
+        tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
+        if FMT == 1:
+            tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
+            n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
+            scale = tl.load(sc + (rows // FP8_BLOCK) * n_cols + col0 // FP8_BLOCK, mask=row_ok, other=0.0)  # [rows]
+            tile = rounded(tile.to(tl.float32) * scale[:, None], ROUND)
     return tile
 
 
