@@ -55,15 +55,6 @@ from wisp.core.kernels.uva import device_view
 
 
 @triton.jit
-def _e2m1(code):
-    """An e2m1 code's value (float32, exact): sign bit 8, exponent bits 4-2, mantissa bit 1."""
-    mag, e = (code & 7), (code & 7) >> 1
-    frac = 1.0 + 0.5 * (mag & 1).to(tl.float32)
-    value = tl.where(e == 0, 0.5 * (mag & 1).to(tl.float32), frac * tl.where(e == 3, 4.0, tl.where(e == 2, 2.0, 1.0)))
-    return tl.where((code & 8) != 0, -value, value)
-
-
-@triton.jit
 def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr, FMT: tl.constexpr,
                  FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr):
     """The tile [rows, BLOCK_C columns from col0] of one expert's [R, COLS] weight at w (scales at sc; callers cast
@@ -76,17 +67,15 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
     cols = col0 + tl.arange(0, BLOCK_C)
     mask = row_ok[:, None] & (cols < COLS)[None, :]
     if FMT == 2:  # (one return below: compiled, each branch's tile has its own dtype)
-        # the packed bytes as a contiguous [rows, BLOCK_C / 2] tile, each byte's two codes decoded apart, then
-        # interleaved (even column from the low nibble); a byte's scale is its 32-column group's
-        half = col0 // 2 + tl.arange(0, BLOCK_C // 2)
-        bmask = row_ok[:, None] & (half < COLS // 2)[None, :]
-        byte = tl.load(w + rows[:, None] * (COLS // 2) + half[None, :], mask=bmask, other=0).to(tl.int32)
-        # a scale gathered per byte, not one per 32-column group: docs/decisions/mxfp4-scale-gathered-per-element.md
-        s = tl.load(sc + rows[:, None] * (COLS // 32) + (half // 16)[None, :], mask=bmask, other=127).to(tl.uint32)
-        scale = (s << 23).to(tl.float32, bitcast=True)
-        lo = rounded(_e2m1(byte & 0xF) * scale, ROUND)
-        hi = rounded(_e2m1(byte >> 4) * scale, ROUND)
-        tile = tl.reshape(tl.join(lo, hi), (lo.shape[0], BLOCK_C))
+        byte = tl.load(w + rows[:, None] * (COLS // 2) + cols[None, :] // 2, mask=mask, other=0).to(tl.int32)
+        code = tl.where((cols % 2 == 0)[None, :], byte & 0xF, byte >> 4)
+        mag, e = (code & 7), (code & 7) >> 1
+        frac = 1.0 + 0.5 * (mag & 1).to(tl.float32)
+        value = tl.where(e == 0, 0.5 * (mag & 1).to(tl.float32), frac * tl.where(e == 3, 4.0, tl.where(e == 2, 2.0, 1.0)))
+        value = tl.where((code & 8) != 0, -value, value)
+        # a scale per element, not one per 32-column group: docs/decisions/mxfp4-scale-gathered-per-element.md
+        s = tl.load(sc + rows[:, None] * (COLS // 32) + cols[None, :] // 32, mask=mask, other=127).to(tl.uint32)
+        tile = rounded(value * (s << 23).to(tl.float32, bitcast=True), ROUND)
     else:
         tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
         if FMT == 1:
