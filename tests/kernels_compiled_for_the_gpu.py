@@ -55,7 +55,7 @@ def calls():
     """(name, thunk): each front door in the formats and variants that take another constexpr branch."""
     from wisp.core.kernels.expert_extras import ExpertExtras
     from wisp.core.kernels.fp8_blocks import FP8, Fp8BlockWeight
-    from wisp.core.kernels.step_counts import StepCount
+    from wisp.core.kernels.step_count import StepCount
     from wisp.core.kernels.triton_linear import triton_linear
     from wisp.core.kernels.triton_moe import triton_fused_moe
     from wisp.core.kernels.triton_norm import triton_add_rms_norm, triton_rms_norm

@@ -207,3 +207,20 @@ def test_integrations_stay_outside_wisp_proper(path):
             assert not within(name, "wisp.integrations"), f"{module} imports {name}"
         if not within(module, "wisp.integrations.vllm"):
             assert not within(name, "vllm"), f"{module} imports {name}"
+
+
+@pytest.mark.slow
+def test_the_demo_runs_where_triton_is_not_installed():
+    """Triton is a test extra on CPU machines, not a dependency: the README's demo command runs before it is
+    installed, so nothing on the CPU path may import it at module level."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['triton'] = None\n"  # any `import triton` now raises ImportError
+            "from wisp.engine.llm import LLM\n"
+            "from wisp.engine.sampling import SamplingParams\n"
+            "out = LLM('demo', device='cpu').generate([[1, 2, 3]], SamplingParams(max_tokens=2))\n"
+            "print(len(out[0].token_ids))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stdout.split()[-1] == "2", run.stderr[-3000:]

@@ -77,7 +77,8 @@ def test_rope_matches_the_reference():
 
 
 def test_device_counts_do_not_overflow_on_mixtral_sized_experts():
-    from wisp.core.kernels.step_counts import StepCount, count_step
+    from wisp.core.kernels.step_count import StepCount
+    from wisp.core.kernels.triton_step_count import count_step
 
     ids = torch.tensor([[0, 1]] * 8, device=DEV)  # 16 routed pairs of 352 MB experts: 5.6 GB, past int32
     counts = torch.zeros(6, dtype=torch.int64, device=DEV)
@@ -89,7 +90,8 @@ def test_device_counts_do_not_overflow_on_mixtral_sized_experts():
 @pytest.mark.parametrize("t,hits", [(1, True), (3, False), (40, True)])  # 40 x 2 pairs: past the one-program sort
 def test_moe_counts_a_step_as_its_own_launch_would(t, hits):
     from wisp.core.experts.counters import COUNT_FIELDS
-    from wisp.core.kernels.step_counts import StepCount, count_step
+    from wisp.core.kernels.step_count import StepCount
+    from wisp.core.kernels.triton_step_count import count_step
 
     assert COUNT_FIELDS[:3] == ("steps", "hits", "misses") and COUNT_FIELDS[4:] == ("loads", "bytes_h2d")
     g = torch.Generator().manual_seed(t)

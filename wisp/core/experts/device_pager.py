@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from wisp.core.experts.counters import COUNT_FIELDS
-from wisp.core.kernels.step_counts import bump as _bump
+from wisp.core.kernels.triton_step_count import bump as _bump
 from wisp.core.kernels.uva import device_view
 
 

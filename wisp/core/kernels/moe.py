@@ -48,10 +48,10 @@ def fused_moe(
     expert_map: torch.Tensor | None = None,  # [N] int, logical -> slot or -1; None = identity
     extras: ExpertExtras | None = None,  # the bank's scales and biases ([S, ...]); None: plain weights
     activation: Activation = SILU,
-    count=None,  # a `wisp.core.kernels.step_counts.StepCount` (CUDA or Triton's interpreter): the step is added to it
+    count=None,  # a `wisp.core.kernels.step_count.StepCount` (CUDA or Triton's interpreter): the step is added to it
 ) -> torch.Tensor:
     if count is not None:
-        from wisp.core.kernels.step_counts import count_step
+        from wisp.core.kernels.triton_step_count import count_step
 
         count_step(count, topk_ids)
     return fused_from_pairs(pairs_by_map, combine_in_routing_order, hidden, w_gate_up, w_down, topk_ids, topk_weights,

@@ -3,7 +3,7 @@
 A family is four functions with one contract (`wisp.core.kernels.moe` states it; the Triton ones follow it bit
 for bit, tested against it):
 - `fused(hidden, w_gate_up, w_down, topk_ids, topk_weights, expert_map) -> [T, D]`, a whole MoE step; with
-  `count=` (a `wisp.core.kernels.step_counts.StepCount`) it also adds the step to a store's device counts;
+  `count=` (a `wisp.core.kernels.step_count.StepCount`) it also adds the step to a store's device counts;
 - `pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map)`: every (token, k) pair whose
   expert has a slot writes its float32 output row into per_k [T*K, D]; other pairs are left as they are;
 - `pairs_of_one_expert(per_k, hidden, w_gate_up, w_down, pairs, top_k)`: the same for the listed pairs,

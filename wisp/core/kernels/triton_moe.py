@@ -8,7 +8,7 @@ once per tile, not once per token). Five launches:
 2. `_sort_pairs`: the places become one list, each slot's pairs in whole tiles, slot after slot (on the
    device: no host sync, capturable in a CUDA graph; the grid is the most tiles T*K pairs can need); up to
    FEW_PAIRS pairs (a decode step) one program does 1 and 2 (`_sort_few_pairs`), with no zeroing launch, and
-   adds the step to the store's device counts when given one (`wisp.core.kernels.step_counts`; otherwise
+   adds the step to the store's device counts when given one (`wisp.core.kernels.step_count`; otherwise
    `count_step` is its own launch);
 3. `_gate_up_act`: program (tile, block of I rows) computes silu(gate) * up of its pairs, accumulated in
    float32 (`tl.dot`), rounded to hidden's dtype, into h;
@@ -49,7 +49,8 @@ import triton.language as tl
 from wisp.core.kernels.expert_extras import SILU, Activation, ExpertExtras
 from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8
 from wisp.core.kernels.moe import fused_from_pairs
-from wisp.core.kernels.step_counts import StepCount, add_step, count_step, experts_block
+from wisp.core.kernels.step_count import StepCount
+from wisp.core.kernels.triton_step_count import add_step, count_step, experts_block
 from wisp.core.kernels.triton_interpreter import ROUND_IDS, dot_rows, ieee_products, rounded
 from wisp.core.kernels.uva import device_view
 

@@ -1,34 +1,13 @@
-"""A MoE step added to a device count vector with no host sync, by its own launch (`count_step`) or inside a launch
-that already reads the step's routing (the Triton MoE's one-program decode sort takes a `StepCount`), so a decode
-step's counting costs no launch of its own there.
-
-The vector is int64 [6] in `wisp.core.experts.counters.COUNT_FIELDS` order (steps, hits, misses, evictions, loads,
-bytes_h2d). A step adds: steps += 1; the distinct routed experts to hits (or to misses); loads += `loads`;
-bytes_h2d += fixed_bytes + pairs * pair_bytes. One program owns the vector during a launch.
-"""
+"""`StepCount`s added on the device by Triton (CUDA, or the interpreter): `add_step` inside a launch that reads the
+step's routing, `count_step` as a launch of its own. One program owns the count vector during a launch."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-
-@dataclass(frozen=True)
-class StepCount:
-    """Where and how a store counts a step: its vector, its expert count, and what the step adds."""
-
-    counts: torch.Tensor  # int64 [6], COUNT_FIELDS order, on the device
-    num_experts: int
-    hits: bool  # the distinct routed experts count as hits (else as misses)
-    loads: int = 0
-    fixed_bytes: int = 0
-    pair_bytes: int = 0
-
-    def step_bytes(self, pairs: int) -> int:
-        return self.fixed_bytes + pairs * self.pair_bytes  # in Python: past 2**31 it is passed as int64
+from wisp.core.kernels.step_count import StepCount
 
 
 @triton.jit
