@@ -43,6 +43,8 @@ from wisp.engine.scheduler import Scheduler
 from wisp.engine.sequence import Sequence
 from wisp.engine.tokenizer import TextTokenizer
 from wisp.errors import InvalidParameter, WispError
+from wisp.models.gguf_file import is_gguf
+from wisp.models.gguf_reader import GGUFCheckpoint
 from wisp.models.loader import CheckpointReader, HostMemory, load_model
 from wisp.models.random_checkpoint import RandomWeights
 from wisp.models.source import model_source
@@ -374,8 +376,11 @@ def _output(seq: Sequence) -> StepOutput:
 
 
 def _weights(config: EngineConfig, cfg: ModelConfig, path: Path | None, device: torch.device):
-    """Where the weights come from: made up on the device (--load-format dummy) or the checkpoint."""
-    return RandomWeights(cfg, device=device) if config.load_format == "dummy" else CheckpointReader(path)
+    """Where the weights come from: made up on the device (--load-format dummy), or the checkpoint (a safetensors
+    folder or a GGUF file)."""
+    if config.load_format == "dummy":
+        return RandomWeights(cfg, device=device)
+    return GGUFCheckpoint(path, cfg) if is_gguf(path) else CheckpointReader(path)
 
 
 def _tokenizer_config(path) -> tuple[str | None, dict]:

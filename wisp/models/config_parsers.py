@@ -14,11 +14,13 @@ from typing import Any, Callable
 
 from wisp.config import ModelConfig
 from wisp.errors import WispError
+from wisp.models.gguf_config import parse_gguf_metadata
+from wisp.models.gguf_file import GGUFFile, is_gguf
 from wisp.models.hf_config import parse_hf_config, read_hf_config
 
 # a format's config dict and its generation settings (or None) -> the model's config
 ConfigParser = Callable[[dict[str, Any], dict[str, Any] | None], ModelConfig]
-PARSERS: dict[str, ConfigParser] = {"hf": parse_hf_config}
+PARSERS: dict[str, ConfigParser] = {"hf": parse_hf_config, "gguf": parse_gguf_metadata}
 
 
 def model_config(raw: dict[str, Any], generation: dict[str, Any] | None = None, fmt: str = "hf") -> ModelConfig:
@@ -30,6 +32,8 @@ def model_config(raw: dict[str, Any], generation: dict[str, Any] | None = None, 
 
 
 def read_model_config(path: str | Path) -> ModelConfig:
-    """The config of the checkpoint folder `path` (config.json, and generation_config.json when present);
-    a missing or malformed file is a WispError naming it."""
+    """The config of the checkpoint folder `path` (config.json, and generation_config.json when present), or of
+    the GGUF file `path` (its metadata); a missing or malformed file is a WispError naming it."""
+    if is_gguf(path):
+        return parse_gguf_metadata(GGUFFile(path).metadata)
     return read_hf_config(path)

@@ -46,6 +46,7 @@ class Family:
     never_renormalise: bool = False  # top-k weights are the softmax's, whatever norm_topk_prob says
     shared_expert_gated: bool = True  # the shared expert's output is scaled by a sigmoid gate (Qwen2-MoE)
     router_float32: bool = False  # router logits computed in float32 from float32 activations (DeepSeek)
+    gguf_architecture: str | None = None  # llama.cpp's name for it (GGUF general.architecture), where wisp reads GGUF
 
     def expert_widths(self, raw: dict[str, Any]) -> tuple[int, int]:
         """(MLP width of one expert, MLP width of a dense layer; the expert's when not given)."""
@@ -117,6 +118,15 @@ def get_family(name: str) -> Family:
     return FAMILIES[name]
 
 
+def family_for_gguf(architecture: str) -> Family:
+    """The family of a GGUF file's `general.architecture` (llama.cpp's name)."""
+    for family in FAMILIES.values():
+        if family.gguf_architecture == architecture:
+            return family
+    supported = ", ".join(f.gguf_architecture for f in FAMILIES.values() if f.gguf_architecture)
+    raise WispError(f"unsupported GGUF architecture {architecture!r}; supported: {supported}")
+
+
 def family_for_architecture(architecture: str | None) -> Family:
     for family in FAMILIES.values():
         if family.architecture == architecture:
@@ -125,13 +135,14 @@ def family_for_architecture(architecture: str | None) -> Family:
     raise WispError(f"unsupported architecture {architecture!r}; supported: {supported}")
 
 
-register(Family("qwen3_moe", "Qwen3MoeForCausalLM", HF_STYLE, sliding_window_switch=True, qk_norm="per_head"))
+register(Family("qwen3_moe", "Qwen3MoeForCausalLM", HF_STYLE, sliding_window_switch=True, qk_norm="per_head",
+                gguf_architecture="qwen3moe"))
 register(Family("olmoe", "OlmoeForCausalLM", HF_STYLE, expert_width_field="intermediate_size", every_layer_moe=True,
-                qk_norm="full"))
+                qk_norm="full", gguf_architecture="olmoe"))
 register(Family("mixtral", "MixtralForCausalLM", MIXTRAL_STYLE, expert_width_field="intermediate_size",
                 every_layer_moe=True, always_renormalise=True, router_dtype=torch.float32))
 register(Family("qwen2_moe", "Qwen2MoeForCausalLM", HF_STYLE, sliding_window_switch=True, shared_expert=True,
-                attention_bias_field=("qkv_bias", True)))
+                attention_bias_field=("qkv_bias", True), gguf_architecture="qwen2moe"))
 register(Family("gpt_oss", "GptOssForCausalLM", GPT_OSS_STYLE, expert_width_field="intermediate_size",
                 every_layer_moe=True, attention_bias_field=("attention_bias", True), routing="topk_softmax",
                 attention_sinks=True, alternating_windows=True, clamped_swiglu=True, expert_bias=True,

@@ -1,4 +1,4 @@
-"""Where a model comes from: `demo`, a local directory, (network permitting) a hub id, or with
+"""Where a model comes from: `demo`, a local directory, a GGUF file, (network permitting) a hub id, or with
 `--load-format dummy` a shape preset; and its config, read without loading anything else."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from pathlib import Path
 from wisp.config import EngineConfig, ModelConfig
 from wisp.errors import WispError
 from wisp.models.config_parsers import model_config, read_model_config
+from wisp.models.gguf_file import is_gguf
 from wisp.models.presets import PRESETS, preset
 
 
@@ -28,10 +29,10 @@ def resolve_model_path(model: str | Path) -> Path:
 
         return demo_path()
     path = Path(model).expanduser()
-    if path.is_dir():
+    if path.is_dir() or (is_gguf(path) and path.is_file()):
         return path
     if path.exists():
-        raise WispError(f"model path {path} is not a directory")
+        raise WispError(f"model path {path} is neither a checkpoint directory nor a .gguf file")
     text = str(model)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         return _from_hub(text)

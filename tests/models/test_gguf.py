@@ -1,0 +1,190 @@
+"""GGUF checkpoints (`--model FILE.gguf`): a small random model written as llama.cpp's converter writes it (names
+through the `gguf` package's own `TensorNameMap`, experts stacked, norms float32), in BF16 and in Q8_0, gives the
+tokens and logits of the safetensors checkpoint of the same weights (for Q8_0: of its dequantized weights), on the
+torch path; its config comes from the file's metadata; split files load as one; bad files are one clear error."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import COMMON, FAMILY_SPECS, assert_quantized_gives_its_twins_bits
+
+gguf = pytest.importorskip("gguf")
+
+ARCH = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE, "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE}
+EVERY_LAYER_MOE = {"qwen3_moe": dict(mlp_only_layers=[]), "qwen2_moe": dict(decoder_sparse_step=1)}  # as llama.cpp's
+PROMPT = [5, 17, 42, 8, 99, 3, 64]
+EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def hf_checkpoint(family: str, path: Path) -> Path:
+    import transformers
+
+    cfg_cls, model_cls, kwargs = FAMILY_SPECS[family]
+    torch.manual_seed(7)
+    config = getattr(transformers, cfg_cls)(**{**COMMON, **kwargs, **EVERY_LAYER_MOE.get(family, {})})
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():  # far from ties, as tests.helpers.make_hf_model widens them
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.5 if "embed" in name else 0.15)
+    model.save_pretrained(path)
+    return path
+
+
+def hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def stacked(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert tensors stacked as llama.cpp's converter stacks them: `...experts.gate_proj` [N, I, D]."""
+    out, experts = {}, {}
+    for name, t in tensors.items():
+        m = EXPERT.match(name)
+        if m is None:
+            out[name] = t
+        else:
+            experts.setdefault(f"{m[1]}.{m[3]}_proj.weight", {})[int(m[2])] = t
+    for name, by_id in experts.items():
+        out[name] = torch.stack([by_id[e] for e in sorted(by_id)])
+    return out
+
+
+def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1) -> list[Path]:
+    """The checkpoint in `folder` as GGUF: 2-D and 3-D weights in `qtype`, vectors float32 (split in `split` files)."""
+    import json
+
+    cfg = json.loads((folder / "config.json").read_text())
+    arch = ARCH[family]
+    tensors = stacked(hf_tensors(folder))
+    names = gguf.TensorNameMap(arch, cfg["num_hidden_layers"])
+    arch_name = gguf.MODEL_ARCH_NAMES[arch]
+    writer = gguf.GGUFWriter(out, arch_name, split_max_tensors=-(-len(tensors) // split) if split > 1 else 0)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_expert_feed_forward_length(cfg.get("moe_intermediate_size", cfg["intermediate_size"]))
+    if cfg.get("shared_expert_intermediate_size"):
+        writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+    writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if qtype == gguf.GGMLQuantizationType.BF16 else gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"<t{i}>" for i in range(cfg["vocab_size"])])
+    writer.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
+    for name, t in tensors.items():
+        base = name.removesuffix(".weight").removesuffix(".bias")
+        gname = names.get_name(base) + name[len(base):]
+        x = t.float().squeeze(1) if name.endswith("shared_expert_gate.weight") else t.float()
+        if x.dim() == 1:
+            writer.add_tensor(gname, x.numpy())
+        elif qtype == gguf.GGMLQuantizationType.BF16:
+            writer.add_tensor(gname, x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gname, gguf.quants.quantize(x.numpy(), qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return sorted(out.parent.glob(out.stem + "*.gguf"))
+
+
+def dequantized_twin(folder: Path, out: Path, qtype) -> Path:
+    """`folder`'s checkpoint with every GGUF-quantized weight replaced by its dequantized values (float32)."""
+    from safetensors.torch import save_file
+
+    out.mkdir()
+    (out / "config.json").write_text((folder / "config.json").read_text())
+    twin = {}
+    for name, t in hf_tensors(folder).items():
+        x = t.float()
+        if x.dim() >= 2 and not name.endswith("shared_expert_gate.weight"):
+            x = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(x.numpy(), qtype), qtype).copy())
+        twin[name] = x.contiguous()
+    save_file(twin, str(out / "model.safetensors"))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(ARCH))
+def test_a_bf16_gguf_gives_the_safetensors_tokens(family, tmp_path):
+    from wisp import LLM
+
+    folder = hf_checkpoint(family, tmp_path / "hf")
+    file = write_gguf(family, folder, tmp_path / f"{family}.gguf", gguf.GGMLQuantizationType.BF16)[0]
+    on_gguf = LLM(str(file))
+    assert on_gguf.config.dtype == torch.bfloat16 and on_gguf.config.family == family
+    assert_same_run(on_gguf, LLM(str(folder), dtype="bfloat16"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3_moe", "olmoe"])
+def test_a_q8_0_gguf_gives_its_dequantized_twins_tokens(family, tmp_path):
+    folder = hf_checkpoint(family, tmp_path / "hf")
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    file = write_gguf(family, folder, tmp_path / f"{family}.gguf", q8)[0]
+    twin = dequantized_twin(folder, tmp_path / "twin", q8)
+    assert_quantized_gives_its_twins_bits(file, _as_bf16(twin), "paged", 2, "cpu", "torch", "torch", PROMPT)
+
+
+def _as_bf16(folder: Path) -> Path:
+    import json
+
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"  # the GGUF's compute dtype for a quantized file
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def assert_same_run(a, b):
+    from wisp import SamplingParams
+
+    assert torch.equal(a.prompt_logits(PROMPT), b.prompt_logits(PROMPT))
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    assert a.generate([PROMPT], params)[0].token_ids == b.generate([PROMPT], params)[0].token_ids
+
+
+@pytest.mark.slow
+def test_split_files_load_as_one(tmp_path):
+    from wisp import LLM
+
+    folder = hf_checkpoint("olmoe", tmp_path / "hf")
+    parts = write_gguf("olmoe", folder, tmp_path / "olmoe.gguf", gguf.GGMLQuantizationType.BF16, split=3)
+    assert len(parts) == 3 and parts[1].name == "olmoe-00002-of-00003.gguf"
+    assert_same_run(LLM(str(parts[1])), LLM(str(folder), dtype="bfloat16"))
+    parts[2].unlink()
+    with pytest.raises(Exception, match="missing: olmoe-00003-of-00003.gguf"):
+        LLM(str(parts[0]))
+
+
+def test_an_unknown_architecture_names_the_supported_ones(tmp_path):
+    from wisp import LLM
+    from wisp.errors import WispError
+
+    out = tmp_path / "llama.gguf"
+    writer = gguf.GGUFWriter(out, "llama")
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(WispError, match="unsupported GGUF architecture 'llama'; supported: qwen3moe, olmoe, qwen2moe"):
+        LLM(str(out))

@@ -1,0 +1,79 @@
+"""A GGUF file's metadata as one `ModelConfig`: the format's parser (registered in `wisp.models.config_parsers`).
+
+The metadata (llama.cpp's keys, `{arch}.block_count` ...) is rewritten as the Hugging Face config the same model
+ships with, then parsed by `wisp.models.hf_config.parse_hf_config`, so the family (found by its GGUF architecture
+name in `wisp.models.families`) reads its quirks in one place for both formats. What a GGUF file leaves to
+llama.cpp's per-architecture code is filled from `LLAMA_CPP_DEFAULTS` (whether the top-k weights are renormalised).
+The compute dtype is the file's float type (F32, F16 or BF16), bfloat16 for a quantized file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wisp.config import ModelConfig
+from wisp.errors import WispError
+from wisp.models.families import family_for_gguf
+from wisp.models.hf_config import parse_hf_config
+
+# what llama.cpp's graph for the architecture assumes where the file says nothing: renormalised top-k weights
+LLAMA_CPP_DEFAULTS: dict[str, dict[str, Any]] = {
+    "qwen3moe": {"norm_topk_prob": True},
+    "qwen2moe": {"norm_topk_prob": False},
+    "olmoe": {"norm_topk_prob": False},
+}
+FILE_TYPE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}  # general.file_type: ALL_F32, MOSTLY_F16, MOSTLY_BF16
+
+
+def hf_config_from_gguf(meta: dict[str, Any]) -> dict[str, Any]:
+    """The Hugging Face config dict of a GGUF file's metadata (its `general.architecture` must have a family)."""
+    arch = str(meta.get("general.architecture", ""))
+    family = family_for_gguf(arch)
+
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    required = ("block_count", "embedding_length", "attention.head_count", "expert_count", "expert_used_count")
+    missing = [f"{arch}.{k}" for k in required if get(k) is None]
+    if missing:
+        raise WispError(f"the GGUF file lacks {', '.join(missing)}")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise WispError("the GGUF file has no tokenizer.ggml.tokens (its vocabulary)")
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    moe_width = get("expert_feed_forward_length", get("feed_forward_length"))
+    raw: dict[str, Any] = {
+        "architectures": [family.architecture],
+        "vocab_size": len(tokens),
+        "hidden_size": hidden,
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+        "head_dim": int(get("attention.key_length", hidden // heads)),
+        "max_position_embeddings": int(get("context_length", 4096)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "num_experts": int(get("expert_count")),
+        "num_experts_per_tok": int(get("expert_used_count")),
+        family.expert_width_field: int(moe_width),
+        "intermediate_size": int(get("feed_forward_length", moe_width)),
+        "shared_expert_intermediate_size": int(get("expert_shared_feed_forward_length", 0)),
+        "qkv_bias": True, "attention_bias": False,  # (read only by the families that name them)
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "torch_dtype": FILE_TYPE_DTYPES.get(meta.get("general.file_type"), "bfloat16"),
+        **LLAMA_CPP_DEFAULTS.get(arch, {}),
+    }
+    if get("expert_weights_norm") is not None:
+        raw["norm_topk_prob"] = bool(get("expert_weights_norm"))
+    if get("rope.scaling.type") == "yarn":
+        raw["rope_scaling"] = {"rope_type": "yarn", "factor": float(get("rope.scaling.factor")),
+                               "original_max_position_embeddings": int(get("rope.scaling.original_context_length"))}
+    return raw
+
+
+def parse_gguf_metadata(meta: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
+    """The config of a GGUF file from its metadata (`GGUFFile.metadata`)."""
+    try:
+        return parse_hf_config(hf_config_from_gguf(meta), generation)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WispError(f"the GGUF file's metadata is invalid: {exc}") from None

@@ -1,0 +1,64 @@
+"""A GGUF checkpoint seen as the loader's checkpoint reader: `in`, `get(hf_name)` and `close`, by the tensor names
+a Hugging Face checkpoint of the same model uses, so `wisp.models.loader.load_model` builds the model from either.
+
+`hf_to_gguf(cfg)` is the one table of names: llama.cpp's per-layer names (`blk.{i}.attn_q.weight`, ...) for the
+family's Hugging Face names, and each layer's experts as the stacks the loader reads (`...experts.gate_up_proj`
+[N, 2I, D] = llama.cpp's ffn_gate_exps and ffn_up_exps, `...experts.down_proj` [N, D, I] = ffn_down_exps).
+Tensors come dequantized (`wisp.models.gguf_file.GGUFFile.tensor`) and cast to the model's dtype.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+import torch
+
+from wisp.config import ModelConfig
+from wisp.errors import WispError
+from wisp.models.families import get_family
+from wisp.models.gguf_file import GGUFFile
+
+
+def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Hugging Face tensor name -> the GGUF tensors it is made of (two for a stacked gate/up, else one), for every
+    tensor a checkpoint of `cfg` may hold (the optional ones included: callers test what the file has)."""
+    n = get_family(cfg.family).weights
+    names: dict[str, tuple[str, ...]] = {"model.embed_tokens.weight": ("token_embd.weight",),
+                                         "model.norm.weight": ("output_norm.weight",), "lm_head.weight": ("output.weight",)}
+    for i in range(cfg.num_layers):
+        b, layer = f"blk.{i}", n.layer(i)
+        names[f"{layer}.input_layernorm.weight"] = (f"{b}.attn_norm.weight",)
+        names[f"{layer}.post_attention_layernorm.weight"] = (f"{b}.ffn_norm.weight",)
+        for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+            names[n.attn(i, f"{hf}.weight")] = (f"{b}.{gg}.weight",)
+            names[n.attn(i, f"{hf}.bias")] = (f"{b}.{gg}.bias",)
+        names[n.attn(i, "q_norm.weight")] = (f"{b}.attn_q_norm.weight",)
+        names[n.attn(i, "k_norm.weight")] = (f"{b}.attn_k_norm.weight",)
+        names[n.router(i)] = (f"{b}.ffn_gate_inp.weight",)
+        names[n.fused_experts(i, "gate_up")] = (f"{b}.ffn_gate_exps.weight", f"{b}.ffn_up_exps.weight")
+        names[n.fused_experts(i, "down")] = (f"{b}.ffn_down_exps.weight",)
+        for which in ("gate", "up", "down"):
+            names[n.shared_expert(i, which)] = (f"{b}.ffn_{which}_shexp.weight",)
+            names[n.dense_mlp(i, which)] = (f"{b}.ffn_{which}.weight",)
+        names[n.shared_expert_gate(i)] = (f"{b}.ffn_gate_inp_shexp.weight",)
+    return names
+
+
+class GGUFCheckpoint:
+    """The loader's reader over a GGUF file (see the module docstring); `cfg` is the file's own config."""
+
+    def __init__(self, path: str | Path, cfg: ModelConfig):
+        self.file = GGUFFile(path)
+        self.cfg = cfg
+        self.names = {hf: parts for hf, parts in hf_to_gguf(cfg).items() if all(p in self.file for p in parts)}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.names
+
+    def get(self, key: str, allow_fp8: bool = False, allow_mxfp4: bool = False) -> torch.Tensor:
+        if key not in self.names:
+            raise WispError(f"the GGUF checkpoint {self.file.parts[0]} has no tensor for {key}")
+        parts = [self.file.tensor(p) for p in self.names[key]]  # dequantized; the loader casts to the model's dtype
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # stacked gate then up: [N, 2I, D]
+
+    def close(self) -> None:
+        self.file = None
