@@ -12,5 +12,7 @@ from wisp.models.random_checkpoint import DEMO_CONFIG
 
 def test_the_default_format_is_hugging_face_and_others_list_the_supported_ones():
     assert model_config(DEMO_CONFIG) == model_config(DEMO_CONFIG, fmt="hf") == parse_hf_config(DEMO_CONFIG)
-    with pytest.raises(WispError, match="unknown config format 'gguf'; supported: hf"):
-        model_config(DEMO_CONFIG, fmt="gguf")
+    with pytest.raises(WispError, match="unknown config format 'onnx'; supported: hf, gguf"):
+        model_config(DEMO_CONFIG, fmt="onnx")
+    with pytest.raises(WispError, match="unsupported GGUF architecture ''; supported: qwen3moe, olmoe, qwen2moe"):
+        model_config(DEMO_CONFIG, fmt="gguf")  # a config.json is no GGUF metadata
