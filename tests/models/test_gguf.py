@@ -5,6 +5,7 @@ torch path; its config comes from the file's metadata; split files load as one; 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -22,12 +23,13 @@ PROMPT = [5, 17, 42, 8, 99, 3, 64]
 EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
-def hf_checkpoint(family: str, path: Path) -> Path:
+def hf_checkpoint(family: str, path: Path, vocab_size: int = COMMON["vocab_size"]) -> Path:
     import transformers
 
     cfg_cls, model_cls, kwargs = FAMILY_SPECS[family]
     torch.manual_seed(7)
-    config = getattr(transformers, cfg_cls)(**{**COMMON, **kwargs, **EVERY_LAYER_MOE.get(family, {})})
+    config = getattr(transformers, cfg_cls)(**{**COMMON, **kwargs, **EVERY_LAYER_MOE.get(family, {}),
+                                               "vocab_size": vocab_size})
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():  # far from ties, as tests.helpers.make_hf_model widens them
         for name, p in model.named_parameters():
@@ -60,10 +62,9 @@ def stacked(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1) -> list[Path]:
-    """The checkpoint in `folder` as GGUF: 2-D and 3-D weights in `qtype`, vectors float32 (split in `split` files)."""
-    import json
-
+def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, tokenizer=None) -> list[Path]:
+    """The checkpoint in `folder` as GGUF: 2-D and 3-D weights in `qtype`, vectors float32 (split in `split` files);
+    `tokenizer` (a byte-level BPE `tokenizers.Tokenizer`) as llama.cpp's "gpt2" model, else placeholder tokens."""
     cfg = json.loads((folder / "config.json").read_text())
     arch = ARCH[family]
     tensors = stacked(hf_tensors(folder))
@@ -88,8 +89,11 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1) -> l
     writer.add_expert_used_count(cfg["num_experts_per_tok"])
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if qtype == gguf.GGMLQuantizationType.BF16 else gguf.LlamaFileType.MOSTLY_Q8_0)
     writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"<t{i}>" for i in range(cfg["vocab_size"])])
-    writer.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
+    if tokenizer is None:
+        writer.add_token_list([f"<t{i}>" for i in range(cfg["vocab_size"])])
+        writer.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
+    else:
+        add_tokenizer(writer, tokenizer, cfg["vocab_size"])
     for name, t in tensors.items():
         base = name.removesuffix(".weight").removesuffix(".bias")
         gname = names.get_name(base) + name[len(base):]
@@ -105,6 +109,43 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1) -> l
     writer.write_tensors_to_file()
     writer.close()
     return sorted(out.parent.glob(out.stem + "*.gguf"))
+
+
+CHAT = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+TEXTS = ["Hello, world!", "It's 2026: don't panic.\n\n  indented\tand tabbed", "naïve café 東京 🙂", "x<|im_end|>y", ""]
+
+
+def trained_tokenizer(vocab_size: int):
+    """A byte-level BPE trained on a few sentences, split as Qwen2's tokenizer splits, with one control token."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from wisp.models.gguf_tokenizer import PRE_TOKENIZER_SPLITS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRE_TOKENIZER_SPLITS["qwen2"]), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    text = ["the quick brown fox jumps over the lazy dog", "it's what they're doing, don't you think?",
+            "numbers 12345 and 2026", "a cafe, a naive idea"] * 20
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, special_tokens=[],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(text, trainer)
+    tok.add_special_tokens(["<|im_end|>"])
+    return tok
+
+
+def add_tokenizer(writer, tok, vocab_size: int) -> None:
+    model = json.loads(tok.to_str())["model"]
+    vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    assert [i for _, i in vocab] == list(range(vocab_size))
+    tokens = [t for t, _ in vocab]
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in model["merges"]])
+    writer.add_token_types([gguf.TokenType.CONTROL if t == "<|im_end|>" else gguf.TokenType.NORMAL for t in tokens])
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_chat_template(CHAT)
 
 
 def dequantized_twin(folder: Path, out: Path, qtype) -> Path:
@@ -146,8 +187,6 @@ def test_a_q8_0_gguf_gives_its_dequantized_twins_tokens(family, tmp_path):
 
 
 def _as_bf16(folder: Path) -> Path:
-    import json
-
     cfg = json.loads((folder / "config.json").read_text())
     cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"  # the GGUF's compute dtype for a quantized file
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -188,3 +227,26 @@ def test_an_unknown_architecture_names_the_supported_ones(tmp_path):
     writer.close()
     with pytest.raises(WispError, match="unsupported GGUF architecture 'llama'; supported: qwen3moe, olmoe, qwen2moe"):
         LLM(str(out))
+
+
+@pytest.mark.slow
+def test_the_tokenizer_and_chat_template_come_from_the_metadata(tmp_path, monkeypatch):
+    from wisp import LLM
+
+    monkeypatch.setenv("WISP_CACHE", str(tmp_path / "cache"))
+    original = trained_tokenizer(320)  # byte-level: 256 bytes, some merges, one control token
+    folder = hf_checkpoint("qwen3_moe", tmp_path / "hf", vocab_size=320)
+    file = write_gguf("qwen3_moe", folder, tmp_path / "q.gguf", gguf.GGMLQuantizationType.BF16, tokenizer=original)[0]
+    llm = LLM(str(file))
+    for text in TEXTS:
+        ids = original.encode(text, add_special_tokens=False).ids
+        assert llm.tokenizer.encode(text) == ids, text
+        assert llm.tokenizer.decode(ids) == original.decode(ids, skip_special_tokens=True)
+    eos = original.token_to_id("<|im_end|>")
+    assert llm.config.eos_token_ids == (eos,) and llm.engine.chat_template == CHAT
+    assert llm.generate("Hello, world!", None)[0].token_ids  # text in, tokens out
+    import transformers  # transformers' own conversion of the same file's tokenizer agrees
+
+    theirs = transformers.AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+    for text in TEXTS:
+        assert llm.tokenizer.encode(text) == theirs.encode(text, add_special_tokens=False), text

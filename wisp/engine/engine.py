@@ -45,8 +45,9 @@ from wisp.engine.tokenizer import TextTokenizer
 from wisp.errors import InvalidParameter, WispError
 from wisp.models.gguf_file import is_gguf
 from wisp.models.gguf_reader import GGUFCheckpoint
+from wisp.models.gguf_tokenizer import gguf_tokenizer_folder
 from wisp.models.loader import CheckpointReader, HostMemory, load_model
-from wisp.models.random_checkpoint import RandomWeights
+from wisp.models.random_checkpoint import RandomWeights, cache_dir
 from wisp.models.source import model_source
 from wisp.models.token_embedding import embedding_on_host
 
@@ -79,8 +80,11 @@ class LLMEngine:
                                                cfg.dtype, cfg.kv_tensors)
         self.floor_blocks = config.max_concurrency * -(-self.max_model_len // config.kv_block_size)
         num_blocks = self._pool_blocks()  # refuse a too-small pool before loading anything
-        self.tokenizer = TextTokenizer.from_dir(self.path) if self.path else None
-        self.chat_template, self.special_tokens = _tokenizer_config(self.path) if self.path else (None, {})
+        tokenizer_dir = self.path
+        if self.path is not None and is_gguf(self.path):  # its tokenizer, from the file's metadata
+            tokenizer_dir = gguf_tokenizer_folder(self.path, cache_dir())
+        self.tokenizer = TextTokenizer.from_dir(tokenizer_dir) if tokenizer_dir else None
+        self.chat_template, self.special_tokens = _tokenizer_config(tokenizer_dir) if tokenizer_dir else (None, {})
         self.grammars = None if self.tokenizer is None else Grammars(self.tokenizer.path, cfg.vocab_size,
                                                                       list(cfg.eos_token_ids))
         self.requests: dict[str, Sequence] = {}
