@@ -14,5 +14,5 @@ def test_the_default_format_is_hugging_face_and_others_list_the_supported_ones()
     assert model_config(DEMO_CONFIG) == model_config(DEMO_CONFIG, fmt="hf") == parse_hf_config(DEMO_CONFIG)
     with pytest.raises(WispError, match="unknown config format 'onnx'; supported: hf, gguf"):
         model_config(DEMO_CONFIG, fmt="onnx")
-    with pytest.raises(WispError, match="unsupported GGUF architecture ''; supported: qwen3moe, olmoe, qwen2moe"):
+    with pytest.raises(WispError, match="unsupported GGUF architecture ''; supported: qwen3moe, olmoe, llama, qwen2moe"):
         model_config(DEMO_CONFIG, fmt="gguf")  # a config.json is no GGUF metadata

@@ -17,10 +17,11 @@ from tests.helpers import COMMON, FAMILY_SPECS, assert_quantized_gives_its_twins
 
 gguf = pytest.importorskip("gguf")
 
-ARCH = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE, "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE}
+ARCH = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE, "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE,
+        "mixtral": gguf.MODEL_ARCH.LLAMA}
 EVERY_LAYER_MOE = {"qwen3_moe": dict(mlp_only_layers=[]), "qwen2_moe": dict(decoder_sparse_step=1)}  # as llama.cpp's
 PROMPT = [5, 17, 42, 8, 99, 3, 64]
-EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
 
 
 def hf_checkpoint(family: str, path: Path, vocab_size: int = COMMON["vocab_size"]) -> Path:
@@ -56,7 +57,7 @@ def stacked(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if m is None:
             out[name] = t
         else:
-            experts.setdefault(f"{m[1]}.{m[3]}_proj.weight", {})[int(m[2])] = t
+            experts.setdefault(f"{m[1]}.{m[3]}.weight", {})[int(m[2])] = t
     for name, by_id in experts.items():
         out[name] = torch.stack([by_id[e] for e in sorted(by_id)])
     return out
@@ -95,6 +96,9 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
     else:
         add_tokenizer(writer, tokenizer, cfg["vocab_size"])
     for name, t in tensors.items():
+        if arch == gguf.MODEL_ARCH.LLAMA and re.search(r"self_attn\.[qk]_proj\.weight$", name):
+            heads = cfg["num_attention_heads"] if ".q_proj" in name else cfg["num_key_value_heads"]
+            t = t.reshape(heads, 2, t.shape[0] // heads // 2, t.shape[1]).swapaxes(1, 2).reshape(t.shape)  # llama.cpp's
         base = name.removesuffix(".weight").removesuffix(".bias")
         gname = names.get_name(base) + name[len(base):]
         x = t.float().squeeze(1) if name.endswith("shared_expert_gate.weight") else t.float()
@@ -214,19 +218,38 @@ def test_split_files_load_as_one(tmp_path):
         LLM(str(parts[0]))
 
 
-def test_an_unknown_architecture_names_the_supported_ones(tmp_path):
+@pytest.mark.parametrize("arch, message", [
+    ("phi3", "unsupported GGUF architecture 'phi3'; supported: qwen3moe, olmoe, llama, qwen2moe"),
+    ("llama", "the GGUF file's llama model has no experts .llama.expert_count.: wisp serves mixture-of-experts"),
+])
+def test_an_unsupported_file_is_one_error_naming_what_is(tmp_path, arch, message):
     from wisp import LLM
     from wisp.errors import WispError
 
-    out = tmp_path / "llama.gguf"
-    writer = gguf.GGUFWriter(out, "llama")
+    out = tmp_path / f"{arch}.gguf"
+    writer = gguf.GGUFWriter(out, arch)
     writer.add_block_count(1)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(WispError, match="unsupported GGUF architecture 'llama'; supported: qwen3moe, olmoe, qwen2moe"):
+    with pytest.raises(WispError, match=message):
         LLM(str(out))
+
+
+def test_a_tensor_type_wisp_cannot_read_names_the_ones_it_can(tmp_path):
+    from wisp.errors import WispError
+    from wisp.models.gguf_file import GGUFFile
+
+    out = tmp_path / "ints.gguf"
+    writer = gguf.GGUFWriter(out, "olmoe")
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((4, 32), dtype=np.int32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(WispError, match="blk.0.attn_q.weight is I32, which wisp does not read; supported: F32, F16, BF16, Q8_0"):
+        GGUFFile(out).tensor("blk.0.attn_q.weight")
 
 
 @pytest.mark.slow

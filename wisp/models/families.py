@@ -140,7 +140,7 @@ register(Family("qwen3_moe", "Qwen3MoeForCausalLM", HF_STYLE, sliding_window_swi
 register(Family("olmoe", "OlmoeForCausalLM", HF_STYLE, expert_width_field="intermediate_size", every_layer_moe=True,
                 qk_norm="full", gguf_architecture="olmoe"))
 register(Family("mixtral", "MixtralForCausalLM", MIXTRAL_STYLE, expert_width_field="intermediate_size",
-                every_layer_moe=True, always_renormalise=True, router_dtype=torch.float32))
+                every_layer_moe=True, always_renormalise=True, router_dtype=torch.float32, gguf_architecture="llama"))
 register(Family("qwen2_moe", "Qwen2MoeForCausalLM", HF_STYLE, sliding_window_switch=True, shared_expert=True,
                 attention_bias_field=("qkv_bias", True), gguf_architecture="qwen2moe"))
 register(Family("gpt_oss", "GptOssForCausalLM", GPT_OSS_STYLE, expert_width_field="intermediate_size",

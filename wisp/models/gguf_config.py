@@ -21,6 +21,7 @@ LLAMA_CPP_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3moe": {"norm_topk_prob": True},
     "qwen2moe": {"norm_topk_prob": False},
     "olmoe": {"norm_topk_prob": False},
+    "llama": {},  # Mixtral: its family always renormalises
 }
 FILE_TYPE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}  # general.file_type: ALL_F32, MOSTLY_F16, MOSTLY_BF16
 
@@ -33,7 +34,10 @@ def hf_config_from_gguf(meta: dict[str, Any]) -> dict[str, Any]:
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
-    required = ("block_count", "embedding_length", "attention.head_count", "expert_count", "expert_used_count")
+    if not get("expert_count"):
+        raise WispError(f"the GGUF file's {arch} model has no experts ({arch}.expert_count): wisp serves "
+                        "mixture-of-experts models only")
+    required = ("block_count", "embedding_length", "attention.head_count", "expert_used_count")
     missing = [f"{arch}.{k}" for k in required if get(k) is None]
     if missing:
         raise WispError(f"the GGUF file lacks {', '.join(missing)}")
@@ -55,8 +59,8 @@ def hf_config_from_gguf(meta: dict[str, Any]) -> dict[str, Any]:
         "rope_theta": float(get("rope.freq_base", 10000.0)),
         "num_experts": int(get("expert_count")),
         "num_experts_per_tok": int(get("expert_used_count")),
-        family.expert_width_field: int(moe_width),
         "intermediate_size": int(get("feed_forward_length", moe_width)),
+        family.expert_width_field: int(moe_width),  # (after: OLMoE and Mixtral name the expert width so)
         "shared_expert_intermediate_size": int(get("expert_shared_feed_forward_length", 0)),
         "qkv_bias": True, "attention_bias": False,  # (read only by the families that name them)
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),

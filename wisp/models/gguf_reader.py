@@ -4,7 +4,9 @@ a Hugging Face checkpoint of the same model uses, so `wisp.models.loader.load_mo
 `hf_to_gguf(cfg)` is the one table of names: llama.cpp's per-layer names (`blk.{i}.attn_q.weight`, ...) for the
 family's Hugging Face names, and each layer's experts as the stacks the loader reads (`...experts.gate_up_proj`
 [N, 2I, D] = llama.cpp's ffn_gate_exps and ffn_up_exps, `...experts.down_proj` [N, D, I] = ffn_down_exps).
-Tensors come dequantized (`wisp.models.gguf_file.GGUFFile.tensor`) and cast to the model's dtype.
+Tensors come dequantized (`wisp.models.gguf_file.GGUFFile.tensor`; the loader casts them to the model's dtype).
+llama.cpp's `llama` architecture (Mixtral) stores q and k with each head's rotary halves interleaved, for its
+rotation of adjacent pairs; they are put back in the Hugging Face order (first half, second half) here.
 """
 
 from __future__ import annotations
@@ -43,6 +45,16 @@ def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
     return names
 
 
+ROTARY_PAIRS_INTERLEAVED = {"llama"}  # GGUF architectures whose q / k rows llama.cpp's converter permuted
+
+
+def rotary_halves(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """q or k [heads * hd, D] with each head's rows in llama.cpp's order (pairs: 0, hd/2, 1, hd/2 + 1, ...) back in
+    the Hugging Face order (0 .. hd/2 - 1, then hd/2 .. hd - 1)."""
+    rows, cols = w.shape
+    return w.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
 class GGUFCheckpoint:
     """The loader's reader over a GGUF file (see the module docstring); `cfg` is the file's own config."""
 
@@ -50,6 +62,12 @@ class GGUFCheckpoint:
         self.file = GGUFFile(path)
         self.cfg = cfg
         self.names = {hf: parts for hf, parts in hf_to_gguf(cfg).items() if all(p in self.file for p in parts)}
+        self.heads_of: dict[str, int] = {}  # q / k weights to put back in rotary-halves order: their head count
+        if self.file.arch in ROTARY_PAIRS_INTERLEAVED:
+            n = get_family(cfg.family).weights
+            for i in range(cfg.num_layers):
+                self.heads_of[n.attn(i, "q_proj.weight")] = cfg.num_heads
+                self.heads_of[n.attn(i, "k_proj.weight")] = cfg.num_kv_heads
 
     def __contains__(self, key: str) -> bool:
         return key in self.names
@@ -58,6 +76,8 @@ class GGUFCheckpoint:
         if key not in self.names:
             raise WispError(f"the GGUF checkpoint {self.file.parts[0]} has no tensor for {key}")
         parts = [self.file.tensor(p) for p in self.names[key]]  # dequantized; the loader casts to the model's dtype
+        if key in self.heads_of:
+            return rotary_halves(parts[0], self.heads_of[key])
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # stacked gate then up: [N, 2I, D]
 
     def close(self) -> None:
