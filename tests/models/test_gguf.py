@@ -18,7 +18,7 @@ from tests.helpers import COMMON, FAMILY_SPECS, assert_quantized_gives_its_twins
 gguf = pytest.importorskip("gguf")
 
 ARCH = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE, "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE,
-        "mixtral": gguf.MODEL_ARCH.LLAMA}
+        "mixtral": gguf.MODEL_ARCH.LLAMA, "gpt_oss": gguf.MODEL_ARCH.GPT_OSS}
 EVERY_LAYER_MOE = {"qwen3_moe": dict(mlp_only_layers=[]), "qwen2_moe": dict(decoder_sparse_step=1)}  # as llama.cpp's
 PROMPT = [5, 17, 42, 8, 99, 3, 64]
 EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
@@ -50,9 +50,20 @@ def hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def stacked(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per-expert tensors stacked as llama.cpp's converter stacks them: `...experts.gate_proj` [N, I, D]."""
+    """Per-expert tensors stacked as llama.cpp's converter stacks them: `...experts.gate_proj` [N, I, D]; GPT-OSS's
+    interleaved gate_up [N, D, 2I] (and bias) split into gate and up, its down [N, I, D] turned to [N, D, I]."""
     out, experts = {}, {}
     for name, t in tensors.items():
+        if name.endswith(("experts.gate_up_proj", "experts.gate_up_proj_bias")):
+            rows = t.transpose(1, 2) if t.dim() == 3 else t  # [N, 2I(, D)], gate even, up odd
+            stem, tail = name.rsplit(".", 1)
+            suffix = ".bias" if tail.endswith("_bias") else ".weight"
+            out[f"{stem}.gate_proj{suffix}"], out[f"{stem}.up_proj{suffix}"] = rows[:, 0::2], rows[:, 1::2]
+            continue
+        if name.endswith(("experts.down_proj", "experts.down_proj_bias")):
+            out[name.removesuffix("_bias").removesuffix("down_proj") + ("down_proj.bias" if name.endswith("_bias")
+                else "down_proj.weight")] = t if t.dim() == 2 else t.transpose(1, 2)
+            continue
         m = EXPERT.match(name)
         if m is None:
             out[name] = t
@@ -87,6 +98,13 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
     writer.add_rope_freq_base(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+    if arch == gguf.MODEL_ARCH.GPT_OSS:
+        rope = cfg["rope_parameters"]
+        writer.add_sliding_window(cfg["sliding_window"])
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_swiglu_clamp_exp([cfg["swiglu_limit"]] * cfg["num_hidden_layers"])
     writer.add_expert_used_count(cfg["num_experts_per_tok"])
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if qtype == gguf.GGMLQuantizationType.BF16 else gguf.LlamaFileType.MOSTLY_Q8_0)
     writer.add_tokenizer_model("gpt2")
@@ -100,9 +118,9 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
             heads = cfg["num_attention_heads"] if ".q_proj" in name else cfg["num_key_value_heads"]
             t = t.reshape(heads, 2, t.shape[0] // heads // 2, t.shape[1]).swapaxes(1, 2).reshape(t.shape)  # llama.cpp's
         base = name.removesuffix(".weight").removesuffix(".bias")
-        gname = names.get_name(base) + name[len(base):]
+        gname = names.get_name(base) + (name[len(base):] or ".weight")  # (GPT-OSS's sinks: no suffix in HF)
         x = t.float().squeeze(1) if name.endswith("shared_expert_gate.weight") else t.float()
-        if x.dim() == 1:
+        if x.dim() == 1 or name.endswith(".bias"):  # vectors and biases float32, as llama.cpp's converter
             writer.add_tensor(gname, x.numpy())
         elif qtype == gguf.GGMLQuantizationType.BF16:
             writer.add_tensor(gname, x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), raw_dtype=qtype)

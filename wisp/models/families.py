@@ -146,7 +146,7 @@ register(Family("qwen2_moe", "Qwen2MoeForCausalLM", HF_STYLE, sliding_window_swi
 register(Family("gpt_oss", "GptOssForCausalLM", GPT_OSS_STYLE, expert_width_field="intermediate_size",
                 every_layer_moe=True, attention_bias_field=("attention_bias", True), routing="topk_softmax",
                 attention_sinks=True, alternating_windows=True, clamped_swiglu=True, expert_bias=True,
-                norm_weight_float32=True))
+                norm_weight_float32=True, gguf_architecture="gpt-oss"))
 register(Family("deepseek_v2", "DeepseekV2ForCausalLM", DEEPSEEK_STYLE, first_dense_layers=True, never_renormalise=True,
                 shared_expert=True, shared_expert_gated=False, mla=True, router_float32=True,
                 router_dtype=torch.float32))

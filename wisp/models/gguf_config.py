@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from wisp.config import ModelConfig
 from wisp.errors import WispError
 from wisp.models.families import family_for_gguf
@@ -22,8 +24,15 @@ LLAMA_CPP_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen2moe": {"norm_topk_prob": False},
     "olmoe": {"norm_topk_prob": False},
     "llama": {},  # Mixtral: its family always renormalises
+    "gpt-oss": {},
 }
+YARN_DEFAULTS: dict[str, dict[str, Any]] = {"gpt-oss": {"truncate": False}}  # llama.cpp's yarn for the architecture
 FILE_TYPE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}  # general.file_type: ALL_F32, MOSTLY_F16, MOSTLY_BF16
+
+
+def decimal(value: float) -> float:
+    """A float32 metadata value as the shortest decimal that is the same float32 (1e-05, not 9.99999974e-06)."""
+    return float(str(np.float32(value)))
 
 
 def hf_config_from_gguf(meta: dict[str, Any]) -> dict[str, Any]:
@@ -55,14 +64,13 @@ def hf_config_from_gguf(meta: dict[str, Any]) -> dict[str, Any]:
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
         "head_dim": int(get("attention.key_length", hidden // heads)),
         "max_position_embeddings": int(get("context_length", 4096)),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "rms_norm_eps": decimal(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": decimal(get("rope.freq_base", 10000.0)),
         "num_experts": int(get("expert_count")),
         "num_experts_per_tok": int(get("expert_used_count")),
         "intermediate_size": int(get("feed_forward_length", moe_width)),
         family.expert_width_field: int(moe_width),  # (after: OLMoE and Mixtral name the expert width so)
         "shared_expert_intermediate_size": int(get("expert_shared_feed_forward_length", 0)),
-        "qkv_bias": True, "attention_bias": False,  # (read only by the families that name them)
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
         "torch_dtype": FILE_TYPE_DTYPES.get(meta.get("general.file_type"), "bfloat16"),
         **LLAMA_CPP_DEFAULTS.get(arch, {}),
@@ -70,8 +78,15 @@ def hf_config_from_gguf(meta: dict[str, Any]) -> dict[str, Any]:
     if get("expert_weights_norm") is not None:
         raw["norm_topk_prob"] = bool(get("expert_weights_norm"))
     if get("rope.scaling.type") == "yarn":
-        raw["rope_scaling"] = {"rope_type": "yarn", "factor": float(get("rope.scaling.factor")),
-                               "original_max_position_embeddings": int(get("rope.scaling.original_context_length"))}
+        raw["rope_scaling"] = {"rope_type": "yarn", "factor": decimal(get("rope.scaling.factor")),
+                               "original_max_position_embeddings": int(get("rope.scaling.original_context_length")),
+                               "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
+                               "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0)), **YARN_DEFAULTS.get(arch, {})}
+    if get("attention.sliding_window"):
+        raw["sliding_window"] = int(get("attention.sliding_window"))
+    if get("swiglu_clamp_exp") is not None:  # a limit per layer in llama.cpp; the families take one
+        clamp = get("swiglu_clamp_exp")
+        raw["swiglu_limit"] = decimal(clamp[0] if isinstance(clamp, list) else clamp)
     return raw
 
 

@@ -3,7 +3,9 @@ a Hugging Face checkpoint of the same model uses, so `wisp.models.loader.load_mo
 
 `hf_to_gguf(cfg)` is the one table of names: llama.cpp's per-layer names (`blk.{i}.attn_q.weight`, ...) for the
 family's Hugging Face names, and each layer's experts as the stacks the loader reads (`...experts.gate_up_proj`
-[N, 2I, D] = llama.cpp's ffn_gate_exps and ffn_up_exps, `...experts.down_proj` [N, D, I] = ffn_down_exps).
+[N, 2I, D] = llama.cpp's ffn_gate_exps and ffn_up_exps, `...experts.down_proj` [N, D, I] = ffn_down_exps). GPT-OSS's
+names are its checkpoints' layout (`wisp.models.weight_names`, fused_layout "gpt_oss"): gate_up [N, D, 2I] with gate
+and up interleaved (column 2j gate j, 2j + 1 up j), its bias [N, 2I] alike, down [N, I, D].
 Tensors come dequantized (`wisp.models.gguf_file.GGUFFile.tensor`; the loader casts them to the model's dtype).
 llama.cpp's `llama` architecture (Mixtral) stores q and k with each head's rotary halves interleaved, for its
 rotation of adjacent pairs; they are put back in the Hugging Face order (first half, second half) here.
@@ -26,10 +28,13 @@ def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
     n = get_family(cfg.family).weights
     names: dict[str, tuple[str, ...]] = {"model.embed_tokens.weight": ("token_embd.weight",),
                                          "model.norm.weight": ("output_norm.weight",), "lm_head.weight": ("output.weight",)}
+    gpt_oss = n.fused_layout == "gpt_oss"
     for i in range(cfg.num_layers):
         b, layer = f"blk.{i}", n.layer(i)
         names[f"{layer}.input_layernorm.weight"] = (f"{b}.attn_norm.weight",)
-        names[f"{layer}.post_attention_layernorm.weight"] = (f"{b}.ffn_norm.weight",)
+        names[f"{layer}.post_attention_layernorm.weight"] = (f"{b}.{'post_attention' if gpt_oss else 'ffn'}_norm.weight",)
+        names[n.attn(i, "sinks")] = (f"{b}.attn_sinks.weight",)
+        names[n.router(i).removesuffix("weight") + "bias"] = (f"{b}.ffn_gate_inp.bias",)
         for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
             names[n.attn(i, f"{hf}.weight")] = (f"{b}.{gg}.weight",)
             names[n.attn(i, f"{hf}.bias")] = (f"{b}.{gg}.bias",)
@@ -38,6 +43,8 @@ def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
         names[n.router(i)] = (f"{b}.ffn_gate_inp.weight",)
         names[n.fused_experts(i, "gate_up")] = (f"{b}.ffn_gate_exps.weight", f"{b}.ffn_up_exps.weight")
         names[n.fused_experts(i, "down")] = (f"{b}.ffn_down_exps.weight",)
+        names[n.fused_experts(i, "gate_up") + "_bias"] = (f"{b}.ffn_gate_exps.bias", f"{b}.ffn_up_exps.bias")
+        names[n.fused_experts(i, "down") + "_bias"] = (f"{b}.ffn_down_exps.bias",)
         for which in ("gate", "up", "down"):
             names[n.shared_expert(i, which)] = (f"{b}.ffn_{which}_shexp.weight",)
             names[n.dense_mlp(i, which)] = (f"{b}.ffn_{which}.weight",)
@@ -62,6 +69,7 @@ class GGUFCheckpoint:
         self.file = GGUFFile(path)
         self.cfg = cfg
         self.names = {hf: parts for hf, parts in hf_to_gguf(cfg).items() if all(p in self.file for p in parts)}
+        self.gpt_oss = get_family(cfg.family).weights.fused_layout == "gpt_oss"
         self.heads_of: dict[str, int] = {}  # q / k weights to put back in rotary-halves order: their head count
         if self.file.arch in ROTARY_PAIRS_INTERLEAVED:
             n = get_family(cfg.family).weights
@@ -78,6 +86,12 @@ class GGUFCheckpoint:
         parts = [self.file.tensor(p) for p in self.names[key]]  # dequantized; the loader casts to the model's dtype
         if key in self.heads_of:
             return rotary_halves(parts[0], self.heads_of[key])
+        if self.gpt_oss and key.endswith(("gate_up_proj", "gate_up_proj_bias")):  # gate and up interleaved
+            pairs = torch.stack(parts, dim=2)  # [N, I, 2(, D)]
+            interleaved = pairs.reshape(pairs.shape[0], -1, *pairs.shape[3:])  # [N, 2I(, D)]
+            return interleaved.transpose(1, 2) if interleaved.dim() == 3 else interleaved  # [N, D, 2I] / [N, 2I]
+        if self.gpt_oss and key.endswith("down_proj"):
+            return parts[0].transpose(1, 2)  # [N, I, D]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # stacked gate then up: [N, 2I, D]
 
     def close(self) -> None:
