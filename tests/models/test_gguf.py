@@ -74,9 +74,11 @@ def stacked(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, tokenizer=None) -> list[Path]:
+def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, tokenizer=None,
+               expert_qtype=None) -> list[Path]:
     """The checkpoint in `folder` as GGUF: 2-D and 3-D weights in `qtype`, vectors float32 (split in `split` files);
-    `tokenizer` (a byte-level BPE `tokenizers.Tokenizer`) as llama.cpp's "gpt2" model, else placeholder tokens."""
+    `tokenizer` (a byte-level BPE `tokenizers.Tokenizer`) as llama.cpp's "gpt2" model, else placeholder tokens;
+    `expert_qtype`: the experts' type where it is not `qtype` (GPT-OSS's MXFP4)."""
     cfg = json.loads((folder / "config.json").read_text())
     arch = ARCH[family]
     tensors = stacked(hf_tensors(folder))
@@ -106,7 +108,9 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         writer.add_swiglu_clamp_exp([cfg["swiglu_limit"]] * cfg["num_hidden_layers"])
     writer.add_expert_used_count(cfg["num_experts_per_tok"])
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if qtype == gguf.GGMLQuantizationType.BF16 else gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if expert_qtype == gguf.GGMLQuantizationType.MXFP4 else
+                         gguf.LlamaFileType.MOSTLY_BF16 if qtype == gguf.GGMLQuantizationType.BF16 else
+                         gguf.LlamaFileType.MOSTLY_Q8_0)
     writer.add_tokenizer_model("gpt2")
     if tokenizer is None:
         writer.add_token_list([f"<t{i}>" for i in range(cfg["vocab_size"])])
@@ -120,12 +124,13 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
         base = name.removesuffix(".weight").removesuffix(".bias")
         gname = names.get_name(base) + (name[len(base):] or ".weight")  # (GPT-OSS's sinks: no suffix in HF)
         x = t.float().squeeze(1) if name.endswith("shared_expert_gate.weight") else t.float()
+        kind = expert_qtype if expert_qtype is not None and "_exps." in gname else qtype
         if x.dim() == 1 or name.endswith(".bias"):  # vectors and biases float32, as llama.cpp's converter
             writer.add_tensor(gname, x.numpy())
-        elif qtype == gguf.GGMLQuantizationType.BF16:
-            writer.add_tensor(gname, x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), raw_dtype=qtype)
+        elif kind == gguf.GGMLQuantizationType.BF16:
+            writer.add_tensor(gname, x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), raw_dtype=kind)
         else:
-            writer.add_tensor(gname, gguf.quants.quantize(x.numpy(), qtype), raw_dtype=qtype)
+            writer.add_tensor(gname, gguf.quants.quantize(x.numpy(), kind), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -206,6 +211,27 @@ def test_a_q8_0_gguf_gives_its_dequantized_twins_tokens(family, tmp_path):
     file = write_gguf(family, folder, tmp_path / f"{family}.gguf", q8)[0]
     twin = dequantized_twin(folder, tmp_path / "twin", q8)
     assert_quantized_gives_its_twins_bits(file, _as_bf16(twin), "paged", 2, "cpu", "torch", "torch", PROMPT)
+
+
+@pytest.mark.slow
+def test_gpt_oss_mxfp4_experts_stay_packed_and_give_their_dequantized_twins_tokens(tmp_path):
+    from safetensors.torch import save_file
+
+    mx = gguf.GGMLQuantizationType.MXFP4
+    folder = hf_checkpoint("gpt_oss", tmp_path / "hf")
+    file = write_gguf("gpt_oss", folder, tmp_path / "g.gguf", gguf.GGMLQuantizationType.BF16, expert_qtype=mx)[0]
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    (twin / "config.json").write_text((folder / "config.json").read_text())
+    tensors = {}
+    for name, t in hf_tensors(folder).items():  # experts through MXFP4 along their input dim, as the file holds them
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            rows = t.float().transpose(1, 2).numpy()  # [N, out, in]
+            t = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(rows, mx), mx).copy()).transpose(1, 2)
+        tensors[name] = t.contiguous()
+    save_file(tensors, str(twin / "model.safetensors"))
+    q, p = assert_quantized_gives_its_twins_bits(file, _as_bf16(twin), "paged", 2, "cpu", "torch", "torch", PROMPT)
+    assert q.config.mxfp4_experts and q.config.expert_bytes * 3 < p.config.expert_bytes  # packed: 4.25 bits a weight
 
 
 def _as_bf16(folder: Path) -> Path:

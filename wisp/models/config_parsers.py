@@ -35,5 +35,6 @@ def read_model_config(path: str | Path) -> ModelConfig:
     """The config of the checkpoint folder `path` (config.json, and generation_config.json when present), or of
     the GGUF file `path` (its metadata); a missing or malformed file is a WispError naming it."""
     if is_gguf(path):
-        return parse_gguf_metadata(GGUFFile(path).metadata)
+        file = GGUFFile(path)
+        return parse_gguf_metadata(file.metadata, expert_type=file.tensor_type("blk.0.ffn_gate_exps.weight"))
     return read_hf_config(path)

@@ -4,7 +4,8 @@ The metadata (llama.cpp's keys, `{arch}.block_count` ...) is rewritten as the Hu
 ships with, then parsed by `wisp.models.hf_config.parse_hf_config`, so the family (found by its GGUF architecture
 name in `wisp.models.families`) reads its quirks in one place for both formats. What a GGUF file leaves to
 llama.cpp's per-architecture code is filled from `LLAMA_CPP_DEFAULTS` (whether the top-k weights are renormalised).
-The compute dtype is the file's float type (F32, F16 or BF16), bfloat16 for a quantized file.
+The compute dtype is the file's float type (F32, F16 or BF16), bfloat16 for a quantized file. GPT-OSS's MXFP4 experts
+stay MXFP4 (the config says so, as the hub's MXFP4 checkpoints do); every other quantized tensor is dequantized.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def decimal(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def hf_config_from_gguf(meta: dict[str, Any]) -> dict[str, Any]:
-    """The Hugging Face config dict of a GGUF file's metadata (its `general.architecture` must have a family)."""
+def hf_config_from_gguf(meta: dict[str, Any], expert_type: str | None = None) -> dict[str, Any]:
+    """The Hugging Face config dict of a GGUF file's metadata (its `general.architecture` must have a family);
+    `expert_type`: the GGML type of its experts, MXFP4 ones kept packed where the family reads MXFP4 (GPT-OSS)."""
     arch = str(meta.get("general.architecture", ""))
     family = family_for_gguf(arch)
 
@@ -75,6 +77,8 @@ def hf_config_from_gguf(meta: dict[str, Any]) -> dict[str, Any]:
         "torch_dtype": FILE_TYPE_DTYPES.get(meta.get("general.file_type"), "bfloat16"),
         **LLAMA_CPP_DEFAULTS.get(arch, {}),
     }
+    if expert_type == "MXFP4" and family.weights.fused_layout == "gpt_oss":
+        raw["quantization_config"] = {"quant_method": "mxfp4"}
     if get("expert_weights_norm") is not None:
         raw["norm_topk_prob"] = bool(get("expert_weights_norm"))
     if get("rope.scaling.type") == "yarn":
@@ -90,9 +94,10 @@ def hf_config_from_gguf(meta: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def parse_gguf_metadata(meta: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
-    """The config of a GGUF file from its metadata (`GGUFFile.metadata`)."""
+def parse_gguf_metadata(meta: dict[str, Any], generation: dict[str, Any] | None = None,
+                        expert_type: str | None = None) -> ModelConfig:
+    """The config of a GGUF file from its metadata (`GGUFFile.metadata`) and its experts' GGML type."""
     try:
-        return parse_hf_config(hf_config_from_gguf(meta), generation)
+        return parse_hf_config(hf_config_from_gguf(meta, expert_type), generation)
     except (KeyError, TypeError, ValueError) as exc:
         raise WispError(f"the GGUF file's metadata is invalid: {exc}") from None

@@ -79,6 +79,14 @@ class GGUFFile:
     def tensor_names(self) -> list[str]:
         return list(self._tensors)
 
+    def tensor_type(self, name: str) -> str | None:
+        """The GGML type's name of tensor `name` (e.g. "MXFP4"), None when the file has no such tensor."""
+        return self._tensors[name].tensor_type.name if name in self._tensors else None
+
+    def packed(self, name: str) -> torch.Tensor:
+        """Tensor `name`'s stored bytes, uint8 [outer..., bytes of one innermost row] (a block format's blocks)."""
+        return torch.from_numpy(np.asarray(self._tensors[name].data).view(np.uint8).copy())
+
     def tensor(self, name: str) -> torch.Tensor:
         """The tensor `name` [outermost, ..., innermost], dequantized (float32 for the block formats)."""
         import gguf

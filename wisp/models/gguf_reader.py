@@ -44,6 +44,11 @@ def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
         names[n.fused_experts(i, "gate_up")] = (f"{b}.ffn_gate_exps.weight", f"{b}.ffn_up_exps.weight")
         names[n.fused_experts(i, "down")] = (f"{b}.ffn_down_exps.weight",)
         names[n.fused_experts(i, "gate_up") + "_bias"] = (f"{b}.ffn_gate_exps.bias", f"{b}.ffn_up_exps.bias")
+        if cfg.mxfp4_experts:  # the hub's MXFP4 names: blocks and scales, gate and up rows interleaved
+            for part in ("blocks", "scales"):
+                names[f"{n.fused_experts(i, 'gate_up')}_{part}"] = names[n.fused_experts(i, "gate_up")]
+                names[f"{n.fused_experts(i, 'down')}_{part}"] = names[n.fused_experts(i, "down")]
+            del names[n.fused_experts(i, "gate_up")], names[n.fused_experts(i, "down")]
         names[n.fused_experts(i, "down") + "_bias"] = (f"{b}.ffn_down_exps.bias",)
         for which in ("gate", "up", "down"):
             names[n.shared_expert(i, which)] = (f"{b}.ffn_{which}_shexp.weight",)
@@ -60,6 +65,16 @@ def rotary_halves(w: torch.Tensor, heads: int) -> torch.Tensor:
     the Hugging Face order (0 .. hd/2 - 1, then hd/2 .. hd - 1)."""
     rows, cols = w.shape
     return w.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def mxfp4_blocks_and_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's MXFP4 blocks, uint8 [..., G * 17] (a scale byte, then 16 bytes: element j in the low nibble of
+    byte j and element j + 16 in its high nibble), as the hub's layout: blocks [..., G, 16] (elements 2k and 2k + 1
+    in byte k's low and high nibbles) and scales [..., G]; the e8m0 scale bytes are the same."""
+    groups = packed.reshape(*packed.shape[:-1], -1, 17)  # [..., G, 17]
+    qs = groups[..., 1:]
+    codes = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # [..., G, 32]: element order
+    return codes[..., 0::2] | (codes[..., 1::2] << 4), groups[..., 0].contiguous()
 
 
 class GGUFCheckpoint:
@@ -83,6 +98,10 @@ class GGUFCheckpoint:
     def get(self, key: str, allow_fp8: bool = False, allow_mxfp4: bool = False) -> torch.Tensor:
         if key not in self.names:
             raise WispError(f"the GGUF checkpoint {self.file.parts[0]} has no tensor for {key}")
+        if key.endswith(("_blocks", "_scales")):  # MXFP4 experts, kept packed: [N, rows, G, 16] / [N, rows, G]
+            which = 0 if key.endswith("_blocks") else 1
+            packed = [mxfp4_blocks_and_scales(self.file.packed(p))[which] for p in self.names[key]]
+            return packed[0] if len(packed) == 1 else torch.stack(packed, dim=2).flatten(1, 2)  # rows interleaved
         parts = [self.file.tensor(p) for p in self.names[key]]  # dequantized; the loader casts to the model's dtype
         if key in self.heads_of:
             return rotary_halves(parts[0], self.heads_of[key])
