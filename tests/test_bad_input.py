@@ -63,7 +63,11 @@ def bad(tmp_path_factory, good) -> dict[str, tuple[Path, tuple[str, ...]]]:
 
     a_file = root / "model.safetensors"
     a_file.write_bytes(b"not a directory")
-    out["path_is_file"] = (a_file, ("not a directory", str(a_file)))
+    out["path_is_file"] = (a_file, ("neither a checkpoint directory nor a .gguf file", str(a_file)))
+
+    not_gguf = root / "model.gguf"
+    not_gguf.write_bytes(b"GGUF but not really")
+    out["unreadable_gguf"] = (not_gguf, ("is not a readable GGUF file", str(not_gguf)))
 
     no_weights = root / "config-only"
     no_weights.mkdir()
@@ -91,7 +95,8 @@ def bad(tmp_path_factory, good) -> dict[str, tuple[Path, tuple[str, ...]]]:
     return out
 
 
-CHECKPOINT_CASES = ["missing_dir", "path_is_file", "no_safetensors", "missing_shard", "truncated", "unsupported_arch"]
+CHECKPOINT_CASES = ["missing_dir", "path_is_file", "unreadable_gguf", "no_safetensors", "missing_shard", "truncated",
+                    "unsupported_arch"]
 
 
 @pytest.mark.parametrize("case", [*CHECKPOINT_CASES, "truncated_header"])

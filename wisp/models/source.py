@@ -36,7 +36,7 @@ def resolve_model_path(model: str | Path) -> Path:
     text = str(model)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         return _from_hub(text)
-    raise WispError(f"model directory {path} does not exist")
+    raise WispError(f"{'GGUF file' if is_gguf(path) else 'model directory'} {path} does not exist")
 
 
 def _from_hub(repo_id: str) -> Path:
