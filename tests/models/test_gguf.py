@@ -205,12 +205,13 @@ def test_a_bf16_gguf_gives_the_safetensors_tokens(family, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3_moe", "olmoe"])
-def test_a_q8_0_gguf_gives_its_dequantized_twins_tokens(family, tmp_path):
+def test_a_q8_0_gguf_gives_its_dequantized_twins_tokens(family, tmp_path, caplog):
     folder = hf_checkpoint(family, tmp_path / "hf")
     q8 = gguf.GGMLQuantizationType.Q8_0
     file = write_gguf(family, folder, tmp_path / f"{family}.gguf", q8)[0]
     twin = dequantized_twin(folder, tmp_path / "twin", q8)
     assert_quantized_gives_its_twins_bits(file, _as_bf16(twin), "paged", 2, "cpu", "torch", "torch", PROMPT)
+    assert "its Q8_0 experts are dequantized to bfloat16 at load" in caplog.text  # said, since it costs memory
 
 
 @pytest.mark.slow

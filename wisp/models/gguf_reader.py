@@ -13,6 +13,7 @@ rotation of adjacent pairs; they are put back in the Hugging Face order (first h
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 import torch
 
@@ -20,6 +21,8 @@ from wisp.config import ModelConfig
 from wisp.errors import WispError
 from wisp.models.families import get_family
 from wisp.models.gguf_file import GGUFFile
+
+log = logging.getLogger(__name__)
 
 
 def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
@@ -85,6 +88,12 @@ class GGUFCheckpoint:
         self.cfg = cfg
         self.names = {hf: parts for hf, parts in hf_to_gguf(cfg).items() if all(p in self.file for p in parts)}
         self.gpt_oss = get_family(cfg.family).weights.fused_layout == "gpt_oss"
+        packed = {self.file.tensor_type(f"blk.{i}.ffn_down_exps.weight") for i in range(cfg.num_layers)} - {None}
+        unpacked = sorted(packed - {"F32", "F16", "BF16"} - ({"MXFP4"} if cfg.mxfp4_experts else set()))
+        if unpacked:
+            log.warning("%s: its %s experts are dequantized to %s at load (%.2f GB in all): wisp does not keep them "
+                        "packed yet", self.file.parts[0].name, "/".join(unpacked), str(cfg.dtype).removeprefix("torch."),
+                        cfg.expert_bytes * cfg.num_experts * len(cfg.moe_layer_ids) / 1e9)
         self.heads_of: dict[str, int] = {}  # q / k weights to put back in rotary-halves order: their head count
         if self.file.arch in ROTARY_PAIRS_INTERLEAVED:
             n = get_family(cfg.family).weights
