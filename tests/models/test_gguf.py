@@ -103,12 +103,14 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
     if arch == gguf.MODEL_ARCH.GPT_OSS:
         rope = cfg["rope_parameters"]
         writer.add_sliding_window(cfg["sliding_window"])
-        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        writer.add_rope_scaling_factor(rope["factor"])
-        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        if rope["rope_type"] == "yarn":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            writer.add_rope_scaling_factor(rope["factor"])
+            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         writer.add_swiglu_clamp_exp([cfg["swiglu_limit"]] * cfg["num_hidden_layers"])
     writer.add_expert_used_count(cfg["num_experts_per_tok"])
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if expert_qtype == gguf.GGMLQuantizationType.MXFP4 else
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == gguf.GGMLQuantizationType.F32 else
+                         gguf.LlamaFileType.MOSTLY_MXFP4_MOE if expert_qtype == gguf.GGMLQuantizationType.MXFP4 else
                          gguf.LlamaFileType.MOSTLY_BF16 if qtype == gguf.GGMLQuantizationType.BF16 else
                          gguf.LlamaFileType.MOSTLY_Q8_0)
     writer.add_tokenizer_model("gpt2")
@@ -125,7 +127,7 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
         gname = names.get_name(base) + (name[len(base):] or ".weight")  # (GPT-OSS's sinks: no suffix in HF)
         x = t.float().squeeze(1) if name.endswith("shared_expert_gate.weight") else t.float()
         kind = expert_qtype if expert_qtype is not None and "_exps." in gname else qtype
-        if x.dim() == 1 or name.endswith(".bias"):  # vectors and biases float32, as llama.cpp's converter
+        if x.dim() == 1 or name.endswith(".bias") or kind == gguf.GGMLQuantizationType.F32:  # vectors, biases: float32
             writer.add_tensor(gname, x.numpy())
         elif kind == gguf.GGMLQuantizationType.BF16:
             writer.add_tensor(gname, x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), raw_dtype=kind)

@@ -1,0 +1,86 @@
+"""llama.cpp and wisp on the same tiny GGUF file: prompt logits and greedy tokens (a hand-run check for issue 44; it
+needs `pip install llama-cpp-python`, whose build takes minutes, so CI does not run it).
+
+    python benchmarks/probes/llama_cpp_greedy_parity.py [--families qwen3_moe,olmoe,qwen2_moe,mixtral,gpt_oss]
+
+For each family a random tiny model (tests/models/test_gguf.py's, weights widened far from ties, with a trained
+byte-level BPE vocabulary) is written as
+llama.cpp's converter writes it, in float32, so both sides compute in float32; wisp reads it with `--model
+FILE.gguf` on the CPU (torch path). Prints, per family, the largest prompt-logit difference and whether 16 greedy
+tokens agree, and writes them as JSON with --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+PROMPT = [5, 17, 42, 8, 99, 3, 64, 12]
+# where the tiny test models leave what llama.cpp supports, the real models' values: llama.cpp's OLMoE norms k over
+# the whole embedding (OLMoE-1B-7B has as many kv heads as heads); its gpt-oss hardcodes the SwiGLU limit 7.0 (the
+# tests' 1.5 is ignored) and floors / ceils yarn's correction range, where the reference and transformers do not
+# (`truncate: false`): with yarn the two differ by design, so gpt-oss runs here without it
+REAL_SHAPES = {"olmoe": {"num_key_value_heads": 4},
+               "gpt_oss": {"swiglu_limit": 7.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}
+
+
+def compare(family: str, root: Path) -> dict:
+    import gguf
+    from llama_cpp import Llama
+
+    from tests.models.test_gguf import hf_checkpoint, trained_tokenizer, write_gguf
+    from wisp import LLM, SamplingParams
+
+    from tests.helpers import FAMILY_SPECS
+
+    cfg_cls, model_cls, kwargs = FAMILY_SPECS[family]
+    FAMILY_SPECS[family] = (cfg_cls, model_cls, {**kwargs, **REAL_SHAPES.get(family, {})})
+    folder = hf_checkpoint(family, root / family / "hf", vocab_size=320)  # a byte-level BPE: llama.cpp needs merges
+    file = write_gguf(family, folder, root / family / f"{family}.gguf", gguf.GGMLQuantizationType.F32,
+                      tokenizer=trained_tokenizer(320))[0]
+    ours = LLM(str(file), device="cpu")
+    our_logits = ours.prompt_logits(PROMPT).float().numpy()  # [T, V]
+    our_tokens = ours.generate([PROMPT], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
+    theirs = Llama(model_path=str(file), n_ctx=64, logits_all=True, verbose=False, n_threads=2)
+    theirs.eval(PROMPT)
+    their_logits = np.array(theirs.scores[: len(PROMPT)])
+    their_tokens, context = [], list(PROMPT)
+    for _ in range(16):
+        theirs.reset()
+        theirs.eval(context)
+        token = int(np.argmax(theirs.scores[len(context) - 1]))
+        their_tokens.append(token)
+        context.append(token)
+    diff = float(np.abs(our_logits - their_logits).max())
+    scale = float(np.abs(their_logits).max())
+    return {"family": family, "max_logit_diff": diff, "max_logit": scale, "tokens_agree": our_tokens == their_tokens,
+            "wisp_tokens": our_tokens, "llama_cpp_tokens": their_tokens}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default="qwen3_moe,olmoe,qwen2_moe,mixtral,gpt_oss")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in args.families.split(","):
+            try:
+                r = compare(family, Path(tmp))
+            except Exception as exc:  # noqa: BLE001 (a family llama.cpp refuses is reported, not fatal)
+                r = {"family": family, "error": f"{exc.__class__.__name__}: {exc}"}
+            records.append(r)
+            print(json.dumps({k: v for k, v in r.items() if not k.endswith("_tokens")}), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(records, indent=1))
+
+
+if __name__ == "__main__":
+    main()
