@@ -1,5 +1,5 @@
-"""Compile (not run) every Triton kernel family for an H200 (sm_90) on any machine, CPU-only ones included:
-`python -m tests.kernels_compiled_for_the_gpu` prints the kernels compiled, one line each, and exits 1 on the
+"""Compile (not run) the Triton kernel families, in the variants the models launch, for an H200 (sm_90) on any
+machine, CPU-only ones included: `python -m tests.kernels_compiled_for_the_gpu` prints the kernels compiled, one line each, and exits 1 on the
 first that does not compile (its error above).
 
 Triton's interpreter, which the CPU tests run the kernels under, never type-checks a kernel as the compiler does
@@ -55,7 +55,9 @@ def calls():
     """(name, thunk): each front door in the formats and variants that take another constexpr branch."""
     from wisp.core.kernels.expert_extras import ExpertExtras
     from wisp.core.kernels.fp8_blocks import FP8, Fp8BlockWeight
+    from wisp.core.experts.pager import ExpertPager
     from wisp.core.kernels.step_count import StepCount
+    from wisp.core.kernels.triton_step_count import count_step
     from wisp.core.kernels.triton_linear import triton_linear
     from wisp.core.kernels.triton_moe import triton_fused_moe
     from wisp.core.kernels.triton_norm import triton_add_rms_norm, triton_rms_norm
@@ -64,6 +66,7 @@ def calls():
     from wisp.core.kernels.triton_router import triton_route
     from wisp.engine.triton_attention import decode_attention, decode_meta, triton_paged_attention, write_kv
     from wisp.engine.triton_mla_attention import mla_decode_attention, mla_paged_attention
+    from wisp.models.host_rows import gather_host_rows
 
     bf, n, k, d, i = torch.bfloat16, 8, 2, 256, 128
     x1, x3, x80 = (torch.randn(t, d, dtype=bf) for t in (1, 3, 80))
@@ -90,6 +93,13 @@ def calls():
     yield "linear FP8", lambda: triton_linear(x1, q8, parallel=True)
     yield "linear float32", lambda: triton_linear(x3.float(), wt.float())
     yield "norm, add + norm", lambda: (triton_rms_norm(x3, x3[0], 1e-6), triton_add_rms_norm(x3, x3, x3[0], 1e-6))
+    h16, h32 = x3.half(), x3.float()
+    yield "add + norm, float16 and float32", lambda: (triton_add_rms_norm(h16, h16, h16[0], 1e-6),
+                                                      triton_add_rms_norm(h32, h32, h32[0], 1e-6))
+    yield "step count", lambda: count_step(counts, ids80)
+    yield "host rows", lambda: gather_host_rows(torch.randn(128, d, dtype=bf), torch.tensor([3, 5]))
+    pager = ExpertPager({"gate_up": plain[0], "down": plain[1]}, 4, "cpu")
+    yield "the device pager's decision and copies", lambda: pager.prepare_on_device(ids3)
     yield "router, with a replay", lambda: (triton_route(torch.randn(3, 64), 8, True, bf),
                                             triton_route(torch.randn(3, 64), 8, True, bf, torch.zeros(3, 8, dtype=torch.int64)))
     cos, sin = torch.rand(3, 1, 64, dtype=bf), torch.rand(3, 1, 64, dtype=bf)
@@ -99,10 +109,12 @@ def calls():
     slots = CacheSlots(kc, vc, torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2]))
     yield "q/k/v heads, per-head norm, into the cache", lambda: triton_qkv_heads(
         qkv, 4, 2, cos, sin, "per_head", qkv[0, :64], qkv[0, :64], cache=slots)
+    yield "q/k/v heads, no norm, into the cache", lambda: triton_qkv_heads(qkv, 4, 2, cos, sin, cache=slots)
     yield "q/k/v heads, full norm", lambda: triton_qkv_heads(qkv, 4, 2, cos, sin, "full", qkv[0, :256], qkv[0, :128])
     q, tables, pos = torch.randn(3, 4, 64, dtype=bf), torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32), torch.tensor([5, 20, 31])
     yield "attention, decode with sinks and a window", lambda: decode_attention(
         q, kc, vc, tables, decode_meta(pos), 8, sinks=torch.zeros(4))
+    yield "attention, decode", lambda: decode_attention(q, kc, vc, tables, decode_meta(pos))
     yield "attention, prefill", lambda: triton_paged_attention(q, kc, vc, [0, 1], 0)
     yield "k/v write", lambda: write_kv(q[:, :2], q[:, :2], kc, vc, torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2]))
     lat, cache = torch.randn(3, 16, 576, dtype=bf), torch.randn(6, 1, 16, 576, dtype=bf)

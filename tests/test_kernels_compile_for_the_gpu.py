@@ -25,4 +25,5 @@ def test_every_kernel_family_compiles_for_the_h200():
     assert lines and all(line.split(": ", 1)[1] for line in lines), run.stdout  # each call compiled something
     compiled = set(", ".join(line.split(": ", 1)[1] for line in lines).split(", "))
     assert {"_gate_up_act", "_down", "_sort_few_pairs", "_linear", "_add_rms_norm", "_qkv_heads", "_span_partials",
-            "_merge_spans", "_paged_attn", "_latent_attn"} <= compiled, compiled
+            "_merge_spans", "_paged_attn", "_latent_attn", "_count_step", "_gather_rows", "_lru_decide",
+            "_copy_misses"} <= compiled, compiled

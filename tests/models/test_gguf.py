@@ -125,7 +125,7 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
             t = t.reshape(heads, 2, t.shape[0] // heads // 2, t.shape[1]).swapaxes(1, 2).reshape(t.shape)  # llama.cpp's
         base = name.removesuffix(".weight").removesuffix(".bias")
         gname = names.get_name(base) + (name[len(base):] or ".weight")  # (GPT-OSS's sinks: no suffix in HF)
-        x = t.float().squeeze(1) if name.endswith("shared_expert_gate.weight") else t.float()
+        x = t.float().reshape(-1) if name.endswith("shared_expert_gate.weight") else t.float()  # [D], as converters did
         kind = expert_qtype if expert_qtype is not None and "_exps." in gname else qtype
         if x.dim() == 1 or name.endswith(".bias") or kind == gguf.GGMLQuantizationType.F32:  # vectors, biases: float32
             writer.add_tensor(gname, x.numpy())
@@ -141,7 +141,8 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
 
 
 CHAT = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-TEXTS = ["Hello, world!", "It's 2026: don't panic.\n\n  indented\tand tabbed", "naïve café 東京 🙂", "x<|im_end|>y", ""]
+TEXTS = ["Hello, world!", "It's 2026: don't panic.\n\n  indented\tand tabbed", "naïve café 東京 🙂", "x<|im_end|>y",
+         "a<tool_call>{\"name\": 1}</tool_call>b", ""]
 
 
 def trained_tokenizer(vocab_size: int):
@@ -157,10 +158,11 @@ def trained_tokenizer(vocab_size: int):
     tok.decoder = decoders.ByteLevel()
     text = ["the quick brown fox jumps over the lazy dog", "it's what they're doing, don't you think?",
             "numbers 12345 and 2026", "a cafe, a naive idea"] * 20
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, special_tokens=[],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 2, special_tokens=[],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(text, trainer)
     tok.add_special_tokens(["<|im_end|>"])
+    tok.add_tokens(["<tool_call>"])  # added, not special: kept in decoded text (Qwen3's tool-call tags)
     return tok
 
 
@@ -172,7 +174,8 @@ def add_tokenizer(writer, tok, vocab_size: int) -> None:
     writer.add_tokenizer_pre("qwen2")
     writer.add_token_list(tokens)
     writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in model["merges"]])
-    writer.add_token_types([gguf.TokenType.CONTROL if t == "<|im_end|>" else gguf.TokenType.NORMAL for t in tokens])
+    kinds = {"<|im_end|>": gguf.TokenType.CONTROL, "<tool_call>": gguf.TokenType.USER_DEFINED}
+    writer.add_token_types([kinds.get(t, gguf.TokenType.NORMAL) for t in tokens])
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
     writer.add_chat_template(CHAT)
 
@@ -312,6 +315,9 @@ def test_the_tokenizer_and_chat_template_come_from_the_metadata(tmp_path, monkey
         ids = original.encode(text, add_special_tokens=False).ids
         assert llm.tokenizer.encode(text) == ids, text
         assert llm.tokenizer.decode(ids) == original.decode(ids, skip_special_tokens=True)
+    call = original.token_to_id("<tool_call>")
+    assert call in llm.tokenizer.encode("a<tool_call>b") and llm.tokenizer.decode([call]) == "<tool_call>"  # kept
+    assert llm.tokenizer.decode(llm.tokenizer.encode("x<|im_end|>y")) == "xy"  # a control token is skipped
     eos = original.token_to_id("<|im_end|>")
     assert llm.config.eos_token_ids == (eos,) and llm.engine.chat_template == CHAT
     assert llm.generate("Hello, world!", None)[0].token_ids  # text in, tokens out
@@ -320,3 +326,12 @@ def test_the_tokenizer_and_chat_template_come_from_the_metadata(tmp_path, monkey
     theirs = transformers.AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
     for text in TEXTS:
         assert llm.tokenizer.encode(text) == theirs.encode(text, add_special_tokens=False), text
+
+
+def test_a_split_the_tokenizer_table_does_not_name_gives_no_tokenizer_rather_than_a_guess():
+    from wisp.models.gguf_tokenizer import build_tokenizer
+
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"]}
+    assert build_tokenizer({**meta, "tokenizer.ggml.pre": "qwen2"}).encode("ab").ids == [2]
+    assert build_tokenizer({**meta, "tokenizer.ggml.pre": "some-new-model"}) is None
+    assert build_tokenizer({**meta, "tokenizer.ggml.model": "llama"}) is None

@@ -36,5 +36,5 @@ def read_model_config(path: str | Path) -> ModelConfig:
     the GGUF file `path` (its metadata); a missing or malformed file is a WispError naming it."""
     if is_gguf(path):
         file = GGUFFile(path)
-        return parse_gguf_metadata(file.metadata, expert_type=file.tensor_type("blk.0.ffn_gate_exps.weight"))
+        return parse_gguf_metadata(file.metadata, experts=file.expert_facts())
     return read_hf_config(path)

@@ -4,7 +4,7 @@ The metadata (llama.cpp's keys, `{arch}.block_count` ...) is rewritten as the Hu
 ships with, then parsed by `wisp.models.hf_config.parse_hf_config`, so the family (found by its GGUF architecture
 name in `wisp.models.families`) reads its quirks in one place for both formats. What a GGUF file leaves to
 llama.cpp's per-architecture code is filled from `LLAMA_CPP_DEFAULTS` (whether the top-k weights are renormalised).
-The compute dtype is the file's float type (F32, F16 or BF16), bfloat16 for a quantized file. GPT-OSS's MXFP4 experts
+The compute dtype is float32 for an F32 file, else bfloat16 (`FILE_TYPE_DTYPES`). GPT-OSS's MXFP4 experts
 stay MXFP4 (the config says so, as the hub's MXFP4 checkpoints do); every other quantized tensor is dequantized.
 """
 
@@ -28,7 +28,9 @@ LLAMA_CPP_DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt-oss": {},
 }
 YARN_DEFAULTS: dict[str, dict[str, Any]] = {"gpt-oss": {"truncate": False}}  # llama.cpp's yarn for the architecture
-FILE_TYPE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}  # general.file_type: ALL_F32, MOSTLY_F16, MOSTLY_BF16
+# general.file_type -> the compute dtype: ALL_F32 float32; MOSTLY_F16 bfloat16 too (these models are trained in bf16,
+# and float16 activations can overflow where llama.cpp computes in float32); `--dtype` overrides
+FILE_TYPE_DTYPES = {0: "float32", 1: "bfloat16", 32: "bfloat16"}
 
 
 def decimal(value: float) -> float:
@@ -36,9 +38,12 @@ def decimal(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def hf_config_from_gguf(meta: dict[str, Any], expert_type: str | None = None) -> dict[str, Any]:
-    """The Hugging Face config dict of a GGUF file's metadata (its `general.architecture` must have a family);
-    `expert_type`: the GGML type of its experts, MXFP4 ones kept packed where the family reads MXFP4 (GPT-OSS)."""
+def hf_config_from_gguf(meta: dict[str, Any], experts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Hugging Face config dict of a GGUF file's metadata (its `general.architecture` must have a family).
+    `experts` (`GGUFFile.expert_facts`): the experts' GGML type (MXFP4 ones kept packed where the family reads MXFP4:
+    GPT-OSS) and the widths their tensors have, which win over the metadata's (older files lack the keys)."""
+    experts = experts or {}
+    expert_type = experts.get("type")
     arch = str(meta.get("general.architecture", ""))
     family = family_for_gguf(arch)
 
@@ -56,7 +61,7 @@ def hf_config_from_gguf(meta: dict[str, Any], expert_type: str | None = None) ->
     if tokens is None:
         raise WispError("the GGUF file has no tokenizer.ggml.tokens (its vocabulary)")
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    moe_width = get("expert_feed_forward_length", get("feed_forward_length"))
+    moe_width = experts.get("width") or get("expert_feed_forward_length", get("feed_forward_length"))
     raw: dict[str, Any] = {
         "architectures": [family.architecture],
         "vocab_size": len(tokens),
@@ -72,8 +77,9 @@ def hf_config_from_gguf(meta: dict[str, Any], expert_type: str | None = None) ->
         "num_experts_per_tok": int(get("expert_used_count")),
         "intermediate_size": int(get("feed_forward_length", moe_width)),
         family.expert_width_field: int(moe_width),  # (after: OLMoE and Mixtral name the expert width so)
-        "shared_expert_intermediate_size": int(get("expert_shared_feed_forward_length", 0)),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "shared_expert_intermediate_size": int(experts.get("shared_width") or get("expert_shared_feed_forward_length", 0)),
+        "eos_token_id": [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                           "tokenizer.ggml.eom_token_id") if isinstance(meta.get(k), int)],
         "torch_dtype": FILE_TYPE_DTYPES.get(meta.get("general.file_type"), "bfloat16"),
         **LLAMA_CPP_DEFAULTS.get(arch, {}),
     }
@@ -95,9 +101,9 @@ def hf_config_from_gguf(meta: dict[str, Any], expert_type: str | None = None) ->
 
 
 def parse_gguf_metadata(meta: dict[str, Any], generation: dict[str, Any] | None = None,
-                        expert_type: str | None = None) -> ModelConfig:
-    """The config of a GGUF file from its metadata (`GGUFFile.metadata`) and its experts' GGML type."""
+                        experts: dict[str, Any] | None = None) -> ModelConfig:
+    """The config of a GGUF file from its metadata (`GGUFFile.metadata`) and its experts' facts."""
     try:
-        return parse_hf_config(hf_config_from_gguf(meta, expert_type), generation)
+        return parse_hf_config(hf_config_from_gguf(meta, experts), generation)
     except (KeyError, TypeError, ValueError) as exc:
         raise WispError(f"the GGUF file's metadata is invalid: {exc}") from None

@@ -83,6 +83,19 @@ class GGUFFile:
         """The GGML type's name of tensor `name` (e.g. "MXFP4"), None when the file has no such tensor."""
         return self._tensors[name].tensor_type.name if name in self._tensors else None
 
+    def tensor_shape(self, name: str) -> tuple[int, ...] | None:
+        """Tensor `name`'s logical shape (outermost first), None when the file has no such tensor."""
+        return tuple(int(d) for d in reversed(self._tensors[name].shape)) if name in self._tensors else None
+
+    def expert_facts(self) -> dict[str, Any]:
+        """What the config needs from the tensors themselves: the experts' GGML type and width (from the first
+        stacked experts), and the shared expert's width (0: none)."""
+        first = next((n for n in self._tensors if n.endswith(".ffn_gate_exps.weight")), None)
+        shared = next((n for n in self._tensors if n.endswith(".ffn_gate_shexp.weight")), None)
+        return {"type": self.tensor_type(first) if first else None,
+                "width": self.tensor_shape(first)[1] if first else None,
+                "shared_width": self.tensor_shape(shared)[0] if shared else 0}
+
     def packed(self, name: str) -> torch.Tensor:
         """Tensor `name`'s stored bytes, uint8 [outer..., bytes of one innermost row] (a block format's blocks)."""
         return torch.from_numpy(np.asarray(self._tensors[name].data).view(np.uint8).copy())

@@ -87,6 +87,11 @@ class GGUFCheckpoint:
         self.file = GGUFFile(path)
         self.cfg = cfg
         self.names = {hf: parts for hf, parts in hf_to_gguf(cfg).items() if all(p in self.file for p in parts)}
+        if "blk.0.ffn_gate.0.weight" in self.file:  # llama.cpp's layout before April 2024: one tensor per expert
+            raise WispError(f"{self.file.parts[0].name} keeps one tensor per expert (blk.N.ffn_gate.E.weight, llama.cpp's "
+                            "layout before April 2024); wisp reads the stacked layout (blk.N.ffn_gate_exps.weight): "
+                            "convert the model again with a current llama.cpp")
+        self.shared_gates = {get_family(cfg.family).weights.shared_expert_gate(i) for i in range(cfg.num_layers)}
         self.gpt_oss = get_family(cfg.family).weights.fused_layout == "gpt_oss"
         packed = {self.file.tensor_type(f"blk.{i}.ffn_down_exps.weight") for i in range(cfg.num_layers)} - {None}
         unpacked = sorted(packed - {"F32", "F16", "BF16"} - ({"MXFP4"} if cfg.mxfp4_experts else set()))
@@ -108,10 +113,16 @@ class GGUFCheckpoint:
         if key not in self.names:
             raise WispError(f"the GGUF checkpoint {self.file.parts[0]} has no tensor for {key}")
         if key.endswith(("_blocks", "_scales")):  # MXFP4 experts, kept packed: [N, rows, G, 16] / [N, rows, G]
+            odd = [p for p in self.names[key] if self.file.tensor_type(p) != "MXFP4"]
+            if odd:
+                raise WispError(f"{odd[0]} is {self.file.tensor_type(odd[0])}, but the file's first experts are MXFP4: "
+                                "wisp reads MXFP4 experts only when every layer's are")
             which = 0 if key.endswith("_blocks") else 1
             packed = [mxfp4_blocks_and_scales(self.file.packed(p))[which] for p in self.names[key]]
             return packed[0] if len(packed) == 1 else torch.stack(packed, dim=2).flatten(1, 2)  # rows interleaved
         parts = [self.file.tensor(p) for p in self.names[key]]  # dequantized; the loader casts to the model's dtype
+        if key in self.shared_gates:  # [1, D]; converters that squeezed it wrote [D]
+            return parts[0].reshape(1, -1)
         if key in self.heads_of:
             return rotary_halves(parts[0], self.heads_of[key])
         if self.gpt_oss and key.endswith(("gate_up_proj", "gate_up_proj_bias")):  # gate and up interleaved

@@ -3,8 +3,10 @@ cache as tokenizer.json (with tokenizer_config.json: the chat template, the BOS 
 that opens a tokenizer by its folder (the engine, server workers, the grammar engine) opens this one.
 
 Supported: llama.cpp's "gpt2" model (byte-level BPE from the token list and merges), with the pre-tokenizer split the
-file names in `tokenizer.ggml.pre` (`PRE_TOKENIZER_SPLITS`); control and user-defined tokens are special tokens.
-Other tokenizer models give no tokenizer (token ids still work) and say so once. The cache folder is named by a hash
+file names in `tokenizer.ggml.pre` (`PRE_TOKENIZER_SPLITS`). Control tokens are special (decoding skips them);
+user-defined ones (Qwen3's `<think>`, `<tool_call>`) are added tokens matched whole but kept in decoded text, as
+the hub's tokenizers keep them. Another tokenizer model, or a split this table does not name, gives no tokenizer
+(token ids still work) and says so once: a guessed split would give other token ids than the model was trained on. The cache folder is named by a hash
 of the file's path, size and modification time; it is written to a temporary folder and renamed into place.
 """
 
@@ -25,30 +27,36 @@ log = logging.getLogger(__name__)
 GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 PRE_TOKENIZER_SPLITS = {
     "qwen2": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+    "gpt-4o": (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+               r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+               r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),  # o200k (gpt-oss)
     "gpt-2": GPT2_SPLIT,
     "olmo": GPT2_SPLIT,
     "default": GPT2_SPLIT,
 }
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types that are special tokens
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types: special tokens, and added tokens kept in text
 
 
 def build_tokenizer(meta: dict[str, Any]):
-    """The `tokenizers.Tokenizer` of a GGUF file's metadata, or None when its tokenizer model is not "gpt2"."""
+    """The `tokenizers.Tokenizer` of a GGUF file's metadata, or None for a tokenizer model other than "gpt2" or a
+    pre-tokenizer split `PRE_TOKENIZER_SPLITS` does not name."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
+    if kind != "gpt2" or pre not in PRE_TOKENIZER_SPLITS:
         return None
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-    split = PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre", "default"), GPT2_SPLIT)
     tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRE_TOKENIZER_SPLITS[pre]), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    types = meta.get("tokenizer.ggml.token_type") or []
+    types = list(meta.get("tokenizer.ggml.token_type") or [])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, kind in zip(tokens, types) if kind in (CONTROL, USER_DEFINED)])
+                            for t, kind in zip(tokens, types) if kind == CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t, kind in zip(tokens, types) if kind == USER_DEFINED])
     return tok
 
 
@@ -76,8 +84,9 @@ def gguf_tokenizer_folder(path: str | Path, cache: Path) -> Path | None:
         return final
     tok = build_tokenizer(file.metadata)
     if tok is None:
-        log.warning("%s: its tokenizer model %r is not supported (supported: gpt2); pass token ids", first.name,
-                    file.metadata.get("tokenizer.ggml.model"))
+        log.warning("%s: its tokenizer (model %r, pre-tokenizer %r) is not supported (supported: gpt2 with %s); pass "
+                    "token ids", first.name, file.metadata.get("tokenizer.ggml.model"),
+                    file.metadata.get("tokenizer.ggml.pre"), ", ".join(PRE_TOKENIZER_SPLITS))
         return None
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=final.parent))

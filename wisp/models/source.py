@@ -34,7 +34,7 @@ def resolve_model_path(model: str | Path) -> Path:
     if path.exists():
         raise WispError(f"model path {path} is neither a checkpoint directory nor a .gguf file")
     text = str(model)
-    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not is_gguf(path):
         return _from_hub(text)
     raise WispError(f"{'GGUF file' if is_gguf(path) else 'model directory'} {path} does not exist")
 

@@ -8,8 +8,8 @@ the route kernel's `override` reads them (`wisp.core.kernels.triton_router`); `i
 same choice for the torch routing paths.
 
 Invariants: `buf`'s address never changes, so the override works inside CUDA graphs (the runner re-captures
-them when a replay is set); the trace's rows, and a row of -1 after them, are on the device from the first
-`load`; `load` sends only each token's row index, through one pinned buffer rewritten once the previous
+them when a replay is set); the trace's rows, and a row of -1 after them, are on the device (int16) from the
+first `load`; `load` sends only each token's row index, through one pinned buffer rewritten once the previous
 step's copy out of it is done (no wait on the device's compute), and gathers the rows into `buf` on the
 device: one small copy and one gather a step. A step of more than `max_rows` tokens is a WispError. The host
 rows are never written after construction.
@@ -78,9 +78,9 @@ class ReplayBuffer:
         n = len(index)
         if n > self.buf.shape[0]:
             raise WispError(f"a step of {n} tokens exceeds the replay buffer's {self.buf.shape[0]} rows")
-        if self._device_rows is None:  # the rows, then the row of -1 that index -1 reads
+        if self._device_rows is None:  # the rows, then the row of -1 that index -1 reads (int16: expert ids < 2**15)
             gap = np.full((1, *self.rows.shape[1:]), -1, dtype=np.int64)
-            self._device_rows = torch.from_numpy(np.concatenate([self.rows, gap])).to(self.buf.device)
+            self._device_rows = torch.from_numpy(np.concatenate([self.rows, gap]).astype(np.int16)).to(self.buf.device)
             if self.buf.device.type == "cuda":
                 self._staging = torch.empty(self.buf.shape[0], dtype=torch.int64, pin_memory=True)
                 self._staged = torch.cuda.Event()
@@ -90,7 +90,7 @@ class ReplayBuffer:
             self._staging[:n].copy_(rows)
             rows = self._staging[:n].to(self.buf.device, non_blocking=True)
             self._staged.record()
-        torch.index_select(self._device_rows, 0, rows, out=self.buf[:n])
+        self.buf[:n].copy_(torch.index_select(self._device_rows, 0, rows))  # widened to int64 in the copy
 
     def replayed(self, layer: int, tokens: int) -> torch.Tensor:
         return self.buf[:tokens, self.layer_index[layer]]  # [T, K]
