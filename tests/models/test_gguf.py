@@ -141,19 +141,20 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
 
 
 CHAT = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-TEXTS = ["Hello, world!", "It's 2026: don't panic.\n\n  indented\tand tabbed", "naïve café 東京 🙂", "x<|im_end|>y",
+TEXTS = ["Hello, world!", "It's 2026: DON'T panic.\n\n  indented\tand tabbed 123456", "naïve café 東京 🙂", "x<|im_end|>y",
          "a<tool_call>{\"name\": 1}</tool_call>b", ""]
 
 
-def trained_tokenizer(vocab_size: int):
-    """A byte-level BPE trained on a few sentences, split as Qwen2's tokenizer splits, with one control token."""
+def trained_tokenizer(vocab_size: int, pre: str = "qwen2"):
+    """A byte-level BPE trained on a few sentences, split as `pre` (a GGUF pre-tokenizer name) says, with a control
+    token and a user-defined one."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from wisp.models.gguf_tokenizer import PRE_TOKENIZER_SPLITS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRE_TOKENIZER_SPLITS["qwen2"]), behavior="isolated"),
+        pre_tokenizers.Split(Regex(PRE_TOKENIZER_SPLITS[pre]), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     text = ["the quick brown fox jumps over the lazy dog", "it's what they're doing, don't you think?",
@@ -163,6 +164,7 @@ def trained_tokenizer(vocab_size: int):
     tok.train_from_iterator(text, trainer)
     tok.add_special_tokens(["<|im_end|>"])
     tok.add_tokens(["<tool_call>"])  # added, not special: kept in decoded text (Qwen3's tool-call tags)
+    tok.gguf_pre = pre  # (read by add_tokenizer)
     return tok
 
 
@@ -171,7 +173,7 @@ def add_tokenizer(writer, tok, vocab_size: int) -> None:
     vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
     assert [i for _, i in vocab] == list(range(vocab_size))
     tokens = [t for t, _ in vocab]
-    writer.add_tokenizer_pre("qwen2")
+    writer.add_tokenizer_pre(getattr(tok, "gguf_pre", "qwen2"))
     writer.add_token_list(tokens)
     writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in model["merges"]])
     kinds = {"<|im_end|>": gguf.TokenType.CONTROL, "<tool_call>": gguf.TokenType.USER_DEFINED}
@@ -303,11 +305,12 @@ def test_a_tensor_type_wisp_cannot_read_names_the_ones_it_can(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_tokenizer_and_chat_template_come_from_the_metadata(tmp_path, monkeypatch):
+@pytest.mark.parametrize("pre", ["qwen2", "gpt-4o"])  # Qwen's split; gpt-oss's (o200k)
+def test_the_tokenizer_and_chat_template_come_from_the_metadata(tmp_path, monkeypatch, pre):
     from wisp import LLM
 
     monkeypatch.setenv("WISP_CACHE", str(tmp_path / "cache"))
-    original = trained_tokenizer(320)  # byte-level: 256 bytes, some merges, one control token
+    original = trained_tokenizer(320, pre)  # byte-level: 256 bytes, some merges, a control and a user-defined token
     folder = hf_checkpoint("qwen3_moe", tmp_path / "hf", vocab_size=320)
     file = write_gguf("qwen3_moe", folder, tmp_path / "q.gguf", gguf.GGMLQuantizationType.BF16, tokenizer=original)[0]
     llm = LLM(str(file))
