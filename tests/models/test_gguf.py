@@ -240,6 +240,10 @@ def test_gpt_oss_mxfp4_experts_stay_packed_and_give_their_dequantized_twins_toke
     save_file(tensors, str(twin / "model.safetensors"))
     q, p = assert_quantized_gives_its_twins_bits(file, _as_bf16(twin), "paged", 2, "cpu", "torch", "torch", PROMPT)
     assert q.config.mxfp4_experts and q.config.expert_bytes * 3 < p.config.expert_bytes  # packed: 4.25 bits a weight
+    reader = gguf.GGUFReader(file)  # the planner's bytes are the file's: 17 bytes a block of 32, a scale and 16 codes;
+    weights = sum(int(t.n_bytes) for t in reader.tensors if t.name.endswith("_exps.weight"))  # biases: bf16 in memory
+    biases = sum(int(t.n_elements) for t in reader.tensors if t.name.endswith("_exps.bias")) * 2
+    assert q.config.expert_bytes * q.config.num_experts * len(q.config.moe_layer_ids) == weights + biases
 
 
 def _as_bf16(folder: Path) -> Path:
