@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.core.kernels.test_gguf_blocks import random_blocks
 from tests.helpers import COMMON, FAMILY_SPECS, assert_quantized_gives_its_twins_bits
 
 gguf = pytest.importorskip("gguf")
@@ -21,16 +22,19 @@ ARCH = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE, "
         "mixtral": gguf.MODEL_ARCH.LLAMA, "gpt_oss": gguf.MODEL_ARCH.GPT_OSS}
 EVERY_LAYER_MOE = {"qwen3_moe": dict(mlp_only_layers=[]), "qwen2_moe": dict(decoder_sparse_step=1)}  # as llama.cpp's
 PROMPT = [5, 17, 42, 8, 99, 3, 64]
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
 
 
-def hf_checkpoint(family: str, path: Path, vocab_size: int = COMMON["vocab_size"]) -> Path:
+def hf_checkpoint(family: str, path: Path, vocab_size: int = COMMON["vocab_size"], wide: int = 0) -> Path:
+    """A random tiny model of `family` saved as the hub does; `wide`: hidden and expert widths of that size."""
     import transformers
 
     cfg_cls, model_cls, kwargs = FAMILY_SPECS[family]
     torch.manual_seed(7)
+    widths = {"hidden_size": wide, "moe_intermediate_size": wide, "head_dim": 64} if wide else {}
     config = getattr(transformers, cfg_cls)(**{**COMMON, **kwargs, **EVERY_LAYER_MOE.get(family, {}),
-                                               "vocab_size": vocab_size})
+                                               "vocab_size": vocab_size, **widths})
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():  # far from ties, as tests.helpers.make_hf_model widens them
         for name, p in model.named_parameters():
@@ -131,6 +135,10 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
             writer.add_tensor(gname, x.numpy())
         elif kind == gguf.GGMLQuantizationType.BF16:
             writer.add_tensor(gname, x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), raw_dtype=kind)
+        elif kind.name in K_QUANTS:  # the gguf package writes no k-quants: random blocks with finite scales
+            rows = int(np.prod(x.shape[:-1]))
+            blocks = random_blocks(kind.name, rows, x.shape[-1] // 256, seed=len(gname))
+            writer.add_tensor(gname, blocks.reshape(*x.shape[:-1], -1), raw_dtype=kind)
         else:
             writer.add_tensor(gname, gguf.quants.quantize(x.numpy(), kind), raw_dtype=kind)
     writer.write_header_to_file()
@@ -244,6 +252,32 @@ def test_gpt_oss_mxfp4_experts_stay_packed_and_give_their_dequantized_twins_toke
     weights = sum(int(t.n_bytes) for t in reader.tensors if t.name.endswith("_exps.weight"))  # biases: bf16 in memory
     biases = sum(int(t.n_elements) for t in reader.tensors if t.name.endswith("_exps.bias")) * 2
     assert q.config.expert_bytes * q.config.num_experts * len(q.config.moe_layer_ids) == weights + biases
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype", K_QUANTS)
+def test_k_quant_experts_give_the_twin_of_the_gguf_packages_floats(qtype, tmp_path):
+    """Experts in a k-quant (random blocks: the gguf package writes none) against the safetensors twin holding the
+    gguf package's own dequantization of the file's blocks (read back by name: experts.E.gate_proj is
+    ffn_gate_exps[E])."""
+    from safetensors.torch import save_file
+
+    kind = gguf.GGMLQuantizationType[qtype]
+    folder = hf_checkpoint("qwen3_moe", tmp_path / "hf", wide=256)  # k-quant rows: whole 256-value blocks
+    file = write_gguf("qwen3_moe", folder, tmp_path / "q.gguf", gguf.GGMLQuantizationType.BF16, expert_qtype=kind)[0]
+    stored = {t.name: t for t in gguf.GGUFReader(file).tensors}
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    (twin / "config.json").write_text((folder / "config.json").read_text())
+    tensors = hf_tensors(folder)
+    for name in list(tensors):
+        m = EXPERT.match(name)
+        if m:
+            layer, e, part = int(m[1].split(".")[2]), int(m[2]), m[3].removesuffix("_proj")
+            t = stored[f"blk.{layer}.ffn_{part}_exps.weight"]
+            tensors[name] = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type)[e].copy())
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(twin / "model.safetensors"))
+    assert_quantized_gives_its_twins_bits(file, _as_bf16(twin), "paged", 2, "cpu", "torch", "torch", PROMPT)
 
 
 def _as_bf16(folder: Path) -> Path:

@@ -2,8 +2,9 @@
 `gguf` package: its metadata as plain values, and its tensors by GGUF name as torch tensors in their logical shape
 (outermost dimension first, as the model code indexes them).
 
-A tensor is returned dequantized: float32, float16 and bfloat16 as stored; Q8_0, Q4_0-Q5_1, the k-quants (Q2_K-Q6_K)
-and MXFP4 through `gguf.quants.dequantize` (float32, exact for every block format). Any other type is a WispError
+A tensor is returned dequantized: float32, float16 and bfloat16 as stored; Q8_0, Q4_K, Q5_K and Q6_K in torch
+(`wisp.core.kernels.gguf_blocks`: the `gguf` package's floats); Q4_0-Q5_1, Q2_K, Q3_K and MXFP4 through
+`gguf.quants.dequantize` (float32, exact for every block format). Any other type is a WispError
 naming the supported ones. Keeping quantized experts packed on the link and in the slots is not done here (the
 loader receives dense tensors).
 """
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from wisp.core.kernels.gguf_blocks import BLOCKS as TORCH_BLOCKS
+from wisp.core.kernels.gguf_blocks import dequantize as dequantize_blocks
 from wisp.errors import WispError
 
 SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -112,6 +115,8 @@ class GGUFFile:
                 shape = tuple(int(d) for d in reversed(t.shape))
                 return torch.from_numpy(data.view(np.uint16).reshape(shape).copy()).view(torch.bfloat16)
             return torch.from_numpy(data.astype(plain[t.tensor_type], copy=True))
+        if t.tensor_type.name in TORCH_BLOCKS:  # in torch (the same floats; numpy's is slow at 30B weights)
+            return dequantize_blocks(torch.from_numpy(np.array(data, copy=True).view(np.uint8)), t.tensor_type.name)
         if t.tensor_type in blocks:
             return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(data, t.tensor_type)))
         names = ", ".join(q.name for q in (*plain, *blocks))
