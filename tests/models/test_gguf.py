@@ -19,7 +19,7 @@ from tests.helpers import COMMON, FAMILY_SPECS, assert_quantized_gives_its_twins
 gguf = pytest.importorskip("gguf")
 
 ARCH = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE, "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE,
-        "mixtral": gguf.MODEL_ARCH.LLAMA, "gpt_oss": gguf.MODEL_ARCH.GPT_OSS}
+        "mixtral": gguf.MODEL_ARCH.LLAMA, "gpt_oss": gguf.MODEL_ARCH.GPT_OSS, "deepseek_v2": gguf.MODEL_ARCH.DEEPSEEK2}
 EVERY_LAYER_MOE = {"qwen3_moe": dict(mlp_only_layers=[]), "qwen2_moe": dict(decoder_sparse_step=1)}  # as llama.cpp's
 PROMPT = [5, 17, 42, 8, 99, 3, 64]
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
@@ -79,10 +79,11 @@ def stacked(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, tokenizer=None,
-               expert_qtype=None) -> list[Path]:
+               expert_qtype=None, split_kv_b: bool = True) -> list[Path]:
     """The checkpoint in `folder` as GGUF: 2-D and 3-D weights in `qtype`, vectors float32 (split in `split` files);
     `tokenizer` (a byte-level BPE `tokenizers.Tokenizer`) as llama.cpp's "gpt2" model, else placeholder tokens;
-    `expert_qtype`: the experts' type where it is not `qtype` (GPT-OSS's MXFP4)."""
+    `expert_qtype`: the experts' type where it is not `qtype` (GPT-OSS's MXFP4); `split_kv_b`: DeepSeek-V2's kv_b as
+    llama.cpp's converters since 2025 write it (attn_k_b [H, r, nope], attn_v_b [H, v, r]), else one attn_kv_b."""
     cfg = json.loads((folder / "config.json").read_text())
     arch = ARCH[family]
     tensors = stacked(hf_tensors(folder))
@@ -99,11 +100,31 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
     writer.add_head_count(cfg["num_attention_heads"])
     writer.add_head_count_kv(cfg["num_key_value_heads"])
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
+    if arch != gguf.MODEL_ARCH.DEEPSEEK2:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     writer.add_rope_freq_base(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    writer.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+    writer.add_expert_count(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg["n_routed_experts"])
+    if arch == gguf.MODEL_ARCH.DEEPSEEK2:  # the latent attention as llama.cpp's converter describes it
+        rank, rope_dim = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+        writer.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        writer.add_kv_lora_rank(rank)
+        if cfg.get("q_lora_rank"):
+            writer.add_q_lora_rank(cfg["q_lora_rank"])
+        writer.add_key_length(rank + rope_dim)
+        writer.add_value_length(rank)
+        writer.add_key_length_mla(cfg["qk_nope_head_dim"] + rope_dim)
+        writer.add_value_length_mla(cfg["v_head_dim"])
+        writer.add_rope_dimension_count(rope_dim)
+        writer.add_expert_shared_count(cfg["n_shared_experts"])
+        writer.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        writer.add_expert_weights_norm(bool(cfg.get("norm_topk_prob")))
+        rope = cfg["rope_parameters"]
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
     if arch == gguf.MODEL_ARCH.GPT_OSS:
         rope = cfg["rope_parameters"]
         writer.add_sliding_window(cfg["sliding_window"])
@@ -123,6 +144,12 @@ def write_gguf(family: str, folder: Path, out: Path, qtype, split: int = 1, toke
         writer.add_token_types([gguf.TokenType.NORMAL] * cfg["vocab_size"])
     else:
         add_tokenizer(writer, tokenizer, cfg["vocab_size"])
+    if arch == gguf.MODEL_ARCH.DEEPSEEK2 and split_kv_b:
+        for name in [n for n in tensors if n.endswith("kv_b_proj.weight")]:
+            kv_b = tensors.pop(name).view(cfg["num_attention_heads"], -1, cfg["kv_lora_rank"])
+            k_b, v_b = kv_b.split([cfg["qk_nope_head_dim"], cfg["v_head_dim"]], dim=1)
+            tensors[name.replace("kv_b_proj", "k_b_proj")] = k_b.transpose(1, 2).contiguous()
+            tensors[name.replace("kv_b_proj", "v_b_proj")] = v_b.contiguous()
     for name, t in tensors.items():
         if arch == gguf.MODEL_ARCH.LLAMA and re.search(r"self_attn\.[qk]_proj\.weight$", name):
             heads = cfg["num_attention_heads"] if ".q_proj" in name else cfg["num_key_value_heads"]
@@ -216,6 +243,19 @@ def test_a_bf16_gguf_gives_the_safetensors_tokens(family, tmp_path):
     on_gguf = LLM(str(file))
     assert on_gguf.config.dtype == torch.bfloat16 and on_gguf.config.family == family
     assert_same_run(on_gguf, LLM(str(folder), dtype="bfloat16"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split_kv_b", [True, False])  # llama.cpp's converters since 2025, and before
+def test_deepseek_v2_latent_attention_from_either_kv_b_layout(split_kv_b, tmp_path):
+    from wisp import LLM
+
+    folder = hf_checkpoint("deepseek_v2", tmp_path / "hf")
+    file = write_gguf("deepseek_v2", folder, tmp_path / "d.gguf", gguf.GGMLQuantizationType.BF16,
+                      split_kv_b=split_kv_b)[0]
+    on_gguf, on_hf = LLM(str(file)), LLM(str(folder), dtype="bfloat16")
+    assert on_gguf.config == on_hf.config  # the MLA shape, yarn's mscale, dense and shared experts, all from metadata
+    assert_same_run(on_gguf, on_hf)
 
 
 @pytest.mark.slow

@@ -149,4 +149,4 @@ register(Family("gpt_oss", "GptOssForCausalLM", GPT_OSS_STYLE, expert_width_fiel
                 norm_weight_float32=True, gguf_architecture="gpt-oss"))
 register(Family("deepseek_v2", "DeepseekV2ForCausalLM", DEEPSEEK_STYLE, first_dense_layers=True, never_renormalise=True,
                 shared_expert=True, shared_expert_gated=False, mla=True, router_float32=True,
-                router_dtype=torch.float32))
+                router_dtype=torch.float32, gguf_architecture="deepseek2"))

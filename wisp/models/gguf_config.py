@@ -26,6 +26,7 @@ LLAMA_CPP_DEFAULTS: dict[str, dict[str, Any]] = {
     "olmoe": {"norm_topk_prob": False},
     "llama": {},  # Mixtral: its family always renormalises
     "gpt-oss": {},
+    "deepseek2": {"topk_method": "greedy"},
 }
 YARN_DEFAULTS: dict[str, dict[str, Any]] = {"gpt-oss": {"truncate": False}}  # llama.cpp's yarn for the architecture
 # general.file_type -> the compute dtype: ALL_F32 float32; MOSTLY_F16 bfloat16 too (these models are trained in bf16,
@@ -87,17 +88,41 @@ def hf_config_from_gguf(meta: dict[str, Any], experts: dict[str, Any] | None = N
         raw["quantization_config"] = {"quant_method": "mxfp4"}
     if get("expert_weights_norm") is not None:
         raw["norm_topk_prob"] = bool(get("expert_weights_norm"))
+    if family.mla:
+        raw.update(latent_attention_fields(get, heads))
     if get("rope.scaling.type") == "yarn":
         raw["rope_scaling"] = {"rope_type": "yarn", "factor": decimal(get("rope.scaling.factor")),
                                "original_max_position_embeddings": int(get("rope.scaling.original_context_length")),
                                "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
-                               "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0)), **YARN_DEFAULTS.get(arch, {})}
+                               "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0)), **YARN_DEFAULTS.get(arch, {}),
+                               **raw.pop("rope_extra", {})}
     if get("attention.sliding_window"):
         raw["sliding_window"] = int(get("attention.sliding_window"))
     if get("swiglu_clamp_exp") is not None:  # a limit per layer in llama.cpp; the families take one
         clamp = get("swiglu_clamp_exp")
         raw["swiglu_limit"] = decimal(clamp[0] if isinstance(clamp, list) else clamp)
     return raw
+
+
+def latent_attention_fields(get, heads: int) -> dict[str, Any]:
+    """DeepSeek-V2's latent attention and MoE layout from llama.cpp's keys. Files since 2025 describe the absorbed
+    form (key_length = kv_lora_rank + rope dims, and the per-head widths in key_length_mla / value_length_mla); older
+    ones the per-head widths in key_length / value_length. llama.cpp keeps yarn's mscale_all_dim as
+    yarn_log_multiplier = 0.1 * mscale_all_dim, and no separate mscale (taken equal, as DeepSeek-V2's are)."""
+    rope = int(get("rope.dimension_count"))
+    key, value = get("attention.key_length_mla"), get("attention.value_length_mla")
+    if key is None:
+        key, value = get("attention.key_length"), get("attention.value_length")
+    fields = {"kv_lora_rank": int(get("attention.kv_lora_rank")), "q_lora_rank": get("attention.q_lora_rank"),
+              "qk_rope_head_dim": rope, "qk_nope_head_dim": int(key) - rope, "v_head_dim": int(value),
+              "num_key_value_heads": heads, "n_shared_experts": int(get("expert_shared_count", 0)),
+              "first_k_dense_replace": int(get("leading_dense_block_count", 0)),
+              "routed_scaling_factor": decimal(get("expert_weights_scale", 1.0)),
+              "norm_topk_prob": bool(get("expert_weights_norm", False))}
+    if get("rope.scaling.type") == "yarn" and get("rope.scaling.yarn_log_multiplier") is not None:
+        mscale = decimal(decimal(get("rope.scaling.yarn_log_multiplier")) / 0.1)
+        fields["rope_extra"] = {"mscale": mscale, "mscale_all_dim": mscale}
+    return fields
 
 
 def parse_gguf_metadata(meta: dict[str, Any], generation: dict[str, Any] | None = None,

@@ -25,6 +25,10 @@ from wisp.models.gguf_file import GGUFFile
 log = logging.getLogger(__name__)
 
 
+LATENT_NAMES = (("kv_a_proj_with_mqa", "attn_kv_a_mqa"), ("kv_a_layernorm", "attn_kv_a_norm"), ("kv_b_proj", "attn_kv_b"),
+                ("q_a_proj", "attn_q_a"), ("q_a_layernorm", "attn_q_a_norm"), ("q_b_proj", "attn_q_b"))
+
+
 def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
     """Hugging Face tensor name -> the GGUF tensors it is made of (two for a stacked gate/up, else one), for every
     tensor a checkpoint of `cfg` may hold (the optional ones included: callers test what the file has)."""
@@ -42,6 +46,8 @@ def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
             names[n.attn(i, f"{hf}.weight")] = (f"{b}.{gg}.weight",)
             names[n.attn(i, f"{hf}.bias")] = (f"{b}.{gg}.bias",)
         names[n.attn(i, "q_norm.weight")] = (f"{b}.attn_q_norm.weight",)
+        for hf, gg in LATENT_NAMES:  # DeepSeek-V2's latent attention
+            names[n.attn(i, f"{hf}.weight")] = (f"{b}.{gg}.weight",)
         names[n.attn(i, "k_norm.weight")] = (f"{b}.attn_k_norm.weight",)
         names[n.router(i)] = (f"{b}.ffn_gate_inp.weight",)
         names[n.fused_experts(i, "gate_up")] = (f"{b}.ffn_gate_exps.weight", f"{b}.ffn_up_exps.weight")
@@ -92,6 +98,12 @@ class GGUFCheckpoint:
                             "layout before April 2024); wisp reads the stacked layout (blk.N.ffn_gate_exps.weight): "
                             "convert the model again with a current llama.cpp")
         self.shared_gates = {get_family(cfg.family).weights.shared_expert_gate(i) for i in range(cfg.num_layers)}
+        if cfg.mla is not None:  # files since 2025 split kv_b into k_b [H, r, nope] and v_b [H, v, r]
+            n = get_family(cfg.family).weights
+            for i in range(cfg.num_layers):
+                parts = (f"blk.{i}.attn_k_b.weight", f"blk.{i}.attn_v_b.weight")
+                if n.attn(i, "kv_b_proj.weight") not in self.names and all(p in self.file for p in parts):
+                    self.names[n.attn(i, "kv_b_proj.weight")] = parts
         self.gpt_oss = get_family(cfg.family).weights.fused_layout == "gpt_oss"
         packed = {self.file.tensor_type(f"blk.{i}.ffn_down_exps.weight") for i in range(cfg.num_layers)} - {None}
         unpacked = sorted(packed - {"F32", "F16", "BF16"} - ({"MXFP4"} if cfg.mxfp4_experts else set()))
@@ -121,6 +133,9 @@ class GGUFCheckpoint:
             packed = [mxfp4_blocks_and_scales(self.file.packed(p))[which] for p in self.names[key]]
             return packed[0] if len(packed) == 1 else torch.stack(packed, dim=2).flatten(1, 2)  # rows interleaved
         parts = [self.file.tensor(p) for p in self.names[key]]  # dequantized; the loader casts to the model's dtype
+        if key.endswith("kv_b_proj.weight") and len(parts) == 2:  # [H * (nope + v), r], per head k's rows then v's
+            k_b, v_b = parts
+            return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, k_b.shape[1])
         if key in self.shared_gates:  # [1, D]; converters that squeezed it wrote [D]
             return parts[0].reshape(1, -1)
         if key in self.heads_of:
