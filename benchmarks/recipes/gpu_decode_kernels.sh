@@ -22,6 +22,10 @@
 #       replayed steps. Needs .llama_cpp (carry it).
 #   STAGE=gptoss: (a warm machine that still has the llama.cpp build) gpt-oss-20b with MXFP4 experts: llama-bench all
 #       on the GPU, then wisp resident decode and cold TTFT 512 / 2048 in the same call.
+#   STAGE=samefile: MODEL (default olmoe-1b-7b) TYPE (bf16, q8_0) as one random GGUF file: llama-bench on it (built
+#       here) with every expert on the GPU, then wisp on the same file (`--model FILE.gguf`: the same weights, the same
+#       random routing), resident decode and cold TTFT 512 / 2048. The A/B of a tree against this one (e.g. the MXFP4
+#       rewrite 4d19c91 applied to a copy under .gpu_data): STAGE=arms ARMS="new TREE" MODEL=gpt-oss-20b.
 # Results and logs in $OUT (packed into one archive: the device tool returns few files).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -159,6 +163,17 @@ gptoss)
   timeout 120 $wisp $decode --model gpt-oss-20b --out "$out/decode_gpt_oss_20b.json" 2>"$out/decode_gpt_oss.log" | tail -2
   timeout 120 $wisp bench prefill --load-format dummy --model gpt-oss-20b --mode resident --prompt-len 512,2048 \
     --out "$out/prefill_gpt_oss_20b.json" 2>>"$out/decode_gpt_oss.log" | tail -3 ;;
+samefile)
+  python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/*.whl 2>&1 | tail -1
+  model=${MODEL:-olmoe-1b-7b}; type=${TYPE:-bf16}; gguf=/tmp/$model-$type.gguf
+  KEEP_GGUF=1 STAGE=peer MODEL=$model TYPE=$type PLACEMENTS=all-gpu PEER_TIMEOUT=200 OUT="$out/peer" \
+    bash benchmarks/recipes/gpu_llama_cpp.sh 2>&1 | tail -4
+  pack
+  timeout 150 $wisp bench decode --model "$gguf" --mode resident --prompt-len 512 --decode-tokens 128 \
+    --out "$out/decode_${model}_${type}_gguf.json" 2>"$out/decode_gguf.log" | tail -2
+  timeout 150 $wisp bench prefill --model "$gguf" --mode resident --prompt-len 512,2048 \
+    --out "$out/prefill_${model}_${type}_gguf.json" 2>>"$out/decode_gguf.log" | tail -3
+  rm -f "$gguf" ;;
 arms)  # resident OLMoE decode, alternating the trees in ARMS (folders under .gpu_data holding a wisp/, or "new"),
   # ROUNDS times; one JSON of every record (the device tool returns few files)
   mkdir -p /tmp/arms

@@ -4,7 +4,7 @@
 # .llama_cpp/wheels and .gpu_data (not a local build-cpu folder). Results in $OUT.
 #   peer: build llama-bench for sm_90 (skipped when a warm machine still has it) while the GGUF (MODEL, TYPE)
 #         is written to local disk, then llama-bench at the three placements (`wisp bench llama-cpp run`),
-#         then delete the GGUF. With the build: 5.5 minutes for OLMoE BF16, 8.5 for Qwen3-30B Q8_0 (measured).
+#         then delete the GGUF (KEEP_GGUF=1 keeps it, for wisp to read the same file). With the build: 5.5 minutes for OLMoE BF16, 8.5 for Qwen3-30B Q8_0 (measured).
 #   wisp: our modes on the preset WISP_MODEL (default MODEL) at each llama.cpp placement's footprint: RUNS is
 #         "placement:nvidia-smi bytes:mode,mode ..." (the bytes from the peer stage's records; a mode may be
 #         written mode@cap, e.g. hybrid@0 for hybrid with no slots, +hotH for H hot experts a layer on the GPU
@@ -43,7 +43,7 @@ peer)
     --gguf "$gguf" --model "$model" --placements "${PLACEMENTS:-all-cpu,half,all-gpu}" --prompts 512,2048 \
     --decode-tokens 64 --repetitions 2 --extra "-t 16" ${UNSAMPLED:+--unsampled-decode} \
     --out "$out/llama_cpp_${model}_${type}.json" 2>&1 | tail -6
-  rm -f "$gguf" ;;
+  [ -n "${KEEP_GGUF:-}" ] || rm -f "$gguf" ;;  # KEEP_GGUF=1: left for wisp to read the same file
 paired)
   peak="-m wisp bench llama-cpp peak"
   for run in before peer after; do
