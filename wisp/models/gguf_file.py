@@ -5,8 +5,7 @@
 A tensor is returned dequantized: float32, float16 and bfloat16 as stored; Q8_0, Q4_K, Q5_K and Q6_K in torch
 (`wisp.core.kernels.gguf_blocks`: the `gguf` package's floats); Q4_0-Q5_1, Q2_K, Q3_K and MXFP4 through
 `gguf.quants.dequantize` (float32, exact for every block format). Any other type is a WispError
-naming the supported ones. Keeping quantized experts packed on the link and in the slots is not done here (the
-loader receives dense tensors).
+naming the supported ones. `packed` gives a tensor's stored bytes instead (GPT-OSS's MXFP4 experts stay packed).
 """
 
 from __future__ import annotations

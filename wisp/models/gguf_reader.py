@@ -6,15 +6,18 @@ family's Hugging Face names, and each layer's experts as the stacks the loader r
 [N, 2I, D] = llama.cpp's ffn_gate_exps and ffn_up_exps, `...experts.down_proj` [N, D, I] = ffn_down_exps). GPT-OSS's
 names are its checkpoints' layout (`wisp.models.weight_names`, fused_layout "gpt_oss"): gate_up [N, D, 2I] with gate
 and up interleaved (column 2j gate j, 2j + 1 up j), its bias [N, 2I] alike, down [N, I, D].
-Tensors come dequantized (`wisp.models.gguf_file.GGUFFile.tensor`; the loader casts them to the model's dtype).
-llama.cpp's `llama` architecture (Mixtral) stores q and k with each head's rotary halves interleaved, for its
-rotation of adjacent pairs; they are put back in the Hugging Face order (first half, second half) here.
+Tensors come dequantized (`wisp.models.gguf_file.GGUFFile.tensor`; the loader casts them to the model's dtype), but
+GPT-OSS's MXFP4 experts, served packed under the hub's `_blocks` / `_scales` names (`mxfp4_blocks_and_scales`).
+Put back where llama.cpp's converter changed them: the `llama` architecture's (Mixtral's) q and k rows, stored with
+each head's rotary halves interleaved for its rotation of adjacent pairs (`rotary_halves`); DeepSeek-V2's kv_b, which
+newer files split into k_b [H, r, nope] and v_b [H, v, r]; a shared-expert gate written 1-D.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+
 import torch
 
 from wisp.config import ModelConfig
