@@ -217,20 +217,23 @@ def add_tokenizer(writer, tok, vocab_size: int) -> None:
     writer.add_chat_template(CHAT)
 
 
-def dequantized_twin(folder: Path, out: Path, qtype) -> Path:
-    """`folder`'s checkpoint with every GGUF-quantized weight replaced by its dequantized values (float32)."""
+def bf16_twin(folder: Path, out: Path, replace) -> Path:
+    """`folder`'s checkpoint with each tensor replaced by `replace(name, tensor)` (a GGUF file's dequantized weights),
+    computed in bfloat16 as a GGUF file of quantized weights is."""
     from safetensors.torch import save_file
 
     out.mkdir()
-    (out / "config.json").write_text((folder / "config.json").read_text())
-    twin = {}
-    for name, t in hf_tensors(folder).items():
-        x = t.float()
-        if x.dim() >= 2 and not name.endswith("shared_expert_gate.weight"):
-            x = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(x.numpy(), qtype), qtype).copy())
-        twin[name] = x.contiguous()
-    save_file(twin, str(out / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(cfg))
+    tensors = {name: replace(name, t.float()).contiguous() for name, t in hf_tensors(folder).items()}
+    save_file(tensors, str(out / "model.safetensors"))
     return out
+
+
+def through(qtype, x: torch.Tensor) -> torch.Tensor:
+    """x [..., in] quantized to `qtype` by the gguf package and back (float32)."""
+    return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(x.numpy(), qtype), qtype).copy())
 
 
 @pytest.mark.slow
@@ -264,29 +267,20 @@ def test_a_q8_0_gguf_gives_its_dequantized_twins_tokens(family, tmp_path, caplog
     folder = hf_checkpoint(family, tmp_path / "hf")
     q8 = gguf.GGMLQuantizationType.Q8_0
     file = write_gguf(family, folder, tmp_path / f"{family}.gguf", q8)[0]
-    twin = dequantized_twin(folder, tmp_path / "twin", q8)
-    assert_quantized_gives_its_twins_bits(file, _as_bf16(twin), "paged", 2, "cpu", "torch", "torch", PROMPT)
+    twin = bf16_twin(folder, tmp_path / "twin", lambda name, t: through(q8, t) if t.dim() >= 2 and not
+                     name.endswith("shared_expert_gate.weight") else t)
+    assert_quantized_gives_its_twins_bits(file, twin, "paged", 2, "cpu", "torch", "torch", PROMPT)
     assert "its Q8_0 experts are dequantized to bfloat16 at load" in caplog.text  # said, since it costs memory
 
 
 @pytest.mark.slow
 def test_gpt_oss_mxfp4_experts_stay_packed_and_give_their_dequantized_twins_tokens(tmp_path):
-    from safetensors.torch import save_file
-
     mx = gguf.GGMLQuantizationType.MXFP4
     folder = hf_checkpoint("gpt_oss", tmp_path / "hf")
     file = write_gguf("gpt_oss", folder, tmp_path / "g.gguf", gguf.GGMLQuantizationType.BF16, expert_qtype=mx)[0]
-    twin = tmp_path / "twin"
-    twin.mkdir()
-    (twin / "config.json").write_text((folder / "config.json").read_text())
-    tensors = {}
-    for name, t in hf_tensors(folder).items():  # experts through MXFP4 along their input dim, as the file holds them
-        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            rows = t.float().transpose(1, 2).numpy()  # [N, out, in]
-            t = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(rows, mx), mx).copy()).transpose(1, 2)
-        tensors[name] = t.contiguous()
-    save_file(tensors, str(twin / "model.safetensors"))
-    q, p = assert_quantized_gives_its_twins_bits(file, _as_bf16(twin), "paged", 2, "cpu", "torch", "torch", PROMPT)
+    twin = bf16_twin(folder, tmp_path / "twin", lambda name, t: through(mx, t.transpose(1, 2)).transpose(1, 2) if
+                     name.endswith(("experts.gate_up_proj", "experts.down_proj")) else t)  # along the input dim
+    q, p = assert_quantized_gives_its_twins_bits(file, twin, "paged", 2, "cpu", "torch", "torch", PROMPT)
     assert q.config.mxfp4_experts and q.config.expert_bytes * 3 < p.config.expert_bytes  # packed: 4.25 bits a weight
     reader = gguf.GGUFReader(file)  # the planner's bytes are the file's: 17 bytes a block of 32, a scale and 16 codes;
     weights = sum(int(t.n_bytes) for t in reader.tensors if t.name.endswith("_exps.weight"))  # biases: bf16 in memory
@@ -300,31 +294,21 @@ def test_k_quant_experts_give_the_twin_of_the_gguf_packages_floats(qtype, tmp_pa
     """Experts in a k-quant (random blocks: the gguf package writes none) against the safetensors twin holding the
     gguf package's own dequantization of the file's blocks (read back by name: experts.E.gate_proj is
     ffn_gate_exps[E])."""
-    from safetensors.torch import save_file
-
     kind = gguf.GGMLQuantizationType[qtype]
     folder = hf_checkpoint("qwen3_moe", tmp_path / "hf", wide=256)  # k-quant rows: whole 256-value blocks
     file = write_gguf("qwen3_moe", folder, tmp_path / "q.gguf", gguf.GGMLQuantizationType.BF16, expert_qtype=kind)[0]
     stored = {t.name: t for t in gguf.GGUFReader(file).tensors}
-    twin = tmp_path / "twin"
-    twin.mkdir()
-    (twin / "config.json").write_text((folder / "config.json").read_text())
-    tensors = hf_tensors(folder)
-    for name in list(tensors):
+
+    def from_file(name: str, t: torch.Tensor) -> torch.Tensor:
         m = EXPERT.match(name)
-        if m:
-            layer, e, part = int(m[1].split(".")[2]), int(m[2]), m[3].removesuffix("_proj")
-            t = stored[f"blk.{layer}.ffn_{part}_exps.weight"]
-            tensors[name] = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type)[e].copy())
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(twin / "model.safetensors"))
-    assert_quantized_gives_its_twins_bits(file, _as_bf16(twin), "paged", 2, "cpu", "torch", "torch", PROMPT)
+        if m is None:
+            return t
+        layer, e, part = int(m[1].split(".")[2]), int(m[2]), m[3].removesuffix("_proj")
+        block = stored[f"blk.{layer}.ffn_{part}_exps.weight"]
+        return torch.from_numpy(gguf.quants.dequantize(block.data, block.tensor_type)[e].copy())
 
-
-def _as_bf16(folder: Path) -> Path:
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"  # the GGUF's compute dtype for a quantized file
-    (folder / "config.json").write_text(json.dumps(cfg))
-    return folder
+    twin = bf16_twin(folder, tmp_path / "twin", from_file)
+    assert_quantized_gives_its_twins_bits(file, twin, "paged", 2, "cpu", "torch", "torch", PROMPT)
 
 
 def assert_same_run(a, b):

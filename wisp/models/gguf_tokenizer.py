@@ -15,11 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from wisp.models.gguf_file import GGUFFile
+from wisp.models.gguf_file import GGUFFile, gguf_parts
 
 log = logging.getLogger(__name__)
 
@@ -75,25 +76,25 @@ def tokenizer_config(meta: dict[str, Any]) -> dict[str, Any]:
 def gguf_tokenizer_folder(path: str | Path, cache: Path) -> Path | None:
     """The folder (under `cache`) holding the GGUF file's tokenizer files, written on first use; None when its
     tokenizer model is not supported."""
-    file = GGUFFile(path)
-    first = file.parts[0].resolve()
+    first = gguf_parts(path)[0].resolve()  # (the cache key needs no parse of the file's metadata)
     stat = first.stat()
     key = hashlib.sha256(f"{first}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     final = cache / "gguf-tokenizers" / key
     if (final / "tokenizer.json").is_file():
         return final
-    tok = build_tokenizer(file.metadata)
+    meta = GGUFFile(path).metadata
+    tok = build_tokenizer(meta)
     if tok is None:
         log.warning("%s: its tokenizer (model %r, pre-tokenizer %r) is not supported (supported: gpt2 with %s); pass "
-                    "token ids", first.name, file.metadata.get("tokenizer.ggml.model"),
-                    file.metadata.get("tokenizer.ggml.pre"), ", ".join(PRE_TOKENIZER_SPLITS))
+                    "token ids", first.name, meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre"),
+                    ", ".join(PRE_TOKENIZER_SPLITS))
         return None
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=final.parent))
     tok.save(str(tmp / "tokenizer.json"))
-    (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(file.metadata)))
+    (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(meta)))
     try:
         tmp.rename(final)
-    except OSError:  # another process wrote it first
-        pass
+    except OSError:  # another process wrote it first: theirs stands
+        shutil.rmtree(tmp, ignore_errors=True)
     return final

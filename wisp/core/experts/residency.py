@@ -29,11 +29,11 @@ import torch
 
 from wisp.core.bank_keys import GATE_UP
 from wisp.core.experts.counters import COUNT_FIELDS, ExpertCounters
-from wisp.core.kernels.step_count import StepCount
 from wisp.core.experts.expert_major import StagingBuffers
 from wisp.core.experts.hot_experts import HotExperts
 from wisp.core.experts.pager import ExpertPager, StepDecision, expert_bytes
 from wisp.core.experts.registry import registrar
+from wisp.core.kernels.step_count import StepCount
 
 Bank = dict[str, torch.Tensor]
 RESIDENCIES: dict[str, type["Residency"]] = {}

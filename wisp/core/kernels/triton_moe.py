@@ -50,8 +50,8 @@ from wisp.core.kernels.expert_extras import SILU, Activation, ExpertExtras
 from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8
 from wisp.core.kernels.moe import fused_from_pairs
 from wisp.core.kernels.step_count import StepCount
-from wisp.core.kernels.triton_step_count import add_step, count_step, experts_block
 from wisp.core.kernels.triton_interpreter import ROUND_IDS, dot_rows, ieee_products, rounded
+from wisp.core.kernels.triton_step_count import add_step, count_step, experts_block
 from wisp.core.kernels.uva import device_view
 
 
@@ -366,5 +366,5 @@ def triton_fused_moe(
     activation: Activation = SILU,
     count: StepCount | None = None,  # the store's device counts, which the step is added to
 ) -> torch.Tensor:
-    return fused_from_pairs(partial(triton_pairs_by_map, count=count), triton_combine, hidden, w_gate_up, w_down, topk_ids, topk_weights,
-                            expert_map, extras, activation)
+    return fused_from_pairs(partial(triton_pairs_by_map, count=count), triton_combine, hidden, w_gate_up, w_down,
+                            topk_ids, topk_weights, expert_map, extras, activation)
