@@ -9,6 +9,8 @@
 #       then wisp resident in the same call: decode (128 tokens after a 512-token prompt) and cold TTFT 512 / 2048.
 #       Needs .llama_cpp (carry it).
 #   STAGE=ab: resident decode A/B against .gpu_data/old, alternating (OLMoE with and without its real routing, Qwen3).
+#   STAGE=moe-tiles: the MoE kernels' CUDA tests, gpt-oss-20b decode on .gpu_data/old and this tree, and
+#       `wisp bench sweep moe-attention` on SHAPES (default gpt-oss,qwen3-fp8) against the old tree's MoE module.
 #   STAGE=arms: ARMS="old mid new" ROUNDS=4: resident decode of MODEL alternating trees under .gpu_data, one JSON.
 #   STAGE=after: DeepSeek-V2-Lite's latent attention on the GPU (its tests, resident and paged decode), Qwen3-30B-A3B
 #       resident decode (BF16, FP8) and TTFT, and the default tiles' GEMM times (bf16 and FP8 weights).
@@ -174,6 +176,19 @@ samefile)
   timeout 150 $wisp bench prefill --model "$gguf" --mode resident --prompt-len 512,2048 \
     --out "$out/prefill_${model}_${type}_gguf.json" 2>>"$out/decode_gguf.log" | tail -3
   rm -f "$gguf" ;;
+moe-tiles)  # the MoE kernels' CUDA tests; gpt-oss-20b resident decode, .gpu_data/old's tree then this one; the
+  # MoE launch sweep (SHAPES, default gpt-oss MXFP4 and Qwen3 FP8) against .gpu_data/old's triton_moe.py
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_quantized_experts.py \
+    tests/core/kernels/test_mxfp4.py tests/core/kernels/test_triton_moe.py > "$out/pytest_moe_cuda.txt" 2>&1
+  tail -2 "$out/pytest_moe_cuda.txt"
+  for arm in old new; do
+    run=$wisp; [ $arm = old ] && run=/tmp/old
+    timeout 100 $run $decode --model gpt-oss-20b --out "$out/decode_gpt_oss_20b_$arm.json" 2>>"$out/decode.log" | tail -1
+  done
+  pack
+  timeout "${SWEEP_S:-300}" $wisp bench sweep moe-attention --shapes "${SHAPES:-gpt-oss,qwen3-fp8}" --no-attention \
+    --compare-with .gpu_data/old/wisp/core/kernels/triton_moe.py --out "$out/moe_sweep.json" > "$out/moe_sweep.txt" 2>&1
+  grep -v "^\s*$" "$out/moe_sweep.txt" | grep -v "Warn" | head -80 ;;
 arms)  # resident OLMoE decode, alternating the trees in ARMS (folders under .gpu_data holding a wisp/, or "new"),
   # ROUNDS times; one JSON of every record (the device tool returns few files)
   mkdir -p /tmp/arms

@@ -126,3 +126,32 @@ def test_unknown_quantized_weights_and_unscaled_ones_are_refused_naming_the_form
     with pytest.raises(ValueError, match="uint8 .MXFP4. with their scales .none given."):
         triton_pairs_of_one_expert(torch.zeros((2, D)), torch.zeros((1, D), dtype=torch.bfloat16), bank[GATE_UP][0],
                                    bank[DOWN][0], torch.tensor([0, 1]), 2)
+
+
+@pytest.mark.slow
+def test_the_triton_mxfp4_tiles_decode_every_byte_and_scale_to_the_dequantized_bits():
+    # every byte value in both nibble orders, and scales from tiny to large (the bit-built e2m1 codes, the sign of
+    # code 8, the interleave of a byte's two codes): the kernel's output is the plain twin's, exactly
+    pytest.importorskip("triton")
+    from wisp.core.kernels.triton_moe import triton_pairs_of_one_expert
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    g = torch.Generator().manual_seed(7)
+    d, inter = 256, 64  # a gate_up row holds 128 bytes: all 256 byte values over two rows
+    gate_up = torch.randperm(256, generator=g).to(torch.uint8).reshape(2, 128).repeat(inter, 1)  # [2I, D/2]
+    gate_up = gate_up.reshape(2 * inter, d // 32, 16)
+    gate_up_scale = torch.randint(100, 140, (2 * inter, d // 32), generator=g, dtype=torch.uint8)
+    down = torch.randint(0, 256, (d, inter // 32, 16), generator=g, dtype=torch.uint8)
+    down_scale = torch.randint(110, 130, (d, inter // 32), generator=g, dtype=torch.uint8)
+    plain = [dequantize_mxfp4(w, s, torch.bfloat16) for w, s in ((gate_up, gate_up_scale), (down, down_scale))]
+    hidden = (torch.randn(3, d, generator=g) * 2.0 ** -12).to(torch.bfloat16)
+    pairs = torch.tensor([0, 2, 5])
+    got, want = torch.zeros((6, d), device=dev), torch.zeros((6, d), device=dev)
+    on = (lambda *ts: [t.to(dev) for t in ts])
+    triton_pairs_of_one_expert(got, *on(hidden, gate_up, down, pairs), 2, extras=ExpertExtras(*on(gate_up_scale, down_scale)))
+    triton_pairs_of_one_expert(want, *on(hidden, *plain, pairs), 2)
+    assert torch.isfinite(want).all() and want[pairs].abs().sum() > 0
+    if dev.type == "cpu":
+        assert torch.equal(got, want)
+    else:  # compiled: the same products, perhaps summed in another order (see the test above)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

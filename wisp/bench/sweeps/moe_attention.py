@@ -3,11 +3,13 @@ for the whole sweep.
 
     wisp bench sweep moe-attention --out $OUT/kernel_sweep.json [--compare-with OLD_triton_moe.py]
 
-MoE: `triton_fused_moe` on OLMoE-1B-7B's and Qwen3-30B-A3B's expert shapes (bf16, top-8) at 1, 8, 512 and
-2048 tokens with the bank on the device, and at 1 token read in place from pinned host memory (zero-copy and
-hybrid's GPU pairs); the default blocks, then each block constant of `wisp.core.kernels.triton_moe` varied alone
-(with whether the output keeps the default's bits), and `--compare-with` another version of the module (a
-file) on the same inputs. Attention: Qwen3's decode shapes (32 q / 4 kv heads of 128, 16-token blocks) at
+MoE: `triton_fused_moe` on OLMoE-1B-7B's and Qwen3-30B-A3B's expert shapes (bf16, top-8), Qwen3's in FP8
+block-scaled and gpt-oss-20b's in MXFP4 (top-4), at 1, 8 and 2048 tokens with the bank on the device, and (bf16)
+at 1 token read in place from pinned host memory (zero-copy and hybrid's GPU pairs); the format's default
+launch (`triton_moe.TILES`), then at 1 and 2048 tokens each of its launch parameters (rows, columns, warps,
+stages of either kernel) varied alone, with whether the output keeps the default's bits; `--compare-with`
+another version of the module (a file) on the same inputs. Up to 8 tokens a call is timed as a CUDA-graph
+replay; at one token the experts' bytes over the time are printed as GB/s (the H200's HBM: about 4.8 TB/s). Attention: Qwen3's decode shapes (32 q / 4 kv heads of 128, 16-token blocks) at
 several context lengths (decode by programs per row, and a whole prefill). Prints a table and writes the
 figures (microseconds, triton.testing.do_bench).
 """
@@ -20,52 +22,112 @@ import json
 import torch
 
 from wisp.bench.sweeps import require_cuda
+from wisp.errors import WispError
 
-SHAPES = {"olmoe": (2048, 1024, 64, 8), "qwen3": (2048, 768, 128, 8)}  # hidden, moe_intermediate, experts, top-k
-CASES = [(t, "device") for t in (1, 8, 512, 2048)] + [(1, "host")]
-VARIANTS = {"BLOCK_M": (32, 128), "BLOCK_I_GATE_UP": (16, 64), "BLOCK_D_GATE_UP": (64, 256), "BLOCK_D_DOWN": (32, 128),
-            "BLOCK_I_DOWN": (64, 256)}
+SHAPES = {  # hidden, moe_intermediate, experts, top-k, weight format
+    "olmoe": (2048, 1024, 64, 8, "bf16"), "qwen3": (2048, 768, 128, 8, "bf16"), "qwen3-fp8": (2048, 768, 128, 8, "fp8"),
+    "gpt-oss": (2880, 2880, 32, 4, "mxfp4"),
+}
+FORMAT_IDS = {"bf16": 0, "fp8": 1, "mxfp4": 2}  # `triton_moe.TILES`' keys
+CASES = [(t, "device") for t in (1, 8, 2048)] + [(1, "host")]
+VARIED = (1, 2048)  # token counts at which each launch parameter is varied
+VARIANTS = {"rows": {0: (16, 64), 1: (32, 128)}, "cols": (64, 256), "warps": (2, 8), "stages": (2, 4)}  # per kernel
 BF16 = torch.bfloat16
 
 
 def problem(shape: str, t: int, where: str, dev: torch.device):
-    """One MoE call's inputs: `t` tokens of a shape's top-k routing, the bank on the device or pinned in host memory."""
-    d, inter, n, k = SHAPES[shape]
+    """One MoE call's inputs: `t` tokens of a shape's top-k routing, the bank (its format's bytes and scales) on
+    the device or pinned in host memory. Returns (x, w13, w2, ids, weights, extras, bytes one expert reads)."""
+    from wisp.core.kernels.expert_extras import ExpertExtras
+    from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8
+
+    d, inter, n, k, fmt = SHAPES[shape]
     g = torch.Generator(device="cpu").manual_seed(t)
-    w13 = (torch.randn(n, 2 * inter, d, generator=g) * 0.02).to(BF16)
-    w2 = (torch.randn(n, d, inter, generator=g) * 0.02).to(BF16)
-    w13, w2 = (w13.to(dev), w2.to(dev)) if where == "device" else (w13.pin_memory(), w2.pin_memory())
+    shapes = [(n, 2 * inter, d), (n, d, inter)]
+    if fmt == "bf16":
+        bank, scales = [(torch.randn(s, generator=g) * 0.02).to(BF16) for s in shapes], []
+    elif fmt == "fp8":  # random codes and block scales (quantizing a whole bank takes minutes): times, not values
+        bank = [(torch.randn(s, generator=g) * 64).to(FP8) for s in shapes]
+        scales = [torch.rand((n, -(-r // DEFAULT_BLOCK[0]), -(-c // DEFAULT_BLOCK[1])), generator=g) * 1e-3
+                  for _, r, c in shapes]
+    else:  # MXFP4: random bytes, scales near 2^-7
+        bank = [torch.randint(0, 256, (n, r, c // 32, 16), generator=g, dtype=torch.uint8) for _, r, c in shapes]
+        scales = [torch.randint(118, 122, (n, r, c // 32), generator=g, dtype=torch.uint8) for _, r, c in shapes]
+    move = (lambda x: x.to(dev)) if where == "device" else (lambda x: x.pin_memory())
+    bank, scales = [move(x) for x in bank], [move(x) for x in scales]
+    extras = ExpertExtras(*scales) if scales else None
+    per_expert = sum(x[0].numel() * x.element_size() for x in bank + scales)
     x = torch.randn(t, d, generator=g).to(BF16).to(dev)
     ids = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(t)]).to(dev)
     w = torch.softmax(torch.randn(t, k, generator=g), -1).to(BF16).to(dev)
-    return x, w13, w2, ids, w
+    return x, *bank, ids, w, extras, per_expert
 
 
-def sweep_moe(results: dict[str, float], same: dict[str, bool], sweep: bool, baseline=None) -> None:
-    """Time the MoE kernel at every case (each block constant varied alone when `sweep`), into `results` (us)
-    and `same` (bits equal to the default launch's)."""
-    from triton.testing import do_bench
+def _timed(call, t: int) -> float:
+    """Microseconds a call: replayed from a CUDA graph up to 8 tokens (decode runs in graphs; launched one by
+    one, a short kernel would time its launches), else launched."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    if t <= 8:
+        try:
+            return do_bench_cudagraph(call) * 1e3
+        except RuntimeError:  # not capturable here: launched
+            pass
+    return do_bench(call) * 1e3
+
+
+def _variants(fmt: int):
+    """(name, TILES entry) for each launch parameter of each kernel varied alone from the format's default."""
+    from dataclasses import replace
 
     import wisp.core.kernels.triton_moe as moe
 
+    default = moe.TILES[fmt]
+    for kernel, name in enumerate(("gate_up", "down")):
+        for field, values in VARIANTS.items():
+            for value in values[kernel] if isinstance(values, dict) else values:
+                if field == "cols" and fmt == 1 and 128 % value:  # FP8: a step's columns share one scale block
+                    continue
+                tiles = list(default)
+                tiles[kernel] = replace(default[kernel], **{field: value})
+                yield f"{name}.{field}={value}", tuple(tiles)
+
+
+def sweep_moe(results: dict[str, float], same: dict[str, bool], sweep: bool, baseline=None,
+              bandwidth: dict[str, float] | None = None, shapes=tuple(SHAPES)) -> None:
+    """Time the MoE kernel at every case (each launch parameter varied alone when `sweep`), into `results` (us),
+    `same` (bits equal to the default launch's) and `bandwidth` (GB/s of expert bytes at one token)."""
+    import wisp.core.kernels.triton_moe as moe
+
     dev = torch.device("cuda")
-    for shape in SHAPES:
+    for shape in shapes:
+        _, _, _, k, fmt_name = SHAPES[shape]
+        fmt = FORMAT_IDS[fmt_name]
         for t, where in CASES:
-            x, w13, w2, ids, w = problem(shape, t, where, dev)
+            if where == "host" and fmt:
+                continue
+            x, w13, w2, ids, w, extras, per_expert = problem(shape, t, where, dev)
+            call = (lambda mod=moe: mod.triton_fused_moe(x, w13, w2, ids, w, extras=extras))
             name = f"moe {shape} T={t} {where}"
-            ref = moe.triton_fused_moe(x, w13, w2, ids, w)
-            results[name] = do_bench(lambda: moe.triton_fused_moe(x, w13, w2, ids, w)) * 1e3
+            ref = call()
+            results[name] = _timed(call, t)
+            if t == 1 and bandwidth is not None:
+                bandwidth[name] = k * per_expert / results[name] / 1e3
             if baseline is not None:
-                results[f"{name} baseline"] = do_bench(lambda: baseline.triton_fused_moe(x, w13, w2, ids, w)) * 1e3
-            for const, values in VARIANTS.items() if sweep and where == "device" else ():
-                default = getattr(moe, const)
-                for value in values:
-                    setattr(moe, const, value)
-                    try:
-                        same[f"{name} {const}={value}"] = bool(torch.equal(moe.triton_fused_moe(x, w13, w2, ids, w), ref))
-                        results[f"{name} {const}={value}"] = do_bench(lambda: moe.triton_fused_moe(x, w13, w2, ids, w)) * 1e3
-                    finally:
-                        setattr(moe, const, default)
+                results[f"{name} baseline"] = _timed(lambda: call(baseline), t)
+            if not (sweep and where == "device" and t in VARIED):
+                continue
+            default = moe.TILES[fmt]
+            for variant, tiles in list(_variants(fmt)):
+                moe.TILES[fmt] = tiles
+                try:
+                    same[f"{name} {variant}"] = bool(torch.equal(call(), ref))
+                    results[f"{name} {variant}"] = _timed(call, t)
+                except Exception as e:  # noqa: BLE001 - a launch that does not fit (shared memory) is a result
+                    results[f"{name} {variant}"] = float("nan")
+                    print(f"{name} {variant}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                finally:
+                    moe.TILES[fmt] = default
 
 
 def sweep_attention(results: dict[str, float], same: dict[str, bool]) -> None:
@@ -105,13 +167,21 @@ def sweep_moe_attention(args) -> dict:
         spec.loader.exec_module(baseline)
     results: dict[str, float] = {}
     same: dict[str, bool] = {}  # launches' bits against the default launch's
-    sweep_moe(results, same, not args.no_sweep, baseline)
-    sweep_attention(results, same)
+    bandwidth: dict[str, float] = {}
+    shapes = args.shapes.split(",") if args.shapes else list(SHAPES)
+    unknown = sorted(set(shapes) - set(SHAPES))
+    if unknown:
+        raise WispError(f"unknown MoE shapes {unknown}: the sweep knows {', '.join(SHAPES)}")
+    sweep_moe(results, same, not args.no_sweep, baseline, bandwidth, shapes)
+    if not args.no_attention:
+        sweep_attention(results, same)
     width = max(map(len, results))
     for name, us in results.items():
-        print(f"{name:<{width}} {us:8.1f} us")
+        gbs = f" {bandwidth[name]:7.0f} GB/s" if name in bandwidth else ""
+        print(f"{name:<{width}} {us:8.1f} us{gbs}")
     print("launches bitwise equal to the default launch:", all(same.values()), [k for k, v in same.items() if not v])
-    record = {"gpu": torch.cuda.get_device_name(), "unit": "us", "results": results, "bits_equal_to_default": same}
+    record = {"gpu": torch.cuda.get_device_name(), "unit": "us", "results": results, "bits_equal_to_default": same,
+              "expert_gb_per_s_at_one_token": bandwidth}
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
     return record

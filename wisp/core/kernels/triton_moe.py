@@ -40,6 +40,7 @@ is one slot's tiles. Per row the arithmetic is the same, so the bits are too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -56,6 +57,16 @@ from wisp.core.kernels.uva import device_view
 
 
 @triton.jit
+def _e2m1(code):
+    """A 4-bit e2m1 code's value as float32 (exact), built from its bits: magnitude m = code & 7 is 0.5 * m up to
+    1 (m < 2); past it exponent field m >> 1 and mantissa bit m & 1, rebiased (+126) into float32's fields; bit 3
+    the sign (code 8: -0.0)."""
+    m = code & 7
+    bits = tl.where(m < 2, m * 0x3F000000, (m << 22) + (126 << 23)) | ((code & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr, FMT: tl.constexpr,
                  FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr):
     """The tile [rows, BLOCK_C columns from col0] of one expert's [R, COLS] weight at w (scales at sc; callers cast
@@ -69,14 +80,10 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
     mask = row_ok[:, None] & (cols < COLS)[None, :]
     if FMT == 2:  # (one return below: compiled, each branch's tile has its own dtype)
         byte = tl.load(w + rows[:, None] * (COLS // 2) + cols[None, :] // 2, mask=mask, other=0).to(tl.int32)
-        code = tl.where((cols % 2 == 0)[None, :], byte & 0xF, byte >> 4)
-        mag, e = (code & 7), (code & 7) >> 1
-        frac = 1.0 + 0.5 * (mag & 1).to(tl.float32)
-        value = tl.where(e == 0, 0.5 * (mag & 1).to(tl.float32), frac * tl.where(e == 3, 4.0, tl.where(e == 2, 2.0, 1.0)))
-        value = tl.where((code & 8) != 0, -value, value)
+        code = (byte >> ((cols % 2) * 4)[None, :]) & 0xF  # even column: the low nibble
         # a scale per element, not one per 32-column group: docs/decisions/mxfp4-scale-gathered-per-element.md
         s = tl.load(sc + rows[:, None] * (COLS // 32) + cols[None, :] // 32, mask=mask, other=127).to(tl.uint32)
-        tile = rounded(value * (s << 23).to(tl.float32, bitcast=True), ROUND)
+        tile = rounded(_e2m1(code) * (s << 23).to(tl.float32, bitcast=True), ROUND)
     else:
         tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
         if FMT == 1:
@@ -238,9 +245,25 @@ def _combine(y_ptr, w_ptr, out_ptr, K: tl.constexpr, D: tl.constexpr, BLOCK_D: t
 
 
 
+@dataclass(frozen=True)
+class Blocks:
+    """One of the two kernels' launch: `rows` of the weight a program computes (its output columns), `cols` of the
+    reduction a loop step reads, warps a program, and the software pipeline's stages. Fixed per weight format,
+    whatever the batch, so no row's instructions depend on it; chosen from `wisp bench sweep moe-attention`
+    (docs/decisions/moe-blocks-per-weight-format.md)."""
+
+    rows: int
+    cols: int
+    warps: int = 4
+    stages: int = 3
+
+
 BLOCK_M = 64  # pairs a tile: one fixed shape for every call, so no row's instructions depend on the batch
-BLOCK_I_GATE_UP, BLOCK_D_GATE_UP = 32, 128
-BLOCK_D_DOWN, BLOCK_I_DOWN = 64, 128
+TILES = {  # weight format (`_format`: 0 plain, 1 FP8, 2 MXFP4) -> (gate/up blocks, down blocks)
+    0: (Blocks(32, 128), Blocks(64, 128)),
+    1: (Blocks(32, 128), Blocks(64, 128)),
+    2: (Blocks(32, 128), Blocks(64, 128)),
+}
 BLOCK_PAIRS = 128  # pairs a program of the sort
 FEW_PAIRS = 64  # up to this many pairs (8 decode rows of top-8) are sorted by one program (`_sort_few_pairs`)
 
@@ -307,17 +330,18 @@ def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top
 
     common = dict(SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M, FMT=fmt, FP8_BLOCK=DEFAULT_BLOCK[0],
                   ROUND=ROUND_IDS[hidden.dtype], HAS_BIAS=has_bias, IEEE=ieee_products(hidden.dtype))
+    gate_up, down = TILES[fmt]
     h = torch.empty((max_tiles * BLOCK_M, inter), dtype=hidden.dtype, device=dev)  # [place, I]
-    _gate_up_act[(max_tiles, triton.cdiv(inter, BLOCK_I_GATE_UP))](
+    _gate_up_act[(max_tiles, triton.cdiv(inter, gate_up.rows))](
         hidden, device_view(w_gate_up, dev), order, counts, h, stride0(w_gate_up), device_view(s_gate_up, dev),
         stride0(s_gate_up), device_view(b_gate_up, dev), stride0(b_gate_up), activation.alpha, activation.limit, slots,
-        K=top_k, D=d, I=inter, BLOCK_I=BLOCK_I_GATE_UP, BLOCK_D=BLOCK_D_GATE_UP,
-        SWIGLU=activation.kind == "clamped_swiglu", **common,
+        K=top_k, D=d, I=inter, BLOCK_I=gate_up.rows, BLOCK_D=gate_up.cols,
+        SWIGLU=activation.kind == "clamped_swiglu", num_warps=gate_up.warps, num_stages=gate_up.stages, **common,
     )
-    _down[(max_tiles, triton.cdiv(d, BLOCK_D_DOWN))](
+    _down[(max_tiles, triton.cdiv(d, down.rows))](
         h, device_view(w_down, dev), order, counts, per_k, stride0(w_down), device_view(s_down, dev),
-        stride0(s_down), device_view(b_down, dev), stride0(b_down), slots, D=d, I=inter, BLOCK_D=BLOCK_D_DOWN,
-        BLOCK_I=BLOCK_I_DOWN, **common,
+        stride0(s_down), device_view(b_down, dev), stride0(b_down), slots, D=d, I=inter, BLOCK_D=down.rows,
+        BLOCK_I=down.cols, num_warps=down.warps, num_stages=down.stages, **common,
     )
 
 
