@@ -22,8 +22,9 @@
 #       OLMoE-1B-7B BF16 all on the GPU, then wisp resident in the same call: decode with the random router (twice)
 #       and with OLMoE's real routing, batches 1, 4, 16 (16: past the graphs, eager), and a host profile of the
 #       replayed steps. Needs .llama_cpp (carry it).
-#   STAGE=gptoss: (a warm machine that still has the llama.cpp build) gpt-oss-20b with MXFP4 experts: llama-bench all
-#       on the GPU, then wisp resident decode and cold TTFT 512 / 2048 in the same call.
+#   STAGE=gptoss: gpt-oss-20b with MXFP4 experts: llama-bench all on the GPU (built here; the MoE kernels' CUDA tests
+#       meanwhile), then wisp resident decode and cold TTFT 512 / 2048 in the same call; the MoE kernels against
+#       .gpu_data/old's (if there), and a profile of the decode step. Needs .llama_cpp (carry it).
 #   STAGE=samefile: MODEL (default olmoe-1b-7b) TYPE (bf16, q8_0) as one random GGUF file: llama-bench on it (built
 #       here) with every expert on the GPU, then wisp on the same file (`--model FILE.gguf`: the same weights, the same
 #       random routing), resident decode and cold TTFT 512 / 2048. The A/B of a tree against this one (e.g. the MXFP4
@@ -164,7 +165,13 @@ gptoss)
   wait $peer; tail -3 "$out/peer_gpt_oss.log"; pack
   timeout 120 $wisp $decode --model gpt-oss-20b --out "$out/decode_gpt_oss_20b.json" 2>"$out/decode_gpt_oss.log" | tail -2
   timeout 120 $wisp bench prefill --load-format dummy --model gpt-oss-20b --mode resident --prompt-len 512,2048 \
-    --out "$out/prefill_gpt_oss_20b.json" 2>>"$out/decode_gpt_oss.log" | tail -3 ;;
+    --out "$out/prefill_gpt_oss_20b.json" 2>>"$out/decode_gpt_oss.log" | tail -3
+  pack
+  [ -d .gpu_data/old ] && timeout 100 $wisp bench sweep moe-attention --shapes gpt-oss,qwen3-fp8,olmoe --no-sweep \
+    --no-attention --compare-with .gpu_data/old/wisp/core/kernels/triton_moe.py --out "$out/moe_kernels.json" \
+    > "$out/moe_kernels.txt" 2>&1; grep -v Warn "$out/moe_kernels.txt" | tail -16; pack
+  timeout 90 $wisp bench profile steps --model gpt-oss-20b --mode resident --phase decode --graphs --rows 30 --steps 5 \
+    > "$out/profile_gpt_oss_20b.txt" 2>&1; grep -v Warn "$out/profile_gpt_oss_20b.txt" | head -34 ;;
 samefile)
   python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/*.whl 2>&1 | tail -1
   model=${MODEL:-olmoe-1b-7b}; type=${TYPE:-bf16}; gguf=/tmp/$model-$type.gguf

@@ -98,7 +98,8 @@ def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_
     extras = ExpertExtras(gs[slots], ds[slots])
     got = triton_fused_moe(hidden, gate_up[slots], down[slots], ids, weights, emap, extras=extras)
     twin = triton_fused_moe(hidden, plain_gate_up[slots], plain_down[slots], ids, weights, emap)
-    assert torch.equal(got, twin) if dev.type == "cpu" else torch.allclose(got, twin, rtol=1e-2, atol=1e-2)
+    exact = dev.type == "cpu" and fmt == "fp8"  # MXFP4 sums a step's even columns, then its odd ones
+    assert torch.equal(got, twin) if exact else torch.allclose(got, twin, rtol=1e-2, atol=1e-2)
     reference = fused_moe(hidden, gate_up[slots], down[slots], ids, weights, emap, extras=extras)
     torch.testing.assert_close(got, reference, rtol=2e-2, atol=2e-2)
     one, plain = (torch.zeros((t * k, d), device=dev) for _ in range(2))
@@ -108,7 +109,7 @@ def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_
     by_map = torch.zeros_like(one)
     triton_pairs_by_map(by_map, hidden, gate_up[slots], down[slots], ids, emap, extras=extras)
     assert torch.equal(one[pairs], by_map[pairs]) and one[1].abs().sum() > 0  # within a format: paged == resident
-    if dev.type == "cpu":  # the interpreter sums in one order whatever the weights' dtype
+    if exact:  # the interpreter sums in one order whatever the weights' dtype
         assert torch.equal(one, plain)
     else:  # compiled: the dequantized tiles enter the same tensor-core products, but a layout that follows the
         torch.testing.assert_close(one, plain, rtol=1e-4, atol=1e-5)  # load's dtype may order them otherwise
@@ -131,7 +132,7 @@ def test_unknown_quantized_weights_and_unscaled_ones_are_refused_naming_the_form
 @pytest.mark.slow
 def test_the_triton_mxfp4_tiles_decode_every_byte_and_scale_to_the_dequantized_bits():
     # every byte value in both nibble orders, and scales from tiny to large (the bit-built e2m1 codes, the sign of
-    # code 8, the interleave of a byte's two codes): the kernel's output is the plain twin's, exactly
+    # code 8, which nibble is the even column): the kernel's output is the plain twin's up to the order of its sums
     pytest.importorskip("triton")
     from wisp.core.kernels.triton_moe import triton_pairs_of_one_expert
 
@@ -151,7 +152,5 @@ def test_the_triton_mxfp4_tiles_decode_every_byte_and_scale_to_the_dequantized_b
     triton_pairs_of_one_expert(got, *on(hidden, gate_up, down, pairs), 2, extras=ExpertExtras(*on(gate_up_scale, down_scale)))
     triton_pairs_of_one_expert(want, *on(hidden, *plain, pairs), 2)
     assert torch.isfinite(want).all() and want[pairs].abs().sum() > 0
-    if dev.type == "cpu":
-        assert torch.equal(got, want)
-    else:  # compiled: the same products, perhaps summed in another order (see the test above)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # the same products, summed even columns first (MXFP4) where the twin sums in column order
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 
 import torch
 
@@ -164,6 +165,7 @@ def sweep_moe_attention(args) -> dict:
     if args.compare_with:
         spec = importlib.util.spec_from_file_location("baseline_triton_moe", args.compare_with)
         baseline = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = baseline  # its dataclasses look their module up there
         spec.loader.exec_module(baseline)
     results: dict[str, float] = {}
     same: dict[str, bool] = {}  # launches' bits against the default launch's

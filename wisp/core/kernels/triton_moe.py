@@ -28,7 +28,10 @@ Quantized weights are dequantized in-kernel (`_weight_tile`), reading only their
 FP8 block-scaled (`wisp.core.kernels.fp8_blocks`): each tile times its 128 x 128 block's float32 scale, rounded to
 hidden's dtype (`wisp.core.kernels.triton_interpreter.rounded`, to nearest even); MXFP4 (`wisp.core.kernels.mxfp4`): codes and power-of-two
 scales built from their bits, exact. Those are the values the torch kernels multiply after dequantizing,
-and they enter the product in hidden's dtype like plain weights. Biases (GPT-OSS) are added in float32
+and they enter the product in hidden's dtype like plain weights. An MXFP4 step reads its packed bytes as one
+contiguous tile and multiplies its even columns (low nibbles) and then its odd ones (`_mxfp4_halves`,
+`_halves`): the same products, summed in that order, so its outputs are close to, not equal to, those of the
+dequantized weights (still the same for every batch, slot and mode). Biases (GPT-OSS) are added in float32
 after each reduction, and the clamped SwiGLU replaces silu(gate) * up when asked
 (`wisp.core.kernels.expert_extras.Activation`). Under Triton's interpreter (the CPU tests) 16-bit operands are
 widened to float32 before each product (exact), since its tl.dot misreads 16-bit floats.
@@ -72,26 +75,42 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
     """The tile [rows, BLOCK_C columns from col0] of one expert's [R, COLS] weight at w (scales at sc; callers cast
     it to the compute dtype, exact),
     dequantized as the torch kernels do: FMT 0 plain; 1 FP8 (float32 product with the 128 x 128 block's scale,
-    rounded to the compute dtype); 2 MXFP4 (two e2m1 codes a byte, even column in the low nibble, times
-    2^(e8m0 - 127): exact, built from the bits). col0 is a multiple of BLOCK_C, which divides the FP8 block, so
+    rounded to the compute dtype); MXFP4 is `_mxfp4_halves`. col0 is a multiple of BLOCK_C, which divides the FP8 block, so
     the tile's columns share one FP8 scale block: its scales are read once a row
     (docs/decisions/fp8-block-scale-read-once-a-row.md), and every element gets the same scale and product."""
     cols = col0 + tl.arange(0, BLOCK_C)
     mask = row_ok[:, None] & (cols < COLS)[None, :]
-    if FMT == 2:  # (one return below: compiled, each branch's tile has its own dtype)
-        byte = tl.load(w + rows[:, None] * (COLS // 2) + cols[None, :] // 2, mask=mask, other=0).to(tl.int32)
-        code = (byte >> ((cols % 2) * 4)[None, :]) & 0xF  # even column: the low nibble
-        # a scale per element, not one per 32-column group: docs/decisions/mxfp4-scale-gathered-per-element.md
-        s = tl.load(sc + rows[:, None] * (COLS // 32) + cols[None, :] // 32, mask=mask, other=127).to(tl.uint32)
-        tile = rounded(_e2m1(code) * (s << 23).to(tl.float32, bitcast=True), ROUND)
-    else:
-        tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
-        if FMT == 1:
-            tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
-            n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
-            scale = tl.load(sc + (rows // FP8_BLOCK) * n_cols + col0 // FP8_BLOCK, mask=row_ok, other=0.0)  # [rows]
-            tile = rounded(tile.to(tl.float32) * scale[:, None], ROUND)
+    tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
+    if FMT == 1:
+        tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
+        n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
+        scale = tl.load(sc + (rows // FP8_BLOCK) * n_cols + col0 // FP8_BLOCK, mask=row_ok, other=0.0)  # [rows]
+        tile = rounded(tile.to(tl.float32) * scale[:, None], ROUND)
     return tile
+
+
+@triton.jit
+def _mxfp4_halves(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr, ROUND: tl.constexpr):
+    """The tile [rows, BLOCK_C columns from col0] of one expert's MXFP4 [R, COLS] weight (packed bytes at w, e8m0
+    scales at sc) as its even columns and its odd ones, each [rows, BLOCK_C / 2]: the bytes are loaded as one
+    contiguous tile, and a byte's low nibble is its even column. Each value is e2m1 (`_e2m1`) times
+    2^(e8m0 - 127), exact, rounded to the compute dtype as the torch kernels' dequantization is."""
+    half = col0 // 2 + tl.arange(0, BLOCK_C // 2)
+    mask = row_ok[:, None] & (half < COLS // 2)[None, :]
+    byte = tl.load(w + rows[:, None] * (COLS // 2) + half[None, :], mask=mask, other=0).to(tl.int32)
+    # a scale gathered per byte, not one per 32-column group: docs/decisions/mxfp4-scale-gathered-per-element.md
+    s = tl.load(sc + rows[:, None] * (COLS // 32) + (half // 16)[None, :], mask=mask, other=127).to(tl.uint32)
+    scale = (s << 23).to(tl.float32, bitcast=True)
+    return rounded(_e2m1(byte & 0xF) * scale, ROUND), rounded(_e2m1(byte >> 4) * scale, ROUND)
+
+
+@triton.jit
+def _halves(a_ptr, row_offsets, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr):
+    """An activation tile [rows, BLOCK_C columns from col0] as its even columns and its odd ones, the partners of
+    `_mxfp4_halves`: loaded whole (contiguous, vector loads), then split in registers."""
+    cols = col0 + tl.arange(0, BLOCK_C)
+    a = tl.load(a_ptr + row_offsets[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < COLS)[None, :], other=0.0)
+    return tl.split(tl.reshape(a, (a.shape[0], BLOCK_C // 2, 2)))
 
 
 @triton.jit
@@ -187,13 +206,20 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
         gate = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
-            cols = d0 + tl.arange(0, BLOCK_D)
-            col_ok = cols < D
-            x = tl.load(x_ptr + token[:, None] * D + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            wg = _weight_tile(w, sc, rows, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)  # exact: rounded
-            wu = _weight_tile(w, sc, rows + I, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
-            gate = dot_rows(x, wg, gate, IEEE)
-            up = dot_rows(x, wu, up, IEEE)
+            if FMT == 2:  # MXFP4: the step's even columns' products, then its odd ones'
+                xe, xo = _halves(x_ptr, token * D, row_ok, d0, D, BLOCK_D)
+                ge, go = _mxfp4_halves(w, sc, rows, i_ok, d0, D, BLOCK_D, ROUND)
+                gate = dot_rows(xo, go.to(xo.dtype), dot_rows(xe, ge.to(xe.dtype), gate, IEEE), IEEE)
+                ue, uo = _mxfp4_halves(w, sc, rows + I, i_ok, d0, D, BLOCK_D, ROUND)
+                up = dot_rows(xo, uo.to(xo.dtype), dot_rows(xe, ue.to(xe.dtype), up, IEEE), IEEE)
+            else:
+                cols = d0 + tl.arange(0, BLOCK_D)
+                x = tl.load(x_ptr + token[:, None] * D + cols[None, :], mask=row_ok[:, None] & (cols < D)[None, :],
+                            other=0.0)
+                wg = _weight_tile(w, sc, rows, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)  # exact
+                wu = _weight_tile(w, sc, rows + I, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
+                gate = dot_rows(x, wg, gate, IEEE)
+                up = dot_rows(x, wu, up, IEEE)
         if HAS_BIAS:
             b = b_ptr + slot.to(tl.int64) * stride_bs
             gate += tl.load(b + rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
@@ -222,11 +248,16 @@ def _down(h_ptr, w_ptr, sorted_ptr, counts_ptr, y_ptr, stride_ws, s_ptr, stride_
         sc = s_ptr + slot.to(tl.int64) * stride_ss
         acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
         for i0 in range(0, I, BLOCK_I):
-            cols = i0 + tl.arange(0, BLOCK_I)
-            col_ok = cols < I
-            h = tl.load(h_ptr + places[:, None] * I + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            wd = _weight_tile(w, sc, rows, d_ok, i0, I, BLOCK_I, FMT, FP8_BLOCK, ROUND).to(h.dtype)
-            acc = dot_rows(h, wd, acc, IEEE)
+            if FMT == 2:  # MXFP4: the step's even columns' products, then its odd ones'
+                he, ho = _halves(h_ptr, places * I, row_ok, i0, I, BLOCK_I)
+                we, wo = _mxfp4_halves(w, sc, rows, d_ok, i0, I, BLOCK_I, ROUND)
+                acc = dot_rows(ho, wo.to(ho.dtype), dot_rows(he, we.to(he.dtype), acc, IEEE), IEEE)
+            else:
+                cols = i0 + tl.arange(0, BLOCK_I)
+                h = tl.load(h_ptr + places[:, None] * I + cols[None, :], mask=row_ok[:, None] & (cols < I)[None, :],
+                            other=0.0)
+                wd = _weight_tile(w, sc, rows, d_ok, i0, I, BLOCK_I, FMT, FP8_BLOCK, ROUND).to(h.dtype)
+                acc = dot_rows(h, wd, acc, IEEE)
         if HAS_BIAS:
             acc += tl.load(b_ptr + slot.to(tl.int64) * stride_bs + rows, mask=d_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr + pair[:, None] * D + rows[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
@@ -262,7 +293,7 @@ BLOCK_M = 64  # pairs a tile: one fixed shape for every call, so no row's instru
 TILES = {  # weight format (`_format`: 0 plain, 1 FP8, 2 MXFP4) -> (gate/up blocks, down blocks)
     0: (Blocks(32, 128), Blocks(64, 128)),
     1: (Blocks(32, 128), Blocks(64, 128)),
-    2: (Blocks(32, 128), Blocks(64, 128)),
+    2: (Blocks(32, 64), Blocks(64, 64)),  # MXFP4
 }
 BLOCK_PAIRS = 128  # pairs a program of the sort
 FEW_PAIRS = 64  # up to this many pairs (8 decode rows of top-8) are sorted by one program (`_sort_few_pairs`)
