@@ -93,6 +93,9 @@ def calls():
     yield "linear FP8", lambda: triton_linear(x1, q8, parallel=True)
     yield "linear float32", lambda: triton_linear(x3.float(), wt.float())
     yield "norm, add + norm", lambda: (triton_rms_norm(x3, x3[0], 1e-6), triton_add_rms_norm(x3, x3, x3[0], 1e-6))
+    f32w = torch.ones(x3.shape[-1])
+    yield "norm, add + norm, a float32 weight first (GPT-OSS)", lambda: (
+        triton_rms_norm(x3, f32w, 1e-6, weight_in_float32=True), triton_add_rms_norm(x3, x3, f32w, 1e-6, weight_in_float32=True))
     h16, h32 = x3.half(), x3.float()
     yield "add + norm, float16 and float32", lambda: (triton_add_rms_norm(h16, h16, h16[0], 1e-6),
                                                       triton_add_rms_norm(h32, h32, h32[0], 1e-6))
@@ -102,6 +105,7 @@ def calls():
     yield "the device pager's decision and copies", lambda: pager.prepare_on_device(ids3)
     yield "router, with a replay", lambda: (triton_route(torch.randn(3, 64), 8, True, bf),
                                             triton_route(torch.randn(3, 64), 8, True, bf, torch.zeros(3, 8, dtype=torch.int64)))
+    yield "router, top-k first (GPT-OSS)", lambda: triton_route(torch.randn(3, 32), 4, False, bf, topk_first=True)
     cos, sin = torch.rand(3, 1, 64, dtype=bf), torch.rand(3, 1, 64, dtype=bf)
     yield "rope", lambda: triton_rope(torch.randn(3, 4, 64, dtype=bf), cos, sin)
     qkv = torch.randn(3, (4 + 2 * 2) * 64, dtype=bf)

@@ -11,6 +11,8 @@
 #   STAGE=ab: resident decode A/B against .gpu_data/old, alternating (OLMoE with and without its real routing, Qwen3).
 #   STAGE=moe-tiles: the MoE kernels' CUDA tests, gpt-oss-20b decode on .gpu_data/old and this tree, and
 #       `wisp bench sweep moe-attention` on SHAPES (default gpt-oss,qwen3-fp8) against the old tree's MoE module.
+#   STAGE=gptoss-ops: GPT-OSS's Triton norms and routing: CUDA tests, gpt-oss-20b decode .gpu_data/old against this
+#       tree (twice, alternated), and a profile of a 2048-token prefill.
 #   STAGE=arms: ARMS="old mid new" ROUNDS=4: resident decode of MODEL alternating trees under .gpu_data, one JSON.
 #   STAGE=after: DeepSeek-V2-Lite's latent attention on the GPU (its tests, resident and paged decode), Qwen3-30B-A3B
 #       resident decode (BF16, FP8) and TTFT, and the default tiles' GEMM times (bf16 and FP8 weights).
@@ -196,6 +198,18 @@ moe-tiles)  # the MoE kernels' CUDA tests; gpt-oss-20b resident decode, .gpu_dat
   timeout "${SWEEP_S:-300}" $wisp bench sweep moe-attention --shapes "${SHAPES:-gpt-oss,qwen3-fp8}" --no-attention \
     --compare-with .gpu_data/old/wisp/core/kernels/triton_moe.py --out "$out/moe_sweep.json" > "$out/moe_sweep.txt" 2>&1
   grep -v "^\s*$" "$out/moe_sweep.txt" | grep -v "Warn" | head -80 ;;
+gptoss-ops)  # GPT-OSS's norms (float32 weights) and routing in Triton: their CUDA tests and gpt-oss's parity with
+  # transformers on the GPU, gpt-oss-20b resident decode on .gpu_data/old and this tree, and a profile of a prefill
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_triton_interpreted.py \
+    tests/models/test_hf_parity.py -k "gpt or norm or router or route" --wisp-device cuda --wisp-moe-backend triton \
+    --wisp-attention-backend triton > "$out/pytest_gpt_oss_cuda.txt" 2>&1; tail -2 "$out/pytest_gpt_oss_cuda.txt"
+  for round in 1 2; do for arm in old new; do
+    run=$wisp; [ $arm = old ] && run=/tmp/old
+    timeout 90 $run $decode --model gpt-oss-20b --out "$out/decode_gpt_oss_20b_${arm}_r$round.json" 2>>"$out/decode.log" | tail -1
+  done; done
+  pack
+  timeout 120 $wisp bench profile steps --model gpt-oss-20b --mode resident --phase prefill --prompt-len 2048 --rows 25 \
+    > "$out/profile_prefill_gpt_oss_20b.txt" 2>&1; grep -v Warn "$out/profile_prefill_gpt_oss_20b.txt" | cut -c1-60,150- | head -32 ;;
 arms)  # resident OLMoE decode, alternating the trees in ARMS (folders under .gpu_data holding a wisp/, or "new"),
   # ROUNDS times; one JSON of every record (the device tool returns few files)
   mkdir -p /tmp/arms

@@ -13,6 +13,7 @@ the batch or on the expert mode.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol, Sequence
 
 import torch
@@ -189,10 +190,11 @@ class MoEDecoder:
             from wisp.core.kernels.triton_rope import triton_rope
             from wisp.core.kernels.triton_router import triton_route
 
-            if not config.norm_weight_float32:
-                self.rms_norm, self.add_rms_norm = triton_rms_norm, triton_add_rms_norm
-            if config.routing == "softmax_topk":
-                self.route_kernel = triton_route
+            f32 = config.norm_weight_float32
+            self.rms_norm = partial(triton_rms_norm, weight_in_float32=f32)
+            self.add_rms_norm = partial(triton_add_rms_norm, weight_in_float32=f32)
+            if config.routing in ("softmax_topk", "topk_softmax"):  # GPT-OSS: the top-k first, then the softmax
+                self.route_kernel = partial(triton_route, topk_first=config.routing == "topk_softmax")
             if config.rope_dim & (config.rope_dim - 1) == 0:  # the Triton rotation needs a power of two
                 self.apply_rope = triton_rope
             if self.device.type == "cuda":  # (the interpreter's CPU runs keep the 16-row tiles: far faster there)
@@ -268,16 +270,16 @@ class MoEDecoder:
         cfg, lw = self.config, self.layers[li]
         logits = self.linear(x.float() if cfg.router_float32 else x, lw.router, lw.router_bias)  # [T, N]
         weight_dtype = self.router_dtype or x.dtype
-        if cfg.routing == "topk_softmax":  # GPT-OSS: top-k of the logits, softmax over those k
+        if self.route_kernel is not None:  # a replay's ids taken in the same launch
+            override = None if self.routing_override is None else self.routing_override.replayed(li, logits.shape[0])
+            topk_weights, topk_ids = self.route_kernel(logits, cfg.top_k, cfg.norm_topk_prob, weight_dtype,
+                                                       override)  # [T, K]
+        elif cfg.routing == "topk_softmax":  # GPT-OSS: top-k of the logits, softmax over those k
             top, topk_ids = torch.topk(logits, cfg.top_k, dim=-1)  # [T, K]
             if self.routing_override is not None:
                 topk_ids = self.routing_override.ids(li, topk_ids)
                 top = logits.gather(1, topk_ids)
             topk_weights = F.softmax(top.float(), dim=-1).to(weight_dtype)
-        elif self.route_kernel is not None:  # a replay's ids taken in the same launch
-            override = None if self.routing_override is None else self.routing_override.replayed(li, logits.shape[0])
-            topk_weights, topk_ids = self.route_kernel(logits, cfg.top_k, cfg.norm_topk_prob, weight_dtype,
-                                                       override)  # [T, K]
         else:
             probs = F.softmax(logits, dim=-1, dtype=torch.float32)
             topk_ids = torch.topk(probs, cfg.top_k, dim=-1).indices  # [T, K]

@@ -64,6 +64,22 @@ def test_add_rms_norm_gives_the_bits_of_the_add_then_the_norm(shape, dtype):
     assert torch.equal(triton_add_rms_norm(x[-1:], d[-1:], w, 1e-6)[1], normed[-1:])  # row-invariant
 
 
+@pytest.mark.parametrize("shape", [(5, 40), (1, 2880)])
+def test_a_float32_weight_multiplies_before_the_cast_as_gpt_oss_norms(shape):
+    # GPT-OSS: bf16 rows, a float32 weight applied to the float32 normalised row, one cast (to nearest even) after
+    g = torch.Generator().manual_seed(5)
+    x, d = (torch.randn(shape, generator=g).to(DEV, torch.bfloat16) for _ in range(2))
+    w = (1.0 + torch.randn(shape[-1], generator=g) / 3).to(DEV)  # float32, not representable in bf16
+    got = triton_rms_norm(x, w, 1e-5, weight_in_float32=True)
+    want = rows.rms_norm_float32_weight(x, w, 1e-5)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=8e-3, atol=1e-5)  # a 16-bit ulp where the sums' orders differ
+    assert (got == want).float().mean() > 0.95
+    assert (got != triton_rms_norm(x, w, 1e-5)[..., :].to(torch.bfloat16)).any()  # not the cast-first formula
+    total, normed = triton_add_rms_norm(x, d, w, 1e-5, weight_in_float32=True)
+    assert torch.equal(total, x + d) and torch.equal(normed, triton_rms_norm(x + d, w, 1e-5, weight_in_float32=True))
+
+
 def test_rope_matches_the_reference():
     from wisp.core.kernels.triton_rope import triton_rope
     from wisp.models.moe_decoder import apply_rope
@@ -148,6 +164,24 @@ def test_router_takes_replayed_ids_in_the_same_launch(normalize):
     assert torch.equal(got_ids, shared)
     with pytest.raises(ValueError):
         triton_route(logits, k, normalize, torch.float32, override[:, :2])
+
+
+@pytest.mark.parametrize("replayed", [False, True])
+def test_router_takes_the_top_k_logits_then_their_softmax_as_gpt_oss(replayed):
+    from wisp.core.kernels.triton_router import triton_route
+
+    n, k = 32, 4
+    logits = torch.randn(5, n, generator=torch.Generator().manual_seed(11)).to(DEV)
+    top, want_ids = torch.topk(logits, k, -1)
+    override = None
+    if replayed:  # a replay's ids, weighted by the softmax of the logits there
+        override = torch.stack([torch.randperm(n, generator=torch.Generator().manual_seed(r))[:k] for r in range(5)]).to(DEV)
+        want_ids, top = override, logits.gather(1, override)
+    got_w, got_ids = triton_route(logits, k, False, torch.float32, override, topk_first=True)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_w, torch.softmax(top.float(), -1), rtol=1e-5, atol=1e-6)
+    probs_first = triton_route(logits, k, False, torch.float32, override)[0]  # softmax over all N first: < 1 a row
+    assert torch.allclose(got_w.sum(-1), torch.ones(5, device=DEV)) and (probs_first.sum(-1) < 0.99).all()
 
 
 def test_router_breaks_ties_toward_the_lower_id():
