@@ -76,6 +76,8 @@ def calls():
     fp8 = (torch.randn(n, 2 * i, d).to(FP8), torch.randn(n, d, i).to(FP8), torch.rand(n, 2, 2), torch.rand(n, 2, 1))
     mx = (torch.randint(0, 255, (n, 2 * i, d // 2), dtype=torch.uint8), torch.randint(0, 255, (n, d, i // 2), dtype=torch.uint8),
           torch.full((n, 2 * i, d // 32), 127, dtype=torch.uint8), torch.full((n, d, i // 32), 127, dtype=torch.uint8))
+    q80 = (torch.randint(-127, 127, (n, 2 * i, d), dtype=torch.int8), torch.randint(-127, 127, (n, d, i), dtype=torch.int8),
+           torch.rand(n, 2 * i, d // 32).half(), torch.rand(n, d, i // 32).half())
     biases = torch.randn(n, 2 * i, dtype=bf), torch.randn(n, d, dtype=bf)
     counts = StepCount(torch.zeros(6, dtype=torch.int64), n, hits=True)
     from wisp.core.kernels.expert_extras import Activation
@@ -84,6 +86,7 @@ def calls():
     yield "moe bf16, a decode step counted", lambda: triton_fused_moe(x3, *plain, ids3, w3, count=counts)
     yield "moe bf16, a wide step", lambda: triton_fused_moe(x80, *plain, ids80, w80)
     yield "moe FP8", lambda: triton_fused_moe(x3, fp8[0], fp8[1], ids3, w3, extras=ExpertExtras(fp8[2], fp8[3]))
+    yield "moe Q8_0", lambda: triton_fused_moe(x3, q80[0], q80[1], ids3, w3, extras=ExpertExtras(q80[2], q80[3]))
     yield "moe MXFP4, biases, clamped SwiGLU", lambda: triton_fused_moe(
         x3, mx[0], mx[1], ids3, w3, extras=ExpertExtras(mx[2], mx[3], *biases), activation=swiglu)
     wt, bias = torch.randn(512, d, dtype=bf), torch.randn(512, dtype=bf)

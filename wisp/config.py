@@ -102,7 +102,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     dtype: torch.dtype = torch.float32
     fp8_block: tuple[int, int] | None = None  # FP8 block-scaled linear weights (`wisp.core.kernels.fp8_blocks`): the block
-    mxfp4_experts: bool = False  # experts in MXFP4 (`wisp.core.kernels.mxfp4`; GPT-OSS), everything else plain
+    expert_format: str = "plain"  # the experts' bytes: "plain" (dtype, or FP8 with fp8_block), "mxfp4" (GPT-OSS,
+    # `wisp.core.kernels.mxfp4`) or "q8_0" (a GGUF file's, `wisp.core.kernels.q8_0`); everything else plain
     window_layers: tuple[bool, ...] = ()  # per layer: sliding_window applies there (empty: every layer)
     attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator (GPT-OSS)
     routing: str = "softmax_topk"  # or "topk_softmax": softmax over the top-k router logits (GPT-OSS)
@@ -113,6 +114,10 @@ class ModelConfig:
     routed_scaling: float = 1.0  # routed experts' weights are multiplied by this (DeepSeek)
     router_float32: bool = False  # router logits in float32 from float32 activations (DeepSeek)
     shared_expert_gated: bool = True  # the shared expert's output is sigmoid-gated (Qwen2-MoE), else added
+
+    @property
+    def mxfp4_experts(self) -> bool:
+        return self.expert_format == "mxfp4"
 
     @property
     def rope_dim(self) -> int:
@@ -134,13 +139,15 @@ class ModelConfig:
 
     @property
     def expert_bytes(self) -> int:
-        """Bytes of one expert (gate, up and down) as it is paged: in `dtype`, or FP8 plus its float32 block
-        scales (gate_up's [2I/B, D/B] and down's [D/B, I/B]): the unit the pager moves."""
+        """Bytes of one expert (gate, up and down) as it is paged: in `dtype`, packed (MXFP4, Q8_0) with its
+        scales, or FP8 plus its float32 block scales (gate_up's [2I/B, D/B] and down's [D/B, I/B]): the unit the pager moves."""
         d, inter = self.hidden_size, self.moe_intermediate_size
         size = self.dtype.itemsize
         biases = (2 * inter + d) * size if self.expert_bias else 0
         if self.mxfp4_experts:  # half a byte a weight, one e8m0 byte per 32
             return 3 * d * inter // 2 + 3 * d * inter // 32 + biases
+        if self.expert_format == "q8_0":  # a byte a weight, a float16 scale per 32: the GGUF file's 34-byte blocks
+            return 3 * d * inter + 2 * (3 * d * inter // 32) + biases
         if self.fp8_block is not None:
             bo, bi = self.fp8_block
             scales = (2 * inter // bo) * -(-d // bi) + -(-d // bo) * -(-inter // bi)

@@ -262,15 +262,31 @@ def test_deepseek_v2_latent_attention_from_either_kv_b_layout(split_kv_b, tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3_moe", "olmoe"])
-def test_a_q8_0_gguf_gives_its_dequantized_twins_tokens(family, tmp_path, caplog):
+@pytest.mark.parametrize("family, mode", [("qwen3_moe", "paged"), ("olmoe", "hybrid"), ("qwen3_moe", "zero-copy")])
+def test_q8_0_experts_stay_packed_and_give_their_dequantized_twins_tokens(family, mode, tmp_path, caplog):
     folder = hf_checkpoint(family, tmp_path / "hf")
     q8 = gguf.GGMLQuantizationType.Q8_0
     file = write_gguf(family, folder, tmp_path / f"{family}.gguf", q8)[0]
     twin = bf16_twin(folder, tmp_path / "twin", lambda name, t: through(q8, t) if t.dim() >= 2 and not
                      name.endswith("shared_expert_gate.weight") else t)
-    assert_quantized_gives_its_twins_bits(file, twin, "paged", 2, "cpu", "torch", "torch", PROMPT)
-    assert "its Q8_0 experts are dequantized to bfloat16 at load" in caplog.text  # said, since it costs memory
+    q, p = assert_quantized_gives_its_twins_bits(file, twin, mode, 2, "cpu", "torch", "torch", PROMPT)
+    assert "dequantized" not in caplog.text  # nothing widened at load
+    assert q.config.expert_format == "q8_0" and p.config.expert_format == "plain"
+    reader = gguf.GGUFReader(file)  # the planner's bytes are the file's: 34 bytes a block of 32, a scale and 32 codes
+    weights = sum(int(t.n_bytes) for t in reader.tensors if t.name.endswith("_exps.weight"))
+    assert q.config.expert_bytes * q.config.num_experts * len(q.config.moe_layer_ids) == weights
+    assert q.config.expert_bytes * 15 < p.config.expert_bytes * 9  # 8.5 bits a weight against 16
+
+
+def test_q8_0_experts_load_as_random_codes_under_the_dummy_format(tmp_path):
+    from wisp import LLM, SamplingParams
+
+    folder = hf_checkpoint("olmoe", tmp_path / "hf")
+    file = write_gguf("olmoe", folder, tmp_path / "o.gguf", gguf.GGMLQuantizationType.Q8_0)[0]
+    llm = LLM(str(file), mode="resident", load_format="dummy")
+    bank, _ = llm.model.experts[0].residency.bank_and_map()  # what the kernels read: the packed codes and scales
+    assert bank["gate_up"].dtype == torch.int8 and bank["gate_up_scale"].dtype == torch.float16
+    assert len(llm.generate(PROMPT, SamplingParams(max_tokens=3, temperature=0))[0].token_ids) == 3
 
 
 @pytest.mark.slow

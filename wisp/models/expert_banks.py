@@ -2,7 +2,8 @@
 
 The bank is what every expert store pages (`wisp.core.kernels.expert_extras` names its tensors): "gate_up"
 [N, 2I, D] with gate's rows first, "down" [N, D, I], in the model dtype or quantized (FP8 with float32
-block scales; MXFP4 packed as [.., in/32, 16] uint8 codes with [.., in/32] e8m0 scales), and for GPT-OSS
+block scales; MXFP4 packed as [.., in/32, 16] uint8 codes with [.., in/32] e8m0 scales; a GGUF file's Q8_0 as
+int8 codes with [.., in/32] float16 scales), and for GPT-OSS
 the biases "gate_up_bias" [N, 2I] and "down_bias" [N, D].
 
 Checkpoint layouts read here, expert by expert, so a host never holds a layer twice:
@@ -25,6 +26,7 @@ from wisp.core.kernels.expert_extras import DOWN_BIAS, DOWN_SCALE, GATE_UP_BIAS,
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.kernels.fp8_blocks import FP8, scale_key, scale_shape
 from wisp.core.kernels.mxfp4 import BLOCK as MXFP4_BLOCK
+from wisp.core.kernels.q8_0 import BLOCK as Q8_0_BLOCK
 from wisp.errors import WispError
 from wisp.models.weight_names import WeightNames
 
@@ -42,6 +44,10 @@ def bank_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], torch.dtyp
                 DOWN: ((ne, d, inter // MXFP4_BLOCK, half), torch.uint8),
                 GATE_UP_SCALE: ((ne, 2 * inter, d // MXFP4_BLOCK), torch.uint8),
                 DOWN_SCALE: ((ne, d, inter // MXFP4_BLOCK), torch.uint8), **biases}
+    if cfg.expert_format == "q8_0":  # int8 codes, a float16 scale per 32 (a GGUF file's blocks, split by role)
+        return {GATE_UP: ((ne, 2 * inter, d), torch.int8), DOWN: ((ne, d, inter), torch.int8),
+                GATE_UP_SCALE: ((ne, 2 * inter, d // Q8_0_BLOCK), torch.float16),
+                DOWN_SCALE: ((ne, d, inter // Q8_0_BLOCK), torch.float16), **biases}
     if cfg.fp8_block is None:
         return {GATE_UP: ((ne, 2 * inter, d), cfg.dtype), DOWN: ((ne, d, inter), cfg.dtype), **biases}
     if inter % cfg.fp8_block[0]:
@@ -57,6 +63,9 @@ def fill_bank(bank: dict[str, torch.Tensor], reader, cfg: ModelConfig, n: Weight
     time (`bar` advances per expert)."""
     if n.fused_layout == "gpt_oss":
         _fill_gpt_oss(bank, reader, cfg, n, li, bar)
+        return
+    if cfg.expert_format == "q8_0":
+        _fill_q8_0(bank, reader, cfg, n, li, bar)
         return
     fused = n.fused_experts(li, "gate_up") in reader
     if fused and cfg.fp8_block is not None:
@@ -74,6 +83,18 @@ def fill_bank(bank: dict[str, torch.Tensor], reader, cfg: ModelConfig, n: Weight
             bank[DOWN][e].copy_(reader.get(n.expert(li, e, "down")))
         else:
             _fill_fp8_expert(bank, reader, cfg, n, li, e)
+        bar.update(1)
+
+
+def _fill_q8_0(bank, reader, cfg: ModelConfig, n: WeightNames, li: int, bar) -> None:
+    """Q8_0 experts (a GGUF file's, `wisp.models.gguf_reader`): stacked codes and scales, copied as they are."""
+    sources = {}
+    for weight, scale, part in ((GATE_UP, GATE_UP_SCALE, "gate_up"), (DOWN, DOWN_SCALE, "down")):
+        key = n.fused_experts(li, part)
+        sources[weight], sources[scale] = reader.get(key + "_q8_0_codes"), reader.get(key + "_q8_0_scales")
+    for e in range(cfg.num_experts):
+        for name, source in sources.items():
+            bank[name][e].copy_(source[e])
         bar.update(1)
 
 

@@ -91,10 +91,12 @@ class GGUFFile:
 
     def expert_facts(self) -> dict[str, Any]:
         """What the config needs from the tensors themselves: the experts' GGML type and width (from the first
-        stacked experts), and the shared expert's width (0: none)."""
+        stacked experts), the types of all of them, and the shared expert's width (0: none)."""
         first = next((n for n in self._tensors if n.endswith(".ffn_gate_exps.weight")), None)
         shared = next((n for n in self._tensors if n.endswith(".ffn_gate_shexp.weight")), None)
+        experts = [n for n in self._tensors if n.endswith(("_exps.weight"))]
         return {"type": self.tensor_type(first) if first else None,
+                "types": {self.tensor_type(n) for n in experts},  # every layer's gate, up and down experts'
                 "width": self.tensor_shape(first)[1] if first else None,
                 "shared_width": self.tensor_shape(shared)[0] if shared else 0}
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from wisp.config import ModelConfig
+from wisp.core.kernels.q8_0 import split_blocks
 from wisp.errors import WispError
 from wisp.models.families import get_family
 from wisp.models.gguf_file import GGUFFile
@@ -61,6 +62,10 @@ def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
                 names[f"{n.fused_experts(i, 'gate_up')}_{part}"] = names[n.fused_experts(i, "gate_up")]
                 names[f"{n.fused_experts(i, 'down')}_{part}"] = names[n.fused_experts(i, "down")]
             del names[n.fused_experts(i, "gate_up")], names[n.fused_experts(i, "down")]
+        if cfg.expert_format == "q8_0":  # kept packed: codes and scales, split from the file's blocks
+            for part in ("gate_up", "down"):
+                for role in ("codes", "scales"):
+                    names[f"{n.fused_experts(i, part)}_q8_0_{role}"] = names[n.fused_experts(i, part)]
         names[n.fused_experts(i, "down") + "_bias"] = (f"{b}.ffn_down_exps.bias",)
         for which in ("gate", "up", "down"):
             names[n.shared_expert(i, which)] = (f"{b}.ffn_{which}_shexp.weight",)
@@ -109,7 +114,8 @@ class GGUFCheckpoint:
                     self.names[n.attn(i, "kv_b_proj.weight")] = parts
         self.gpt_oss = get_family(cfg.family).weights.fused_layout == "gpt_oss"
         packed = {self.file.tensor_type(f"blk.{i}.ffn_down_exps.weight") for i in range(cfg.num_layers)} - {None}
-        unpacked = sorted(packed - {"F32", "F16", "BF16"} - ({"MXFP4"} if cfg.mxfp4_experts else set()))
+        kept = {"mxfp4": {"MXFP4"}, "q8_0": {"Q8_0"}}.get(cfg.expert_format, set())
+        unpacked = sorted(packed - {"F32", "F16", "BF16"} - kept)
         if unpacked:
             log.warning("%s: its %s experts are dequantized to %s at load (%.2f GB in all): wisp does not keep them "
                         "packed yet", self.file.parts[0].name, "/".join(unpacked), str(cfg.dtype).removeprefix("torch."),
@@ -127,6 +133,10 @@ class GGUFCheckpoint:
     def get(self, key: str, allow_fp8: bool = False, allow_mxfp4: bool = False) -> torch.Tensor:
         if key not in self.names:
             raise WispError(f"the GGUF checkpoint {self.file.parts[0]} has no tensor for {key}")
+        if key.endswith(("_q8_0_codes", "_q8_0_scales")):  # Q8_0 experts, kept packed: [N, rows, K] / [N, rows, K/32]
+            which = 0 if key.endswith("_codes") else 1
+            parts = [split_blocks(self.file.packed(p))[which] for p in self.names[key]]
+            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # stacked gate then up: [N, 2I, ...]
         if key.endswith(("_blocks", "_scales")):  # MXFP4 experts, kept packed: [N, rows, G, 16] / [N, rows, G]
             odd = [p for p in self.names[key] if self.file.tensor_type(p) != "MXFP4"]
             if odd:

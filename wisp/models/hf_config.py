@@ -49,9 +49,11 @@ def parse_hf_config(raw: dict[str, Any], generation: dict[str, Any] | None = Non
     """A Hugging Face config.json (and generation_config.json) as one normalised config."""
     archs = raw.get("architectures") or []
     family = family_for_architecture(archs[0] if archs else None)
-    fp8_block, mxfp4 = _quantization(raw)
-    if mxfp4 and family.weights.fused_layout != "gpt_oss":
+    fp8_block, expert_format = _quantization(raw)
+    if expert_format == "mxfp4" and family.weights.fused_layout != "gpt_oss":
         raise WispError(f"MXFP4 experts are supported for GPT-OSS checkpoints only, not {family.architecture}")
+    if expert_format == "q8_0" and family.weights.fused_layout == "gpt_oss":
+        raise WispError("Q8_0 experts are read packed from GGUF files of stacked experts, not GPT-OSS's")
     layout = _layout_fields(raw)
     experts = _expert_fields(raw, family, layout["num_layers"])
     rope = rope_scaling(raw)
@@ -69,7 +71,7 @@ def parse_hf_config(raw: dict[str, Any], generation: dict[str, Any] | None = Non
                        **layout, **attention, rope=rope, top_k=int(raw["num_experts_per_tok"]), **experts,
                        attention_bias=family.attention_bias(raw), qk_norm=family.qk_norm, clip_qkv=raw.get("clip_qkv"),
                        sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                       eos_token_ids=eos, dtype=dtype, fp8_block=fp8_block, mxfp4_experts=mxfp4,
+                       eos_token_ids=eos, dtype=dtype, fp8_block=fp8_block, expert_format=expert_format,
                        window_layers=family.window_layers(raw), attention_sinks=family.attention_sinks,
                        routing=family.routing, expert_activation=family.expert_activation(raw),
                        expert_bias=family.expert_bias, norm_weight_float32=family.norm_weight_float32, mla=mla,
@@ -122,8 +124,9 @@ SUPPORTED_QUANTIZATION = ("fp8 (float8_e4m3fn weights with weight_scale_inv in 1
                           "experts as *_blocks and *_scales)")
 
 
-def _quantization(raw: dict[str, Any]) -> tuple[tuple[int, int] | None, bool]:
-    """(the block of an FP8 block-scaled checkpoint or None, whether its experts are MXFP4). Any other
+def _quantization(raw: dict[str, Any]) -> tuple[tuple[int, int] | None, str]:
+    """(the block of an FP8 block-scaled checkpoint or None, its experts' format: "plain", "mxfp4", or "q8_0" for a
+    GGUF file whose experts are all Q8_0, `wisp.models.gguf_config`). Any other
     quantization (GPTQ, AWQ, bitsandbytes, compressed-tensors, other blocks...) is refused: its weights need
     scales wisp does not apply, so loading it anyway would compute garbage."""
     if raw.get("compression_config"):
@@ -131,17 +134,17 @@ def _quantization(raw: dict[str, Any]) -> tuple[tuple[int, int] | None, bool]:
                         f"{SUPPORTED_QUANTIZATION}, or float32, float16 and bfloat16 weights")
     quant = raw.get("quantization_config")
     if not quant:
-        return None, False
+        return None, "plain"
     method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-    if method == "mxfp4":
-        return None, True
+    if method in ("mxfp4", "q8_0"):
+        return None, method
     block = tuple(quant.get("weight_block_size") or ()) if isinstance(quant, dict) else ()
     fmt = quant.get("fmt", "e4m3") if isinstance(quant, dict) else None
     if method != "fp8" or block != (128, 128) or fmt != "e4m3":
         raise WispError(f"the checkpoint is quantized (quant_method {method!r}, weight_block_size {list(block)}), "
                         f"which wisp does not support; supported: {SUPPORTED_QUANTIZATION}, or float32, float16 "
                         "and bfloat16 weights")
-    return (128, 128), False
+    return (128, 128), "plain"
 
 
 def _layout_fields(raw: dict[str, Any]) -> dict[str, Any]:

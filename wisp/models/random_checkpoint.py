@@ -105,6 +105,11 @@ def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], 
         if n.fused_layout == "gpt_oss":
             yield from _gpt_oss_expert_specs(cfg, n, i, k)
             continue
+        if cfg.expert_format == "q8_0":  # stacked codes and scales (`wisp.models.expert_banks`); std: the weights'
+            for part, (rows, cols) in (("gate_up", (2 * inter, d)), ("down", (d, inter))):
+                yield k, n.fused_experts(i, part) + "_q8_0_codes", (cfg.num_experts, rows, cols), 0.05
+                yield k, n.fused_experts(i, part) + "_q8_0_scales", (cfg.num_experts, rows, cols // 32), 0.05
+            continue
         for e in range(cfg.num_experts):
             for which, shape in (("gate", (inter, d)), ("up", (inter, d)), ("down", (d, inter))):
                 yield k, n.expert(i, e, which), shape, 0.05
@@ -184,7 +189,8 @@ class RandomWeights:
     """The checkpoint-reader interface (`in`, `get`, `close`) over random tensors made on `device`:
     `--load-format dummy`, real shapes with no file on disk. For an FP8 config the linear weights
     (`fp8_quantized`) come as float8 with their `weight_scale_inv`, as in a real FP8 checkpoint; for an MXFP4
-    one (GPT-OSS) the experts come as random blocks and scales (`random_mxfp4`)."""
+    one (GPT-OSS) the experts come as random blocks and scales (`random_mxfp4`); for a Q8_0 one (a GGUF file's)
+    as random int8 codes with one scale."""
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu"):
         self.specs = {name: (shape, std) for _, name, shape, std in tensor_specs(cfg)}
@@ -204,6 +210,11 @@ class RandomWeights:
         shape, std = self.specs[key]
         if self.cfg.mxfp4_experts and key.endswith(("_blocks", "_scales")):
             return random_mxfp4(key, shape, self.seed, self.device)
+        if key.endswith("_q8_0_codes"):  # random int8 codes; scales: the weights' std over 127 codes, as float16
+            gen = torch.Generator(device=self.device).manual_seed(_name_key(self.seed, key))
+            return torch.randint(-127, 128, shape, generator=gen, device=self.device, dtype=torch.int8)
+        if key.endswith("_q8_0_scales"):
+            return torch.full(shape, std * 3 ** 0.5 / 127, dtype=torch.float16, device=self.device)
         return random_tensor(key, shape, std, self.seed, self.cfg.dtype, self.device)
 
     def _quantized(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,8 @@ Weights may be pinned host tensors (zero-copy mode): they are read in place over
 (`wisp.core.kernels.uva`), with the same arithmetic, so the bits match a device copy.
 
 Quantized weights are dequantized in-kernel (`_weight_tile`), reading only their packed bytes and scales:
-FP8 block-scaled (`wisp.core.kernels.fp8_blocks`): each tile times its 128 x 128 block's float32 scale, rounded to
+FP8 block-scaled (`wisp.core.kernels.fp8_blocks`) and Q8_0 (`wisp.core.kernels.q8_0`: int8 codes, a float16 scale
+per 32 columns): each element times its block's scale in float32, rounded to
 hidden's dtype (`wisp.core.kernels.triton_interpreter.rounded`, to nearest even); MXFP4 (`wisp.core.kernels.mxfp4`): codes and power-of-two
 scales built from their bits, exact. Those are the values the torch kernels multiply after dequantizing,
 and they enter the product in hidden's dtype like plain weights. An MXFP4 step reads its packed bytes as one
@@ -75,12 +76,16 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
     """The tile [rows, BLOCK_C columns from col0] of one expert's [R, COLS] weight at w (scales at sc; callers cast
     it to the compute dtype, exact),
     dequantized as the torch kernels do: FMT 0 plain; 1 FP8 (float32 product with the 128 x 128 block's scale,
-    rounded to the compute dtype); MXFP4 is `_mxfp4_halves`. col0 is a multiple of BLOCK_C, which divides the FP8 block, so
+    rounded to the compute dtype); 3 Q8_0 (int8 code times its 32-column block's float16 scale, rounded); MXFP4 is
+    `_mxfp4_halves`. col0 is a multiple of BLOCK_C, which divides the FP8 block, so
     the tile's columns share one FP8 scale block: its scales are read once a row
     (docs/decisions/fp8-block-scale-read-once-a-row.md), and every element gets the same scale and product."""
     cols = col0 + tl.arange(0, BLOCK_C)
     mask = row_ok[:, None] & (cols < COLS)[None, :]
     tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
+    if FMT == 3:  # Q8_0: code times its 32-column block's float16 scale (exact in float32), gathered per element
+        s = tl.load(sc + rows[:, None] * (COLS // 32) + cols[None, :] // 32, mask=mask, other=0.0)
+        tile = rounded(tile.to(tl.float32) * s.to(tl.float32), ROUND)
     if FMT == 1:
         tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
         n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
@@ -290,23 +295,24 @@ class Blocks:
 
 
 BLOCK_M = 64  # pairs a tile: one fixed shape for every call, so no row's instructions depend on the batch
-TILES = {  # weight format (`_format`: 0 plain, 1 FP8, 2 MXFP4) -> (gate/up blocks, down blocks)
+TILES = {  # weight format (`_format`: 0 plain, 1 FP8, 2 MXFP4, 3 Q8_0) -> (gate/up blocks, down blocks)
     0: (Blocks(32, 128), Blocks(64, 128)),
     1: (Blocks(32, 128), Blocks(64, 128)),
     2: (Blocks(32, 64), Blocks(64, 64)),  # MXFP4
+    3: (Blocks(32, 128), Blocks(64, 128)),  # Q8_0: not yet swept on the GPU
 }
 BLOCK_PAIRS = 128  # pairs a program of the sort
 FEW_PAIRS = 64  # up to this many pairs (8 decode rows of top-8) are sorted by one program (`_sort_few_pairs`)
 
 
 def _format(w_gate_up: torch.Tensor, hidden: torch.Tensor, extras: ExpertExtras | None) -> int:
-    """`_weight_tile`'s FMT for these weights: 0 plain (hidden's dtype), 1 FP8, 2 MXFP4 (scales in extras)."""
+    """`_weight_tile`'s FMT for these weights: 0 plain (hidden's dtype), 1 FP8, 2 MXFP4, 3 Q8_0 (scales in extras)."""
     scales = None if extras is None else extras.scales
-    fmt = 0 if scales is None else {FP8: 1, torch.uint8: 2}.get(w_gate_up.dtype, -1)
-    want = {0: hidden.dtype, 1: FP8, 2: torch.uint8}.get(fmt)
+    fmt = 0 if scales is None else {FP8: 1, torch.uint8: 2, torch.int8: 3}.get(w_gate_up.dtype, -1)
+    want = {0: hidden.dtype, 1: FP8, 2: torch.uint8, 3: torch.int8}.get(fmt)
     if fmt < 0 or w_gate_up.dtype != want:
         raise ValueError(f"expert weights ({w_gate_up.dtype}) must be {hidden.dtype} like hidden, or float8_e4m3fn / "
-                         f"uint8 (MXFP4) with their scales{' (none given)' if scales is None else ''}")
+                         f"uint8 (MXFP4) / int8 (Q8_0) with their scales{' (none given)' if scales is None else ''}")
     return fmt
 
 
