@@ -102,7 +102,8 @@ def test_the_triton_kernels_dequantize_in_kernel_to_the_bits_of_the_dequantized_
     extras = ExpertExtras(gs[slots], ds[slots])
     got = triton_fused_moe(hidden, gate_up[slots], down[slots], ids, weights, emap, extras=extras)
     twin = triton_fused_moe(hidden, plain_gate_up[slots], plain_down[slots], ids, weights, emap)
-    exact = dev.type == "cpu" and fmt != "mxfp4"  # MXFP4 sums a step's even columns, then its odd ones
+    # MXFP4 sums a step's even columns, then its odd ones; Q8_0 steps 32 columns at a time, plain weights 128
+    exact = dev.type == "cpu" and fmt == "fp8"
     assert torch.equal(got, twin) if exact else torch.allclose(got, twin, rtol=1e-2, atol=1e-2)
     reference = fused_moe(hidden, gate_up[slots], down[slots], ids, weights, emap, extras=extras)
     torch.testing.assert_close(got, reference, rtol=2e-2, atol=2e-2)

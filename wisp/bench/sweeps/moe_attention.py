@@ -4,7 +4,7 @@ for the whole sweep.
     wisp bench sweep moe-attention --out $OUT/kernel_sweep.json [--compare-with OLD_triton_moe.py]
 
 MoE: `triton_fused_moe` on OLMoE-1B-7B's and Qwen3-30B-A3B's expert shapes (bf16, top-8), Qwen3's in FP8
-block-scaled and gpt-oss-20b's in MXFP4 (top-4), at 1, 8 and 2048 tokens with the bank on the device, and (bf16)
+block-scaled and in Q8_0 (a GGUF file's, kept packed), and gpt-oss-20b's in MXFP4 (top-4), at 1, 8 and 2048 tokens with the bank on the device, and (bf16)
 at 1 token read in place from pinned host memory (zero-copy and hybrid's GPU pairs); the format's default
 launch (`triton_moe.TILES`), then at 1 and 2048 tokens each of its launch parameters (rows, columns, warps,
 stages of either kernel) varied alone, with whether the output keeps the default's bits; `--compare-with`
@@ -27,9 +27,9 @@ from wisp.errors import WispError
 
 SHAPES = {  # hidden, moe_intermediate, experts, top-k, weight format
     "olmoe": (2048, 1024, 64, 8, "bf16"), "qwen3": (2048, 768, 128, 8, "bf16"), "qwen3-fp8": (2048, 768, 128, 8, "fp8"),
-    "gpt-oss": (2880, 2880, 32, 4, "mxfp4"),
+    "qwen3-q8_0": (2048, 768, 128, 8, "q8_0"), "gpt-oss": (2880, 2880, 32, 4, "mxfp4"),
 }
-FORMAT_IDS = {"bf16": 0, "fp8": 1, "mxfp4": 2}  # `triton_moe.TILES`' keys
+FORMAT_IDS = {"bf16": 0, "fp8": 1, "mxfp4": 2, "q8_0": 3}  # `triton_moe.TILES`' keys
 CASES = [(t, "device") for t in (1, 8, 2048)] + [(1, "host")]
 VARIED = (1, 2048)  # token counts at which each launch parameter is varied
 VARIANTS = {"rows": {0: (16, 64), 1: (32, 128)}, "cols": (64, 256), "warps": (2, 8), "stages": (2, 4)}  # per kernel
@@ -51,6 +51,9 @@ def problem(shape: str, t: int, where: str, dev: torch.device):
         bank = [(torch.randn(s, generator=g) * 64).to(FP8) for s in shapes]
         scales = [torch.rand((n, -(-r // DEFAULT_BLOCK[0]), -(-c // DEFAULT_BLOCK[1])), generator=g) * 1e-3
                   for _, r, c in shapes]
+    elif fmt == "q8_0":  # random codes, float16 scales per 32 columns
+        bank = [torch.randint(-127, 128, s, generator=g, dtype=torch.int8) for s in shapes]
+        scales = [(torch.rand((n, r, c // 32), generator=g) * 1e-3).half() for _, r, c in shapes]
     else:  # MXFP4: random bytes, scales near 2^-7
         bank = [torch.randint(0, 256, (n, r, c // 32, 16), generator=g, dtype=torch.uint8) for _, r, c in shapes]
         scales = [torch.randint(118, 122, (n, r, c // 32), generator=g, dtype=torch.uint8) for _, r, c in shapes]

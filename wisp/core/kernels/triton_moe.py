@@ -83,9 +83,10 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
     cols = col0 + tl.arange(0, BLOCK_C)
     mask = row_ok[:, None] & (cols < COLS)[None, :]
     tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
-    if FMT == 3:  # Q8_0: code times its 32-column block's float16 scale (exact in float32), gathered per element
-        s = tl.load(sc + rows[:, None] * (COLS // 32) + cols[None, :] // 32, mask=mask, other=0.0)
-        tile = rounded(tile.to(tl.float32) * s.to(tl.float32), ROUND)
+    if FMT == 3:  # Q8_0: code times its 32-column block's float16 scale (exact in float32); a step's columns share
+        tl.static_assert(32 % BLOCK_C == 0)  # one block, so its scales are read once a row (not gathered per element)
+        s = tl.load(sc + rows * (COLS // 32) + col0 // 32, mask=row_ok, other=0.0)  # [rows]
+        tile = rounded(tile.to(tl.float32) * s.to(tl.float32)[:, None], ROUND)
     if FMT == 1:
         tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
         n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
@@ -299,7 +300,7 @@ TILES = {  # weight format (`_format`: 0 plain, 1 FP8, 2 MXFP4, 3 Q8_0) -> (gate
     0: (Blocks(32, 128), Blocks(64, 128)),
     1: (Blocks(32, 128), Blocks(64, 128)),
     2: (Blocks(32, 64), Blocks(64, 64)),  # MXFP4
-    3: (Blocks(32, 128), Blocks(64, 128)),  # Q8_0: not yet swept on the GPU
+    3: (Blocks(32, 32), Blocks(64, 32)),  # Q8_0: a step is one scale block (not yet timed on the GPU)
 }
 BLOCK_PAIRS = 128  # pairs a program of the sort
 FEW_PAIRS = 64  # up to this many pairs (8 decode rows of top-8) are sorted by one program (`_sort_few_pairs`)
