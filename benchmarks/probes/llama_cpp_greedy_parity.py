@@ -2,6 +2,7 @@
 needs `pip install llama-cpp-python`, whose build takes minutes, so CI does not run it).
 
     python benchmarks/probes/llama_cpp_greedy_parity.py [--families qwen3_moe,olmoe,qwen2_moe,mixtral,gpt_oss]
+    python benchmarks/probes/llama_cpp_greedy_parity.py --file tests/models/data/qwen3_moe_q4_k_m.gguf
 
 For each family a random tiny model (tests/models/test_gguf.py's, weights widened far from ties, with a trained
 byte-level BPE vocabulary) is written as
@@ -34,22 +35,29 @@ REAL_SHAPES = {"olmoe": {"num_key_value_heads": 4}, "deepseek_v2": {"q_lora_rank
 
 def compare(family: str, root: Path) -> dict:
     import gguf
-    from llama_cpp import Llama
-
-    from tests.models.test_gguf import hf_checkpoint, trained_tokenizer, write_gguf
-    from wisp import LLM, SamplingParams
 
     from tests.helpers import FAMILY_SPECS
+    from tests.models.test_gguf import hf_checkpoint, trained_tokenizer, write_gguf
 
     cfg_cls, model_cls, kwargs = FAMILY_SPECS[family]
     FAMILY_SPECS[family] = (cfg_cls, model_cls, {**kwargs, **REAL_SHAPES.get(family, {})})
     folder = hf_checkpoint(family, root / family / "hf", vocab_size=320)  # a byte-level BPE: llama.cpp needs merges
     file = write_gguf(family, folder, root / family / f"{family}.gguf", gguf.GGMLQuantizationType.F32,
                       tokenizer=trained_tokenizer(320))[0]
-    ours = LLM(str(file), device="cpu")
+    return {"family": family, **compare_file(file)}
+
+
+def compare_file(file: Path, theirs_file: Path | None = None, dtype=None) -> dict:
+    """wisp (CPU, torch path, in `dtype`: None is the file's) on `file` and llama.cpp on `theirs_file` (default the same
+    file): prompt logits and 16 greedy tokens."""
+    from llama_cpp import Llama
+
+    from wisp import LLM, SamplingParams
+
+    ours = LLM(str(file), device="cpu", dtype=dtype)
     our_logits = ours.prompt_logits(PROMPT).float().numpy()  # [T, V]
     our_tokens = ours.generate([PROMPT], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
-    theirs = Llama(model_path=str(file), n_ctx=64, logits_all=True, verbose=False, n_threads=2)
+    theirs = Llama(model_path=str(theirs_file or file), n_ctx=64, logits_all=True, verbose=False, n_threads=2)
     theirs.eval(PROMPT)
     their_logits = np.array(theirs.scores[: len(PROMPT)])
     their_tokens, context = [], list(PROMPT)
@@ -61,19 +69,58 @@ def compare(family: str, root: Path) -> dict:
         context.append(token)
     diff = float(np.abs(our_logits - their_logits).max())
     scale = float(np.abs(their_logits).max())
-    return {"family": family, "max_logit_diff": diff, "max_logit": scale, "tokens_agree": our_tokens == their_tokens,
+    return {"max_logit_diff": diff, "max_logit": scale, "tokens_agree": our_tokens == their_tokens,
             "wisp_tokens": our_tokens, "llama_cpp_tokens": their_tokens}
+
+
+def dequantized_copy(src: Path, dst: Path) -> Path:
+    """`src` with every tensor dequantized (the gguf package's floats) and stored as F32, the metadata as it is: what
+    llama.cpp computes on it has no quantized activations, so it isolates the weights from llama.cpp's arithmetic."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+    writer = gguf.GGUFWriter(dst, arch)
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        kind = f.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            sub = f.types[1]
+            value = [str(bytes(f.parts[i]), "utf-8") if sub == gguf.GGUFValueType.STRING else f.parts[i].tolist()[0]
+                     for i in f.data]
+            writer.add_key_value(name, value, kind, sub_type=sub)
+        elif kind == gguf.GGUFValueType.STRING:
+            writer.add_key_value(name, str(bytes(f.parts[-1]), "utf-8"), kind)
+        else:
+            value = int(gguf.LlamaFileType.ALL_F32) if name == "general.file_type" else f.parts[-1].tolist()[0]
+            writer.add_key_value(name, value, kind)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default="qwen3_moe,olmoe,qwen2_moe,mixtral,gpt_oss",
                     help="deepseek_v2 too: llama-cpp-python 0.3.36's llama.cpp aborts (a ggml assert) on the tiny file")
+    ap.add_argument("--file", default=None, help="an existing GGUF file instead (e.g. tests/models/data/"
+                    "qwen3_moe_q4_k_m.gguf, llama-quantize's Q4_K_M: llama.cpp multiplies 8-bit activations there)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     records = []
     with tempfile.TemporaryDirectory() as tmp:
-        for family in args.families.split(","):
+        if args.file:  # the file, then (llama.cpp's side) its F32-dequantized copy, against wisp on the file in float32
+            for theirs in (Path(args.file), dequantized_copy(Path(args.file), Path(tmp) / "dequantized.gguf")):
+                r = {"file": args.file, "llama_cpp_on": "the file" if theirs == Path(args.file) else
+                     "its tensors dequantized to F32", **compare_file(Path(args.file), theirs, dtype="float32")}
+                print(json.dumps({k: v for k, v in r.items() if not k.endswith("_tokens")}), flush=True)
+                records.append(r)
+        for family in [] if args.file else args.families.split(","):
             try:
                 r = compare(family, Path(tmp))
             except Exception as exc:  # noqa: BLE001 (a family llama.cpp refuses is reported, not fatal)

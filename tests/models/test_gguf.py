@@ -26,15 +26,16 @@ K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
 
 
-def hf_checkpoint(family: str, path: Path, vocab_size: int = COMMON["vocab_size"], wide: int = 0) -> Path:
-    """A random tiny model of `family` saved as the hub does; `wide`: hidden and expert widths of that size."""
+def hf_checkpoint(family: str, path: Path, vocab_size: int = COMMON["vocab_size"], wide: int = 0, **fields) -> Path:
+    """A random tiny model of `family` saved as the hub does; `wide`: hidden and expert widths of that size; `fields`:
+    other config fields."""
     import transformers
 
     cfg_cls, model_cls, kwargs = FAMILY_SPECS[family]
     torch.manual_seed(7)
     widths = {"hidden_size": wide, "moe_intermediate_size": wide, "head_dim": 64} if wide else {}
     config = getattr(transformers, cfg_cls)(**{**COMMON, **kwargs, **EVERY_LAYER_MOE.get(family, {}),
-                                               "vocab_size": vocab_size, **widths})
+                                               "vocab_size": vocab_size, **widths, **fields})
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():  # far from ties, as tests.helpers.make_hf_model widens them
         for name, p in model.named_parameters():
@@ -314,17 +315,47 @@ def test_k_quant_experts_give_the_twin_of_the_gguf_packages_floats(qtype, tmp_pa
     folder = hf_checkpoint("qwen3_moe", tmp_path / "hf", wide=256)  # k-quant rows: whole 256-value blocks
     file = write_gguf("qwen3_moe", folder, tmp_path / "q.gguf", gguf.GGMLQuantizationType.BF16, expert_qtype=kind)[0]
     stored = {t.name: t for t in gguf.GGUFReader(file).tensors}
+    twin = bf16_twin(folder, tmp_path / "twin", lambda name, t: file_tensor(stored, None, name) if EXPERT.match(name)
+                     else t)
+    assert_quantized_gives_its_twins_bits(file, twin, "paged", 2, "cpu", "torch", "torch", PROMPT)
 
-    def from_file(name: str, t: torch.Tensor) -> torch.Tensor:
-        m = EXPERT.match(name)
-        if m is None:
-            return t
+
+def file_tensor(stored: dict, names, name: str) -> torch.Tensor | None:
+    """The Hugging Face tensor `name` as a GGUF file (`stored`: its tensors by name; `names`: the gguf package's
+    `TensorNameMap`) holds it, dequantized by the gguf package (float32); experts.E.gate_proj is ffn_gate_exps[E]."""
+    m = EXPERT.match(name)
+    if m is not None:
         layer, e, part = int(m[1].split(".")[2]), int(m[2]), m[3].removesuffix("_proj")
         block = stored[f"blk.{layer}.ffn_{part}_exps.weight"]
         return torch.from_numpy(gguf.quants.dequantize(block.data, block.tensor_type)[e].copy())
+    base = name.removesuffix(".weight")
+    t = stored.get(names.get_name(base) + ".weight") if names.get_name(base) else None
+    return None if t is None else torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
+
+
+@pytest.mark.slow
+def test_a_q4_k_m_file_from_llama_quantize_gives_its_dequantized_twins_tokens(tmp_path):
+    """tests/models/data/qwen3_moe_q4_k_m.gguf (made by llama.cpp's llama-quantize: tests/models/make_q4_k_m_fixture.py)
+    against the safetensors twin holding the gguf package's dequantization of each of its tensors."""
+    from tests.models.make_q4_k_m_fixture import FIXTURE, SHAPE
+
+    reader = gguf.GGUFReader(FIXTURE)
+    stored = {t.name: t for t in reader.tensors}
+    assert {"Q4_K", "Q6_K"} <= {t.tensor_type.name for t in stored.values()}  # llama-quantize's Q4_K_M mix
+    folder = hf_checkpoint("qwen3_moe", tmp_path / "hf", **SHAPE)  # its config and names; every weight comes from the file
+    names = gguf.TensorNameMap(ARCH["qwen3_moe"], SHAPE["num_hidden_layers"])
+    replaced = []
+
+    def from_file(name: str, t: torch.Tensor) -> torch.Tensor:
+        got = file_tensor(stored, names, name)
+        assert got is not None and got.numel() == t.numel(), name
+        replaced.append(name)
+        return got.reshape(t.shape)
 
     twin = bf16_twin(folder, tmp_path / "twin", from_file)
-    assert_quantized_gives_its_twins_bits(file, twin, "paged", 2, "cpu", "torch", "torch", PROMPT)
+    assert len(replaced) == len(hf_tensors(folder))
+    q, _ = assert_quantized_gives_its_twins_bits(FIXTURE, twin, "paged", 2, "cpu", "torch", "torch", PROMPT)
+    assert q.config.num_layers == SHAPE["num_hidden_layers"] and q.config.num_experts == SHAPE["num_experts"]
 
 
 def assert_same_run(a, b):
