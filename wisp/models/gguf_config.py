@@ -87,7 +87,7 @@ def hf_config_from_gguf(meta: dict[str, Any], experts: dict[str, Any] | None = N
     if expert_type == "MXFP4" and family.weights.fused_layout == "gpt_oss":
         raw["quantization_config"] = {"quant_method": "mxfp4"}
     elif experts.get("types") == {"Q8_0"} and family.weights.fused_layout != "gpt_oss":  # kept packed: every expert's
-        raw["quantization_config"] = {"quant_method": "q8_0"}
+        raw["quantization_config"] = {"quant_method": "gguf_q8_0"}
     if get("expert_weights_norm") is not None:
         raw["norm_topk_prob"] = bool(get("expert_weights_norm"))
     if family.mla:

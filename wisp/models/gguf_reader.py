@@ -120,6 +120,7 @@ class GGUFCheckpoint:
             log.warning("%s: its %s experts are dequantized to %s at load (%.2f GB in all): wisp does not keep them "
                         "packed yet", self.file.parts[0].name, "/".join(unpacked), str(cfg.dtype).removeprefix("torch."),
                         cfg.expert_bytes * cfg.num_experts * len(cfg.moe_layer_ids) / 1e9)
+        self._q8_0_split: tuple[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # the last experts' codes, scales
         self.heads_of: dict[str, int] = {}  # q / k weights to put back in rotary-halves order: their head count
         if self.file.arch in ROTARY_PAIRS_INTERLEAVED:
             n = get_family(cfg.family).weights
@@ -134,9 +135,12 @@ class GGUFCheckpoint:
         if key not in self.names:
             raise WispError(f"the GGUF checkpoint {self.file.parts[0]} has no tensor for {key}")
         if key.endswith(("_q8_0_codes", "_q8_0_scales")):  # Q8_0 experts, kept packed: [N, rows, K] / [N, rows, K/32]
-            which = 0 if key.endswith("_codes") else 1
-            parts = [split_blocks(self.file.packed(p))[which] for p in self.names[key]]
-            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # stacked gate then up: [N, 2I, ...]
+            stem, role = key.rsplit("_q8_0_", 1)
+            if self._q8_0_split is None or self._q8_0_split[0] != stem:  # one read of the file's blocks for both
+                parts = [split_blocks(self.file.packed(p)) for p in self.names[key]]
+                both = parts[0] if len(parts) == 1 else tuple(torch.cat(x, dim=1) for x in zip(*parts))  # gate, up
+                self._q8_0_split = stem, both
+            return self._q8_0_split[1][0 if role == "codes" else 1]
         if key.endswith(("_blocks", "_scales")):  # MXFP4 experts, kept packed: [N, rows, G, 16] / [N, rows, G]
             odd = [p for p in self.names[key] if self.file.tensor_type(p) != "MXFP4"]
             if odd:

@@ -136,8 +136,8 @@ def _quantization(raw: dict[str, Any]) -> tuple[tuple[int, int] | None, str]:
     if not quant:
         return None, "plain"
     method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-    if method in ("mxfp4", "q8_0"):
-        return None, method
+    if method in ("mxfp4", "gguf_q8_0"):  # the second only from a GGUF file (`wisp.models.gguf_config`)
+        return None, method.removeprefix("gguf_")
     block = tuple(quant.get("weight_block_size") or ()) if isinstance(quant, dict) else ()
     fmt = quant.get("fmt", "e4m3") if isinstance(quant, dict) else None
     if method != "fp8" or block != (128, 128) or fmt != "e4m3":

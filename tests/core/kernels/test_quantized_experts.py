@@ -1,7 +1,8 @@
-"""Quantized experts (FP8 block-scaled, MXFP4) in every store: the scales travel with the weights (one bank,
+"""Quantized experts (FP8 block-scaled, MXFP4, Q8_0) in every store: the scales travel with the weights (one bank,
 paged together), the torch kernels dequantize right before the GEMMs, so every mode gives torch.equal
-outputs, and equal to a plain bank holding the dequantized weights; the Triton kernels dequantize FP8
-in-kernel to the same bits. Run with --wisp-device cuda on the GPU machine."""
+outputs, and equal to a plain bank holding the dequantized weights; the Triton kernels dequantize in-kernel, FP8 to
+the same bits, MXFP4 and Q8_0 to close ones (they sum their steps in another order). Run with --wisp-device cuda on
+the GPU machine."""
 
 from __future__ import annotations
 

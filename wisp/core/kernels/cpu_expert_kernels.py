@@ -214,7 +214,7 @@ def _bias_rows(biases: list[torch.Tensor | None], counts: list[int], width: int)
 def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                      extras: ExpertExtras | None = None, activation: Activation = SILU) -> torch.Tensor:
     """One expert on exactly the rows x [M, D] with torch's own GEMM (not row-invariant): [M, D]. Quantized
-    weights (FP8 or MXFP4 scales in `extras`) are dequantized to x's dtype first; biases are added."""
+    weights (FP8, MXFP4 or Q8_0 scales in `extras`) are dequantized to x's dtype first; biases are added."""
     w_gate_up, w_down = dequantize_expert(w_gate_up, w_down, extras, x.dtype)
     b_gate_up, b_down = (None, None) if extras is None else (extras.gate_up_bias, extras.down_bias)
     gate, up = F.linear(x, w_gate_up, b_gate_up).chunk(2, dim=-1)  # [M, I] each

@@ -27,8 +27,8 @@ from wisp.core.kernels.rows import map_row_tiles, tile_linear
 def expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None = None,
                activation: Activation = SILU) -> torch.Tensor:
     """One expert on rows x [M, D]: w_gate_up [2I, D], w_down [D, I] -> [M, D] (row-invariant). `extras`
-    (`wisp.core.kernels.expert_extras`): quantized weights' scales (FP8 or MXFP4, dequantized to x's dtype first) and
-    biases, each added to its GEMM's output in x's dtype."""
+    (`wisp.core.kernels.expert_extras`): quantized weights' scales (FP8, MXFP4 or Q8_0, dequantized to x's dtype
+    first) and biases, each added to its GEMM's output in x's dtype."""
     w_gate_up, w_down = dequantize_expert(w_gate_up, w_down, extras, x.dtype)
     b_gate_up, b_down = (None, None) if extras is None else (extras.gate_up_bias, extras.down_bias)
 

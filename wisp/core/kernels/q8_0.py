@@ -39,8 +39,9 @@ def dequantize_q8_0(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtyp
 
 
 def quantize_q8_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [..., K] (K a multiple of 32) -> (codes int8 [..., K], scales float16 [..., K / 32]), as llama.cpp rounds:
-    d = absmax / 127 (in float16), codes the nearest integers of w / d."""
+    """w [..., K] (K a multiple of 32) -> (codes int8 [..., K], scales float16 [..., K / 32]): d = absmax / 127 (in
+    float16), codes the nearest integers of w / d (ties to even; llama.cpp divides by the float32 d and rounds ties
+    away from zero, so its codes may differ by one: test data only)."""
     if w.shape[-1] % BLOCK:
         raise ValueError(f"Q8_0 rows must be a multiple of {BLOCK} long, got {w.shape[-1]}")
     grouped = w.float().unflatten(-1, (-1, BLOCK))  # [..., G, 32]

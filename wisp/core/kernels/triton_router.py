@@ -69,6 +69,6 @@ def triton_route(logits: torch.Tensor, top_k: int, normalize: bool, weight_dtype
         if override is not None and (override.shape != (t, top_k) or override.stride(1) != 1):
             raise ValueError(f"override must be [{t}, {top_k}] with unit column stride, got {tuple(override.shape)}")
         _route[(t,)](logits, ids, weights, over, over.stride(0), n, K=top_k, KP=triton.next_power_of_2(top_k),
-                     BLOCK_N=triton.next_power_of_2(n), NORM=normalize, OVERRIDE=override is not None,
-                     TOPK_FIRST=topk_first)
+                     BLOCK_N=triton.next_power_of_2(n), NORM=normalize and not topk_first,
+                     OVERRIDE=override is not None, TOPK_FIRST=topk_first)
     return weights, ids
