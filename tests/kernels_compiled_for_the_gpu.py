@@ -1,6 +1,6 @@
 """Compile (not run) the Triton kernel families, in the variants the models launch, for an H200 (sm_90) on any
-machine, CPU-only ones included: `python -m tests.kernels_compiled_for_the_gpu` prints the kernels compiled, one line each, and exits 1 on the
-first that does not compile (its error above).
+machine, CPU-only ones included: `python -m tests.kernels_compiled_for_the_gpu` prints the kernels compiled, one
+line each, and exits 1 on the first that does not compile (its error above).
 
 Triton's interpreter, which the CPU tests run the kernels under, never type-checks a kernel as the compiler does
 (two returns of different dtypes, a constexpr branch that only some formats reach), so a kernel can pass every

@@ -30,6 +30,8 @@ from wisp.core.kernels.q8_0 import BLOCK as Q8_0_BLOCK
 from wisp.errors import WispError
 from wisp.models.weight_names import WeightNames
 
+Q8_0_KEYS = ("_q8_0_codes", "_q8_0_scales")  # a stacked experts name's suffixes for its Q8_0 codes and scales
+
 
 def bank_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Per bank tensor: its [N, ...] shape and dtype (the same for every MoE layer of a model)."""
@@ -91,7 +93,7 @@ def _fill_q8_0(bank, reader, cfg: ModelConfig, n: WeightNames, li: int, bar) -> 
     sources = {}
     for weight, scale, part in ((GATE_UP, GATE_UP_SCALE, "gate_up"), (DOWN, DOWN_SCALE, "down")):
         key = n.fused_experts(li, part)
-        sources[weight], sources[scale] = reader.get(key + "_q8_0_codes"), reader.get(key + "_q8_0_scales")
+        sources[weight], sources[scale] = (reader.get(key + suffix) for suffix in Q8_0_KEYS)
     for e in range(cfg.num_experts):
         for name, source in sources.items():
             bank[name][e].copy_(source[e])

@@ -23,6 +23,7 @@ import torch
 from wisp.config import ModelConfig
 from wisp.core.kernels.q8_0 import split_blocks
 from wisp.errors import WispError
+from wisp.models.expert_banks import Q8_0_KEYS
 from wisp.models.families import get_family
 from wisp.models.gguf_file import GGUFFile
 
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 LATENT_NAMES = (("kv_a_proj_with_mqa", "attn_kv_a_mqa"), ("kv_a_layernorm", "attn_kv_a_norm"), ("kv_b_proj", "attn_kv_b"),
                 ("q_a_proj", "attn_q_a"), ("q_a_layernorm", "attn_q_a_norm"), ("q_b_proj", "attn_q_b"))
+
+
+MXFP4_KEYS = ("_blocks", "_scales")  # (the hub's MXFP4 names)
 
 
 def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
@@ -58,14 +62,14 @@ def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
         names[n.fused_experts(i, "down")] = (f"{b}.ffn_down_exps.weight",)
         names[n.fused_experts(i, "gate_up") + "_bias"] = (f"{b}.ffn_gate_exps.bias", f"{b}.ffn_up_exps.bias")
         if cfg.mxfp4_experts:  # the hub's MXFP4 names: blocks and scales, gate and up rows interleaved
-            for part in ("blocks", "scales"):
-                names[f"{n.fused_experts(i, 'gate_up')}_{part}"] = names[n.fused_experts(i, "gate_up")]
-                names[f"{n.fused_experts(i, 'down')}_{part}"] = names[n.fused_experts(i, "down")]
+            for part in ("gate_up", "down"):
+                for suffix in MXFP4_KEYS:
+                    names[n.fused_experts(i, part) + suffix] = names[n.fused_experts(i, part)]
             del names[n.fused_experts(i, "gate_up")], names[n.fused_experts(i, "down")]
         if cfg.expert_format == "q8_0":  # kept packed: codes and scales, split from the file's blocks
             for part in ("gate_up", "down"):
-                for role in ("codes", "scales"):
-                    names[f"{n.fused_experts(i, part)}_q8_0_{role}"] = names[n.fused_experts(i, part)]
+                for suffix in Q8_0_KEYS:
+                    names[n.fused_experts(i, part) + suffix] = names[n.fused_experts(i, part)]
         names[n.fused_experts(i, "down") + "_bias"] = (f"{b}.ffn_down_exps.bias",)
         for which in ("gate", "up", "down"):
             names[n.shared_expert(i, which)] = (f"{b}.ffn_{which}_shexp.weight",)
@@ -120,7 +124,7 @@ class GGUFCheckpoint:
             log.warning("%s: its %s experts are dequantized to %s at load (%.2f GB in all): wisp does not keep them "
                         "packed yet", self.file.parts[0].name, "/".join(unpacked), str(cfg.dtype).removeprefix("torch."),
                         cfg.expert_bytes * cfg.num_experts * len(cfg.moe_layer_ids) / 1e9)
-        self._q8_0_split: tuple[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # the last experts' codes, scales
+        self._split: dict[str, torch.Tensor] = {}  # packed experts' halves split and not yet handed out
         self.heads_of: dict[str, int] = {}  # q / k weights to put back in rotary-halves order: their head count
         if self.file.arch in ROTARY_PAIRS_INTERLEAVED:
             n = get_family(cfg.family).weights
@@ -134,21 +138,15 @@ class GGUFCheckpoint:
     def get(self, key: str, allow_fp8: bool = False, allow_mxfp4: bool = False) -> torch.Tensor:
         if key not in self.names:
             raise WispError(f"the GGUF checkpoint {self.file.parts[0]} has no tensor for {key}")
-        if key.endswith(("_q8_0_codes", "_q8_0_scales")):  # Q8_0 experts, kept packed: [N, rows, K] / [N, rows, K/32]
-            stem, role = key.rsplit("_q8_0_", 1)
-            if self._q8_0_split is None or self._q8_0_split[0] != stem:  # one read of the file's blocks for both
-                parts = [split_blocks(self.file.packed(p)) for p in self.names[key]]
-                both = parts[0] if len(parts) == 1 else tuple(torch.cat(x, dim=1) for x in zip(*parts))  # gate, up
-                self._q8_0_split = stem, both
-            return self._q8_0_split[1][0 if role == "codes" else 1]
-        if key.endswith(("_blocks", "_scales")):  # MXFP4 experts, kept packed: [N, rows, G, 16] / [N, rows, G]
+        if key.endswith(Q8_0_KEYS):  # Q8_0 experts, kept packed: [N, rows, K] / [N, rows, K/32], gate then up
+            return self._packed_experts(key, Q8_0_KEYS, split_blocks, lambda xs: torch.cat(xs, dim=1))
+        if key.endswith(MXFP4_KEYS):  # MXFP4 experts, kept packed: [N, rows, G, 16] / [N, rows, G]
             odd = [p for p in self.names[key] if self.file.tensor_type(p) != "MXFP4"]
             if odd:
                 raise WispError(f"{odd[0]} is {self.file.tensor_type(odd[0])}, but the file's first experts are MXFP4: "
                                 "wisp reads MXFP4 experts only when every layer's are")
-            which = 0 if key.endswith("_blocks") else 1
-            packed = [mxfp4_blocks_and_scales(self.file.packed(p))[which] for p in self.names[key]]
-            return packed[0] if len(packed) == 1 else torch.stack(packed, dim=2).flatten(1, 2)  # rows interleaved
+            return self._packed_experts(key, MXFP4_KEYS, mxfp4_blocks_and_scales,
+                                        lambda xs: torch.stack(xs, dim=2).flatten(1, 2))  # gate and up rows interleaved
         parts = [self.file.tensor(p) for p in self.names[key]]  # dequantized; the loader casts to the model's dtype
         if key.endswith("kv_b_proj.weight") and len(parts) == 2:  # [H * (nope + v), r], per head k's rows then v's
             k_b, v_b = parts
@@ -165,5 +163,17 @@ class GGUFCheckpoint:
             return parts[0].transpose(1, 2)  # [N, I, D]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # stacked gate then up: [N, 2I, D]
 
+    def _packed_experts(self, key: str, suffixes: tuple[str, str], split, join) -> torch.Tensor:
+        """The packed experts' weights or scales behind `key` (a stem and one of `suffixes`: weights', scales'):
+        each GGUF tensor's blocks are read and `split` once for both keys (`join` puts gate's and up's together),
+        and each half is handed out once, so no layer's experts are held past their filling."""
+        if key not in self._split:
+            stem = key.removesuffix(suffixes[0]).removesuffix(suffixes[1])
+            parts = [split(self.file.packed(p)) for p in self.names[key]]  # [(weights, scales)] a GGUF tensor
+            for suffix, pieces in zip(suffixes, zip(*parts)):
+                self._split[stem + suffix] = pieces[0] if len(pieces) == 1 else join(list(pieces))
+        return self._split.pop(key)
+
     def close(self) -> None:
         self.file = None
+        self._split.clear()

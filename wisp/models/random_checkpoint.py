@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from wisp.config import ModelConfig
 from wisp.core.kernels.fp8_blocks import quantize_blocks, scale_key
 from wisp.models.config_parsers import model_config
+from wisp.models.expert_banks import Q8_0_KEYS
 from wisp.models.families import get_family
 
 DEMO_VERSION = "v3"
@@ -106,9 +107,10 @@ def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], 
             yield from _gpt_oss_expert_specs(cfg, n, i, k)
             continue
         if cfg.expert_format == "q8_0":  # stacked codes and scales (`wisp.models.expert_banks`); std: the weights'
+            codes, scales = Q8_0_KEYS
             for part, (rows, cols) in (("gate_up", (2 * inter, d)), ("down", (d, inter))):
-                yield k, n.fused_experts(i, part) + "_q8_0_codes", (cfg.num_experts, rows, cols), 0.05
-                yield k, n.fused_experts(i, part) + "_q8_0_scales", (cfg.num_experts, rows, cols // 32), 0.05
+                yield k, n.fused_experts(i, part) + codes, (cfg.num_experts, rows, cols), 0.05
+                yield k, n.fused_experts(i, part) + scales, (cfg.num_experts, rows, cols // 32), 0.05
             continue
         for e in range(cfg.num_experts):
             for which, shape in (("gate", (inter, d)), ("up", (inter, d)), ("down", (d, inter))):
@@ -210,10 +212,10 @@ class RandomWeights:
         shape, std = self.specs[key]
         if self.cfg.mxfp4_experts and key.endswith(("_blocks", "_scales")):
             return random_mxfp4(key, shape, self.seed, self.device)
-        if key.endswith("_q8_0_codes"):  # random int8 codes; scales: the weights' std over 127 codes, as float16
+        if key.endswith(Q8_0_KEYS[0]):  # random int8 codes; scales: the weights' std over 127 codes, as float16
             gen = torch.Generator(device=self.device).manual_seed(_name_key(self.seed, key))
             return torch.randint(-127, 128, shape, generator=gen, device=self.device, dtype=torch.int8)
-        if key.endswith("_q8_0_scales"):
+        if key.endswith(Q8_0_KEYS[1]):
             return torch.full(shape, std * 3 ** 0.5 / 127, dtype=torch.float16, device=self.device)
         return random_tensor(key, shape, std, self.seed, self.cfg.dtype, self.device)
 

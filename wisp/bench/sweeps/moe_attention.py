@@ -4,12 +4,13 @@ for the whole sweep.
     wisp bench sweep moe-attention --out $OUT/kernel_sweep.json [--compare-with OLD_triton_moe.py]
 
 MoE: `triton_fused_moe` on OLMoE-1B-7B's and Qwen3-30B-A3B's expert shapes (bf16, top-8), Qwen3's in FP8
-block-scaled and in Q8_0 (a GGUF file's, kept packed), and gpt-oss-20b's in MXFP4 (top-4), at 1, 8 and 2048 tokens with the bank on the device, and (bf16)
-at 1 token read in place from pinned host memory (zero-copy and hybrid's GPU pairs); the format's default
-launch (`triton_moe.TILES`), then at 1 and 2048 tokens each of its launch parameters (rows, columns, warps,
-stages of either kernel) varied alone, with whether the output keeps the default's bits; `--compare-with`
-another version of the module (a file) on the same inputs. Up to 8 tokens a call is timed as a CUDA-graph
-replay; at one token the experts' bytes over the time are printed as GB/s (the H200's HBM: about 4.8 TB/s). Attention: Qwen3's decode shapes (32 q / 4 kv heads of 128, 16-token blocks) at
+block-scaled and in Q8_0 (a GGUF file's, kept packed), and gpt-oss-20b's in MXFP4 (top-4), at 1, 8 and 2048 tokens
+with the bank on the device, and (bf16) at 1 token read in place from pinned host memory (zero-copy and hybrid's
+GPU pairs); the format's default launch (`triton_moe.TILES`), then at 1 and 2048 tokens each of its launch
+parameters (rows, columns, warps, stages of either kernel) varied alone, with whether the output keeps the
+default's bits; `--compare-with` another version of the module (a file) on the same inputs. Up to 8 tokens a call
+is timed as a CUDA-graph replay; at one token the experts' bytes over the time are printed as GB/s (the H200's
+HBM: about 4.8 TB/s). Attention: Qwen3's decode shapes (32 q / 4 kv heads of 128, 16-token blocks) at
 several context lengths (decode by programs per row, and a whole prefill). Prints a table and writes the
 figures (microseconds, triton.testing.do_bench).
 """

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import torch
 
-BLOCKS = {"Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}  # values, bytes a block
+from wisp.core.kernels import q8_0
+
+# values, bytes a block
+BLOCKS = {"Q8_0": (q8_0.BLOCK, q8_0.BLOCK_BYTES), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -30,7 +33,7 @@ def _scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _q8_0(b: torch.Tensor) -> torch.Tensor:
-    return _f16(b[:, :2]) * b[:, 2:].contiguous().view(torch.int8).float()
+    return q8_0.dequantize_q8_0(*q8_0.split_blocks(b), torch.float32)  # what the packed experts compute with
 
 
 def _k_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -120,6 +120,13 @@ def _halves(a_ptr, row_offsets, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.co
 
 
 @triton.jit
+def _dot_halves(acc, a_even, a_odd, w_even, w_odd, IEEE: tl.constexpr):
+    """acc + the even columns' products, then the odd columns' (`_halves` by `_mxfp4_halves`)."""
+    acc = dot_rows(a_even, w_even.to(a_even.dtype), acc, IEEE)
+    return dot_rows(a_odd, w_odd.to(a_odd.dtype), acc, IEEE)
+
+
+@triton.jit
 def _pair_slots(ids_ptr, map_ptr, P, BLOCK: tl.constexpr):
     """This program's BLOCK pairs: their indices, their experts' slots (-1: none) and which are live."""
     pairs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -214,10 +221,8 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
         for d0 in range(0, D, BLOCK_D):
             if FMT == 2:  # MXFP4: the step's even columns' products, then its odd ones'
                 xe, xo = _halves(x_ptr, token * D, row_ok, d0, D, BLOCK_D)
-                ge, go = _mxfp4_halves(w, sc, rows, i_ok, d0, D, BLOCK_D, ROUND)
-                gate = dot_rows(xo, go.to(xo.dtype), dot_rows(xe, ge.to(xe.dtype), gate, IEEE), IEEE)
-                ue, uo = _mxfp4_halves(w, sc, rows + I, i_ok, d0, D, BLOCK_D, ROUND)
-                up = dot_rows(xo, uo.to(xo.dtype), dot_rows(xe, ue.to(xe.dtype), up, IEEE), IEEE)
+                gate = _dot_halves(gate, xe, xo, *_mxfp4_halves(w, sc, rows, i_ok, d0, D, BLOCK_D, ROUND), IEEE)
+                up = _dot_halves(up, xe, xo, *_mxfp4_halves(w, sc, rows + I, i_ok, d0, D, BLOCK_D, ROUND), IEEE)
             else:
                 cols = d0 + tl.arange(0, BLOCK_D)
                 x = tl.load(x_ptr + token[:, None] * D + cols[None, :], mask=row_ok[:, None] & (cols < D)[None, :],
@@ -256,8 +261,7 @@ def _down(h_ptr, w_ptr, sorted_ptr, counts_ptr, y_ptr, stride_ws, s_ptr, stride_
         for i0 in range(0, I, BLOCK_I):
             if FMT == 2:  # MXFP4: the step's even columns' products, then its odd ones'
                 he, ho = _halves(h_ptr, places * I, row_ok, i0, I, BLOCK_I)
-                we, wo = _mxfp4_halves(w, sc, rows, d_ok, i0, I, BLOCK_I, ROUND)
-                acc = dot_rows(ho, wo.to(ho.dtype), dot_rows(he, we.to(he.dtype), acc, IEEE), IEEE)
+                acc = _dot_halves(acc, he, ho, *_mxfp4_halves(w, sc, rows, d_ok, i0, I, BLOCK_I, ROUND), IEEE)
             else:
                 cols = i0 + tl.arange(0, BLOCK_I)
                 h = tl.load(h_ptr + places[:, None] * I + cols[None, :], mask=row_ok[:, None] & (cols < I)[None, :],
