@@ -135,3 +135,12 @@ def routing_traces(max_tokens: int = 10):
         return ids, n
 
     return traces()
+
+
+def demo_routing():
+    """The trained demo's routing over its held-out text (`wisp.models.demo.TRAINED_DEMO_ROUTING`): real routing of a
+    trained router, shipped with the package, so tests beside the synthetic traces never skip for want of it."""
+    from wisp.models.demo import TRAINED_DEMO_ROUTING
+    from wisp.trace.format import RoutingTrace
+
+    return RoutingTrace.load(TRAINED_DEMO_ROUTING)

@@ -12,7 +12,8 @@ import torch
 from tests.cli_runner import run_wisp
 from wisp.models.config_parsers import model_config
 from wisp.models.loader import CheckpointReader
-from wisp.models.random_checkpoint import DEMO_CONFIG, RandomWeights, write_random_checkpoint
+from wisp.models.demo import DEMO_CONFIG
+from wisp.models.random_checkpoint import RandomWeights, write_random_checkpoint
 
 KEYS = {"preset", "mode", "expert_cap", "decode_tok_s", "ttft_s", "hit_rate", "bytes_h2d_per_token",
         "h2d_gbps_achieved", "h2d_gbps_probe", "step_s", "roofline_step_s", "peak_gpu_bytes", "gpu", "command"}

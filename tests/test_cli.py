@@ -18,8 +18,9 @@ pytestmark = pytest.mark.slow  # every test here reads `wisp` subprocess runs
 DEMO_EOS = 256
 # demo: hidden 128, moe_intermediate 64, float32 -> gate + up + down of one expert
 DEMO_EXPERT_BYTES = 3 * 128 * 64 * 4
-GREEDY = ("--model", "demo", "--prompt", "Hello", "--max-tokens", "8", "--json")
-SAMPLED = (*GREEDY, "--temperature", "0.8", "--seed", "7")
+# the demo samples by default (its generation_config.json): --temperature 0 asks for greedy
+GREEDY = ("--model", "demo", "--prompt", "Hello", "--max-tokens", "8", "--json", "--temperature", "0")
+SAMPLED = (*GREEDY, "--temperature", "1.5", "--seed", "7")  # far from greedy: a trained model is confident
 HF_FAMILY = "qwen2_moe"  # the most quirks: shared expert, dense layers between MoE layers
 
 
@@ -27,7 +28,7 @@ HF_FAMILY = "qwen2_moe"  # the most quirks: shared expert, dense layers between 
 def runs(tmp_path_factory, hf_checkpoints) -> dict[str, subprocess.CompletedProcess]:
     # the same folder as conftest's autouse WISP_CACHE fixture, so the demo is written once per session
     cache = tmp_path_factory.getbasetemp() / "wisp-cache"
-    first = run_wisp(GREEDY, cache)  # alone: writes the demo checkpoint into the cache
+    first = run_wisp(GREEDY, cache)
     rest = run_many(
         {
             "resident": (*GREEDY, "--mode", "resident"),
@@ -36,7 +37,7 @@ def runs(tmp_path_factory, hf_checkpoints) -> dict[str, subprocess.CompletedProc
             "zero-copy": (*GREEDY, "--mode", "zero-copy", "--enforce-eager"),  # auto: the torch path on CPU, Triton on CUDA
             "sampled": SAMPLED,
             "sampled_again": SAMPLED,  # a second, independent process
-            "plain": ("--model", "demo", "--prompt", "Hello", "--max-tokens", "8"),
+            "plain": ("--model", "demo", "--prompt", "Hello", "--max-tokens", "8", "--temperature", "0"),
             "old_spelling": (*GREEDY, "--mode", "hybrid", "--expert-cap", "0"),  # hybrid-zero-copy's old name
             "hf_prompt_ids": ("--model", hf_checkpoints[HF_FAMILY], "--prompt-ids", "1,2,3,4", "--max-tokens", "5",
                               "--expert-cap", "2", "--json"),
@@ -108,7 +109,7 @@ def test_sampling_is_seeded(runs):
     first = ok_json(runs["sampled"])
     check_tokens(first["token_ids"], 8, DEMO_EOS)
     assert ok_json(runs["sampled_again"])["token_ids"] == first["token_ids"]
-    assert first["token_ids"] != ok_json(runs["greedy"])["token_ids"], "temperature 0.8 gave exactly the greedy tokens"
+    assert first["token_ids"] != ok_json(runs["greedy"])["token_ids"], "temperature 1.5 gave exactly the greedy tokens"
 
 
 def test_an_old_mode_spelling_runs_and_says_its_new_name_in_one_wisp_line(runs):

@@ -8,7 +8,7 @@ import torch
 from wisp.config import EngineConfig
 from wisp.errors import WispError
 from wisp.models.config_parsers import model_config
-from wisp.models.random_checkpoint import DEMO_CONFIG
+from wisp.models.demo import DEMO_CONFIG
 
 
 def test_expert_bytes_and_default_caps():

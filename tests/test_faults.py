@@ -28,7 +28,8 @@ from wisp import LLM, SamplingParams, WispError
 from wisp.config import EngineConfig
 from wisp.engine.load_oom import RESERVE, DeviceBytes, oom_message
 from wisp.models.config_parsers import model_config, read_model_config
-from wisp.models.random_checkpoint import DEMO_CONFIG, write_random_checkpoint
+from wisp.models.demo import DEMO_CONFIG
+from wisp.models.random_checkpoint import write_random_checkpoint
 from wisp.trace.format import RoutingTrace
 
 SMALL = {**DEMO_CONFIG, "num_hidden_layers": 2, "max_position_embeddings": 256}

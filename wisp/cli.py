@@ -30,6 +30,9 @@ from wisp.plan.args import add_parser as add_plan_parser
 from wisp.sim.args import add_parser as add_sim_parser
 
 
+CLI_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # `generate`'s defaults where the model has none
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="wisp", description="Serve MoE models on GPUs too small to hold them.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -48,9 +51,10 @@ def _add_generate_parser(sub) -> None:
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", type=parse_token_ids, help="prompt as comma-separated token ids")
     gen.add_argument("--max-tokens", type=int, default=16)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--temperature", type=float, default=None,
+                     help="0: greedy; default: the model's generation_config.json, else 0")
+    gen.add_argument("--top-p", type=float, default=None, help="default: the model's generation_config.json, else 1")
+    gen.add_argument("--top-k", type=int, default=None, help="default: the model's generation_config.json, else 0 (off)")
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
     gen.add_argument("--json", action="store_true", help="print one JSON object with tokens, text and stats")
@@ -107,11 +111,13 @@ def _start_split_controller(engine, plan) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     from wisp import LLM, SamplingParams
 
-    params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
-    )
     llm = LLM(args.model, mode=args.mode, expert_cap=args.expert_cap, dtype=args.dtype,
               max_num_batched_tokens=args.max_num_batched_tokens, **backend_options(args))
+    sampling = {**CLI_SAMPLING, **dict(llm.config.sampling_defaults)}  # the model's own, where it has them
+    sampling.update({k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p),
+                                       ("top_k", args.top_k)) if v is not None})
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=sampling["temperature"], top_p=sampling["top_p"],
+                            top_k=int(sampling["top_k"]), seed=args.seed)
     recorder = _recorder(llm.engine, args.model, args.record_routing) if args.record_routing else None
     out = llm.generate([args.prompt if args.prompt is not None else args.prompt_ids], params)[0]
     stats = llm.stats()

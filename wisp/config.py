@@ -100,6 +100,9 @@ class ModelConfig:
     sliding_window: int | None = None
     tie_word_embeddings: bool = False
     eos_token_ids: tuple[int, ...] = ()
+    # generation_config.json's sampling values ("temperature", "top_p", "top_k"), in that order, where it gives them:
+    # the defaults of `wisp generate` for the flags left out (as vLLM's --generation-config auto)
+    sampling_defaults: tuple[tuple[str, float], ...] = ()
     dtype: torch.dtype = torch.float32
     fp8_block: tuple[int, int] | None = None  # FP8 block-scaled linear weights (`wisp.core.kernels.fp8_blocks`): the block
     expert_format: str = "plain"  # the experts' bytes: "plain" (dtype, or FP8 with fp8_block), "mxfp4" (GPT-OSS,

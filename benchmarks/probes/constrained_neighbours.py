@@ -33,7 +33,8 @@ from grammar_mask_cost import TOOL_CALL, VOCAB_SIZE, synthetic_vocab  # noqa: E4
 
 from wisp import LLM, SamplingParams  # noqa: E402
 from wisp.engine.grammar import json_schema_grammar  # noqa: E402
-from wisp.models.random_checkpoint import DEMO_CONFIG, write_random_checkpoint  # noqa: E402
+from wisp.models.demo import DEMO_CONFIG  # noqa: E402
+from wisp.models.random_checkpoint import write_random_checkpoint  # noqa: E402
 
 BATCH, TOKENS, PROMPT = 8, 64, 32
 

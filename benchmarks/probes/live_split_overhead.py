@@ -156,7 +156,8 @@ def compare(shape: tuple[int, int, int], steps: list[np.ndarray]) -> tuple[dict[
 
 def olmoe_shaped_checkpoint(folder: Path) -> Path:
     """A tiny random checkpoint with OLMoE's routing shape (layers, experts, top-k), in `folder`."""
-    from wisp.models.random_checkpoint import DEMO_CONFIG, write_random_checkpoint
+    from wisp.models.demo import DEMO_CONFIG
+    from wisp.models.random_checkpoint import write_random_checkpoint
 
     shape = {"num_hidden_layers": 16, "num_experts": 64, "num_experts_per_tok": 8, "hidden_size": 32, "head_dim": 8,
              "intermediate_size": 32, "moe_intermediate_size": 8}

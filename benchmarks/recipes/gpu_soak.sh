@@ -16,7 +16,7 @@ make_model() {
 import json, shutil, sys
 from pathlib import Path
 from wisp.models.presets import preset
-from wisp.models.random_checkpoint import demo_path
+from wisp.models.demo import demo_path
 
 dest, demo = Path(sys.argv[1]), demo_path()
 dest.mkdir(parents=True, exist_ok=True)

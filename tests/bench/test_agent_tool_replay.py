@@ -145,7 +145,7 @@ def test_the_demo_model_writes_only_forced_calls(tmp_path):
 
     from wisp.config import EngineConfig
     from wisp.engine.engine import LLMEngine
-    from wisp.models.random_checkpoint import demo_path
+    from wisp.models.demo import demo_path
 
     torch.manual_seed(0)
     tokenizer_file = demo_path() / "tokenizer.json"

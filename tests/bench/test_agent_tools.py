@@ -157,7 +157,7 @@ def test_a_rendered_call_is_what_the_forced_grammar_writes():
     """Every call the history shows is laid out as the replay forces replies: the grammar takes its text whole."""
     import llguidance  # a dependency of wisp: never skipped
     from wisp.engine.grammar import lark_grammar
-    from wisp.models.random_checkpoint import demo_path
+    from wisp.models.demo import demo_path
     from wisp.server.tool_calls import HermesFormat
 
     tokenizer = llguidance.LLTokenizer(str(demo_path() / "tokenizer.json"), n_vocab=259, eos_token=[256])

@@ -6,7 +6,7 @@ import numpy as np
 
 from wisp.bench.routing import routing_for, uniform_trace
 from wisp.models.config_parsers import model_config
-from wisp.models.random_checkpoint import DEMO_CONFIG
+from wisp.models.demo import DEMO_CONFIG
 from wisp.trace.format import RoutingTrace
 
 

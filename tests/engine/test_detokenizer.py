@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from wisp.engine.detokenizer import IncrementalDetokenizer
 from wisp.engine.tokenizer import TextTokenizer
-from wisp.models.random_checkpoint import demo_path
+from wisp.models.demo import demo_path
 
 
 @functools.cache

@@ -7,7 +7,7 @@ import pytest
 from wisp.errors import WispError
 from wisp.models.config_parsers import model_config
 from wisp.models.hf_config import parse_hf_config
-from wisp.models.random_checkpoint import DEMO_CONFIG
+from wisp.models.demo import DEMO_CONFIG
 
 
 def test_the_default_format_is_hugging_face_and_others_list_the_supported_ones():

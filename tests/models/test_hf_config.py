@@ -9,7 +9,7 @@ import torch
 
 from wisp.errors import WispError
 from wisp.models.config_parsers import model_config, read_model_config
-from wisp.models.random_checkpoint import DEMO_CONFIG
+from wisp.models.demo import DEMO_CONFIG
 
 
 def test_each_family_config_normalises(hf_checkpoints):

@@ -74,7 +74,8 @@ def test_a_tied_table_asked_for_in_host_memory_is_one_clear_error(tmp_path, devi
 def test_a_table_that_cannot_be_pinned_stays_on_the_device_unless_host_was_asked_for(monkeypatch):
     from wisp.config import EngineConfig
     from wisp.models import loader
-    from wisp.models.random_checkpoint import DEMO_CONFIG, RandomWeights
+    from wisp.models.demo import DEMO_CONFIG
+    from wisp.models.random_checkpoint import RandomWeights
 
     cfg = model_config(DEMO_CONFIG)
     reader = RandomWeights(cfg)

@@ -8,7 +8,7 @@ import pytest
 
 from tests.cli_runner import PLAN_COSTS, record_demo_routing, run_many, run_wisp
 from wisp.models.config_parsers import model_config
-from wisp.models.random_checkpoint import DEMO_CONFIG
+from wisp.models.demo import DEMO_CONFIG
 from wisp.trace.format import RoutingTrace
 
 pytestmark = pytest.mark.slow  # `wisp plan|generate` subprocess runs and warm-up plans

@@ -10,7 +10,7 @@ from wisp.config import ModelConfig
 from wisp.errors import WispError
 from wisp.models.config_parsers import model_config
 from wisp.models.presets import preset
-from wisp.models.random_checkpoint import DEMO_CONFIG
+from wisp.models.demo import DEMO_CONFIG
 from wisp.plan.hot_budget import hot_split
 from wisp.plan.planner import PlanInputs
 from wisp.plan.sizes import ModelSizes

@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import demo_routing
 from wisp.core.experts.pager import ExpertPager
 from wisp.engine.block_pool import BlockPool
 from wisp.plan.miss_curves import (
@@ -77,6 +78,19 @@ def test_curve_equals_pager_and_brute_force_at_every_capacity(case):
             assert pager.resident_experts() == sorted(order[-c:]), "pager is not the top-C of the recency order"
         assert pager.counters.misses == m[c] == brute_lru(steps, c), (c, m)
         assert pager.counters.hits == m[0] - m[c]
+
+
+def test_curve_equals_pager_and_brute_force_on_the_demo_s_trained_routing():
+    """Real routing (the trained demo over its held-out text, one token a step), every layer, every C from top-k."""
+    trace = demo_routing()
+    for layer in trace.layers:
+        steps = trace.steps(layer, per_token=True)[:1000]
+        m = expert_miss_curve(steps, trace.num_experts)
+        for c in range(trace.top_k, trace.num_experts + 1):
+            pager = ExpertPager(tiny_host(trace.num_experts), c, "cpu")
+            for s in steps:
+                pager.prepare(s)
+            assert pager.counters.misses == m[c] == brute_lru(steps, c), (layer, c)
 
 
 @SETTINGS

@@ -9,7 +9,8 @@ import pytest
 from wisp.engine.kv_cache import KVCache
 from wisp.models.config_parsers import model_config
 from wisp.models.presets import PRESETS, preset
-from wisp.models.random_checkpoint import DEMO_CONFIG, tensor_specs
+from wisp.models.demo import DEMO_CONFIG
+from wisp.models.random_checkpoint import tensor_specs
 from wisp.plan.planner import PlanInputs
 from wisp.plan.sizes import ModelSizes, cap_for_budget, non_expert_params
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from wisp.errors import WispError
-from wisp.models.random_checkpoint import DEMO_CHAT_TEMPLATE
+from wisp.models.demo import DEMO_CHAT_TEMPLATE
 
 EOS = 256
 VOCAB = 259

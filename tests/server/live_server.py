@@ -41,15 +41,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def demo_server(cache: Path, log: Path, *args: str, api_key: str | None = None):
-    """A live `wisp serve --model demo` (on the CPU, one OpenMP thread, `args` added), healthy within 120 s; killed
-    on exit if it is still running."""
+def demo_server(cache: Path, log: Path, *args: str, api_key: str | None = None, model: str = "demo"):
+    """A live `wisp serve --model demo` (or `model`: "demo-random") on the CPU, one OpenMP thread, `args` added,
+    healthy within 120 s; killed on exit if it is still running."""
     port = free_port()
     env = dict(os.environ, WISP_CACHE=str(cache), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     key = ["--api-key", api_key] if api_key else []
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "wisp", "serve", "--model", "demo", "--device", "cpu", "--port", str(port), *key,
+            [sys.executable, "-m", "wisp", "serve", "--model", model, "--device", "cpu", "--port", str(port), *key,
              *args], env=env, stdout=out, stderr=subprocess.STDOUT,
         )
     srv = Server(proc, f"http://127.0.0.1:{port}", log, api_key or "none")

@@ -1,5 +1,6 @@
-"""End to end, what agents send, with the official `openai` client against a live `wisp serve --model demo` (random
-weights): JSON-schema output that validates (hypothesis draws the schemas), forced tool calls (streamed and not) that
+"""End to end, what agents send, with the official `openai` client against a live `wisp serve --model demo-random`
+(random weights: the trained demo never learnt to end a turn, so a forced tool call would run to max_tokens calling
+tools again; a random one ends soon after the grammar allows it): JSON-schema output that validates (hypothesis draws the schemas), forced tool calls (streamed and not) that
 call a given tool with valid arguments, a two-turn tool conversation, a small agent loop, logprobs, n, echo and
 logit_bias."""
 
@@ -15,6 +16,7 @@ from tests.server.live_server import demo_server
 
 pytestmark = pytest.mark.slow  # a live `wisp serve` subprocess
 
+MODEL = "demo-random"
 USER = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 3?"}]
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -33,7 +35,7 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "wisp-cache"  # conftest's demo cache: written once per session
-    with demo_server(cache, tmp_path_factory.mktemp("serve") / "server.log") as srv:
+    with demo_server(cache, tmp_path_factory.mktemp("serve") / "server.log", model=MODEL) as srv:
         yield srv
 
 
@@ -74,7 +76,7 @@ SCHEMA_STRATEGY = st.recursive(LEAVES, lambda children: st.one_of(
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_json_schema_output_validates_against_its_schema(server, schema, seed, temperature):
     resp = server.client().chat.completions.create(
-        model="demo", messages=USER, max_tokens=600, seed=seed, temperature=temperature,
+        model=MODEL, messages=USER, max_tokens=600, seed=seed, temperature=temperature,
         response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}})
     choice = resp.choices[0]
     assert choice.finish_reason == "stop", choice
@@ -82,24 +84,24 @@ def test_json_schema_output_validates_against_its_schema(server, schema, seed, t
 
 
 def test_json_object_output_is_an_object(server):
-    resp = server.client().chat.completions.create(model="demo", messages=USER, max_tokens=400, seed=3,
+    resp = server.client().chat.completions.create(model=MODEL, messages=USER, max_tokens=400, seed=3,
                                                    response_format={"type": "json_object"})
     assert isinstance(json.loads(resp.choices[0].message.content), dict)
 
 
 def test_choice_and_regex_extensions(server):
     client = server.client()
-    resp = client.completions.create(model="demo", prompt="Yes or no?", max_tokens=20, seed=1,
+    resp = client.completions.create(model=MODEL, prompt="Yes or no?", max_tokens=20, seed=1,
                                      extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe so"]}})
     assert resp.choices[0].text in ("yes", "no", "maybe so")
-    resp = client.completions.create(model="demo", prompt="A date:", max_tokens=20, seed=1,
+    resp = client.completions.create(model=MODEL, prompt="A date:", max_tokens=20, seed=1,
                                      extra_body={"structured_outputs": {"regex": r"20[0-9]{2}-[01][0-9]"}})
     assert len(resp.choices[0].text) == 7 and resp.choices[0].text[:2] == "20"
 
 
 # -- tools ----------------------------------------------------------------------------------------------
 def test_required_tool_choice_returns_a_valid_call(server):
-    resp = server.client().chat.completions.create(model="demo", messages=USER, tools=TOOLS, tool_choice="required",
+    resp = server.client().chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, tool_choice="required",
                                                    max_tokens=300, seed=5)
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -107,7 +109,7 @@ def test_required_tool_choice_returns_a_valid_call(server):
 
 
 def test_required_tool_choice_streamed(server):
-    stream = server.client().chat.completions.create(model="demo", messages=USER, tools=TOOLS,
+    stream = server.client().chat.completions.create(model=MODEL, messages=USER, tools=TOOLS,
                                                      tool_choice="required", max_tokens=300, seed=6, stream=True)
     calls: dict[int, dict] = {}
     finish = None
@@ -128,7 +130,7 @@ def test_required_tool_choice_streamed(server):
 
 def test_a_named_tool_choice_calls_that_tool(server):
     resp = server.client().chat.completions.create(
-        model="demo", messages=USER, tools=TOOLS, max_tokens=300, seed=7,
+        model=MODEL, messages=USER, tools=TOOLS, max_tokens=300, seed=7,
         tool_choice={"type": "function", "function": {"name": "add"}})
     check_calls(resp.choices[0].message.tool_calls, names=("add",))
     assert len(resp.choices[0].message.tool_calls) == 1
@@ -142,7 +144,7 @@ def run_tool(name: str, arguments: dict) -> str:
 
 def test_two_turn_tool_conversation(server):
     client = server.client()
-    first = client.chat.completions.create(model="demo", messages=USER, tools=TOOLS, tool_choice="required",
+    first = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, tool_choice="required",
                                            parallel_tool_calls=False, max_tokens=300, seed=8)
     message = first.choices[0].message
     check_calls(message.tool_calls)
@@ -151,7 +153,7 @@ def test_two_turn_tool_conversation(server):
     messages = USER + [message.model_dump(exclude_none=True),
                        {"role": "tool", "tool_call_id": call.id,
                         "content": run_tool(call.function.name, json.loads(call.function.arguments))}]
-    second = client.chat.completions.create(model="demo", messages=messages, tools=TOOLS, max_tokens=16, seed=9)
+    second = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=16, seed=9)
     assert second.choices[0].finish_reason in ("stop", "length")
     assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result were in the prompt
 
@@ -163,7 +165,7 @@ def test_an_agent_loop_runs_to_completion(server):
     executed = []
     for turn in range(4):
         last = turn == 3
-        resp = client.chat.completions.create(model="demo", messages=messages, tools=TOOLS, max_tokens=200,
+        resp = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=200,
                                               seed=turn, tool_choice="none" if last else "required")
         message = resp.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
@@ -179,7 +181,7 @@ def test_an_agent_loop_runs_to_completion(server):
 
 # -- logprobs, n, echo, logit_bias ----------------------------------------------------------------------
 def test_chat_logprobs_cover_every_token(server):
-    resp = server.client().chat.completions.create(model="demo", messages=USER, max_tokens=12, temperature=0,
+    resp = server.client().chat.completions.create(model=MODEL, messages=USER, max_tokens=12, temperature=0,
                                                    logprobs=True, top_logprobs=3)
     content = resp.choices[0].logprobs.content
     assert len(content) == resp.usage.completion_tokens
@@ -194,7 +196,7 @@ def test_n_with_a_seed_gives_reproducible_distinct_samples(server):
     client = server.client()
 
     def texts():
-        resp = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=12, n=4, seed=11,
+        resp = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, n=4, seed=11,
                                          temperature=1.0)
         assert [c.index for c in resp.choices] == [0, 1, 2, 3]
         assert resp.usage.completion_tokens == 4 * 12  # nothing stops a random model early but EOS (rare)
@@ -205,14 +207,14 @@ def test_n_with_a_seed_gives_reproducible_distinct_samples(server):
 
 
 def test_n_streamed_interleaves_every_choice(server):
-    stream = server.client().chat.completions.create(model="demo", messages=USER, max_tokens=6, n=3, seed=2,
+    stream = server.client().chat.completions.create(model=MODEL, messages=USER, max_tokens=6, n=3, seed=2,
                                                      temperature=1.0, stream=True)
     finished = {c.index for chunk in stream for c in chunk.choices if c.finish_reason}
     assert finished == {0, 1, 2}
 
 
 def test_echo_with_logprobs(server):
-    resp = server.client().completions.create(model="demo", prompt="Hello there", max_tokens=4, echo=True,
+    resp = server.client().completions.create(model=MODEL, prompt="Hello there", max_tokens=4, echo=True,
                                               logprobs=2, temperature=0)
     choice = resp.choices[0]
     assert choice.text.startswith("Hello there")
@@ -223,7 +225,7 @@ def test_echo_with_logprobs(server):
 
 
 def test_logit_bias_forces_a_token(server):
-    resp = server.client().completions.create(model="demo", prompt="Hi", max_tokens=5, temperature=0,
+    resp = server.client().completions.create(model=MODEL, prompt="Hi", max_tokens=5, temperature=0,
                                               logprobs=0, logit_bias={"70": 100})
     assert set(resp.choices[0].logprobs.tokens) == {resp.choices[0].logprobs.tokens[0]}
     assert len(resp.choices[0].logprobs.tokens) == 5
@@ -233,7 +235,7 @@ def test_penalties_change_a_greedy_reply_that_repeats(server):
     client = server.client()
 
     def tokens(**kw):
-        resp = client.completions.create(model="demo", prompt="la la la", max_tokens=24, temperature=0, logprobs=0, **kw)
+        resp = client.completions.create(model=MODEL, prompt="la la la", max_tokens=24, temperature=0, logprobs=0, **kw)
         return resp.choices[0].logprobs.tokens
 
     plain = tokens()

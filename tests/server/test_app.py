@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.helpers import MODEL, make_client
 from tests.server.fake_engine import ByteTokenizer, scripted_text
-from wisp.models.random_checkpoint import DEMO_CHAT_TEMPLATE
+from wisp.models.demo import DEMO_CHAT_TEMPLATE
 from wisp.server.chat_template import ChatTemplate
 
 

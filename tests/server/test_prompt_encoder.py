@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from wisp.engine.async_engine import RequestFailed
 from wisp.engine.tokenizer import TextTokenizer
-from wisp.models.random_checkpoint import demo_path
+from wisp.models.demo import demo_path
 from wisp.server import prompt_encoder
 from wisp.server.prompt_encoder import PromptEncoder, TooLong, encode_within
 

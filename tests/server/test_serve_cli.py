@@ -78,7 +78,7 @@ def test_split_controller_needs_a_budget_it_can_split(capsys, tmp_path):
 def _hot_budget(extra: int) -> str:
     """A --vram-budget for the demo model (4 x 256 tokens of KV) with `extra` slots' bytes past the KV floor."""
     from wisp.models.config_parsers import model_config
-    from wisp.models.random_checkpoint import DEMO_CONFIG
+    from wisp.models.demo import DEMO_CONFIG
     from wisp.plan.planner import PlanInputs
     from wisp.plan.sizes import ModelSizes
 

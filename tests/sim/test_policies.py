@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import demo_routing
 from wisp.core.experts.pager import ExpertPager
 from wisp.plan.miss_curves import expert_miss_curve, expert_sets
 from wisp.sim.policies import (
@@ -216,6 +217,19 @@ def test_mixtral_every_layer_every_capacity(name):
                 for s in steps:
                     pager.prepare(s)
                 assert pager.counters.misses == m[c]
+
+
+def test_demo_s_trained_routing_every_layer():
+    """The trained demo's routing (shipped, never skipped): LRU equals its curve and OPT bounds every demand policy,
+    every layer, every C from top-k; and its locality beats i.i.d. uniform choice at every C in between."""
+    tr = demo_routing()
+    n, k = tr.num_experts, tr.top_k
+    rng = np.random.default_rng(0)
+    for layer in tr.layers.tolist():
+        steps = tr.steps(layer, per_token=True)[:600]
+        m = check_layer(steps, n, others=True)
+        uniform = expert_miss_curve([sorted(rng.permutation(n)[:k].tolist()) for _ in steps], n)
+        assert all(m[c] < uniform[c] for c in range(k, n)), (layer, m, uniform)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from wisp.engine.engine import LLMEngine
 from wisp.engine.sampling import SamplingParams
 from wisp.errors import WispError
 from wisp.models.config_parsers import model_config
-from wisp.models.random_checkpoint import DEMO_CONFIG
+from wisp.models.demo import DEMO_CONFIG
 from wisp.trace.format import RoutingTrace
 from wisp.trace.readers import load_any
 from wisp.trace.replay import RoutingReplay

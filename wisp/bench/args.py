@@ -1,4 +1,4 @@
-"""The arguments of every `wisp bench` kind: decode, prefill, serve, agent, soak, accuracy, and the tool groups
+"""The arguments of every `wisp bench` kind: decode, prefill, serve, agent, soak, accuracy, perplexity, and the tool groups
 llama-cpp (run, compare, pair, gguf, peak, sampler-cost), sweep (moe-attention, linear, cpu-experts) and
 profile (steps, timeline).
 
@@ -28,6 +28,7 @@ def add_parser(sub) -> None:
     _add_agent_parser(kinds)
     _add_soak_parser(kinds)
     _add_accuracy_parser(kinds)
+    _add_perplexity_parser(kinds)
     _add_llama_cpp_parsers(kinds)
     _add_sweep_parsers(kinds)
     _add_profile_parsers(kinds)
@@ -239,6 +240,23 @@ def _add_accuracy_parser(kinds) -> None:
                           "the difference any change of GEMM rounding makes: the noise floor for hybrid's figure")
     acc.add_argument("--seed", type=int, default=0)
     acc.add_argument("--out", type=parse_output_file, default=None)
+
+
+def _add_perplexity_parser(kinds) -> None:
+    ppl = _kind(kinds, "perplexity", "perplexity.bench_perplexity",
+                "bits per token and per byte of a model on a text, window by window, through wisp's engine")
+    ppl.add_argument("--model", default="demo")
+    ppl.add_argument("--text", default="demo-held-out",
+                     help="a UTF-8 text file, or demo-held-out (default): the demo's held-out Python documentation")
+    ppl.add_argument("--window", type=parse_positive_int, default=None,
+                     help="tokens a window, each scored from scratch (default 512: the demo's training context)")
+    ppl.add_argument("--mode", choices=MODES, default="resident")
+    ppl.add_argument("--expert-cap", type=int, default=None)
+    ppl.add_argument("--device", default="auto")
+    ppl.add_argument("--dtype", default="auto")
+    ppl.add_argument("--record-routing", type=parse_output_file, default=None, metavar="FILE",
+                     help="write the scored tokens' routing (.npz/.jsonl), each token its own step")
+    ppl.add_argument("--out", type=parse_output_file, default=None, help="write the figures as JSON here")
 
 
 def _add_llama_cpp_parsers(kinds) -> None:

@@ -23,6 +23,9 @@ from wisp.models.families import Family, family_for_architecture
 from wisp.models.rope import ROPE_TYPES
 
 
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+
+
 def read_hf_config(path: str | Path) -> ModelConfig:
     """The config of the checkpoint folder `path`: its config.json and (when present) generation_config.json."""
     cfg_path = Path(path) / "config.json"
@@ -71,7 +74,7 @@ def parse_hf_config(raw: dict[str, Any], generation: dict[str, Any] | None = Non
                        **layout, **attention, rope=rope, top_k=int(raw["num_experts_per_tok"]), **experts,
                        attention_bias=family.attention_bias(raw), qk_norm=family.qk_norm, clip_qkv=raw.get("clip_qkv"),
                        sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                       eos_token_ids=eos, dtype=dtype, fp8_block=fp8_block, expert_format=expert_format,
+                       eos_token_ids=eos, sampling_defaults=_sampling_defaults(generation or {}), dtype=dtype, fp8_block=fp8_block, expert_format=expert_format,
                        window_layers=family.window_layers(raw), attention_sinks=family.attention_sinks,
                        routing=family.routing, expert_activation=family.expert_activation(raw),
                        expert_bias=family.expert_bias, norm_weight_float32=family.norm_weight_float32, mla=mla,
@@ -168,6 +171,14 @@ def _expert_fields(raw: dict[str, Any], family: Family, num_layers: int) -> dict
     return dict(num_experts=int(n_experts), moe_intermediate_size=moe_width, dense_intermediate_size=dense_width,
                 moe_layers=family.moe_layers(raw, num_layers), norm_topk_prob=family.norm_topk_prob(raw),
                 shared_expert_intermediate_size=family.shared_expert_width(raw))
+
+
+def _sampling_defaults(generation: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """generation_config.json's temperature, top_p and top_k (numbers only; none where it says do_sample: false)."""
+    if generation.get("do_sample") is False:
+        return ()
+    return tuple((key, float(generation[key])) for key in SAMPLING_KEYS
+                 if isinstance(generation.get(key), (int, float)) and not isinstance(generation.get(key), bool))
 
 
 def _eos_token_ids(raw: dict[str, Any], generation: dict[str, Any]) -> tuple[int, ...]:

@@ -1,11 +1,9 @@
-"""Random-weight checkpoints in Hugging Face layout, and the built-in `demo` model.
+"""Random-weight checkpoints in Hugging Face layout.
 
 `write_random_checkpoint` writes config.json plus one safetensors shard per layer (with
 model.safetensors.index.json), using the hub's per-expert tensor names, from a fixed seed. It is how
-the demo exists on a fresh machine with no download, and how benchmarks get real-shaped models.
-
-The demo is a tiny Qwen3-MoE with a byte-level tokenizer (every byte is a token, plus specials),
-created on first use under $WISP_CACHE (default ~/.cache/wisp).
+the random demo (`demo-random`, `wisp.models.demo`) exists on a fresh machine with no download, and how
+benchmarks get real-shaped models.
 """
 
 from __future__ import annotations
@@ -13,9 +11,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,49 +22,6 @@ from wisp.core.kernels.fp8_blocks import quantize_blocks, scale_key
 from wisp.models.config_parsers import model_config
 from wisp.models.expert_banks import Q8_0_KEYS
 from wisp.models.families import get_family
-
-DEMO_VERSION = "v3"
-DEMO_CONFIG: dict[str, Any] = {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "model_type": "qwen3_moe",
-    "vocab_size": 259,
-    "hidden_size": 128,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "intermediate_size": 256,
-    "moe_intermediate_size": 64,
-    "num_experts": 16,
-    "num_experts_per_tok": 4,
-    "norm_topk_prob": True,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "max_position_embeddings": 2048,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "bos_token_id": None,
-    "eos_token_id": 256,
-    "dtype": "float32",
-}
-DEMO_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# ChatML, with tools listed in a system turn and calls written as Hermes-style <tool_call> blocks (as Qwen's templates
-# do): an assistant turn's tool_calls are rendered back, and a tool's reply goes in a <tool_response> block
-DEMO_CHAT_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\nYou can call these tools. Write each call as <tool_call>\n"
-    "{\"name\": ..., \"arguments\": {...}}\n</tool_call>.\n<tools>\n"
-    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools><|im_end|>\n{% endif %}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-    "{% for c in m.get('tool_calls', []) %}<tool_call>\n{\"name\": \"{{ c['function']['name'] }}\", "
-    "\"arguments\": {% if c['function']['arguments'] is string %}{{ c['function']['arguments'] }}"
-    "{% else %}{{ c['function']['arguments'] | tojson }}{% endif %}}\n</tool_call>{% endfor %}<|im_end|>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 
 def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], float]]:
     """(shard, name, shape, std) of every tensor of a checkpoint; std 0 means all ones (norm weights).
@@ -255,42 +207,3 @@ def write_random_checkpoint(raw_config: dict[str, Any], path: str | Path, seed: 
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     (path / "config.json").write_text(json.dumps(raw_config, indent=1))
     return path
-
-
-def _write_byte_tokenizer(path: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(DEMO_SPECIALS)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": "<|endoftext|>", "chat_template": DEMO_CHAT_TEMPLATE}, indent=1)
-    )
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("WISP_CACHE", Path.home() / ".cache" / "wisp"))
-
-
-def demo_path() -> Path:
-    """The demo checkpoint's folder, written atomically on first use."""
-    final = cache_dir() / f"demo-{DEMO_VERSION}"
-    if (final / "config.json").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".demo-", dir=final.parent))
-    try:
-        write_random_checkpoint(DEMO_CONFIG, tmp, seed=1234)
-        (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": 256}))
-        _write_byte_tokenizer(tmp)
-        try:
-            tmp.rename(final)
-        except OSError:  # another process won the race
-            if not (final / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final

@@ -1,4 +1,4 @@
-"""Where a model comes from: `demo`, a local directory, a GGUF file, (network permitting) a hub id, or with
+"""Where a model comes from: `demo` (or `demo-random`), a local directory, a GGUF file, (network permitting) a hub id, or with
 `--load-format dummy` a shape preset; and its config, read without loading anything else."""
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ def model_source(config: EngineConfig) -> tuple[Path | None, ModelConfig]:
 
 
 def resolve_model_path(model: str | Path) -> Path:
-    if str(model) == "demo":
-        from wisp.models.random_checkpoint import demo_path
+    from wisp.models.demo import NAMES, demo_path
 
-        return demo_path()
+    if str(model) in NAMES:
+        return demo_path(str(model))
     path = Path(model).expanduser()
     if path.is_dir() or (is_gguf(path) and path.is_file()):
         return path

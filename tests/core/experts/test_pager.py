@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wisp.core.experts.counters import ExpertCounters
+from tests.helpers import demo_routing
 from wisp.core.experts.pager import ExpertPager
 
 SETTINGS = settings(max_examples=80, deadline=None)
@@ -113,7 +114,21 @@ def assert_consistent(pager: ExpertPager) -> None:
 @given(case=routing())
 def test_pager_matches_lru_model(kind, case):
     n, cap, steps = case
-    host = make_host(n, kind)
+    replay_against_model(make_host(n, kind), cap, steps)
+
+
+@pytest.mark.parametrize("cap", [4, 6, 9, 12])
+def test_pager_matches_lru_model_on_the_demo_s_trained_routing(cap):
+    """The trained demo's routing over its held-out text (real locality: consecutive tokens share experts), every
+    layer, one token a step."""
+    trace = demo_routing()
+    host = make_host(trace.num_experts, "two")
+    for layer in trace.layers:
+        replay_against_model(host, cap, trace.steps(layer, per_token=True)[:1500])
+
+
+def replay_against_model(host: dict[str, torch.Tensor], cap: int, steps) -> None:
+    """Replay `steps` on a pager and on `LRUModel`, checking them against each other after every step."""
     pager = ExpertPager(host, cap, "cpu")
     model = LRUModel(cap, expert_nbytes(host))
     map_ptr = pager.expert_map.data_ptr()
