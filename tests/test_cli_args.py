@@ -81,3 +81,17 @@ def test_python_m_wisp_help_does_not_import_torch():
     assert run.returncode == 0 and run.stdout.startswith("usage: wisp ")
     imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
     assert "wisp.cli" in imported and "torch" not in imported
+
+
+@pytest.mark.parametrize("flags, model, expected", [
+    ([], (), (0.0, 1.0, 0)),  # no flag, no model default: greedy
+    ([], (("temperature", 0.8), ("top_p", 0.95)), (0.8, 0.95, 0)),  # the model's generation_config
+    (["--temperature", "0"], (("temperature", 0.8), ("top_p", 0.95)), (0.0, 0.95, 0)),  # a flag given wins
+    (["--top-k", "5", "--top-p", "0.5"], (("temperature", 0.7), ("top_k", 20.0)), (0.7, 0.5, 5)),
+])
+def test_generate_sampling_takes_flags_then_the_model_s_defaults(flags, model, expected):
+    from wisp.cli import build_parser, sampling_params
+
+    args = build_parser().parse_args(["generate", "--model", "demo", "--prompt", "x", *flags])
+    params = sampling_params(args, model)
+    assert (params.temperature, params.top_p, params.top_k) == expected

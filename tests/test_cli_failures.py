@@ -43,8 +43,10 @@ def traces(tmp_path_factory) -> dict[str, Path]:
     np.savez(whole, ids=ids, layers=np.arange(4))
     ids[3, 1, 2] = 2.5
     np.savez(fractional, ids=ids, layers=np.arange(4))
+    binary = root / "bytes.bin"
+    binary.write_bytes(b"\x80\xff not text")
     return {"good": good, "truncated": truncated, "empty": empty, "fractional": fractional, "whole": whole,
-            "folder": root}
+            "folder": root, "binary": binary}
 
 
 CASES = {  # name: (command, args with TRACE / MISSING for the paths, fragments of the error line)
@@ -60,6 +62,15 @@ CASES = {  # name: (command, args with TRACE / MISSING for the paths, fragments 
     "plan-plot": ("plan", ["--trace", "good", *PLAN, "--plot", "MISSING/plan.png"], ("--plot", "does not exist")),
     "sim-json": ("sim", ["--trace", "good", "--json", "MISSING/sim.json"], ("--json", "does not exist")),
     "sim-plot": ("sim", ["--trace", "good", "--plot", "MISSING/sim.png"], ("--plot", "does not exist")),
+    # `wisp bench perplexity`: the text, the window and the routing file are checked before the model loads
+    "perplexity-folder": ("bench", ["perplexity", "--text", "folder", "--device", "cpu"], ("--text", "directory")),
+    "perplexity-binary": ("bench", ["perplexity", "--text", "binary", "--device", "cpu"], ("not UTF-8",)),
+    "perplexity-missing": ("bench", ["perplexity", "--text", "MISSING/t.txt", "--device", "cpu"], ("no such file",)),
+    "perplexity-window": ("bench", ["perplexity", "--window", "1", "--device", "cpu"], ("--window 1", "at least 2")),
+    "perplexity-long-window": ("bench", ["perplexity", "--window", "2048", "--device", "cpu"],
+                               ("--window 2048", "2048 positions", "2047 or less")),
+    "perplexity-routing-name": ("bench", ["perplexity", "--record-routing", "binary", "--device", "cpu"],
+                                ("--record-routing", ".npz or .jsonl")),
 }
 
 

@@ -108,17 +108,28 @@ def _start_split_controller(engine, plan) -> None:
     engine.set_live_split(SplitController(ControllerConfig(problem), cap, problem.kv_blocks(cap)))
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    from wisp import LLM, SamplingParams
+def sampling_params(args: argparse.Namespace, model_defaults: tuple[tuple[str, float], ...] = ()):
+    """`generate`'s SamplingParams: each of --temperature, --top-p, --top-k as given, else the model's
+    generation_config value (`ModelConfig.sampling_defaults`), else `CLI_SAMPLING`'s."""
+    from wisp import SamplingParams
 
+    given = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    chosen = {**CLI_SAMPLING, **dict(model_defaults), **{k: v for k, v in given.items() if v is not None}}
+    return SamplingParams(max_tokens=args.max_tokens, temperature=chosen["temperature"], top_p=chosen["top_p"],
+                          top_k=int(chosen["top_k"]), seed=args.seed)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from wisp import LLM
+    from wisp.trace.recorder import check_trace_path, recorder_for, save_trace
+
+    sampling_params(args)  # the flags' own errors come before the model loads
+    if args.record_routing:
+        check_trace_path(args.record_routing)
     llm = LLM(args.model, mode=args.mode, expert_cap=args.expert_cap, dtype=args.dtype,
               max_num_batched_tokens=args.max_num_batched_tokens, **backend_options(args))
-    sampling = {**CLI_SAMPLING, **dict(llm.config.sampling_defaults)}  # the model's own, where it has them
-    sampling.update({k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p),
-                                       ("top_k", args.top_k)) if v is not None})
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=sampling["temperature"], top_p=sampling["top_p"],
-                            top_k=int(sampling["top_k"]), seed=args.seed)
-    recorder = _recorder(llm.engine, args.model, args.record_routing) if args.record_routing else None
+    params = sampling_params(args, llm.config.sampling_defaults)
+    recorder = recorder_for(llm.engine, args.model, args.record_routing) if args.record_routing else None
     out = llm.generate([args.prompt if args.prompt is not None else args.prompt_ids], params)[0]
     stats = llm.stats()
     if args.json:
@@ -131,7 +142,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if recorder is not None:
-        _save_trace(recorder, args.record_routing)
+        save_trace(recorder.trace, args.record_routing)
     return 0
 
 
@@ -145,33 +156,6 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         raise WispError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sock
-
-
-def _recorder(engine, model_name: str, path: str):
-    """A routing recorder on `engine`, after checking that `path` can be written (fail before the run)."""
-    from wisp.trace.recorder import RoutingRecorder
-
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise WispError(f"cannot write the routing trace: {folder} is not a writable directory")
-    if not path.endswith((".npz", ".jsonl")):
-        raise WispError(f"--record-routing {path}: the file name must end in .npz or .jsonl")
-    cfg = engine.model_config
-    return RoutingRecorder(cfg.moe_layer_ids, cfg.num_experts, model_name).attach(engine)
-
-
-def _save_trace(recorder, path: str) -> None:
-    """Write the recorded trace. A write that fails (a full disk, ENOSPC; the folder gone) loses the trace
-    alone: one warning line, no partial file (`RoutingTrace.save`), and the command's output and exit
-    status stand: generation and serving are not failed for a side output."""
-    try:
-        recorder.trace().save(path)
-    except ValueError:
-        print("wisp: no routing was recorded (no request ran); nothing written", file=sys.stderr)
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        print(f"wisp: warning: the routing trace was not written to {path} ({reason}); it is lost, and no partial "
-              "file was left", file=sys.stderr)
 
 
 def _apply_startup_plan(engine, plan) -> None:
@@ -228,6 +212,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from wisp.engine.engine import LLMEngine
     from wisp.server.app import build_app
     from wisp.server.connections import ConnectionLimits
+    from wisp.trace.recorder import recorder_for, save_trace
     from wisp.server.serve import serve
 
     _check_hot_budget_flags(args)
@@ -250,7 +235,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 _start_split_controller(engine, plan)
         elif args.split_controller:
             raise WispError("--split-controller needs --plan or --vram-budget: the budget it splits")
-        recorder = _recorder(engine, args.model, args.record_routing) if args.record_routing else None
+        recorder = recorder_for(engine, args.model, args.record_routing) if args.record_routing else None
     except BaseException:
         sock.close()
         raise
@@ -264,7 +249,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = ConnectionLimits(args.max_connections, args.header_timeout, args.body_timeout, args.keep_alive_timeout)
     serve(app, async_engine, sock, f"wisp: serving {args.model} on http://{host}:{sock.getsockname()[1]}", limits=limits)
     if recorder is not None:
-        _save_trace(recorder, args.record_routing)
+        save_trace(recorder.trace, args.record_routing)
     return 0
 
 

@@ -20,6 +20,7 @@ from wisp.models.demo_text import SCORE_WINDOW, demo_text, digest
 from wisp.trace.recorder import RoutingRecorder
 
 README_COMMAND = ["--model", "demo", "--prompt", "The for statement", "--max-tokens", "64", "--json"]
+ON_CPU = ["--device", "cpu"]  # the seeds' samples as on CI's machines, whatever this one has
 COMMON_WORDS = {"the", "of", "a", "is", "to", "and", "in", "an", "for", "as", "be", "or", "are", "that", "with", "it"}
 
 
@@ -64,7 +65,8 @@ def test_random_demo_is_another_model_of_the_same_shape(tmp_path, monkeypatch):
 
 
 def test_greedy_tokens_equal_transformers_on_the_shipped_checkpoint():
-    from transformers import AutoModelForCausalLM
+    transformers = pytest.importorskip("transformers")
+    AutoModelForCausalLM = transformers.AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(TRAINED_DEMO), dtype=torch.float32).eval()
     prompt = byte_tokenizer().encode("A for statement").ids
@@ -85,8 +87,8 @@ def test_wisp_scores_the_held_out_text_as_the_trainer_did(tmp_path):
     proc = run_wisp(["perplexity", "--model", "demo", "--device", "cpu", "--out", out], tmp_path, command="bench")
     assert proc.returncode == 0, proc.stderr
     ours, trainer = json.loads(out.read_text())["bits_per_byte"], training_record()["held_out_bits_per_byte"]
-    assert abs(ours - trainer) <= 0.02 * trainer, (ours, trainer)
-    assert ours < 2.5  # a trained model: the random demo scores about 8.3
+    assert abs(ours - trainer) <= 0.02 * trainer, (ours, trainer)  # the acceptance bar
+    assert abs(ours - trainer) <= 1e-3 * trainer, (ours, trainer)  # what it is: the same forward, other kernels
 
 
 def test_the_shipped_routing_is_the_demo_s_own():
@@ -99,6 +101,7 @@ def test_the_shipped_routing_is_the_demo_s_own():
     llm.prompt_logits(ids)
     fresh = recorder.trace().ids
     assert trace.num_tokens == len(demo_text("held-out").encode()) and trace.step is None
+    assert set(trace.sequence_lengths[:-1]) == {SCORE_WINDOW}  # one sequence a scored window
     same = np.mean(np.sort(fresh, axis=-1) == np.sort(trace.ids[:SCORE_WINDOW], axis=-1))
     assert same > 0.99, same  # all of them here; another CPU's rounding may flip a near tie
 
@@ -112,35 +115,41 @@ def test_the_readme_s_demo_command_speaks(tmp_path):
     assert 'wisp generate --model demo --prompt "The for statement" --max-tokens 64 --json' in readme
     texts = []
     for seed in (0, 1, 2):
-        proc = run_wisp([*README_COMMAND, "--seed", seed],
+        proc = run_wisp([*README_COMMAND, *ON_CPU, "--seed", seed],
                         tmp_path)
         assert proc.returncode == 0, proc.stderr
         texts.append(json.loads(proc.stdout)["text"])
     assert all(english_like(t) for t in texts), texts
     assert len(set(texts)) == 3
-    again = run_wisp([*README_COMMAND, "--seed", 0], tmp_path)
+    again = run_wisp([*README_COMMAND, *ON_CPU, "--seed", 0], tmp_path)
     assert json.loads(again.stdout)["text"] == texts[0]
-    greedy = [run_wisp([*README_COMMAND, "--max-tokens", 24, "--temperature", 0],
-                       tmp_path) for _ in range(2)]
-    assert json.loads(greedy[0].stdout)["token_ids"] == json.loads(greedy[1].stdout)["token_ids"]
+    greedy = run_wisp([*README_COMMAND, *ON_CPU, "--max-tokens", 24, "--temperature", 0], tmp_path)
+    prompt = byte_tokenizer().encode("The for statement").ids
+    api = LLM("demo", device="cpu").generate([prompt], SamplingParams(max_tokens=24))[0]  # temperature 0: greedy
+    assert json.loads(greedy.stdout)["token_ids"] == api.token_ids
 
 
 @pytest.mark.slow
 def test_training_is_deterministic(tmp_path):
-    """Two short runs from one seed write the same bytes (weights, config, tokenizer; the record but for its wall
-    times), and training moved the weights away from the seed's initialisation."""
+    """Two short runs from one seed write the same weight bytes and score the held-out text the same, and training
+    moved the weights away from the seed's initialisation."""
     pytest.importorskip("transformers")
     from safetensors.torch import load_file
 
     from wisp.models.demo_training import hf_model, hub_tensors, main
 
-    for name in ("a", "b"):
-        main(["--out", str(tmp_path / name), "--steps", "3", "--batch", "2", "--context", "32", "--eval-every", "3"])
-    for f in ("model.safetensors", "config.json", "tokenizer.json", "generation_config.json"):
-        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    threads = torch.get_num_threads()
+    try:
+        for name in ("a", "b"):
+            main(["--out", str(tmp_path / name), "--steps", "3", "--batch", "2", "--context", "32", "--eval-every", "3"])
+        initial = hub_tensors(hf_model(seed=0))
+    finally:
+        torch.set_num_threads(threads)  # the trainer sets its own count; the worker's other tests keep theirs
+    a, b = (tmp_path / "a" / "model.safetensors").read_bytes(), (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert a == b
     records = [json.loads((tmp_path / n / "training.json").read_text()) for n in ("a", "b")]
     assert records[0]["weights_sha256"] == records[1]["weights_sha256"]
-    assert [p["held_out_bits_per_byte"] for p in records[0]["curve"]] == [p["held_out_bits_per_byte"] for p in records[1]["curve"]]
-    trained, initial = load_file(str(tmp_path / "a" / "model.safetensors")), hub_tensors(hf_model(seed=0))
+    assert records[0]["held_out_bits_per_byte"] == records[1]["held_out_bits_per_byte"]
+    trained = load_file(str(tmp_path / "a" / "model.safetensors"))
     assert trained.keys() == initial.keys()
     assert any(not torch.equal(trained[k], initial[k]) for k in trained)

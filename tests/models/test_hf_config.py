@@ -10,6 +10,7 @@ import torch
 from wisp.errors import WispError
 from wisp.models.config_parsers import model_config, read_model_config
 from wisp.models.demo import DEMO_CONFIG
+from wisp.models.hf_config import parse_hf_config
 
 
 def test_each_family_config_normalises(hf_checkpoints):
@@ -67,3 +68,16 @@ def test_config_edges_of_the_new_families_are_read_as_transformers_reads_them_or
     mixtral_mxfp4 = dict(preset("mixtral-8x7b"), quantization_config={"quant_method": "mxfp4"})
     with pytest.raises(WispError, match="MXFP4 experts are supported for GPT-OSS checkpoints only"):
         model_config(mixtral_mxfp4)
+
+
+@pytest.mark.parametrize("generation, expected", [
+    ({"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20},
+     (("temperature", 0.6), ("top_p", 0.95), ("top_k", 20.0))),
+    ({"temperature": 0.7}, (("temperature", 0.7),)),
+    ({"do_sample": False, "temperature": 0.6}, ()),  # transformers would decode greedily
+    ({"top_k": -1, "top_p": 1}, (("top_p", 1.0), ("top_k", 0.0))),  # -1: no top-k, as vLLM reads it
+    ({"temperature": float("nan"), "top_p": "0.9", "top_k": True}, ()),  # not finite numbers: ignored
+    ({"eos_token_id": 2}, ()),
+])
+def test_generation_config_sampling_defaults(generation, expected):
+    assert parse_hf_config(DEMO_CONFIG, generation).sampling_defaults == expected

@@ -1,18 +1,20 @@
 """`wisp bench perplexity`: how well a model predicts a text, measured through wisp's own engine.
 
     wisp bench perplexity --model demo                        # the demo's held-out text (bits/byte)
-    wisp bench perplexity --model PATH --text FILE --window 2048 --mode paged --expert-cap 4
+    wisp bench perplexity --model PATH --text FILE --window 2047 --mode paged --expert-cap 4
     wisp bench perplexity --model demo --record-routing routing.npz --out perplexity.json
 
 The text (a UTF-8 file, or `demo-held-out`: the demo's held-out Python documentation, `wisp.models.demo_text`) is
 tokenized by the model's tokenizer and scored window by window (`wisp.models.text_scoring`: each window from
 scratch, its first token unpredicted), each window one teacher-forced prefill (`LLM.prompt_logits`) in the chosen
-mode. Prints and writes (`--out`) bits per token, perplexity per token, and bits per byte (bits per token over the
-text's UTF-8 bytes per token: exactly bits per byte for the demo's byte-level tokenizer).
+mode; a window leaves room for one more token within the model's context. Prints and writes (`--out`) bits per
+token, perplexity per token, and bits per byte: bits per token divided by the text's UTF-8 bytes per token, exact for
+the demo's byte-level tokenizer and an estimate for others (a window's unpredicted first token still counts its bytes).
 
-`--record-routing FILE` records every scored token's routed experts (`RoutingRecorder`) and saves them as one
-sequence with each token its own step: the routing a single stream decoding that text token by token meets (its
-routing is the prefill's, by wisp's chunking invariance), for `wisp plan --trace` and `wisp sim`.
+`--record-routing FILE` records every scored token's routed experts (`RoutingRecorder`) and saves them with each
+token its own step and each window one sequence (`sequence_lengths`): within a window, the routing that one stream
+decoding that window token by token meets (a token's routing is the prefill's, by wisp's chunking invariance), for
+`wisp plan --trace` and `wisp sim`.
 """
 
 from __future__ import annotations
@@ -45,12 +47,22 @@ def read_text(source: str) -> str:
 def bench_perplexity(args) -> int:
     from wisp.engine.llm import LLM
     from wisp.models.demo_text import SCORE_WINDOW
-    from wisp.models.text_scoring import score
+    from wisp.models.config_parsers import read_model_config
+    from wisp.models.source import resolve_model_path
+    from wisp.models.text_scoring import score, windows
     from wisp.trace.format import RoutingTrace
-    from wisp.trace.recorder import RoutingRecorder
+    from wisp.trace.recorder import RoutingRecorder, check_trace_path, save_trace
 
     text = read_text(args.text)
     window = args.window or SCORE_WINDOW
+    if window < 2:
+        raise WispError(f"--window {window}: a window must hold at least 2 tokens (one to predict from)")
+    if args.record_routing:
+        check_trace_path(args.record_routing)
+    context = read_model_config(resolve_model_path(args.model)).max_position_embeddings
+    if window >= context:
+        raise WispError(f"--window {window}: {args.model} holds {context} positions, and a window must leave room for "
+                        f"one more token: use --window {context - 1} or less")
     llm = LLM(args.model, mode=args.mode, expert_cap=args.expert_cap, device=args.device, dtype=args.dtype,
               max_model_len=window + 1)  # room for the token a prompt must leave
     if llm.tokenizer is None:
@@ -79,13 +91,16 @@ def bench_perplexity(args) -> int:
     print(f"{args.model} on {args.text}: {record['bits_per_byte']:.4f} bits/byte, {record['bits_per_token']:.4f} "
           f"bits/token, perplexity {record['perplexity']:.3f} ({result.predicted} tokens predicted, windows of {window})")
     if recorder is not None:
-        recorded = recorder.trace()
-        note = (f"routing of {args.model} over {args.text} ({len(ids)} tokens), recorded by `wisp bench perplexity` "
-                "in windows of {window}; each token its own step")
-        RoutingTrace(recorded.ids, recorded.weights, None, recorded.layers, cfg.num_experts,
-                     {"model": args.model, "note": note.format(window=window)}).save(args.record_routing)
+        def per_token() -> RoutingTrace:
+            recorded = recorder.trace()
+            note = (f"routing of {args.model} over {args.text} ({len(ids)} tokens), recorded by `wisp bench "
+                    f"perplexity` in windows of {window} (one sequence each); each token its own step")
+            lengths = [end - start for start, end in windows(len(ids), window)]
+            return RoutingTrace(recorded.ids, recorded.weights, None, recorded.layers, cfg.num_experts,
+                                {"model": args.model, "note": note, "sequence_lengths": lengths})
+
+        save_trace(per_token, args.record_routing)
         record["routing"] = str(args.record_routing)
-        print(f"routing written to {args.record_routing}")
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     if not math.isfinite(result.bits_per_token):

@@ -47,9 +47,8 @@ from wisp.models.gguf_file import is_gguf
 from wisp.models.gguf_reader import GGUFCheckpoint
 from wisp.models.gguf_tokenizer import gguf_tokenizer_folder
 from wisp.models.loader import CheckpointReader, HostMemory, load_model
-from wisp.models.demo import cache_dir
 from wisp.models.random_checkpoint import RandomWeights
-from wisp.models.source import model_source
+from wisp.models.source import cache_dir, model_source
 from wisp.models.token_embedding import embedding_on_host
 
 

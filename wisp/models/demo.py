@@ -5,7 +5,8 @@ specials), in two versions.
   with the package (`wisp/models/demo_checkpoint/`): it answers in English-like text about Python. Its weights are
   stored as float16 and computed in float32 (`dtype` in its config), so the upcast is exact.
 - `demo-random` has the same shape and tokenizer with random weights, written on first use under $WISP_CACHE (default
-  ~/.cache/wisp), for tests and benchmarks that want routing without locality.
+  ~/.cache/wisp), for tests and benchmarks that want an untrained router (its routing has less locality:
+  docs/demo.md).
 
 Both have `DEMO_CONFIG`'s shape; the shipped config equals it (tested), so a test may build either from it.
 """
@@ -13,13 +14,13 @@ Both have `DEMO_CONFIG`'s shape; the shipped config equals it (tested), so a tes
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from wisp.models.random_checkpoint import write_random_checkpoint
+from wisp.models.source import cache_dir
 
 RANDOM_DEMO_VERSION = "v3"
 TRAINED_DEMO = Path(__file__).with_name("demo_checkpoint")
@@ -92,10 +93,6 @@ def write_tokenizer_files(path: Path, sampling: dict[str, Any] | None = None) ->
     )
     generation = {"eos_token_id": DEMO_CONFIG["eos_token_id"], **({"do_sample": True, **sampling} if sampling else {})}
     (path / "generation_config.json").write_text(json.dumps(generation, indent=1) + "\n")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("WISP_CACHE", Path.home() / ".cache" / "wisp"))
 
 
 def demo_path(name: str = "demo") -> Path:

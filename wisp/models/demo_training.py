@@ -1,6 +1,6 @@
 """Train the built-in demo (`wisp.models.demo`) on Python's documentation, deterministically, on the CPU.
 
-    python -m wisp.models.demo_training --out wisp/models/demo_checkpoint
+    python -m wisp.models.demo_training --out wisp/models/demo_checkpoint      # from a clone: the shipped demo
 
 What it does (needs transformers, which the test extra installs):
 - builds transformers' Qwen3-MoE in `DEMO_CONFIG`'s shape, its experts on the "eager" implementation (the fastest
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from wisp.models.demo import DEMO_CONFIG, TRAINED_DEMO, TRAINED_DEMO_SAMPLING, byte_tokenizer, write_tokenizer_files
+from wisp.models.demo import DEMO_CONFIG, TRAINED_DEMO_SAMPLING, byte_tokenizer, write_tokenizer_files
 from wisp.models.demo_text import SCORE_WINDOW, demo_text, digest
 from wisp.models.text_scoring import score
 
@@ -45,7 +45,8 @@ STORAGE_DTYPE = torch.float16
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m wisp.models.demo_training", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=TRAINED_DEMO)
+    p.add_argument("--out", type=Path, required=True,
+                   help="the checkpoint folder to write (the shipped demo's: wisp/models/demo_checkpoint in a clone)")
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=8)

@@ -174,11 +174,16 @@ def _expert_fields(raw: dict[str, Any], family: Family, num_layers: int) -> dict
 
 
 def _sampling_defaults(generation: dict[str, Any]) -> tuple[tuple[str, float], ...]:
-    """generation_config.json's temperature, top_p and top_k (numbers only; none where it says do_sample: false)."""
+    """generation_config.json's temperature, top_p and top_k, where each is a finite number (none at all where it says
+    do_sample: false); a top_k of 0 or below means no top-k (0), as vLLM reads -1."""
     if generation.get("do_sample") is False:
         return ()
-    return tuple((key, float(generation[key])) for key in SAMPLING_KEYS
-                 if isinstance(generation.get(key), (int, float)) and not isinstance(generation.get(key), bool))
+    found = []
+    for key in SAMPLING_KEYS:
+        value = generation.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            found.append((key, float(max(int(value), 0)) if key == "top_k" else float(value)))
+    return tuple(found)
 
 
 def _eos_token_ids(raw: dict[str, Any], generation: dict[str, Any]) -> tuple[int, ...]:

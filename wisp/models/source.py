@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from wisp.config import EngineConfig, ModelConfig
@@ -10,6 +11,12 @@ from wisp.errors import WispError
 from wisp.models.config_parsers import model_config, read_model_config
 from wisp.models.gguf_file import is_gguf
 from wisp.models.presets import PRESETS, preset
+
+
+def cache_dir() -> Path:
+    """Where wisp writes what it makes once and reuses: the random demo, GGUF files' tokenizer folders ($WISP_CACHE,
+    default ~/.cache/wisp)."""
+    return Path(os.environ.get("WISP_CACHE", Path.home() / ".cache" / "wisp"))
 
 
 def model_source(config: EngineConfig) -> tuple[Path | None, ModelConfig]:

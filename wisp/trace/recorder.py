@@ -11,9 +11,14 @@ observer needs the routing on the host). Recording reads the routing back to the
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
+from wisp.errors import WispError
 from wisp.trace.format import RoutingTrace
 
 
@@ -63,3 +68,33 @@ class RoutingRecorder:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+
+def check_trace_path(path: str, flag: str = "--record-routing") -> None:
+    """Fail before a run (one WispError) unless `path` names a .npz or .jsonl file in a writable folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise WispError(f"cannot write the routing trace: {folder} is not a writable directory")
+    if not str(path).endswith((".npz", ".jsonl")):
+        raise WispError(f"{flag} {path}: the file name must end in .npz or .jsonl")
+
+
+def recorder_for(engine, model_name: str, path: str) -> RoutingRecorder:
+    """A routing recorder attached to `engine`, after `check_trace_path(path)`."""
+    check_trace_path(path)
+    cfg = engine.model_config
+    return RoutingRecorder(cfg.moe_layer_ids, cfg.num_experts, model_name).attach(engine)
+
+
+def save_trace(make_trace: Callable[[], RoutingTrace], path: str) -> None:
+    """Write the trace `make_trace()` gives. A write that fails (a full disk, ENOSPC; the folder gone) loses the trace
+    alone: one warning line, no partial file (`RoutingTrace.save`), and the command's output and exit status stand:
+    generation and serving are not failed for a side output."""
+    try:
+        make_trace().save(path)
+    except ValueError:
+        print("wisp: no routing was recorded (no request ran); nothing written", file=sys.stderr)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        print(f"wisp: warning: the routing trace was not written to {path} ({reason}); it is lost, and no partial "
+              "file was left", file=sys.stderr)
