@@ -45,6 +45,7 @@ def test_option_names_match_the_engine():
     assert cli_args.DTYPES == tuple(config.DTYPES)
     assert cli_args.CACHE_POLICIES == POLICIES
     assert cli_args.MAX_NUM_BATCHED_TOKENS == config.EngineConfig.max_num_batched_tokens
+    assert cli_args.CUDA_GRAPH_MAX_BATCH == config.EngineConfig.cuda_graph_max_batch
 
 
 _HELP_WITHOUT_TORCH = """

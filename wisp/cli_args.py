@@ -17,12 +17,12 @@ import re
 import sys
 from typing import NoReturn
 
-from wisp.options import (ATTENTION_BACKENDS, CACHE_POLICIES, DEFAULT_MAX_DECODE_WAIT_MS, EMBEDDINGS,
-                          MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS, check_load_control)
+from wisp.options import (ATTENTION_BACKENDS, CACHE_POLICIES, CUDA_GRAPH_MAX_BATCH, DEFAULT_MAX_DECODE_WAIT_MS,
+                          EMBEDDINGS, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS, check_load_control)
 from wisp.options import DTYPE_NAMES as DTYPES
 
 __all__ = [  # CACHE_POLICIES and DTYPES are offered here for the parsers built elsewhere (cli, plan.args)
-    "ATTENTION_BACKENDS", "CACHE_POLICIES", "DTYPES", "EMBEDDINGS", "MAX_NUM_BATCHED_TOKENS", "MODES", "MOE_BACKENDS",
+    "ATTENTION_BACKENDS", "CACHE_POLICIES", "CUDA_GRAPH_MAX_BATCH", "DTYPES", "EMBEDDINGS", "MAX_NUM_BATCHED_TOKENS", "MODES", "MOE_BACKENDS",
     "Parser", "add_backend_args", "add_engine_args", "backend_options", "fail", "parse_load_control", "parse_output_file",
     "parse_port", "parse_positive_float",
     "parse_positive_int",
@@ -66,6 +66,17 @@ def parse_token_ids(text: str) -> list[int]:
     if not ids:
         raise argparse.ArgumentTypeError("--prompt-ids is empty")
     return ids
+
+
+def parse_count(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
 
 
 def parse_positive_int(text: str) -> int:
@@ -135,6 +146,9 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                    help="paged attention (auto: triton on CUDA, torch on the CPU)")
     p.add_argument("--enforce-eager", action="store_true", help="never replay CUDA graphs for decode steps")
+    p.add_argument("--cuda-graph-max-batch", type=parse_count, default=CUDA_GRAPH_MAX_BATCH, metavar="B",
+                   help="decode steps of up to B requests (and --max-concurrency) replay CUDA graphs, one captured per "
+                        f"batch size at start; wider steps run eagerly (default {CUDA_GRAPH_MAX_BATCH}; 0: none)")
     p.add_argument("--embedding", choices=EMBEDDINGS, default="auto",
                    help="where the token embedding table lives: host (pinned, each token's row read in place: "
                         "vocab x hidden bytes of VRAM freed) or device (auto: host on CUDA unless it is also the LM head)")
@@ -154,7 +168,8 @@ def backend_options(args: argparse.Namespace) -> dict:
     """The `add_backend_args` options as EngineConfig fields."""
     return {"device": args.device, "moe_backend": args.moe_backend, "attention_backend": args.attention_backend,
             "enforce_eager": args.enforce_eager, "embedding": args.embedding, "hot_experts": args.hot_experts,
-            "load_control": args.load_control, "max_decode_wait_ms": args.max_decode_wait_ms}
+            "load_control": args.load_control, "max_decode_wait_ms": args.max_decode_wait_ms,
+            "cuda_graph_max_batch": args.cuda_graph_max_batch}
 
 
 def add_engine_args(p: argparse.ArgumentParser, record_help: str) -> None:

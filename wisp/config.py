@@ -17,7 +17,7 @@ from wisp.core.kernels.expert_extras import SILU, Activation
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
 from wisp.options import (ATTENTION_BACKENDS, DEFAULT_MAX_DECODE_WAIT_MS, DTYPE_NAMES, EMBEDDINGS, HYBRID_CPU_KERNELS,
-                          MAX_NUM_BATCHED_TOKENS, check_load_control, MODES, IN_PLACE_MODES, MOE_BACKENDS, SCRATCH_MODES)
+                          CUDA_GRAPH_MAX_BATCH, MAX_NUM_BATCHED_TOKENS, check_load_control, MODES, IN_PLACE_MODES, MOE_BACKENDS, SCRATCH_MODES)
 
 log = logging.getLogger("wisp")
 
@@ -185,7 +185,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # "torch" (reference) or "triton" (CUDA; same fixed order, one kernel)
     load_format: str = "safetensors"  # or "dummy": random weights of the model's shape, made on the device
     enforce_eager: bool = False  # never replay CUDA graphs (they need both Triton backends)
-    cuda_graph_max_batch: int = 8  # decode graphs for batch sizes 1..min(this, max_concurrency)
+    cuda_graph_max_batch: int = CUDA_GRAPH_MAX_BATCH  # decode graphs for batch sizes 1..min(this, max_concurrency)
     hybrid_costs: HybridCosts | None = None  # hybrid mode's copy / CPU costs; None: probed at load
     hybrid_cpu_kernel: str | None = None  # hybrid's CPU kernel (HYBRID_CPU_KERNELS); None: native (else plain) with a GPU
     prefetch: bool = False  # copy each next layer's predicted experts ahead (wisp.core.experts.prefetch; eager, paged only)

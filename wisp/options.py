@@ -13,6 +13,9 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 CACHE_POLICIES = ("lru", "opt", "lfu", "lrfu", "arc", "static")  # the replacement policies `wisp sim` replays
 DEFAULT_MAX_DECODE_WAIT_MS = 2000.0  # load control's bound on a running request's wait between two tokens
 MAX_NUM_BATCHED_TOKENS = 2048  # tokens per engine step (decodes, then prefill chunks)
+# decode steps of up to this many requests replay CUDA graphs, one captured per batch size (0: none; 32 measured:
+# docs/decisions/decode-graphs-up-to-32-requests.md)
+CUDA_GRAPH_MAX_BATCH = 32
 
 
 def is_hybrid_zero_copy(mode: str, expert_cap: int | None) -> bool:

@@ -151,11 +151,11 @@ def test_request_validation(make_engine):
     run_all(engine)
 
 
-@pytest.mark.parametrize("mode, cap, concurrency, expected", [("paged", 4, 4, 4), ("paged", 8, 4, 4), ("paged", 16, 12, 8),
+@pytest.mark.parametrize("mode, cap, concurrency, expected", [("paged", 4, 4, 4), ("paged", 8, 4, 4), ("paged", 16, 12, 12),
                                                               ("paged", 16, 3, 3), ("resident", None, 6, 6)])
 def test_graphs_replay_decode_batches_wider_than_the_slots(make_engine, mode, cap, concurrency, expected):
     """demo: top-4 of 16. A paged store with staging rows runs a batch wider than its slots expert-major on the
-    device, so graphs cover every batch up to min(cuda_graph_max_batch = 8, max_concurrency)."""
+    device, so graphs cover every batch up to min(cuda_graph_max_batch = 32, max_concurrency)."""
     engine = make_engine(mode=mode, expert_cap=cap, max_concurrency=concurrency)
     assert all(s.wide_in_graph for s in engine.model.experts.values()) == (mode == "paged")
     assert engine.runner.graph_max_batch() == expected
