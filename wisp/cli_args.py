@@ -68,25 +68,23 @@ def parse_token_ids(text: str) -> list[int]:
     return ids
 
 
-def parse_count(text: str) -> int:
-    """An integer >= 0."""
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+        value = low - 1
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def parse_count(text: str) -> int:
+    """An integer >= 0."""
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def parse_positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def parse_load_control(text: str) -> str:
