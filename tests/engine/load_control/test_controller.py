@@ -4,7 +4,7 @@ working set fits, and the answer is always a non-empty subset of the ready reque
 from dataclasses import dataclass
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from wisp.engine.load_control.controller import LoadController
@@ -59,6 +59,12 @@ working_set = st.lists(st.integers(0, N - 1), min_size=K, max_size=N, unique=Tru
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(working_set, working_set), min_size=2, max_size=6),
        st.integers(K, N), st.floats(0.15, 1.0))
+# a turn's new set, with a longer step than the set before it, left a request its lead had not warned past the bound
+@example([([0, 1], [0, 1]), ([0, 1], [0, 7]), ([7, 0], [0, 1, 2, 8, 9]), ([0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6]),
+          ([0, 1, 2, 3, 4, 5, 9, 10], [0, 1]), ([0, 1, 2, 8, 6], [0, 1])], 2, 1.0)
+# several requests came due in the same step, and their set's step was longer than any one's lead
+@example([([0, 1], [0, 1]), ([0, 1], [0, 1]), ([0, 1], [0, 1]), ([0, 1], [0, 1, 2]),
+          ([0, 1], [0, 1, 2, 3, 4, 5, 6, 7, 8]), ([0, 1, 2, 3, 4, 5], [0, 1, 2, 3])], 2, 1.0)
 def test_the_wait_bound_holds_and_nobody_starves(sets, cap, max_wait_s):
     rids = [f"r{i}" for i in range(len(sets))]
     ctl = controller({r: [list(a), list(b)] for r, (a, b) in zip(rids, sets)}, [cap] * L, max_wait_s)

@@ -21,7 +21,10 @@ aggregate rate, kept for a turn, under a bound on any request's wait between two
   some are due, the set in its turn when a request arrives or leaves): the request that raises the predicted
   rate most joins, while the step still ends within every member's bound, until none raises it.
 - **Fairness.** A ready request outside the set is due when its wait plus its lead reaches the bound: it seeds a
-  new choice at once (earliest deadline first). No request starves: the longest waiter seeds every turn.
+  new choice at once (earliest deadline first). Requests near their bound together may come due together, so a
+  lead's own step is the larger of the request's alone and the step of all of them together; and a lead assumes
+  one more step of the set in its turn, so a set chosen at a turn or an arrival, whose step may be longer, is
+  checked again and any request it would bring to its bound is due at once. No request starves: the longest waiter seeds every turn.
 - **Fixed width** (`fixed_width`, `--load-control width:N`): the baseline it is measured against. The set is the
   seed and the longest waiters up to N requests, whatever the working sets, with the same turns and deadlines.
 - **Learning.** A decode step's seconds teach the compute of its width, except in the first `settle` steps
@@ -95,10 +98,14 @@ class LoadController:
         if due:
             self.overdue_count += len(due)
             self._decide(ids, waits, now, seed=sorted(due, key=lambda r: -waits[r]), why="due")
-        elif now >= self.turn_ends or not set(self.current) & set(ids):
-            self._decide(ids, waits, now, seed=[max(ids, key=lambda r: (waits[r], -ids.index(r)))], why="turn")
-        elif frozenset(ids) != self._ready_ids:  # a request arrived or left: grow from the set in its turn
-            self._decide(ids, waits, now, seed=[r for r in self.current if r in waits], why="arrival", keep_turn=True)
+        else:
+            if now >= self.turn_ends or not set(self.current) & set(ids):
+                self._decide(ids, waits, now, seed=[max(ids, key=lambda r: (waits[r], -ids.index(r)))], why="turn")
+            elif frozenset(ids) != self._ready_ids:  # a request arrived or left: grow from the set in its turn
+                self._decide(ids, waits, now, seed=[r for r in self.current if r in waits], why="arrival", keep_turn=True)
+            if due := self._due(ids, waits):  # the new set's step may be longer than the old one's, which leads assumed
+                self.overdue_count += len(due)
+                self._decide(ids, waits, now, seed=sorted(due, key=lambda r: -waits[r]), why="due")
         self._ready_ids = frozenset(ids)
         members = set(self.current)
         return self._answer(ready, [s for s in ready if s.request_id in members])
@@ -153,11 +160,18 @@ class LoadController:
         return current_step + self.costs.step_s(1, self._reload([rid], self.current))
 
     def _due(self, ids: list[str], waits: dict[str, float]) -> list[str]:
+        """The ready requests outside the set whose wait, plus their lead, reaches the bound. Those near it may come
+        due together and seed one set, so a request's own step in its lead is the larger of its alone (reloading its
+        working set) and that group's (`near`: every request the widest such step could bring to its bound)."""
         members = [r for r in self.current if r in waits]
         current_step = self.costs.step_s(max(len(members), 1), self._misses(members))
-        full = current_step + self.costs.step_s(1, self._full_reload)  # the longest lead
-        near = [r for r in ids if r not in members and waits[r] + full >= self.max_wait_s]
-        return [r for r in near if waits[r] + self._lead(r, current_step) >= self.max_wait_s]
+        others = [r for r in ids if r not in members]
+        widest = current_step + self.costs.step_s(max(len(others), 1), self._full_reload)  # the longest lead
+        near = [r for r in others if waits[r] + widest >= self.max_wait_s]
+        if not near:
+            return []
+        group = current_step + self.costs.step_s(len(near), max(self._misses(near), self._reload(near, self.current)))
+        return [r for r in near if waits[r] + max(self._lead(r, current_step), group) >= self.max_wait_s]
 
     def rate(self, ids: Seq[str], ready: int) -> float:
         """Predicted tokens per second of decoding `ids` while `ready` requests are ready (see the docstring)."""
