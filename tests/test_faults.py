@@ -354,14 +354,10 @@ def test_generate_with_a_full_disk_prints_its_answer_and_one_warning(ckpt, refer
 
 def test_serve_shutdown_with_a_full_disk_warns_once(tmp_path, monkeypatch, capsys):
     """`wisp serve` writes its trace at shutdown, after serving: a full disk there is the same one warning."""
-    from wisp.cli import _save_trace
-
-    class Recorder:
-        def trace(self):
-            return _trace()
+    from wisp.trace.recorder import save_trace
 
     _disk_full_after(monkeypatch, 10)
-    _save_trace(Recorder(), str(tmp_path / "serve.jsonl"))
+    save_trace(_trace, str(tmp_path / "serve.jsonl"))
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("wisp: warning: the routing trace was not written")
     assert list(tmp_path.iterdir()) == []
