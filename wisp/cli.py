@@ -212,8 +212,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from wisp.engine.engine import LLMEngine
     from wisp.server.app import build_app
     from wisp.server.connections import ConnectionLimits
-    from wisp.trace.recorder import recorder_for, save_trace
     from wisp.server.serve import serve
+    from wisp.trace.recorder import recorder_for, save_trace
 
     _check_hot_budget_flags(args)
     sock = _bind(args.host, args.port)

@@ -16,8 +16,9 @@ import torch
 from wisp.core.kernels.expert_extras import SILU, Activation
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
-from wisp.options import (ATTENTION_BACKENDS, DEFAULT_MAX_DECODE_WAIT_MS, DTYPE_NAMES, EMBEDDINGS, HYBRID_CPU_KERNELS,
-                          CUDA_GRAPH_MAX_BATCH, MAX_NUM_BATCHED_TOKENS, check_load_control, MODES, IN_PLACE_MODES, MOE_BACKENDS, SCRATCH_MODES)
+from wisp.options import (ATTENTION_BACKENDS, CUDA_GRAPH_MAX_BATCH, DEFAULT_MAX_DECODE_WAIT_MS, DTYPE_NAMES, EMBEDDINGS,
+                          HYBRID_CPU_KERNELS, MAX_NUM_BATCHED_TOKENS, check_load_control, MODES, IN_PLACE_MODES,
+                          MOE_BACKENDS, SCRATCH_MODES)
 
 log = logging.getLogger("wisp")
 

@@ -46,12 +46,12 @@ def read_text(source: str) -> str:
 
 def bench_perplexity(args) -> int:
     from wisp.engine.llm import LLM
-    from wisp.models.demo_text import SCORE_WINDOW
     from wisp.models.config_parsers import read_model_config
+    from wisp.models.demo_text import SCORE_WINDOW
     from wisp.models.source import resolve_model_path
     from wisp.models.text_scoring import score, windows
     from wisp.trace.format import RoutingTrace
-    from wisp.trace.recorder import RoutingRecorder, check_trace_path, save_trace
+    from wisp.trace.recorder import check_trace_path, recorder_for, save_trace
 
     text = read_text(args.text)
     window = args.window or SCORE_WINDOW
@@ -71,8 +71,7 @@ def bench_perplexity(args) -> int:
     if len(ids) < 2:
         raise WispError(f"--text {args.text} gives {len(ids)} token(s): nothing to predict")
     cfg = llm.config
-    recorder = RoutingRecorder(cfg.moe_layer_ids, cfg.num_experts, args.model).attach(llm.engine) \
-        if args.record_routing else None
+    recorder = recorder_for(llm.engine, args.model, args.record_routing) if args.record_routing else None
 
     def logits_of(chunk: list[int]):
         if recorder is not None:

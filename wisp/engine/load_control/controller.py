@@ -24,7 +24,8 @@ aggregate rate, kept for a turn, under a bound on any request's wait between two
   new choice at once (earliest deadline first). Requests near their bound together may come due together, so a
   lead's own step is the larger of the request's alone and the step of all of them together; and a lead assumes
   one more step of the set in its turn, so a set chosen at a turn or an arrival, whose step may be longer, is
-  checked again and any request it would bring to its bound is due at once. No request starves: the longest waiter seeds every turn.
+  checked again and any request it would bring to its bound is due at once. No request starves: the longest
+  waiter seeds every turn.
 - **Fixed width** (`fixed_width`, `--load-control width:N`): the baseline it is measured against. The set is the
   seed and the longest waiters up to N requests, whatever the working sets, with the same turns and deadlines.
 - **Learning.** A decode step's seconds teach the compute of its width, except in the first `settle` steps
@@ -95,17 +96,15 @@ class LoadController:
         ids = [s.request_id for s in ready]
         waits = {s.request_id: now - s.last_token_time for s in ready}
         due = self._due(ids, waits)
-        if due:
-            self.overdue_count += len(due)
-            self._decide(ids, waits, now, seed=sorted(due, key=lambda r: -waits[r]), why="due")
-        else:
+        if not due:
             if now >= self.turn_ends or not set(self.current) & set(ids):
                 self._decide(ids, waits, now, seed=[max(ids, key=lambda r: (waits[r], -ids.index(r)))], why="turn")
             elif frozenset(ids) != self._ready_ids:  # a request arrived or left: grow from the set in its turn
                 self._decide(ids, waits, now, seed=[r for r in self.current if r in waits], why="arrival", keep_turn=True)
-            if due := self._due(ids, waits):  # the new set's step may be longer than the old one's, which leads assumed
-                self.overdue_count += len(due)
-                self._decide(ids, waits, now, seed=sorted(due, key=lambda r: -waits[r]), why="due")
+            due = self._due(ids, waits)  # a new set's step may be longer than the one the leads assumed
+        if due:
+            self.overdue_count += len(due)
+            self._decide(ids, waits, now, seed=sorted(due, key=lambda r: -waits[r]), why="due")
         self._ready_ids = frozenset(ids)
         members = set(self.current)
         return self._answer(ready, [s for s in ready if s.request_id in members])
