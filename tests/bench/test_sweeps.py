@@ -30,6 +30,25 @@ def test_cpu_experts_gives_a_rate_per_bank_call_size_and_kernel(tmp_path):
             assert CUDA or set(bank[key]) == {"alone"}  # the GPU's reads beside it need CUDA
 
 
+def test_cpu_experts_times_quantized_banks_by_their_packed_bytes(tmp_path):
+    out = tmp_path / "formats.json"
+    proc = run_wisp(["sweep", "cpu-experts", "--hidden", "256", "--intermediate", "128", "--experts", "8", "--repeats", "2",
+                     "--threads", "1", "--kernels", "native,plain", "--weights", "fp8,mxfp4,q8_0", "--out", out],
+                    tmp_path, timeout=300, command="bench")
+    assert proc.returncode == 0, proc.stderr
+    banks = json.loads(out.read_text())["banks"]
+    assert set(banks) == {"fp8", "mxfp4", "q8_0"}  # no bf16 bank unless asked
+    weights = 8 * (2 * 128 * 256 + 256 * 128)
+    assert banks["fp8"]["bank_bytes"] == weights + 8 * (2 * 2 + 2 * 1) * 4  # a byte each, float32 128x128 scales
+    assert banks["mxfp4"]["bank_bytes"] == weights // 2 + weights // 32  # a nibble each, a byte per 32
+    assert banks["q8_0"]["bank_bytes"] == weights + weights // 32 * 2  # a byte each, float16 per 32
+    for bank in banks.values():
+        assert set(bank["1_per_call/1_threads"]) == {"alone"}  # the GPU's readers take bf16 banks only
+        assert all(v > 0 for v in bank["1_per_call/1_threads"]["alone"].values())
+    proc = run_wisp(["sweep", "cpu-experts", "--weights", "fp4"], tmp_path, timeout=60, command="bench")
+    assert proc.returncode == 2 and "--weights fp4" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_an_unknown_cpu_kernel_is_one_line(tmp_path):
     proc = run_wisp(["sweep", "cpu-experts", "--kernels", "plain,fastest"], tmp_path, timeout=60, command="bench")
     assert proc.returncode == 2 and "unknown CPU kernel 'fastest'" in proc.stderr and "Traceback" not in proc.stderr

@@ -344,6 +344,8 @@ def _add_sweep_parsers(kinds) -> None:
     cpu.add_argument("--bank", default="pinned",
                      help="comma-separated: pinned (cudaHostAlloc), huge (huge pages, registered)")
     cpu.add_argument("--kernels", default=None, help="comma-separated CPU kernels (default: all that load)")
+    cpu.add_argument("--weights", default="bf16",
+                     help="comma-separated expert formats: bf16 (the --bank kinds), fp8, mxfp4, q8_0 (pinned banks)")
     cpu.add_argument("--threads", type=parse_int_list, default=None,
                      help="comma-separated torch thread counts (default: torch's)")
     cpu.add_argument("--repeats", type=int, default=48)

@@ -1,5 +1,6 @@
-"""Hybrid mode's CPU expert kernels: the native bf16 kernel's bits (fixed by its order of operations, so the
-same on every CPU and thread count), its closeness to torch's, its fallback, and its one OpenMP runtime.
+"""Hybrid mode's CPU expert kernels: the native kernel's bits (fixed by its order of operations, so the same on
+every CPU and thread count; a quantized weight's those of its dequantized bf16 copy), its closeness to torch's,
+its fallback, and its one OpenMP runtime.
 The kernel is built on first use (about 20 s on a 2-core CPU)."""
 
 from __future__ import annotations
@@ -8,10 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from wisp.core.kernels.cpu_expert_kernels import (CPU_EXPERT_KERNELS, LANES, applies, bf16_experts_mlp,
-                                          bf16_grouped_rows_matmul, bf16_rows_matmul, native_experts_mlp, native_kernel_error, one_at_a_time,
+from wisp.core.kernels.cpu_expert_kernels import (CPU_EXPERT_KERNELS, LANES, applies, silu_experts_mlp,
+                                          grouped_rows_matmul, rows_matmul, native_experts_mlp, native_kernel_error, one_at_a_time,
                                           plain_expert_mlp)
 from wisp.core.kernels.expert_extras import Activation, ExpertExtras
+from wisp.core.kernels.fp8_blocks import quantize_blocks
+from wisp.core.kernels.mxfp4 import quantize_mxfp4
+from wisp.core.kernels.q8_0 import quantize_q8_0
+from wisp.core.kernels.quantized_weights import dequantize_weight
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,7 +48,7 @@ def test_the_native_kernel_computes_its_documented_order_bit_for_bit(m, n, k):
     g = torch.Generator().manual_seed(m * 1000 + n)
     x = torch.randn((m, k), generator=g)
     w = torch.randn((n, k), generator=g).to(torch.bfloat16)
-    out = bf16_rows_matmul(x, w)
+    out = rows_matmul(x, w)
     assert out.dtype == torch.float32 and out.shape == (m, n)
     assert torch.equal(out, lanes_in_order(x, w))
     exact = (x.double() @ w.double().T)
@@ -90,7 +95,7 @@ def test_a_native_silu_expert_is_its_documented_order_bit_for_bit(counts, d, i):
     x = torch.randn((sum(counts), d), generator=g)
     gate_ups = [torch.randn((2 * i, d), generator=g).bfloat16() for _ in counts]
     downs = [torch.randn((d, i), generator=g).bfloat16() for _ in counts]
-    out = bf16_experts_mlp(x, gate_ups, downs, counts)
+    out = silu_experts_mlp(x, gate_ups, downs, counts)
     start = 0
     for n, gate_up, down in zip(counts, gate_ups, downs):
         rows = x[start : start + n]
@@ -107,9 +112,9 @@ def test_the_native_kernels_bits_do_not_depend_on_the_thread_count():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = bf16_rows_matmul(x, w)
+        one = rows_matmul(x, w)
         torch.set_num_threads(max(2, threads))
-        assert torch.equal(bf16_rows_matmul(x, w), one)
+        assert torch.equal(rows_matmul(x, w), one)
     finally:
         torch.set_num_threads(threads)
 
@@ -117,13 +122,13 @@ def test_the_native_kernels_bits_do_not_depend_on_the_thread_count():
 def test_the_native_kernel_refuses_what_it_cannot_read():
     x, w = torch.randn(1, 32), torch.randn(8, 32).to(torch.bfloat16)
     with pytest.raises(RuntimeError, match="float32 x"):
-        bf16_rows_matmul(x.to(torch.bfloat16), w)
+        rows_matmul(x.to(torch.bfloat16), w)
     with pytest.raises(RuntimeError, match="bfloat16"):
-        bf16_rows_matmul(x, w.float())
+        rows_matmul(x, w.float())
     with pytest.raises(RuntimeError, match="multiple of 16"):
-        bf16_rows_matmul(torch.randn(1, 24), torch.randn(8, 24).to(torch.bfloat16))
+        rows_matmul(torch.randn(1, 24), torch.randn(8, 24).to(torch.bfloat16))
     with pytest.raises(RuntimeError, match="positive multiple of 16"):  # (a division by its depth, not a crash)
-        bf16_rows_matmul(torch.randn(1, 0), torch.randn(8, 0).to(torch.bfloat16))
+        rows_matmul(torch.randn(1, 0), torch.randn(8, 0).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("activation", [Activation(), Activation("clamped_swiglu")])
@@ -164,10 +169,10 @@ def test_a_layers_experts_at_once_give_each_experts_bits_alone():
     together = native_experts_mlp(x, counts, gate_ups, downs, extras)
     alone = one_at_a_time(lambda *a: native_experts_mlp(a[0], [a[0].shape[0]], [a[1]], [a[2]], [a[3]], a[4]))
     assert torch.equal(together, alone(x, counts, gate_ups, downs, extras))
-    h = bf16_grouped_rows_matmul(x, gate_ups, counts)
-    assert torch.equal(h[2:3], bf16_rows_matmul(x[2:3], gate_ups[2]))  # row 2: the third expert's one row
+    h = grouped_rows_matmul(x, gate_ups, counts)
+    assert torch.equal(h[2:3], rows_matmul(x[2:3], gate_ups[2]))  # row 2: the third expert's one row
     with pytest.raises(RuntimeError, match="offsets"):
-        bf16_grouped_rows_matmul(x, gate_ups, [1, 1, 1, 1])  # rows left over
+        grouped_rows_matmul(x, gate_ups, [1, 1, 1, 1])  # rows left over
 
 
 def test_every_kernel_takes_a_layers_experts_and_agrees_with_the_reference():
@@ -185,7 +190,7 @@ def test_every_kernel_takes_a_layers_experts_and_agrees_with_the_reference():
 
 SHARED_RUNTIME = """
 import torch
-from wisp.core.kernels.cpu_expert_kernels import bf16_rows_matmul
+from wisp.core.kernels.cpu_expert_kernels import rows_matmul
 
 def runtimes():
     with open("/proc/self/maps") as maps:
@@ -193,7 +198,7 @@ def runtimes():
 
 torch.randn(64, 64) @ torch.randn(64, 64)  # torch's own OpenMP team, up
 before = runtimes()
-bf16_rows_matmul(torch.randn(1, 32), torch.randn(8, 32).to(torch.bfloat16))
+rows_matmul(torch.randn(1, 32), torch.randn(8, 32).to(torch.bfloat16))
 assert before and runtimes() == before, (before, runtimes())
 """
 
@@ -204,3 +209,102 @@ def test_the_kernel_brings_no_openmp_runtime_beside_torchs():
 
     done = subprocess.run([sys.executable, "-c", SHARED_RUNTIME], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# Quantized weights read packed: each weight widened to its dequantized bf16 value, so the same bits as the bf16
+# kernel on the dequantized copy (`dequantize_weight`), whatever the codes and scales.
+
+def fp8_codes(n: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every e4m3fn code but the two NaNs (subnormals, both zeros, the largest), and block scales of both signs
+    whose products stay finite, with some at float32's extremes (subnormal products)."""
+    codes = torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8)
+    codes[0, : min(k, 256)] = torch.arange(min(k, 256), dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x7E
+    scale = torch.randn((-(-n // 128), -(-k // 128)), generator=g) * 2.0 ** torch.randint(-8, 9, (1,), generator=g)
+    scale.view(-1)[0] = 1.0
+    if scale.numel() > 1:
+        scale.view(-1)[1] = 2.0 ** -130  # products below float32's normals: rounded as torch rounds them
+    return codes.view(torch.float8_e4m3fn), scale
+
+
+def mxfp4_codes(n: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every byte (both nibbles' codes), and e8m0 scales from 0 (2^-127, subnormal) to 200."""
+    blocks = torch.randint(0, 256, (n, k // 32, 16), generator=g, dtype=torch.uint8)
+    blocks.view(-1)[: min(blocks.numel(), 256)] = torch.arange(min(blocks.numel(), 256), dtype=torch.uint8)
+    scales = torch.randint(100, 150, (n, k // 32), generator=g, dtype=torch.uint8)
+    scales.view(-1)[:4] = torch.tensor([0, 1, 2, 200], dtype=torch.uint8)[: scales.numel()]
+    return blocks, scales
+
+
+def q8_0_codes(n: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every int8 code, and float16 scales of both signs with a subnormal one and the largest."""
+    codes = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    codes.view(-1)[: min(codes.numel(), 256)] = torch.arange(-128, 128, dtype=torch.int8)[: min(codes.numel(), 256)]
+    scales = (torch.randn((n, k // 32), generator=g) * 0.01).half()
+    scales.view(-1)[:2] = torch.tensor([2.0 ** -20, -65504.0], dtype=torch.float16)[: scales.numel()]
+    return codes, scales
+
+
+QUANTIZED = {"fp8": fp8_codes, "mxfp4": mxfp4_codes, "q8_0": q8_0_codes}
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_each_code_widens_to_its_dequantized_bf16_value(fmt):
+    """x = the identity: out[m, n] = w[n, m] alone (the other products are zeros), so every weight the kernel
+    widens is compared with `dequantize_weight`'s, code by code."""
+    g = torch.Generator().manual_seed(7)
+    w, scale = QUANTIZED[fmt](40, 256, g)
+    dense = dequantize_weight(w, scale, torch.bfloat16)  # [40, 256]
+    out = rows_matmul(torch.eye(256), w, scale)  # [256, 40]
+    assert torch.equal(out, dense.float().T)
+    assert torch.equal(out.isnan(), dense.float().T.isnan())
+
+
+# rows' codes shorter than a page (page-strided blocks), a page or more, matrices of whole spans and remainders
+@pytest.mark.parametrize("fmt", QUANTIZED)
+@pytest.mark.parametrize("m, n, k", [(1, 64, 32), (3, 37, 96), (2, 130, 256), (2, 40, 2048), (1, 35, 4096),
+                                     (5, 300, 768)])
+def test_a_quantized_weight_gives_the_bf16_kernels_bits_on_its_dequantized_copy(fmt, m, n, k):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    w, scale = QUANTIZED[fmt](n, k, g)
+    x = torch.randn((m, k), generator=g)
+    out = rows_matmul(x, w, scale)
+    assert torch.equal(out, rows_matmul(x, dequantize_weight(w, scale, torch.bfloat16)))
+    assert torch.equal(out, lanes_in_order(x, dequantize_weight(w, scale, torch.bfloat16)))
+
+
+def quantize(fmt: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A plain weight [..., N, K] in `fmt` (the formats' own writers)."""
+    return {"fp8": quantize_blocks, "mxfp4": quantize_mxfp4, "q8_0": quantize_q8_0}[fmt](w)
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
+@pytest.mark.parametrize("activation, biased", [(Activation(), False), (Activation("clamped_swiglu"), True)])
+def test_a_layers_quantized_experts_give_the_bits_of_their_dequantized_copies(fmt, activation, biased):
+    """Whole in native code (SiLU, no biases) or with torch's activation and biases between the native GEMVs:
+    a layer's quantized experts equal the same experts dequantized to bf16, bit for bit."""
+    g = torch.Generator().manual_seed(11)
+    d, i, counts = 64, 32, [2, 0, 1]
+    gate_ups = [quantize(fmt, torch.randn((2 * i, d), generator=g) / d ** 0.5) for _ in counts]
+    downs = [quantize(fmt, torch.randn((d, i), generator=g) / i ** 0.5) for _ in counts]
+    biases = [(torch.randn(2 * i, generator=g).bfloat16(), torch.randn(d, generator=g).bfloat16()) if biased
+              else (None, None) for _ in counts]
+    extras = [ExpertExtras(gu[1], dn[1], *b) for gu, dn, b in zip(gate_ups, downs, biases)]
+    plain = [ExpertExtras(None, None, *b) if biased else None for b in biases]
+    x = torch.randn((sum(counts), d), generator=g).bfloat16()
+    assert all(applies(gu[0], dn[0], ex) for gu, dn, ex in zip(gate_ups, downs, extras))
+    out = native_experts_mlp(x, counts, [gu[0] for gu in gate_ups], [dn[0] for dn in downs], extras, activation)
+    dense = native_experts_mlp(x, counts, [dequantize_weight(*gu, torch.bfloat16) for gu in gate_ups],
+                               [dequantize_weight(*dn, torch.bfloat16) for dn in downs], plain, activation)
+    assert torch.equal(out, dense)
+
+
+def test_quantized_weights_it_cannot_read_are_refused_or_go_to_torch():
+    w, scale = quantize_q8_0(torch.randn(64, 32))
+    with pytest.raises(RuntimeError, match="Q8_0"):
+        rows_matmul(torch.randn(1, 32), w, scale.float())  # float32 scales: no format
+    with pytest.raises(RuntimeError, match="scales"):
+        rows_matmul(torch.randn(1, 32), w, scale[:, :0])  # the wrong shape
+    assert not applies(w, w, ExpertExtras(scale.float(), scale.float()))  # torch's plain kernel takes it instead
+    fp8, fp8_scale = quantize_blocks(torch.randn(64, 32))
+    assert not applies(fp8, w, ExpertExtras(fp8_scale, scale))  # two formats in one expert

@@ -11,6 +11,11 @@ instead (pinned cudaMemcpyAsync); each side's rate alone is reported too.
 
     wisp bench sweep cpu-experts --threads 16,8 --out cpu_expert_kernels.json
     wisp bench sweep cpu-experts --kernels native --per-call 1,2,4,8 --bank pinned,huge --out calls.json
+    wisp bench sweep cpu-experts --weights bf16,fp8,q8_0 --hidden 2048 --intermediate 768 --out formats.json
+
+`--weights` adds banks of quantized experts (FP8 blocks, MXFP4, Q8_0: random codes, pinned), timed alone: the
+native kernel reads them packed, "plain" dequantizes each expert with torch first (hybrid's CPU side before the
+native kernel read them); GB/s there counts the packed bytes, codes and scales.
 
 `--per-call` lists how many distinct experts one call computes (a rank split hands a layer's CPU share to one
 native call: the rates at 1, 2, 4, 8 give a call's fixed cost apart from its cost an expert); `--bank huge`
@@ -30,7 +35,10 @@ import torch
 from wisp.bench.records import print_and_save
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.kernels.cpu_expert_kernels import CPU_EXPERT_KERNELS, native_kernel_error
+from wisp.core.kernels.expert_extras import DOWN_SCALE, GATE_UP_SCALE, extras_at, extras_of
 from wisp.errors import WispError
+
+WEIGHTS = ("bf16", "fp8", "mxfp4", "q8_0")  # --weights: the bank's format (quantized: read packed by "native")
 
 
 def expert_rate(kernel, bank: dict[str, torch.Tensor], experts: range, rows: int, repeats: int,
@@ -38,13 +46,15 @@ def expert_rate(kernel, bank: dict[str, torch.Tensor], experts: range, rows: int
     """GB/s of weights a call of `per_call` distinct experts reads (as a rank split hands a layer's CPU share
     to one native call), the median over `repeats` calls on experts in turn."""
     d = bank[DOWN].shape[1]
-    x = torch.randn((rows * per_call, d)).to(bank[GATE_UP].dtype)
-    nbytes = per_call * (bank[GATE_UP][0].nbytes + bank[DOWN][0].nbytes)
+    x = torch.randn((rows * per_call, d)).to(torch.bfloat16 if GATE_UP_SCALE in bank else bank[GATE_UP].dtype)
+    nbytes = per_call * sum(t[0].nbytes for t in bank.values())
+    extras = extras_of(bank)
     times = []
     for i in range(repeats + 3):
         es = [experts[(i * 7 + j * 13) % len(experts)] for j in range(per_call)]  # distinct: 13 is prime to the bank
         start = time.perf_counter()
-        kernel(x, [rows] * per_call, [bank[GATE_UP][e] for e in es], [bank[DOWN][e] for e in es], [None] * per_call)
+        kernel(x, [rows] * per_call, [bank[GATE_UP][e] for e in es], [bank[DOWN][e] for e in es],
+               [extras_at(extras, e) for e in es])
         if i >= 3:  # three warm-ups
             times.append(time.perf_counter() - start)
     return nbytes / statistics.median(times) / 1e9
@@ -67,6 +77,25 @@ def huge_page_bank(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> tor
         if int(code) != 0:
             raise RuntimeError(f"cudaHostRegister failed: {code}")
     return tensor
+
+
+def quantized_bank(weights: str, n: int, d: int, i: int, pin: bool) -> dict[str, torch.Tensor]:
+    """A bank of n experts in `weights` (fp8, mxfp4, q8_0) with random codes and plausible scales, pinned when
+    `pin` (timing only: the values do not matter to the kernels' speed, but none is a NaN)."""
+    def codes_and_scales(rows: int, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if weights == "fp8":
+            codes = torch.randint(0, 0x7F, (n, rows, depth), dtype=torch.uint8)  # no NaN (0x7F)
+            codes |= torch.randint(0, 2, (n, rows, depth), dtype=torch.uint8) << 7
+            return codes.view(torch.float8_e4m3fn), torch.rand((n, -(-rows // 128), -(-depth // 128))) * 1e-3
+        if weights == "mxfp4":
+            return (torch.randint(0, 256, (n, rows, depth // 32, 16), dtype=torch.uint8),
+                    torch.randint(110, 125, (n, rows, depth // 32), dtype=torch.uint8))
+        return (torch.randint(-127, 128, (n, rows, depth), dtype=torch.int8),
+                (torch.rand((n, rows, depth // 32)) * 1e-3).half())
+
+    (gate_up, gate_up_scale), (down, down_scale) = codes_and_scales(2 * i, d), codes_and_scales(d, i)
+    bank = {GATE_UP: gate_up, DOWN: down, GATE_UP_SCALE: gate_up_scale, DOWN_SCALE: down_scale}
+    return {key: t.pin_memory() if pin else t for key, t in bank.items()}
 
 
 def anon_huge_bytes() -> int:
@@ -150,21 +179,28 @@ def sweep_cpu_experts(args) -> dict:
     banks = args.bank.split(",")
     if set(banks) - {"pinned", "huge"}:
         raise WispError(f"--bank {args.bank}: comma-separated pinned, huge")
+    weights = args.weights.split(",")
+    if set(weights) - set(WEIGHTS):
+        raise WispError(f"--weights {args.weights}: comma-separated {', '.join(WEIGHTS)}")
+    banks = [*(banks if "bf16" in weights else []), *(w for w in weights if w != "bf16")]
     for kind in banks:
         before = anon_huge_bytes()
-        if kind == "huge":
+        if kind in WEIGHTS:  # a quantized bank: the CPU's rates alone (the GPU's readers take bf16 banks)
+            bank = quantized_bank(kind, n, d, i, cuda)
+        elif kind == "huge":
             bank = {GATE_UP: huge_page_bank((n, 2 * i, d), torch.bfloat16, cuda),
                     DOWN: huge_page_bank((n, d, i), torch.bfloat16, cuda)}
         else:
             bank = {GATE_UP: torch.empty((n, 2 * i, d), dtype=torch.bfloat16, pin_memory=cuda),
                     DOWN: torch.empty((n, d, i), dtype=torch.bfloat16, pin_memory=cuda)}
-        for t in bank.values():
-            t.uniform_(-3 ** 0.5 / d ** 0.5, 3 ** 0.5 / d ** 0.5)  # in place: a bank of many GB fills in seconds
+        if kind not in WEIGHTS:
+            for t in bank.values():
+                t.uniform_(-3 ** 0.5 / d ** 0.5, 3 ** 0.5 / d ** 0.5)  # in place: a bank of many GB fills in seconds
         rec["banks"][kind] = runs = {"anon_huge_bytes": anon_huge_bytes() - before,
                                      "bank_bytes": sum(t.nbytes for t in bank.values())}
         cpu_experts, gpu_experts = range(n // 2), range(n // 2, n)
         gpu_readers = {"in_place": InPlaceReads(bank, gpu_experts, args.top_k),
-                 "pinned_copies": PinnedCopies(bank, gpu_experts, args.top_k)} if cuda else {}
+                       "pinned_copies": PinnedCopies(bank, gpu_experts, args.top_k)} if cuda and kind not in WEIGHTS else {}
         for name, reader in gpu_readers.items():
             reader.rate(5)  # compiles the kernel, warms the copies
             runs[f"gpu_{name}_gbps_alone"] = round(reader.rate(50), 1)

@@ -2,10 +2,12 @@
 
 Hybrid mode computes some experts of a decode step on the host, from the pinned masters, while the GPU
 computes the rest; a step's CPU side is bound by how fast the CPU reads those experts' weights.
-- "native" (the default with a GPU, where it builds): `native/bf16_rows_matmul.cpp`, bf16 weights against
-  float32 rows, read once for all rows (docs/decisions/native-cpu-expert-kernel.md). Built on first use with
-  torch's extension builder (ninja and a C++ compiler; cached under torch's extension folder, rebuilt when the
-  source changes).
+- "native" (the default with a GPU, where it builds): `native/cpu_experts.cpp`, the bank's weights against
+  float32 rows, read once for all rows (docs/decisions/native-cpu-expert-kernel.md): bf16, or FP8 blocks, MXFP4
+  or Q8_0 read packed (`native/weight_formats.h`), each weight widened in registers to exactly its dequantized
+  bf16 value, so a quantized expert gives the bits of the bf16 kernel on its dequantized copy
+  (docs/decisions/cpu-kernel-reads-quantized-experts-packed.md). Built on first use with torch's extension
+  builder (ninja and a C++ compiler; cached under torch's extension folder, rebuilt when a source changes).
 - "plain" (the fallback): torch's GEMM on exactly the routed rows.
 - "reference": `wisp.core.kernels.moe.expert_mlp`, the device's own row-invariant kernel, whose fixed 16-row tiles
   make it slow at one row but give the device's bits on the CPU (the default for a CPU-only run, where nothing
@@ -17,14 +19,14 @@ Invariants:
 - the GEMV's bits do not depend on the CPU or the thread count: each output is one thread's sum over k in
   16 fixed lanes, folded in a fixed order, with no contraction into FMAs (tested against that order spelled
   out in torch, and at 1 and 2 threads);
-- a SiLU-gated expert without biases runs whole in the native code (`bf16_experts_mlp`: both GEMVs and the
+- a SiLU-gated expert without biases runs whole in the native code (`silu_experts_mlp`: both GEMVs and the
   activation between, whose exp is a fixed sequence of float32 operations, not a library's), so its bits do
   not depend on the CPU either (the activation tested against the same sequence spelled out in torch, within
   2 ulp of torch's silu); other activations and biases are torch's between the native GEMVs, whose CPU code
   may differ with the SIMD width;
 - built once per Python, torch and CPU instruction set (`-march=native`), in its own build folder;
-- the kernel is only called where it applies (bf16 weights, no quantization scales, K a multiple of 16);
-  `native_experts_mlp` hands anything else to torch's plain kernel;
+- the kernel is only called where it applies (a format it reads, K a multiple of 16); `native_experts_mlp`
+  hands anything else to torch's plain kernel;
 - every kernel here takes a layer's CPU experts at once (`ExpertsKernel`); the native one computes each
   output exactly as it would for that expert alone (one thread's sum, in the same order).
 """
@@ -53,7 +55,8 @@ from wisp.core.kernels.quantized_weights import dequantize_expert
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("native") / "bf16_rows_matmul.cpp"
+SOURCE = Path(__file__).with_name("native") / "cpu_experts.cpp"
+HEADERS = (SOURCE.with_name("weight_formats.h"),)  # torch's builder hashes the source alone: these go in a flag
 LANES = 16  # the kernel's sum runs in 16 lanes: K must be a multiple
 
 
@@ -102,9 +105,10 @@ def _build() -> str | None:
         name = f"wisp_cpu_{_cpu_tag()}"
         cpp_extension.load(name=name, sources=[str(SOURCE)], is_python_module=False,
                            build_directory=str(_build_directory(name)),
-                           extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
+                           extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp",
+                                         f"-DWISP_HEADERS={_headers_hash()}"],
                            extra_ldflags=["-fopenmp"])  # links libgomp.so.1: the runtime torch already loaded
-        torch.ops.wisp_cpu.bf16_grouped_rows_matmul  # noqa: B018 (registered, or raises)
+        torch.ops.wisp_cpu.grouped_rows_matmul  # noqa: B018 (registered, or raises)
     except Exception as exc:  # no compiler, no ninja, a build error: say why, once
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
         log.warning("hybrid mode's native CPU kernel did not build (%s); using torch's", reason)
@@ -117,53 +121,81 @@ def native_kernel_error() -> str | None:
     return _build()
 
 
-def bf16_grouped_rows_matmul(x: torch.Tensor, weights: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
-    """x [M, K] float32 in groups of `counts` rows, group g against weights[g] [N, K] bf16 (all contiguous, on
-    the CPU) -> [M, N] float32, in one parallel region."""
+def _headers_hash() -> str:
+    """The headers' contents hashed: a flag of the build, so an edited header rebuilds the kernel."""
+    return hashlib.sha1(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:12]
+
+
+def _loaded() -> None:
     if (reason := _build()) is not None:
         raise RuntimeError(f"the native CPU kernel is not available: {reason}")
-    offsets = [0, *itertools.accumulate(counts)]
-    return torch.ops.wisp_cpu.bf16_grouped_rows_matmul(x, weights, offsets)
 
 
-def bf16_experts_mlp(x: torch.Tensor, gate_ups: list[torch.Tensor], downs: list[torch.Tensor],
-                     counts: list[int]) -> torch.Tensor:
+def grouped_rows_matmul(x: torch.Tensor, weights: list[torch.Tensor], counts: list[int],
+                        scales: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """x [M, K] float32 in groups of `counts` rows, group g against weights[g] [N, K] -> [M, N] float32, in one
+    parallel region. Weights: contiguous bf16 without `scales`, or every one quantized with its scale (FP8
+    blocks, MXFP4, Q8_0; `wisp.core.kernels.quantized_weights`), all on the CPU."""
+    _loaded()
+    return torch.ops.wisp_cpu.grouped_rows_matmul(x, weights, scales or [], [0, *itertools.accumulate(counts)])
+
+
+def silu_experts_mlp(x: torch.Tensor, gate_ups: list[torch.Tensor], downs: list[torch.Tensor], counts: list[int],
+                     gate_up_scales: list[torch.Tensor] | None = None,
+                     down_scales: list[torch.Tensor] | None = None) -> torch.Tensor:
     """SiLU-gated experts without biases: x [M, D] float32 in groups of `counts` rows, group g through
-    gate_ups[g] [2I, D] (gate rows first) and downs[g] [D, I] bf16 -> [M, D] float32, in one native call."""
-    if (reason := _build()) is not None:
-        raise RuntimeError(f"the native CPU kernel is not available: {reason}")
-    return torch.ops.wisp_cpu.bf16_experts_mlp(x, gate_ups, downs, [0, *itertools.accumulate(counts)])
+    gate_ups[g] [2I, D] (gate rows first) and downs[g] [D, I] (bf16, or quantized with their scales) -> [M, D]
+    float32, in one native call."""
+    _loaded()
+    return torch.ops.wisp_cpu.silu_experts_mlp(x, gate_ups, gate_up_scales or [], downs, down_scales or [],
+                                               [0, *itertools.accumulate(counts)])
 
 
 def rank_share_rows(ids: torch.Tensor, cpu_ranks: int, hidden: torch.Tensor, gate_up_bank: torch.Tensor,
-                    down_bank: torch.Tensor, rows: torch.Tensor) -> tuple[int, int]:
+                    down_bank: torch.Tensor, rows: torch.Tensor, gate_up_scales: torch.Tensor | None = None,
+                    down_scales: torch.Tensor | None = None) -> tuple[int, int]:
     """Hybrid's rank share on the host, in one native call: each pair (b, k) of the routing ids [B, K] with
     k < cpu_ranks gets rows[b, k] = its expert's SiLU-gated MLP of hidden[b] (bf16 [B, D]) from the banks
-    (gate_up [N, 2I, D], down [N, D, I], plain bf16), exactly as `bf16_experts_mlp` computes it; the other rows
-    stay as they are. Returns (distinct experts computed, distinct experts routed)."""
-    if (reason := _build()) is not None:
-        raise RuntimeError(f"the native CPU kernel is not available: {reason}")
-    computed, routed = torch.ops.wisp_cpu.rank_share_rows(ids, cpu_ranks, hidden, gate_up_bank, down_bank, rows)
+    (gate_up [N, 2I, D], down [N, D, I]: bf16, or quantized beside their [N, ...] scale banks), exactly as
+    `silu_experts_mlp` computes it; the other rows stay as they are. Returns (distinct experts computed,
+    distinct experts routed)."""
+    _loaded()
+    computed, routed = torch.ops.wisp_cpu.rank_share_rows(ids, cpu_ranks, hidden, gate_up_bank, gate_up_scales,
+                                                          down_bank, down_scales, rows)
     return computed, routed
 
 
-def bf16_rows_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float32, w [N, K] bf16 -> x @ w.T [M, N] float32 (one group)."""
-    return bf16_grouped_rows_matmul(x, [w], [x.shape[0]])
+def rows_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32, w [N, K] (bf16, or quantized with its scale) -> x @ w.T [M, N] float32 (one group)."""
+    return grouped_rows_matmul(x, [w], [x.shape[0]], None if scale is None else [scale])
 
 
 def whole_in_native(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None,
                     activation: Activation) -> bool:
-    """Whether the native code computes this expert whole (`bf16_experts_mlp`, `rank_share_rows`)."""
-    return applies(w_gate_up, w_down, extras) and extras is None and activation == SILU
+    """Whether the native code computes this expert whole (`silu_experts_mlp`, `rank_share_rows`): a format it
+    reads, no biases, SiLU."""
+    return (applies(w_gate_up, w_down, extras) and activation == SILU
+            and (extras is None or (extras.gate_up_bias is None and extras.down_bias is None)))
+
+
+NATIVE_FORMATS = {  # weight dtype -> its scales' dtype (None: plain weights, no scales)
+    torch.bfloat16: None, torch.float8_e4m3fn: torch.float32, torch.uint8: torch.uint8, torch.int8: torch.float16}
+
+
+def _reads(w: torch.Tensor, scale: torch.Tensor | None) -> bool:
+    """Whether the native kernel reads weight w with its scale (None for plain weights): a format it knows, a
+    depth K (MXFP4's [N, K/32, 16] holds 32 a group) that is a positive multiple of 16."""
+    if w.dtype not in NATIVE_FORMATS or NATIVE_FORMATS[w.dtype] != (None if scale is None else scale.dtype):
+        return False
+    depth = w.shape[-2] * 32 if w.dtype == torch.uint8 else w.shape[-1]
+    return depth > 0 and depth % LANES == 0
 
 
 def applies(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None) -> bool:
     """Whether the native kernel computes this expert (else torch's plain kernel does)."""
-    return (w_gate_up.dtype == torch.bfloat16 and w_down.dtype == torch.bfloat16
-            and (extras is None or extras.scales is None)
-            and w_gate_up.shape[-1] > 0 and w_down.shape[-1] > 0
-            and w_gate_up.shape[-1] % LANES == 0 and w_down.shape[-1] % LANES == 0)
+    scales = None if extras is None else extras.scales
+    return (w_gate_up.dtype == w_down.dtype and _reads(w_gate_up, None if scales is None else scales[0])
+            and _reads(w_down, None if scales is None else scales[1]))
 
 
 ExpertsKernel = Callable[..., torch.Tensor]
@@ -188,19 +220,23 @@ def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.
                        extras: list[ExpertExtras | None], activation: Activation = SILU) -> torch.Tensor:
     """A layer's CPU experts with the native kernel: both GEMVs of every expert in one parallel region each,
     the activation in float32 between, biases added in float32 ([M, D] float32); SiLU experts without biases
-    in one native call (`bf16_experts_mlp`). Where some expert's weights are not plain bf16: torch's plain
-    kernel, one expert at a time."""
+    in one native call (`silu_experts_mlp`). Where some expert's weights are in a format it does not read:
+    torch's plain kernel, one expert at a time."""
     if not all(applies(gu, dn, ex) for gu, dn, ex in zip(gate_ups, downs, extras)):
         return one_at_a_time(plain_expert_mlp)(x, counts, gate_ups, downs, extras, activation)
+    gate_ups, downs = [w.contiguous() for w in gate_ups], [w.contiguous() for w in downs]
+    scales = [None if ex is None else ex.scales for ex in extras]
+    gate_up_scales = None if scales[0] is None else [s[0].contiguous() for s in scales]
+    down_scales = None if scales[0] is None else [s[1].contiguous() for s in scales]
+    x = x.float().contiguous()
     if all(whole_in_native(gu, dn, ex, activation) for gu, dn, ex in zip(gate_ups, downs, extras)):
-        return bf16_experts_mlp(x.float().contiguous(), [w.contiguous() for w in gate_ups],
-                                [w.contiguous() for w in downs], counts)
-    h = bf16_grouped_rows_matmul(x.float().contiguous(), [w.contiguous() for w in gate_ups], counts)  # [M, 2I]
+        return silu_experts_mlp(x, gate_ups, downs, counts, gate_up_scales, down_scales)
+    h = grouped_rows_matmul(x, gate_ups, counts, gate_up_scales)  # [M, 2I]
     if any(ex is not None and ex.gate_up_bias is not None for ex in extras):
         h = h + _bias_rows([None if ex is None else ex.gate_up_bias for ex in extras], counts, h.shape[1])
     gate, up = h.chunk(2, dim=-1)  # [M, I] each
     a = F.silu(gate) * up if activation == SILU else activation(gate, up)
-    out = bf16_grouped_rows_matmul(a.contiguous(), [w.contiguous() for w in downs], counts)  # [M, D]
+    out = grouped_rows_matmul(a.contiguous(), downs, counts, down_scales)  # [M, D]
     if any(ex is not None and ex.down_bias is not None for ex in extras):
         out = out + _bias_rows([None if ex is None else ex.down_bias for ex in extras], counts, out.shape[1])
     return out

@@ -15,7 +15,7 @@ from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.experts.cpu_server import cpu_pair_rows
 from wisp.core.experts.rank_share.captured import RankShareCaptured
 from wisp.core.kernels.cpu_expert_kernels import native_experts_mlp, rank_share_rows, whole_in_native
-from wisp.core.kernels.expert_extras import extras_of
+from wisp.core.kernels.expert_extras import DOWN_SCALE, GATE_UP_SCALE, extras_of
 from wisp.core.learners.hybrid_costs import HybridCosts
 
 LIVE_EMA = 0.05  # the weight of a layer-step in `RankShareWorker.live`, each rank's share of pairs that were not hot
@@ -31,7 +31,8 @@ class RankShareWorker:
         self._refresh_due = False  # a refresh for `refresh_hot` at the step's end
         host = store.host
         self._native = (store.cpu.cpu_experts.kernel is native_experts_mlp and hidden.dtype == torch.bfloat16
-                        and all(host[key].is_contiguous() for key in (GATE_UP, DOWN))
+                        and all(host[key].is_contiguous() for key in (GATE_UP, DOWN, GATE_UP_SCALE, DOWN_SCALE)
+                                if key in host)
                         and whole_in_native(host[GATE_UP][0], host[DOWN][0], extras_of(host), store.kernels.activation))
 
     def set_share(self, n: int, predicted_s: float | None = None) -> None:
@@ -128,8 +129,9 @@ class RankShareWorker:
     def _native_rows(self, b: int) -> tuple[int, int]:
         """The CPU's pairs into the host rows in one native call; (experts computed, experts routed)."""
         host = self.captured.store.host
-        return rank_share_rows(self.captured.cpu_ids_host[:b], self.captured._share, self.captured.hidden_host[:b], host[GATE_UP], host[DOWN],
-                               self.captured.rows_host[:b])
+        return rank_share_rows(self.captured.cpu_ids_host[:b], self.captured._share, self.captured.hidden_host[:b],
+                               host[GATE_UP], host[DOWN], self.captured.rows_host[:b], host.get(GATE_UP_SCALE),
+                               host.get(DOWN_SCALE))
 
     def _rows(self, b: int) -> tuple[int, int]:
         """The same with the store's CPU kernel (any kernel, any weights), grouped as the eager step groups."""

@@ -1,0 +1,352 @@
+// out[m, n] = sum_k x[m, k] * w[n, k]: float32 rows x [M, K] against a weight w [N, K] as its bank keeps it (bf16,
+// or FP8 / MXFP4 / Q8_0 codes beside their scales: weight_formats.h), float32 out [M, N], for groups of rows each
+// against its own w (a layer's CPU experts). Hybrid mode's CPU expert kernel (wisp.core.kernels.cpu_expert_kernels).
+// A quantized weight is read packed and widened in registers to its dequantized bf16 copy's values, so it gives the
+// bits the bf16 kernel gives on that copy while reading 1 byte a weight (FP8), 17/32 (MXFP4) or 17/16 (Q8_0), not 2.
+//
+// At a decode step's few rows it is bound by reading w, so it reads each weight once for all M rows, kBlock weight
+// rows at a time (independent streams and sums in registers). The kBlock rows of a block lie in kBlock different
+// 4 KB pages wherever a row's codes are shorter than a page: rows n, n + P, n + 2P, ... with P rows to a page, the
+// block's P passes covering the P x kBlock rows between. The CPU's L2 prefetcher follows one stream a page; two rows
+// of one page read side by side defeat it (docs/decisions/cpu-kernel-reads-rows-a-page-apart.md).
+// Threads come from ATen's pool (at::parallel_for; the library links the OpenMP runtime torch loaded), the same team
+// as torch's own CPU kernels; they claim the work a few blocks at a time rather than in fixed shares. Each sum over
+// k runs in 16 lanes (lane l takes k = l mod 16) folded pairwise (8, 4, 2, 1) at the end, compiled without
+// contraction into FMAs: the bits are the same on every x86 CPU whatever its SIMD width, and whichever rows share a
+// block (an output is one row's sum alone).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "weight_formats.h"
+
+namespace {
+
+using namespace wisp_cpu;
+
+constexpr int64_t kClaim = 4, kPage = 4096;  // kClaim blocks a claim
+#ifdef __AVX512F__
+constexpr int64_t kBlock = 8;  // 8 sums of 16 lanes: 8 of the 32 vector registers
+#else
+constexpr int64_t kBlock = 4;  // 16 lanes are two registers of 8 here: 8 sums would spill
+#endif
+
+inline Lanes load_float(const float* x) {
+  Lanes value;
+  std::memcpy(&value, x, sizeof(value));
+  return value;
+}
+
+inline float fold(Lanes acc) {  // lanes (l, l + half) summed, half = 8, 4, 2, 1
+  float lanes[kLanes];
+  std::memcpy(lanes, &acc, sizeof(lanes));
+  for (int64_t half = kLanes / 2; half > 0; half /= 2)
+    for (int64_t l = 0; l < half; ++l) lanes[l] += lanes[l + half];
+  return lanes[0];
+}
+
+// Count outputs for one x row: weight rows row, row + stride, ... streamed at once, their sums in registers
+template <class F, int64_t Count>
+inline void block_dot(const Matrix& w, int64_t row, int64_t stride, const float* x, int64_t depth, float* out) {
+  Lanes acc[Count] = {};
+  for (int64_t k = 0; k < depth; k += kLanes) {
+    const Lanes xs = load_float(x + k);
+    for (int64_t r = 0; r < Count; ++r) acc[r] += F::load(w, row + r * stride, k, depth) * xs;
+  }
+  for (int64_t r = 0; r < Count; ++r) out[r * stride] = fold(acc[r]);
+}
+
+// Group e's rows x[offsets[e] : offsets[e + 1]] [., depth] against its weights weights[e] [n_out, depth] into
+// out's same rows [., n_out], in one parallel region (one wake-up of the team for all groups).
+template <class F>
+void grouped_rows(const float* xs, const std::vector<Matrix>& weights, const std::vector<int64_t>& offsets,
+                  int64_t n_out, int64_t depth, float* outs) {
+  // an item: a span of P x kBlock rows (P passes of kBlock page-strided rows), or a matrix's last rows
+  const int64_t per_page = std::max<int64_t>(1, kPage / F::row_bytes(depth));
+  const int64_t span = per_page * kBlock, spans = n_out / span, rest = n_out - spans * span;
+  const int64_t per_matrix = spans + (rest > 0), items = per_matrix * int64_t(weights.size());
+  // Each thread of the team claims kClaim items at a time until none are left: a thread the OS delays, or
+  // one sharing its core with the CUDA driver, holds up only its last claim, not a fixed share of the work.
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t begin; (begin = next.fetch_add(kClaim, std::memory_order_relaxed)) < items;) {
+      for (int64_t item = begin; item < std::min(begin + kClaim, items); ++item) {
+        const int64_t e = item / per_matrix, n = (item % per_matrix) * span;
+        for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
+          float* o = outs + m * n_out + n;
+          if (n + span > n_out) {  // the matrix's last rows, one at a time
+            for (int64_t r = 0; r < rest; ++r) block_dot<F, 1>(weights[e], n + r, 1, xs + m * depth, depth, o + r);
+            continue;
+          }
+          for (int64_t pass = 0; pass < per_page; ++pass)
+            block_dot<F, kBlock>(weights[e], n + pass, per_page, xs + m * depth, depth, o + pass);
+        }
+      }
+    }
+  });
+}
+// exp(x) in float32 operations only, in a fixed order (no library call, no FMA): x = k ln2 + r with ln2 in two
+// parts (Cody-Waite), exp(r) by its Taylor polynomial of degree 7 (|r| <= ln2 / 2: within 2 ulp), times 2^k;
+// inf above 88 (float32's largest is e^88.7), 0 below -87 (2^k would leave the normal floats).
+inline float exp_fixed(float x) {
+  if (!(x == x)) return x;  // NaN
+  if (x > 88.0f) return INFINITY;
+  if (x < -87.0f) return 0.0f;
+  const float k = std::nearbyint(x * 1.44269504f);
+  const float r = (x - k * 0.693145752f) - k * 1.42860677e-6f;
+  float p = 1.98412698e-4f;  // 1/7!
+  p = p * r + 1.38888889e-3f;
+  p = p * r + 8.33333333e-3f;
+  p = p * r + 4.16666667e-2f;
+  p = p * r + 1.66666667e-1f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const uint32_t bits = uint32_t(int32_t(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// a [M, inter] = silu(h[:, :inter]) * h[:, inter:], silu(g) = g / (1 + exp(-g)), from h [M, 2 inter]
+void silu_mul(const float* h, int64_t rows, int64_t inter, float* a) {
+  at::parallel_for(0, rows * inter, 1 << 15, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t m = i / inter, j = i - m * inter;
+      const float g = h[m * 2 * inter + j], u = h[m * 2 * inter + inter + j];
+      a[i] = g / (1.0f + exp_fixed(-g)) * u;
+    }
+  });
+}
+
+// A SiLU-gated expert per group, on its rows: out = (silu(x W_gate^T) * (x W_up^T)) W_down^T in float32, gate_up
+// [2I, D] (gate rows first), down [D, I]; both GEMVs in one parallel region each, the activation between.
+template <class F>
+void experts_mlp(const float* xs, int64_t rows, const std::vector<Matrix>& gate_ups, const std::vector<Matrix>& downs,
+                 const std::vector<int64_t>& offsets, int64_t hidden, int64_t inter, float* outs) {
+  std::vector<float> h(size_t(rows * 2 * inter)), a(size_t(rows * inter));
+  grouped_rows<F>(xs, gate_ups, offsets, 2 * inter, hidden, h.data());
+  silu_mul(h.data(), rows, inter, a.data());
+  grouped_rows<F>(a.data(), downs, offsets, hidden, inter, outs);
+}
+
+at::Tensor silu_mul_op(const at::Tensor& h) {  // h [M, 2I] float32 -> [M, I] (tests read the activation alone)
+  TORCH_CHECK(h.dim() == 2 && h.scalar_type() == at::kFloat && h.is_contiguous() && h.size(1) % 2 == 0,
+              "float32 h [M, 2I] expected");
+  at::Tensor a = at::empty({h.size(0), h.size(1) / 2}, h.options());
+  silu_mul(h.data_ptr<float>(), h.size(0), h.size(1) / 2, a.data_ptr<float>());
+  return a;
+}
+
+constexpr const char* kFormats =
+    "contiguous bfloat16 [N, K] without scales; float8_e4m3fn [N, K] with float32 [ceil(N/128), ceil(K/128)] "
+    "scales (FP8 blocks); uint8 [N, K/32, 16] with uint8 [N, K/32] (MXFP4); int8 [N, K] with float16 [N, K/32] "
+    "(Q8_0)";
+
+// The format of a weight of `weight`'s dtype, given whether it has scales
+Format format_of(at::ScalarType weight, bool scaled) {
+  if (!scaled && weight == at::kBFloat16) return Format::kBf16;
+  if (scaled && weight == at::kFloat8_e4m3fn) return Format::kFp8;
+  if (scaled && weight == at::kByte) return Format::kMxfp4;
+  if (scaled && weight == at::kChar) return Format::kQ8_0;
+  TORCH_CHECK(false, "a weight the native kernel reads is ", kFormats, "; got ", weight, scaled ? " with" : " without",
+              " scales");
+}
+
+// One matrix of a checked format and shape [n_out, depth]: its codes and scales (`scale` undefined for bf16)
+Matrix checked_matrix(Format format, const at::Tensor& w, const at::Tensor& scale, int64_t n_out, int64_t depth) {
+  TORCH_CHECK(format_of(w.scalar_type(), scale.defined()) == format, "every weight in one format: ", kFormats);
+  TORCH_CHECK(w.is_contiguous() && w.size(0) == n_out, "every weight: ", kFormats, ", the same shape");
+  const int64_t groups = depth / 32;
+  switch (format) {
+    case Format::kBf16:
+    case Format::kQ8_0:
+      TORCH_CHECK(w.dim() == 2 && w.size(1) == depth, "every weight: ", kFormats, ", the same shape");
+      break;
+    case Format::kMxfp4:
+      TORCH_CHECK(w.dim() == 3 && w.size(1) * 32 == depth && w.size(2) == 16, "every weight: ", kFormats);
+      break;
+    case Format::kFp8:
+      TORCH_CHECK(w.dim() == 2 && w.size(1) == depth, "every weight: ", kFormats, ", the same shape");
+      break;
+  }
+  if (format != Format::kBf16) {
+    const at::ScalarType dtype = format == Format::kFp8 ? at::kFloat : format == Format::kMxfp4 ? at::kByte : at::kHalf;
+    const std::vector<int64_t> shape = format == Format::kFp8
+        ? std::vector<int64_t>{(n_out + 127) / 128, (depth + 127) / 128} : std::vector<int64_t>{n_out, groups};
+    TORCH_CHECK(scale.scalar_type() == dtype && scale.is_contiguous() && scale.sizes() == at::IntArrayRef(shape),
+                "scales: ", kFormats);
+  }
+  return Matrix{static_cast<const uint8_t*>(w.data_ptr()),
+                scale.defined() ? static_cast<const uint8_t*>(scale.data_ptr()) : nullptr};
+}
+
+// The logical [N, K] of a weight (MXFP4's [N, K/32, 16] packs K = 32 x its groups)
+std::pair<int64_t, int64_t> logical_shape(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 || w.dim() == 3, "every weight: ", kFormats);
+  return {w.size(0), w.dim() == 3 ? w.size(1) * w.size(2) * 2 : w.size(1)};
+}
+
+struct Matrices {
+  Format format;
+  int64_t n_out, depth;
+  std::vector<Matrix> matrices;
+};
+
+Matrices checked_matrices(at::TensorList ws, at::TensorList scales) {
+  TORCH_CHECK(!ws.empty(), "one weight per group");
+  TORCH_CHECK(scales.empty() || scales.size() == ws.size(), "no scales (bf16 weights) or one per weight");
+  const Format format = format_of(ws[0].scalar_type(), !scales.empty());
+  const auto [n_out, depth] = logical_shape(ws[0]);
+  TORCH_CHECK(depth > 0 && depth % kLanes == 0, "x [M, K], K a positive multiple of 16");
+  Matrices out{format, n_out, depth, {}};
+  for (size_t e = 0; e < ws.size(); ++e)
+    out.matrices.push_back(checked_matrix(format, ws[e], scales.empty() ? at::Tensor() : scales[e], n_out, depth));
+  return out;
+}
+
+std::vector<int64_t> checked_offsets(at::IntArrayRef offsets, size_t groups, int64_t rows) {
+  TORCH_CHECK(groups > 0 && offsets.size() == groups + 1, "one weight per group, offsets [groups + 1]");
+  TORCH_CHECK(offsets[0] == 0 && offsets.back() == rows, "offsets must run from 0 to M");
+  for (size_t e = 0; e < groups; ++e) TORCH_CHECK(offsets[e] <= offsets[e + 1], "offsets must not decrease");
+  return offsets.vec();
+}
+
+void check_expert_widths(int64_t hidden, int64_t inter) {  // what the kernels' 16 lanes read whole
+  TORCH_CHECK(hidden > 0 && inter > 0 && hidden % kLanes == 0 && inter % kLanes == 0, "D and I positive multiples of 16");
+}
+
+void check_rows(const at::Tensor& x, int64_t depth) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "float32 x [M, K] expected");
+  TORCH_CHECK(x.size(1) == depth, "x [M, K] against weights [N, K]");
+}
+
+at::Tensor grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::TensorList scales, at::IntArrayRef offsets) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "float32 x [M, K] expected");
+  const Matrices w = checked_matrices(ws, scales);
+  check_rows(x, w.depth);
+  const std::vector<int64_t> bounds = checked_offsets(offsets, ws.size(), x.size(0));
+  at::Tensor out = at::empty({x.size(0), w.n_out}, x.options());
+  with_format(w.format, [&](auto f) {
+    grouped_rows<decltype(f)>(x.data_ptr<float>(), w.matrices, bounds, w.n_out, w.depth, out.data_ptr<float>());
+  });
+  return out;
+}
+
+at::Tensor silu_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::TensorList gate_up_scales,
+                            at::TensorList downs, at::TensorList down_scales, at::IntArrayRef offsets) {
+  TORCH_CHECK(!gate_ups.empty() && gate_ups.size() == downs.size(), "a gate_up and a down per group");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "float32 x [M, D] expected");
+  const Matrices gu = checked_matrices(gate_ups, gate_up_scales), dn = checked_matrices(downs, down_scales);
+  TORCH_CHECK(gu.format == dn.format && gu.n_out == 2 * dn.depth && dn.n_out == gu.depth,
+              "gate_up [2I, D] and down [D, I] in one format");
+  check_rows(x, gu.depth);
+  check_expert_widths(gu.depth, dn.depth);
+  const std::vector<int64_t> bounds = checked_offsets(offsets, gate_ups.size(), x.size(0));
+  at::Tensor out = at::empty({x.size(0), gu.depth}, x.options());
+  with_format(gu.format, [&](auto f) {
+    experts_mlp<decltype(f)>(x.data_ptr<float>(), x.size(0), gu.matrices, dn.matrices, bounds, gu.depth, dn.depth,
+                             out.data_ptr<float>());
+  });
+  return out;
+}
+
+// Expert e's matrix of a bank [N, ...] and its scale bank (undefined for bf16), both contiguous
+Matrix bank_matrix(const at::Tensor& bank, const at::Tensor& scales, int64_t e) {
+  const uint8_t* codes = static_cast<const uint8_t*>(bank.data_ptr()) + e * bank.stride(0) * bank.element_size();
+  const uint8_t* scale = scales.defined()
+      ? static_cast<const uint8_t*>(scales.data_ptr()) + e * scales.stride(0) * scales.element_size() : nullptr;
+  return Matrix{codes, scale};
+}
+
+// Hybrid's rank share on the host (wisp.core.experts.rank_share): of the routing ids [B, K], the pairs of rank k < n are
+// the CPU's; each such pair (b, k) gets rows[b, k] = expert ids[b, k]'s SiLU-gated MLP of hidden[b] (bf16 [B, D]
+// widened exactly), from the banks gate_up [N, 2I, D] and down [N, D, I] (with their scale banks where quantized);
+// the other rows are left as they are. The experts are taken in ascending id, each with its pairs in token order,
+// exactly as silu_experts_mlp is given them by the eager step. An id of -1 is a pair another server computes (a hot
+// expert's, held on the device): skipped, and not counted as routed. Returns {distinct experts the CPU computed,
+// distinct experts routed}.
+std::vector<int64_t> rank_share_rows(const at::Tensor& ids, int64_t cpu_ranks, const at::Tensor& hidden_rows,
+                                     const at::Tensor& gate_up_bank, const c10::optional<at::Tensor>& gate_up_scales,
+                                     const at::Tensor& down_bank, const c10::optional<at::Tensor>& down_scales,
+                                     const at::Tensor& rows) {
+  TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong && ids.is_contiguous(), "int64 ids [B, K] expected");
+  const int64_t batch = ids.size(0), top_k = ids.size(1), experts = gate_up_bank.size(0);
+  const at::Tensor gu_scales = gate_up_scales.value_or(at::Tensor()), dn_scales = down_scales.value_or(at::Tensor());
+  TORCH_CHECK(gate_up_bank.is_contiguous() && down_bank.is_contiguous() && down_bank.size(0) == experts &&
+              (!gu_scales.defined() || (gu_scales.is_contiguous() && gu_scales.size(0) == experts)) &&
+              (!dn_scales.defined() || (dn_scales.is_contiguous() && dn_scales.size(0) == experts)),
+              "banks: contiguous gate_up [N, 2I, D] and down [N, D, I], scales [N, ...] beside quantized ones");
+  // expert 0's views checked for the format and shapes every expert of the bank shares
+  const Matrices gu = checked_matrices({gate_up_bank[0]}, gu_scales.defined() ? at::TensorList({gu_scales[0]}) : at::TensorList());
+  const Matrices dn = checked_matrices({down_bank[0]}, dn_scales.defined() ? at::TensorList({dn_scales[0]}) : at::TensorList());
+  const int64_t hidden = gu.depth, inter = dn.depth;
+  TORCH_CHECK(gu.format == dn.format && gu.n_out == 2 * inter && dn.n_out == hidden,
+              "banks: gate_up [N, 2I, D] and down [N, D, I] in one format");
+  TORCH_CHECK(hidden_rows.scalar_type() == at::kBFloat16 && hidden_rows.is_contiguous() &&
+              hidden_rows.sizes() == at::IntArrayRef({batch, hidden}), "bfloat16 hidden [B, D] expected");
+  TORCH_CHECK(rows.scalar_type() == at::kFloat && rows.is_contiguous() &&
+              rows.sizes() == at::IntArrayRef({batch, top_k, hidden}), "float32 rows [B, K, D] expected");
+  check_expert_widths(hidden, inter);
+  TORCH_CHECK(0 <= cpu_ranks && cpu_ranks <= top_k, "cpu_ranks within 0..K");
+  const int64_t* id = ids.data_ptr<int64_t>();
+  std::vector<std::vector<int64_t>> pairs_of(size_t(experts) + 1);
+  std::vector<bool> routed(size_t(experts) + 1, false);
+  for (int64_t pair = 0; pair < batch * top_k; ++pair) {
+    if (id[pair] == -1) continue;
+    TORCH_CHECK(0 <= id[pair] && id[pair] < experts, "expert id out of range");
+    routed[id[pair]] = true;
+    if (pair % top_k < cpu_ranks) pairs_of[id[pair]].push_back(pair);
+  }
+  std::vector<Matrix> gate_ups, downs;
+  std::vector<int64_t> offsets{0}, order;
+  for (int64_t e = 0; e < experts; ++e) {
+    if (pairs_of[e].empty()) continue;
+    gate_ups.push_back(bank_matrix(gate_up_bank, gu_scales, e));
+    downs.push_back(bank_matrix(down_bank, dn_scales, e));
+    order.insert(order.end(), pairs_of[e].begin(), pairs_of[e].end());
+    offsets.push_back(int64_t(order.size()));
+  }
+  const int64_t routed_count = std::count(routed.begin(), routed.end(), true);
+  if (order.empty()) return {0, routed_count};
+  const int64_t m = int64_t(order.size());
+  std::vector<float> xs(size_t(m * hidden)), outs(size_t(m * hidden));
+  const uint16_t* hid = reinterpret_cast<const uint16_t*>(hidden_rows.data_ptr<at::BFloat16>());
+  for (int64_t i = 0; i < m; ++i)  // bf16 -> float32: the top 16 bits, exact
+    for (int64_t d = 0; d < hidden; ++d) {
+      const uint32_t bits = uint32_t(hid[(order[i] / top_k) * hidden + d]) << 16;
+      std::memcpy(&xs[size_t(i * hidden + d)], &bits, sizeof(float));
+    }
+  with_format(gu.format, [&](auto f) {
+    experts_mlp<decltype(f)>(xs.data(), m, gate_ups, downs, offsets, hidden, inter, outs.data());
+  });
+  float* out = rows.data_ptr<float>();
+  for (int64_t i = 0; i < m; ++i)
+    std::memcpy(out + order[i] * hidden, &outs[size_t(i * hidden)], size_t(hidden) * sizeof(float));
+  return {int64_t(gate_ups.size()), routed_count};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(wisp_cpu, m) {
+  m.def("grouped_rows_matmul(Tensor x, Tensor[] ws, Tensor[] scales, int[] offsets) -> Tensor");
+  m.def("silu_experts_mlp(Tensor x, Tensor[] gate_ups, Tensor[] gate_up_scales, Tensor[] downs, "
+        "Tensor[] down_scales, int[] offsets) -> Tensor");
+  m.def("silu_mul(Tensor h) -> Tensor");
+  m.def("rank_share_rows(Tensor ids, int cpu_ranks, Tensor hidden, Tensor gate_up_bank, Tensor? gate_up_scales, "
+        "Tensor down_bank, Tensor? down_scales, Tensor(a!) rows) -> int[]");
+}
+TORCH_LIBRARY_IMPL(wisp_cpu, CPU, m) {
+  m.impl("grouped_rows_matmul", &grouped_rows_matmul);
+  m.impl("silu_experts_mlp", &silu_experts_mlp);
+  m.impl("silu_mul", &silu_mul_op);
+  m.impl("rank_share_rows", &rank_share_rows);
+}

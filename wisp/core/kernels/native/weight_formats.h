@@ -1,0 +1,170 @@
+// Weight formats as hybrid's native CPU kernel reads them (cpu_experts.cpp): 16 weights of a row at a time widened
+// to float32, each exactly the value of the weight's dequantized bf16 copy (wisp.core.kernels.quantized_weights):
+// its code's value times its block's scale in float32, rounded once to bf16 (to nearest, ties to even; a NaN stays
+// a NaN). Integer operations and IEEE float32 products only, so the same bits on every CPU and SIMD width.
+#pragma once
+
+#include <immintrin.h>  // x86-64 only (SSE2 at least); AVX2 and AVX-512 where the build's -march has them
+
+#if defined(__AVX512F__)
+#define WISP_AVX512_WIDEN 1
+#endif
+
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace wisp_cpu {
+
+constexpr int64_t kLanes = 16;
+
+// 16 lanes as one value: GCC lowers it to one AVX-512 register or two AVX2 ones, lane by lane alike
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline Lanes as_lanes(Words w) {
+  Lanes v;
+  std::memcpy(&v, &w, sizeof(v));
+  return v;
+}
+
+inline Words as_words(Lanes v) {
+  Words w;
+  std::memcpy(&w, &v, sizeof(w));
+  return w;
+}
+
+inline Lanes load_bf16(const uint16_t* w) {  // 16 bf16 weights widened to float32 (exact: the top 16 bits)
+#ifdef WISP_AVX512_WIDEN  // one load and one widening (GCC's generic lowering takes five instructions)
+  return (Lanes)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)w)), 16));
+#else
+  Halves h;
+  std::memcpy(&h, w, sizeof(h));
+  return as_lanes(__builtin_convertvector(h, Words) << 16);
+#endif
+}
+
+// float32 -> bf16 (to nearest, ties to even) -> float32, as torch casts: the top 16 bits after the rounding
+// increment; a NaN stays a NaN (bf16's 0x7FC0)
+inline Lanes round_bf16(Lanes v) {
+  const Words bits = as_words(v);
+  const Words nan = (Words)((bits & 0x7FFFFFFFu) > 0x7F800000u);
+  const Words rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  return as_lanes((rounded & ~nan) | (nan & 0x7FC00000u));
+}
+
+// 16 bytes zero-extended to 32-bit lanes (GCC's generic conversion of a byte vector goes byte by byte)
+inline Words widen_bytes(__m128i b) {
+#if defined(__AVX512F__)
+  return (Words)_mm512_cvtepu8_epi32(b);
+#elif defined(__AVX2__)
+  const __m256i lo = _mm256_cvtepu8_epi32(b), hi = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+  Words w;
+  std::memcpy(&w, &lo, sizeof(lo));
+  std::memcpy(reinterpret_cast<char*>(&w) + sizeof(lo), &hi, sizeof(hi));
+  return w;
+#else
+  uint8_t bytes[kLanes];
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(bytes), b);
+  Words w;
+  for (int64_t l = 0; l < kLanes; ++l) w[l] = bytes[l];
+  return w;
+#endif
+}
+
+inline __m128i load_bytes(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
+// 16 float8_e4m3fn codes -> their float32 values, exactly: the exponent field e and 3 mantissa bits moved into
+// float32's fields with the bias moved from 7 to 127; a subnormal (e = 0) as 2^-6 (1 + m/8) - 2^-6 = 2^-6 m/8;
+// 0x7F and 0xFF NaN; bit 7 the sign
+inline Lanes fp8_values(const uint8_t* codes) {
+  const Words c = widen_bytes(load_bytes(codes));
+  const Words magnitude = c & 0x7Fu;
+  const Words subnormal = (Words)((c & 0x78u) == 0u);
+  const Words nan = (Words)(magnitude == 0x7Fu);
+  const Words bits = (magnitude << 20) + (120u << 23) + (subnormal & (1u << 23));
+  const Words value = as_words(as_lanes(bits) - as_lanes(subnormal & 0x3C800000u));  // 0x3C800000: 2^-6
+  return as_lanes((value & ~nan) | (nan & 0x7FC00000u) | ((c & 0x80u) << 24));
+}
+
+// 16 e2m1 codes from 8 bytes (the even element in the low nibble) -> their float32 values, exactly: magnitude
+// codes 0 and 1 are 0 and 0.5; 2-7 (1, 1.5, 2, 3, 4, 6) have exponent (m >> 1) - 1 and mantissa bit m & 1; bit 3
+// the sign
+inline Lanes e2m1_values(const uint8_t* codes) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes));
+  const Words c = (widen_bytes(_mm_unpacklo_epi8(b, b)) >> (Words){0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4}) & 0xFu;
+  const Words m = c & 7u;
+  const Words small = (Words)(m < 2u);
+  const Words normal = (((m >> 1) + 126u) << 23) | ((m & 1u) << 22);
+  return as_lanes((normal & ~small) | (small & (m * 0x3F000000u)) | ((c & 8u) << 28));  // 0x3F000000: 0.5
+}
+
+// 16 int8 codes -> their float32 values (exact)
+inline Lanes int8_values(const uint8_t* codes) {
+  const __m128i b = load_bytes(codes);
+  const Words sign = (Words)((widen_bytes(b) & 0x80u) == 0x80u);
+  return __builtin_convertvector((Ints)(widen_bytes(b) | (sign & 0xFFFFFF00u)), Lanes);
+}
+
+inline float power_of_two(uint8_t e) {  // e8m0: 2^(e - 127) as torch's pow(2, e - 127): e = 0 subnormal, 255 inf
+  const uint32_t bits = e == 0 ? 0x00400000u : uint32_t(e) << 23;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+// One weight matrix [N, K] as its bank keeps it: the codes (bf16 values for plain weights) and their scales.
+struct Matrix {
+  const uint8_t* codes;
+  const uint8_t* scales;
+};
+
+// A weight format: its codes' bytes a row, and the 16 weights of row `row` from column k (a multiple of 16) as
+// float32 values, those of its dequantized bf16 copy.
+struct Bf16 {
+  static int64_t row_bytes(int64_t depth) { return 2 * depth; }
+  static Lanes load(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    return load_bf16(reinterpret_cast<const uint16_t*>(w.codes) + row * depth + k);
+  }
+};
+
+struct Fp8 {  // codes float8_e4m3fn [N, K], scales float32 [ceil(N / 128), ceil(K / 128)]
+  static int64_t row_bytes(int64_t depth) { return depth; }
+  static Lanes load(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    const float scale = reinterpret_cast<const float*>(w.scales)[(row >> 7) * ((depth + 127) >> 7) + (k >> 7)];
+    return round_bf16(fp8_values(w.codes + row * depth + k) * scale);
+  }
+};
+
+struct Mxfp4 {  // codes uint8 [N, K / 32, 16] (two a byte), scales e8m0 [N, K / 32]
+  static int64_t row_bytes(int64_t depth) { return depth / 2; }
+  static Lanes load(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    const float scale = power_of_two(w.scales[row * (depth >> 5) + (k >> 5)]);
+    return round_bf16(e2m1_values(w.codes + row * (depth >> 1) + (k >> 1)) * scale);
+  }
+};
+
+struct Q8_0 {  // codes int8 [N, K], scales float16 [N, K / 32]
+  static int64_t row_bytes(int64_t depth) { return depth; }
+  static Lanes load(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    const uint16_t bits = reinterpret_cast<const uint16_t*>(w.scales)[row * (depth >> 5) + (k >> 5)];
+    return round_bf16(int8_values(w.codes + row * depth + k) * c10::detail::fp16_ieee_to_fp32_value(bits));
+  }
+};
+
+enum class Format { kBf16, kFp8, kMxfp4, kQ8_0 };
+
+template <class Fn>
+void with_format(Format format, Fn&& fn) {  // fn(F{}) for the format's reader F
+  switch (format) {
+    case Format::kBf16: fn(Bf16{}); break;
+    case Format::kFp8: fn(Fp8{}); break;
+    case Format::kMxfp4: fn(Mxfp4{}); break;
+    case Format::kQ8_0: fn(Q8_0{}); break;
+  }
+}
+
+}  // namespace wisp_cpu
