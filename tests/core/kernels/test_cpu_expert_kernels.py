@@ -260,6 +260,13 @@ def test_each_code_widens_to_its_dequantized_bf16_value(fmt):
     assert torch.equal(out.isnan(), dense.float().T.isnan())
 
 
+def test_a_nan_code_is_a_nan_weight():
+    codes = torch.full((3, 32), 0x38, dtype=torch.uint8)  # 1.0
+    codes[0, 5], codes[2, 31] = 0x7F, 0xFF  # e4m3fn's two NaNs
+    out = rows_matmul(torch.ones(1, 32), codes.view(torch.float8_e4m3fn), torch.ones(1, 1))
+    assert out[0, 0].isnan() and out[0, 1] == 32.0 and out[0, 2].isnan()
+
+
 # rows' codes shorter than a page (page-strided blocks), a page or more, matrices of whole spans and remainders
 @pytest.mark.parametrize("fmt", QUANTIZED)
 @pytest.mark.parametrize("m, n, k", [(1, 64, 32), (3, 37, 96), (2, 130, 256), (2, 40, 2048), (1, 35, 4096),
