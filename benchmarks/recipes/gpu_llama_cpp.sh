@@ -24,12 +24,11 @@
 #         sampler's cost to wisp's decode, in one process:
 #         python3 -m wisp bench llama-cpp sampler-cost --routing-trace <trace> --out "$OUT/sampler_cost.json" (about 1 min).
 #   footprints: hybrid with hot experts sized by --vram-budget at llama.cpp's half footprint (HALF: bytes for our
-#         budget, llama.cpp's nvidia-smi peak less the bare context) and with none at its all-CPU one, each under
-#         uniform routing and the random router's, and the half's cold TTFT at 512 / 2048 with HOT hot experts a layer
-#         (what the budget sized: 62 for Qwen3-30B-A3B FP8 at 17.16 GB); OLD=DIR also runs the
-#         half under uniform routing on the tree in DIR; then llama-bench at all-cpu,half on the GGUF a peer stage
-#         kept (KEEP_GGUF=1) on this machine, when it is still here: both sides in one call (about 8 minutes for
-#         Qwen3-30B-A3B FP8 against Q8_0).
+#         budget, llama.cpp's nvidia-smi peak less the bare context) and with none at its all-CPU one under uniform
+#         routing; llama-bench at all-cpu,half on the GGUF a peer stage kept (KEEP_GGUF=1) on this machine, when it
+#         is still here; the half's cold TTFT at 512 / 2048 with HOT hot experts a layer (what the budget sized: 62
+#         for Qwen3-30B-A3B FP8 at 17.16 GB); both placements again under the random router's routing; OLD=DIR last
+#         runs the half under uniform routing on the tree in DIR. One call: about 8 minutes for Qwen3-30B-A3B.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -70,23 +69,26 @@ paired)
     && (cd "$out" && find . -mindepth 1 ! -name paired_summary.txt -delete) && mv "$out.paired_stage.tgz" "$out/paired_stage.tgz" ;;
 footprints)
   wmodel=${WISP_MODEL:?WISP_MODEL: our preset}; gguf=/tmp/$model-$type.gguf
+  lscpu | grep -E "Model name|^CPU\(s\)" > "$out/host.txt"
   decode="python3 -m wisp bench decode --load-format dummy --model $wmodel --prompt-len 512 --decode-tokens 64 --mode hybrid-zero-copy"
-  for routing in uniform router; do
-    trace=(); [ $routing = uniform ] && trace=(--routing-trace uniform)
-    timeout 180 $decode --vram-budget "${HALF:?HALF: bytes}" "${trace[@]}" --out "$out/decode_${wmodel}_half_hybrid_$routing.json" \
-      2>"$out/decode_half_$routing.log" | tail -1
-    timeout 150 $decode --hot-experts 0 "${trace[@]}" --out "$out/decode_${wmodel}_all_cpu_hybrid_$routing.json" \
-      2>"$out/decode_all_cpu_$routing.log" | tail -1
-  done
-  [ -n "${OLD:-}" ] && (cd "$OLD" && PYTHONPATH=$PWD timeout 180 $decode --vram-budget "$HALF" --routing-trace uniform \
-    --out "$out/decode_${wmodel}_half_hybrid_uniform_old_tree.json" 2>"$out/decode_half_old.log" | tail -1)
-  timeout 150 python3 -m wisp bench prefill --load-format dummy --model "$wmodel" --mode hybrid-zero-copy \
-    --hot-experts "${HOT:-62}" --prompt-len 512,2048 --out "$out/prefill_${wmodel}_half_hybrid.json" 2>"$out/prefill_half.log" | tail -2
+  ours() {  # routing (uniform, router): half, then all-CPU
+    local trace=(); [ "$1" = uniform ] && trace=(--routing-trace uniform)
+    timeout 180 $decode --vram-budget "${HALF:?HALF: bytes}" "${trace[@]}" --out "$out/decode_${wmodel}_half_hybrid_$1.json" \
+      2>"$out/decode_half_$1.log" | tail -1
+    timeout 150 $decode --hot-experts 0 "${trace[@]}" --out "$out/decode_${wmodel}_all_cpu_hybrid_$1.json" \
+      2>"$out/decode_all_cpu_$1.log" | tail -1
+  }
+  ours uniform
   if [ -x "$bench" ] && [ -f "$gguf" ]; then
     timeout "${PEER_TIMEOUT:-240}" python3 -m wisp bench llama-cpp run --llama-bench "$bench" --gguf "$gguf" --model "$model" \
       --placements all-cpu,half --prompts 512,2048 --decode-tokens 64 --repetitions 2 --extra "-t 16" \
       --out "$out/llama_cpp_${model}_${type}_same_call.json" 2>&1 | tail -6
-  else echo "no llama-bench or GGUF here (a fresh machine): ours alone"; fi ;;
+  else echo "no llama-bench or GGUF here (a fresh machine): ours alone"; fi
+  timeout 150 python3 -m wisp bench prefill --load-format dummy --model "$wmodel" --mode hybrid-zero-copy \
+    --hot-experts "${HOT:-62}" --prompt-len 512,2048 --out "$out/prefill_${wmodel}_half_hybrid.json" 2>"$out/prefill_half.log" | tail -2
+  ours router
+  [ -n "${OLD:-}" ] && (cd "$OLD" && PYTHONPATH=$PWD timeout 180 $decode --vram-budget "$HALF" --routing-trace uniform \
+    --out "$out/decode_${wmodel}_half_hybrid_uniform_old_tree.json" 2>"$out/decode_half_old.log" | tail -1) ;;
 wisp)
   wmodel=${WISP_MODEL:-$model}
   routing=${ROUTING:-.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl}
