@@ -44,7 +44,8 @@ def test_cpu_experts_times_quantized_banks_by_their_packed_bytes(tmp_path):
     assert banks["q8_0"]["bank_bytes"] == weights + weights // 32 * 2  # a byte each, float16 per 32
     for bank in banks.values():
         assert set(bank["1_per_call/1_threads"]) == {"alone"}  # the GPU's readers take bf16 banks only
-        assert all(v > 0 for v in bank["1_per_call/1_threads"]["alone"].values())
+        rates = bank["1_per_call/1_threads"]["alone"]  # GB/s, 0.1 apart: torch's dequantizing kernel may show 0.0
+        assert set(rates) == {"native", "plain"} and rates["native"] > 0
     proc = run_wisp(["sweep", "cpu-experts", "--weights", "fp4"], tmp_path, timeout=60, command="bench")
     assert proc.returncode == 2 and "--weights fp4" in proc.stderr and "Traceback" not in proc.stderr
 

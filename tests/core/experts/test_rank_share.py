@@ -160,36 +160,32 @@ def bank_in(fmt: str, host: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4", "q8_0"])
 def test_the_native_host_side_equals_the_kernel_path_bit_for_bit(fmt):
-    """With the native kernel and SiLU experts (bf16, or quantized read packed) the host's side is one native call
-    (`rank_share_rows`): the same rows, bit for bit, and the same counters as grouping the pairs in Python and
-    calling the kernel; a quantized bank's rows are those of its dequantized bf16 copy."""
+    """With the native kernel and SiLU experts (bf16, or quantized read packed beside their scale banks) the host's
+    side is one native call (`rank_share_rows`): the same rows, bit for bit, and the same counters as grouping the
+    pairs in Python and calling the kernel on each expert's views."""
     from tests.core.experts.stores import hybrid_zero_copy_store, StagingBuffers
-    from wisp.core.kernels.quantized_weights import dequantize_weight
 
     g = torch.Generator().manual_seed(51)
     d, i = 32, 32  # the native kernel reads multiples of 16 (MXFP4 and Q8_0 rows: of 32)
     host = bank_in(fmt, {"gate_up": torch.randn((8, 2 * i, d), generator=g).bfloat16(),
                          "down": torch.randn((8, d, i), generator=g).bfloat16()})
-    dense = {key: host[key] if fmt == "bf16" else dequantize_weight(host[key], host[f"{key}_scale"], torch.bfloat16)
-             for key in ("gate_up", "down")}
     hidden = torch.randn((3, d), generator=g).bfloat16()
     ids = torch.tensor([[5, 1, 7, 2], [1, 5, 0, 3], [6, 1, 5, 4]])  # experts shared across tokens and ranks
     stores = [hybrid_zero_copy_store(bank, torch.device("cpu"), CPU_CHEAP, StagingBuffers(bank, torch.device("cpu")),
-                                    cpu_kernel="native") for bank in (host, host, dense)]
-    native, python, dequantized = (RankShare(store, 3, 4, hidden) for store in stores)
-    assert native.worker._native and dequantized.worker._native
+                                    cpu_kernel="native") for bank in (host, host)]
+    native, python = (RankShare(store, 3, 4, hidden) for store in stores)
+    assert native.worker._native
     python.worker._native = False
     for n in (1, 2, 3):
-        for share in (native, python, dequantized):
+        for share in (native, python):
             share.worker.set_share(n)
             share.captured.rows_host.fill_(float("nan"))
             share.captured.send(hidden, ids)
             share.worker.serve(3, None, None)
         cpu = (torch.arange(4) < n).expand(3, 4)  # the CPU's ranks: the only rows written
         assert torch.equal(native.captured.rows_host[cpu], python.captured.rows_host[cpu]), n
-        assert torch.equal(native.captured.rows_host[cpu], dequantized.captured.rows_host[cpu]), n
         assert native.captured.rows_host[~cpu].isnan().all()
-    a, b = (store.counters for store in stores[:2])
+    a, b = (store.counters for store in stores)
     assert (a.steps, a.misses, a.cpu_computed) == (b.steps, b.misses, b.cpu_computed) == (3, 3 * 8, 3 + 3 + 5)
 
 

@@ -4,8 +4,8 @@ Hybrid mode computes some experts of a decode step on the host, from the pinned 
 computes the rest; a step's CPU side is bound by how fast the CPU reads those experts' weights.
 - "native" (the default with a GPU, where it builds): `native/cpu_experts.cpp`, the bank's weights against
   float32 rows, read once for all rows (docs/decisions/native-cpu-expert-kernel.md): bf16, or FP8 blocks, MXFP4
-  or Q8_0 read packed (`native/weight_formats.h`), each weight widened in registers to exactly its dequantized
-  bf16 value, so a quantized expert gives the bits of the bf16 kernel on its dequantized copy
+  or Q8_0 read packed (`native/weight_formats.h`): codes widened to their exact values in registers, the columns
+  that share a scale summed apart and then scaled, with no rounding of the weights
   (docs/decisions/cpu-kernel-reads-quantized-experts-packed.md). Built on first use with torch's extension
   builder (ninja and a C++ compiler; cached under torch's extension folder, rebuilt when a source changes).
 - "plain" (the fallback): torch's GEMM on exactly the routed rows.

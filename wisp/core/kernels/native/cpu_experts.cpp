@@ -1,8 +1,9 @@
 // out[m, n] = sum_k x[m, k] * w[n, k]: float32 rows x [M, K] against a weight w [N, K] as its bank keeps it (bf16,
 // or FP8 / MXFP4 / Q8_0 codes beside their scales: weight_formats.h), float32 out [M, N], for groups of rows each
 // against its own w (a layer's CPU experts). Hybrid mode's CPU expert kernel (wisp.core.kernels.cpu_expert_kernels).
-// A quantized weight is read packed and widened in registers to its dequantized bf16 copy's values, so it gives the
-// bits the bf16 kernel gives on that copy while reading 1 byte a weight (FP8), 17/32 (MXFP4) or 17/16 (Q8_0), not 2.
+// A quantized weight is read packed (1 byte a weight for FP8, 17/32 for MXFP4, 17/16 for Q8_0, not bf16's 2): its
+// codes widened to their exact values in registers, and each group of columns sharing a scale summed apart, then
+// scaled (block_dot): the exact dequantized weights' products, regrouped, with no rounding of the weights.
 //
 // At a decode step's few rows it is bound by reading w, so it reads each weight once for all M rows, kBlock weight
 // rows at a time (independent streams and sums in registers). The kBlock rows of a block lie in kBlock different
@@ -53,13 +54,26 @@ inline float fold(Lanes acc) {  // lanes (l, l + half) summed, half = 8, 4, 2, 1
   return lanes[0];
 }
 
-// Count outputs for one x row: weight rows row, row + stride, ... streamed at once, their sums in registers
+// Count outputs for one x row: weight rows row, row + stride, ... streamed at once, their sums in registers. A
+// quantized format's sum runs group by group: each group's products of codes (exact values) and x summed in the 16
+// lanes from zero, then times the group's scale, then added to the running sum (acc += scale * partial).
 template <class F, int64_t Count>
 inline void block_dot(const Matrix& w, int64_t row, int64_t stride, const float* x, int64_t depth, float* out) {
   Lanes acc[Count] = {};
-  for (int64_t k = 0; k < depth; k += kLanes) {
-    const Lanes xs = load_float(x + k);
-    for (int64_t r = 0; r < Count; ++r) acc[r] += F::load(w, row + r * stride, k, depth) * xs;
+  if constexpr (F::kGroup == 0) {
+    for (int64_t k = 0; k < depth; k += kLanes) {
+      const Lanes xs = load_float(x + k);
+      for (int64_t r = 0; r < Count; ++r) acc[r] += F::load(w, row + r * stride, k, depth) * xs;
+    }
+  } else {
+    for (int64_t group = 0; group < depth; group += F::kGroup) {
+      Lanes part[Count] = {};
+      for (int64_t k = group; k < std::min(group + F::kGroup, depth); k += kLanes) {
+        const Lanes xs = load_float(x + k);
+        for (int64_t r = 0; r < Count; ++r) part[r] += F::codes(w, row + r * stride, k, depth) * xs;
+      }
+      for (int64_t r = 0; r < Count; ++r) acc[r] += part[r] * F::scale(w, row + r * stride, group, depth);
+    }
   }
   for (int64_t r = 0; r < Count; ++r) out[r * stride] = fold(acc[r]);
 }

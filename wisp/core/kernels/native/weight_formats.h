@@ -1,7 +1,7 @@
-// Weight formats as hybrid's native CPU kernel reads them (cpu_experts.cpp): 16 weights of a row at a time widened
-// to float32, each exactly the value of the weight's dequantized bf16 copy (wisp.core.kernels.quantized_weights):
-// its code's value times its block's scale in float32, rounded once to bf16 (to nearest, ties to even; a NaN stays
-// a NaN). Integer operations and IEEE float32 products only, so the same bits on every CPU and SIMD width.
+// Weight formats as hybrid's native CPU kernel reads them (cpu_experts.cpp): 16 weights of a row at a time, plain
+// bf16 widened to float32, or a quantized format's codes widened to their exact float32 values (FP8 e4m3fn, MXFP4's
+// e2m1, Q8_0's int8) beside the float32 scale of their group of columns (wisp.core.kernels.quantized_weights). Exact
+// conversions only, so the same values on every CPU and SIMD width.
 #pragma once
 
 #include <immintrin.h>  // x86-64 only (SSE2 at least); AVX2 and AVX-512 where the build's -march has them
@@ -45,15 +45,6 @@ inline Lanes load_bf16(const uint16_t* w) {  // 16 bf16 weights widened to float
   std::memcpy(&h, w, sizeof(h));
   return as_lanes(__builtin_convertvector(h, Words) << 16);
 #endif
-}
-
-// float32 -> bf16 (to nearest, ties to even) -> float32, as torch casts: the top 16 bits after the rounding
-// increment; a NaN stays a NaN (bf16's 0x7FC0)
-inline Lanes round_bf16(Lanes v) {
-  const Words bits = as_words(v);
-  const Words nan = (Words)((bits & 0x7FFFFFFFu) > 0x7F800000u);
-  const Words rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
-  return as_lanes((rounded & ~nan) | (nan & 0x7FC00000u));
 }
 
 // 16 bytes zero-extended to 32-bit lanes (GCC's generic conversion of a byte vector goes byte by byte)
@@ -144,9 +135,12 @@ struct Matrix {
   const uint8_t* scales;
 };
 
-// A weight format: its codes' bytes a row, and the 16 weights of row `row` from column k (a multiple of 16) as
-// float32 values, those of its dequantized bf16 copy.
+// A weight format: its codes' bytes a row; for plain weights (kGroup 0) `load`, the 16 weights of row `row` from
+// column k (a multiple of 16) as float32; for quantized ones `codes`, the 16 codes' exact values there, and `scale`,
+// the float32 factor of the kGroup columns from k (a multiple of kGroup) of that row (the kernel multiplies a
+// group's partial sums by it, not each weight).
 struct Bf16 {
+  static constexpr int64_t kGroup = 0;
   static int64_t row_bytes(int64_t depth) { return 2 * depth; }
   static Lanes load(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
     return load_bf16(reinterpret_cast<const uint16_t*>(w.codes) + row * depth + k);
@@ -154,26 +148,35 @@ struct Bf16 {
 };
 
 struct Fp8 {  // codes float8_e4m3fn [N, K], scales float32 [ceil(N / 128), ceil(K / 128)]
+  static constexpr int64_t kGroup = 128;
   static int64_t row_bytes(int64_t depth) { return depth; }
-  static Lanes load(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
-    const float scale = reinterpret_cast<const float*>(w.scales)[(row >> 7) * ((depth + 127) >> 7) + (k >> 7)];
-    return round_bf16(fp8_values(w.codes + row * depth + k) * scale);
+  static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    return fp8_values(w.codes + row * depth + k);
+  }
+  static float scale(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    return reinterpret_cast<const float*>(w.scales)[(row >> 7) * ((depth + 127) >> 7) + (k >> 7)];
   }
 };
 
 struct Mxfp4 {  // codes uint8 [N, K / 32, 16] (two a byte), scales e8m0 [N, K / 32]
+  static constexpr int64_t kGroup = 32;
   static int64_t row_bytes(int64_t depth) { return depth / 2; }
-  static Lanes load(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
-    const float scale = power_of_two(w.scales[row * (depth >> 5) + (k >> 5)]);
-    return round_bf16(e2m1_values(w.codes + row * (depth >> 1) + (k >> 1)) * scale);
+  static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    return e2m1_values(w.codes + row * (depth >> 1) + (k >> 1));
+  }
+  static float scale(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    return power_of_two(w.scales[row * (depth >> 5) + (k >> 5)]);
   }
 };
 
 struct Q8_0 {  // codes int8 [N, K], scales float16 [N, K / 32]
+  static constexpr int64_t kGroup = 32;
   static int64_t row_bytes(int64_t depth) { return depth; }
-  static Lanes load(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
-    const uint16_t bits = reinterpret_cast<const uint16_t*>(w.scales)[row * (depth >> 5) + (k >> 5)];
-    return round_bf16(int8_values(w.codes + row * depth + k) * c10::detail::fp16_ieee_to_fp32_value(bits));
+  static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    return int8_values(w.codes + row * depth + k);
+  }
+  static float scale(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    return c10::detail::fp16_ieee_to_fp32_value(reinterpret_cast<const uint16_t*>(w.scales)[row * (depth >> 5) + (k >> 5)]);
   }
 };
 
