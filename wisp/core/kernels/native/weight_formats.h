@@ -70,15 +70,14 @@ inline __m128i load_bytes(const uint8_t* p) { return _mm_loadu_si128(reinterpret
 
 // 16 float8_e4m3fn codes -> their float32 values, exactly; 0x7F and 0xFF NaN; bit 7 the sign.
 #if defined(__F16C__) && defined(__AVX2__)
-// Through float16, whose conversion to float32 is one instruction: the code's exponent and mantissa bits moved up 7
-// bits are a float16 of the same fields (a subnormal code a subnormal float16) with a bias 8 larger, so its value
-// is the code's times 2^-8, exactly; times 256 is exact.
+// Through float16, whose conversion to float32 is one instruction: the code sign-extended to 16 bits and moved up 7
+// bits puts its sign at bit 15 (and 14, cleared) and its exponent and mantissa in a float16's same fields (a subnormal
+// code a subnormal float16) with a bias 8 larger, so its value is the code's times 2^-8, exactly; times 256 is exact.
 inline Lanes fp8_values(const uint8_t* codes) {
-  const __m256i c = _mm256_cvtepu8_epi16(load_bytes(codes));
-  const __m256i magnitude = _mm256_and_si256(c, _mm256_set1_epi16(0x7F));
-  const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(magnitude, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x7E00));
-  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8);
-  const __m256i half = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi16(magnitude, 7), sign), nan);
+  const __m256i shifted = _mm256_slli_epi16(_mm256_cvtepi8_epi16(load_bytes(codes)), 7);
+  const __m256i magnitude = _mm256_and_si256(shifted, _mm256_set1_epi16(0x3F80));
+  const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(magnitude, _mm256_set1_epi16(0x3F80)), _mm256_set1_epi16(0x7E00));
+  const __m256i half = _mm256_or_si256(_mm256_and_si256(shifted, _mm256_set1_epi16(int16_t(0xBF80))), nan);
 #if defined(__AVX512F__)
   const Lanes value = (Lanes)_mm512_cvtph_ps(half);
 #else
