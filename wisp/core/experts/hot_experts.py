@@ -17,12 +17,14 @@ The layer owns:
 
 `observe(ids)` adds a step's routing to the scores, `observe_counts` a prefill chunk's, weighed as one token's
 (`refresh_due()` after steps 1, 4 and 16, then every 64th);
-`refresh()` makes the H highest-scoring experts (ties:
-the lower id) the hot set, keeping those already held in their slots and copying each newcomer once into a
-slot an outgoing expert leaves, all on the current stream (ordered before the next step's kernels).
+`refresh()` fills empty slots with the highest-scoring experts, then lets an outsider displace a held expert only
+where its lead pays for the copy and is more than noise (`worth_swapping`), keeping those already held in their
+slots and copying each newcomer once into a slot an outgoing expert leaves, all on the current stream (ordered
+before the next step's kernels).
 
 Invariants (`check_integrity`): slot_map[e] == s >= 0 <=> expert_in_slot[s] == e; slot_map[N] == -1; a held
-slot holds exactly the bytes of its expert's master; after `refresh` the held experts are the top H by score.
+slot holds exactly the bytes of its expert's master; after `refresh` no slot is empty while a routed expert is
+not held, and no outsider is worth swapping for the weakest held expert.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 DECAY = 0.99  # per observed step: an expert's score halves in about 70 steps unless routed again
 REFRESH_AT = (1, 4, 16)  # observed steps after which the set is chosen, then every REFRESH_EVERY
 REFRESH_EVERY = 64
+SWAP_Z = 2.0  # a newcomer's lead over the expert it displaces, in standard deviations of their scores' difference
 
 
 class HotExperts:
@@ -79,25 +82,46 @@ class HotExperts:
     def refresh_due(self) -> bool:
         return self.steps in REFRESH_AT or (self.steps > 0 and self.steps % REFRESH_EVERY == 0)
 
-    def top(self) -> list[int]:
-        """The H experts with the highest scores (ties: the lower id), among those ever routed."""
-        order = np.lexsort((np.arange(self.num_experts), -self.scores))  # by score descending, then id
-        return [int(e) for e in order[: self.capacity] if self.scores[e] > 0]
+    def ranked(self) -> list[int]:
+        """The experts ever routed, by score descending (ties: the lower id)."""
+        order = np.lexsort((np.arange(self.num_experts), -self.scores))
+        return [int(e) for e in order if self.scores[e] > 0]
+
+    def worth_swapping(self, newcomer: int, held: int) -> bool:
+        """Whether `newcomer` should displace the held expert `held`. Its lead in routed pairs a step (the scores
+        over the decay's window of steps), kept until the next refresh, must pay for its copy (one expert's
+        bytes, about what one pair read from the host costs); and the lead must be more than noise: SWAP_Z
+        standard deviations of the difference of two decayed counts of independent arrivals (a count's variance
+        is about its rate times the sum of the squared decay weights). So routing with no locality, where every
+        expert is as likely as any other, leaves the set nearly still instead of trading a third of it for noise
+        at every refresh."""
+        d, n = self.decay, max(1, self.steps)
+        window = n if d == 1.0 else (1 - d ** n) / (1 - d)  # sum of the weights d^i over the observed steps
+        window_sq = n if d == 1.0 else (1 - d ** (2 * n)) / (1 - d * d)  # sum of their squares
+        a, b = self.scores[newcomer], self.scores[held]
+        lead = a - b
+        return (lead / window * REFRESH_EVERY > 1.0
+                and lead > SWAP_Z * float(np.sqrt((a + b) * window_sq / window)))
 
     def refresh(self) -> int:
-        """Make `top()` the hot set; returns how many experts were copied in."""
-        wanted = self.top()
-        keep = set(wanted)
-        free = [s for s, e in enumerate(self.expert_in_slot) if e not in keep]
-        newcomers = [e for e in wanted if e not in self.held]
-        if not newcomers:
+        """Fill the empty slots with the highest-scoring experts not held, then let the best outsider displace
+        the weakest held expert while it is `worth_swapping`; returns how many experts were copied in."""
+        ranked = [e for e in self.ranked() if e not in self.held]  # outsiders, best first
+        free = [s for s, e in enumerate(self.expert_in_slot) if e < 0]
+        moves = list(zip(ranked, free))  # (expert, slot)
+        outsiders = ranked[len(moves):]
+        weakest = sorted((s for s, e in enumerate(self.expert_in_slot) if e >= 0),
+                         key=lambda s: (self.scores[self.expert_in_slot[s]], -self.expert_in_slot[s]))
+        for expert, slot in zip(outsiders, weakest):
+            if not self.worth_swapping(expert, self.expert_in_slot[slot]):
+                break
+            moves.append((expert, slot))
+        if not moves:
             return 0
-        for expert, slot in zip(newcomers, free):
+        for expert, slot in moves:
             for key, master in self.host.items():
                 self.bank[key][slot].copy_(master[expert], non_blocking=True)
             self.expert_in_slot[slot] = expert
-        for slot in free[len(newcomers):]:  # an outgoing expert with no successor: the slot empties
-            self.expert_in_slot[slot] = -1
         if self._map_sent is not None:
             self._map_sent.synchronize()  # the previous map has left the staging buffer (long since, in practice)
         slot_of = self._map_staging
@@ -109,8 +133,8 @@ class HotExperts:
         if self._map_sent is not None:
             self._map_sent.record(torch.cuda.current_stream(self.slot_map.device))
         self.is_hot = (slot_of >= 0).numpy().copy()
-        self.copies += len(newcomers)
-        return len(newcomers)
+        self.copies += len(moves)
+        return len(moves)
 
     def check_integrity(self) -> None:
         slot_of = self.slot_map.tolist()
