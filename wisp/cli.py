@@ -240,6 +240,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock.close()
         raise
     async_engine = AsyncEngine(engine)
+    if async_engine.sampling_defaults:  # as vLLM's server says it: requests that leave these out sample with them
+        print(f"wisp: sampling defaults from the model's generation_config: {async_engine.sampling_defaults}", flush=True)
     app = build_app(async_engine, args.model, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
     if args.enable_resize_endpoint:
         from wisp.server.admin import add_resize_route

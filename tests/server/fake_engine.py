@@ -63,9 +63,9 @@ class _Req:
 
 class FakeEngine:
     def __init__(self, max_model_len: int = 128, max_concurrency: int = 2, num_blocks: int = 64, block_size: int = 4,
-                 step_delay: float = 0.0):
+                 step_delay: float = 0.0, sampling_defaults: tuple[tuple[str, float], ...] = ()):
         self.tokenizer = ByteTokenizer()
-        self.model_config = SimpleNamespace(family="qwen3_moe")
+        self.model_config = SimpleNamespace(family="qwen3_moe", sampling_defaults=sampling_defaults)
         self.grammars = None  # no grammar engine: constrained requests get a 400 here
         self.chat_template = DEMO_CHAT_TEMPLATE
         self.special_tokens = {"eos_token": "<|endoftext|>"}

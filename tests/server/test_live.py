@@ -51,8 +51,10 @@ def reference(tmp_path_factory) -> list[str]:
         torch.set_num_threads(threads)
 
 
-def test_ready_line_and_models(server):
-    assert f"wisp: serving demo on {server.base}\n" in server.log.read_text()
+def test_ready_line_sampling_defaults_and_models(server):
+    log = server.log.read_text()
+    assert f"wisp: serving demo on {server.base}\n" in log
+    assert "wisp: sampling defaults from the model's generation_config: {'temperature': 0.8, 'top_p': 0.95}" in log
     models = server.client().models.list()
     assert [m.id for m in models.data] == ["demo"]
 

@@ -127,3 +127,27 @@ def test_a_constraint_without_a_grammar_engine_is_400(served):
                                                      "response_format": {"type": "json_object"}})
     err = assert_error(resp, 400, "tokenizer.json")
     assert err["param"] == "response_format" and fake.steps == 0
+
+
+@pytest.mark.parametrize("route, body", [("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": USER})])
+def test_sampling_a_request_leaves_out_comes_from_the_models_generation_config(route, body):
+    """As vLLM's server does: temperature, top_p and top_k a request does not name take the model's
+    generation_config values; those it names (0 included) are its own; a model with none samples as OpenAI's."""
+    seen = []
+
+    def recorded(fake):
+        add = fake.add_request
+        fake.add_request = lambda rid, ids, params, constraint=None: (seen.append(params), add(rid, ids, params, constraint))
+        return fake
+
+    client, fake, _ = make_client(sampling_defaults=(("temperature", 0.8), ("top_p", 0.95), ("top_k", 20.0)))
+    recorded(fake)
+    with client:
+        assert client.post(route, json={"model": MODEL, "max_tokens": 2, **body}).status_code == 200
+        named = {"temperature": 0, "top_p": 0.5, "top_k": 0}
+        assert client.post(route, json={"model": MODEL, "max_tokens": 2, **body, **named}).status_code == 200
+    plain, fake, _ = make_client()
+    recorded(fake)
+    with plain:
+        assert plain.post(route, json={"model": MODEL, "max_tokens": 2, **body}).status_code == 200
+    assert [(p.temperature, p.top_p, p.top_k) for p in seen] == [(0.8, 0.95, 20), (0.0, 0.5, 0), (1.0, 1.0, 0)]

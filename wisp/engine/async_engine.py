@@ -219,6 +219,12 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return int(self.engine.max_model_len)
 
+    @property
+    def sampling_defaults(self) -> dict[str, float]:
+        """The model's generation_config sampling values (temperature, top_p, top_k) a request that names none
+        samples with (`ModelConfig.sampling_defaults`)."""
+        return dict(self.engine.model_config.sampling_defaults)
+
     # -- lifecycle -------------------------------------------------------------------------------------
     def add_observer(self, observer: RequestObserver) -> None:
         """Register before serving starts; observers are called from the engine thread."""

@@ -89,6 +89,7 @@ class Generator:
         self.chat_template = chat_template
         self.render_pool, self.encoder = render_pool, encoder
         self.tool_format = tool_call_format_for(model_type)
+        self.sampling_defaults = engine.sampling_defaults  # the model's generation_config: what a request leaves out
         grammars = engine.grammars
         self.texts = TokenTexts(grammars.token_bytes if grammars is not None else None,
                                 engine.tokenizer.decode if engine.tokenizer is not None else None)
@@ -149,7 +150,7 @@ class Generator:
         max_tokens = max_tokens_for(req, len(prompt_ids), limit, None if chat else DEFAULT_COMPLETION_TOKENS, field)
         tool_format = self.tool_format if chat and req.uses_tools else None
         try:
-            params = [req.sampling_params(max_tokens, i) for i in range(req.choices)]
+            params = [req.sampling_params(max_tokens, i, self.sampling_defaults) for i in range(req.choices)]
             if tool_format is not None and tool_format.keeps_special_tokens:
                 params = [replace(p, skip_special_tokens=False) for p in params]
         except WispError as exc:

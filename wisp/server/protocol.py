@@ -16,6 +16,7 @@ Invariant: an `ErrorInfo` message is always encodable as UTF-8 (unencodable char
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
@@ -177,14 +178,18 @@ class _SamplingRequest(BaseModel):
         """How many top log-probabilities each token reports (None: none)."""
         return None
 
-    def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, choice: int = 0,
+                        defaults: Mapping[str, float] | None = None) -> SamplingParams:
         """SamplingParams for choice `choice` of this request (raises InvalidParameter, naming the field, on
-        out-of-range values). With a seed, choice i samples from seed + i (mod 2**63): reproducible and distinct."""
+        out-of-range values). With a seed, choice i samples from seed + i (mod 2**63): reproducible and distinct.
+        temperature, top_p and top_k the request leaves out come from `defaults` (the model's generation_config,
+        as vLLM's server applies it), else OpenAI's (1, 1, and no top-k)."""
+        defaults = defaults or {}
         kw: dict[str, Any] = dict(
             max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
+            temperature=defaults.get("temperature", 1.0) if self.temperature is None else self.temperature,
+            top_p=defaults.get("top_p", 1.0) if self.top_p is None else self.top_p,
+            top_k=int(defaults.get("top_k", 0)) if self.top_k is None else self.top_k,
             seed=None if self.seed is None else (self.seed + choice) % 2**63,
             ignore_eos=bool(self.ignore_eos),
             logprobs=self.requested_logprobs(),
