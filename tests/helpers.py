@@ -115,6 +115,32 @@ def assert_quantized_gives_its_twins_bits(quantized, twin, mode, cap, device, mo
     return llm_q, llm_p
 
 
+def assert_hybrid_computes_packed_experts_on_the_cpu(quantized, twin, prompt, tolerance: float):
+    """Hybrid on the CPU with the native CPU kernel: the quantized checkpoint's CPU experts are computed from its packed
+    bank (the kernel reads that format, and computed some), its logits within `tolerance` of its dequantized twin's
+    (the native kernel sums a quantized weight's scale groups apart, and does not round its weights)."""
+    import torch
+
+    from wisp import LLM, SamplingParams
+    from wisp.core.kernels.cpu_expert_kernels import applies
+    from wisp.core.learners.hybrid_costs import HybridCosts
+
+    cpu_cheap = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))  # misses go to the CPU
+    outs = []
+    for path in (quantized, twin):
+        llm = LLM(str(path), device="cpu", mode="hybrid", expert_cap=2, hybrid_cpu_kernel="native",
+                  hybrid_costs=cpu_cheap)
+        out = llm.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True), return_logits=True)[0]
+        assert llm.stats()["expert_cpu_computed"] > 0
+        outs.append(torch.stack(out.logits).float())
+        if path == quantized:
+            store = next(iter(llm.engine.model.experts.values()))
+            host = store.cpu.cpu_experts
+            assert store.cpu.cpu_kernel == "native" and host.extras[0] is not None and host.extras[0].scales is not None
+            assert applies(host.gate_ups[0], host.downs[0], host.extras[0])  # read packed, not handed to torch
+    torch.testing.assert_close(outs[0], outs[1], rtol=tolerance, atol=tolerance)
+
+
 def routing_traces(max_tokens: int = 10):
     """A hypothesis strategy: (ids [T, L, K] with distinct experts per cell and a few cells missing (-1),
     the number of experts)."""

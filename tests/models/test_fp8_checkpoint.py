@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers import assert_quantized_gives_its_twins_bits
+from tests.helpers import assert_hybrid_computes_packed_experts_on_the_cpu, assert_quantized_gives_its_twins_bits
 from wisp import LLM
 from wisp.core.kernels.fp8_blocks import FP8, dequantize_blocks
 from wisp.errors import WispError
@@ -68,6 +68,10 @@ def test_fp8_runs_with_the_bits_of_its_dequantized_checkpoint(fp8_and_plain, mod
     if mode == "paged":
         s8, sp = llm8.stats(), llmp.stats()
         assert s8["bytes_h2d"] * 2 < sp["bytes_h2d"] * 1.01 and s8["expert_loads"] == sp["expert_loads"]
+
+
+def test_hybrids_native_cpu_kernel_computes_fp8_experts_packed(fp8_and_plain):
+    assert_hybrid_computes_packed_experts_on_the_cpu(*fp8_and_plain, PROMPT, tolerance=3e-2)  # bf16 logits
 
 
 def test_dummy_fp8_weights_and_sizes_follow_the_fp8_layout():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers import assert_quantized_gives_its_twins_bits, make_hf_model
+from tests.helpers import assert_hybrid_computes_packed_experts_on_the_cpu, assert_quantized_gives_its_twins_bits, make_hf_model
 from wisp import LLM, SamplingParams
 from wisp.core.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from wisp.models.random_checkpoint import write_random_checkpoint
@@ -67,6 +67,11 @@ def test_every_mode_of_mxfp4_gives_the_bits_of_its_dequantized_twin(checkpoints,
     if mode == "paged":  # what crosses the link: 4.25 bits a weight plus the biases, against 32
         s4, sp = llm4.stats(), llmp.stats()
         assert s4["expert_loads"] == sp["expert_loads"] and s4["bytes_h2d"] * 5 < sp["bytes_h2d"]
+
+
+def test_hybrids_native_cpu_kernel_computes_mxfp4_experts_packed(checkpoints):
+    mxfp4, plain, _ = checkpoints
+    assert_hybrid_computes_packed_experts_on_the_cpu(mxfp4, plain, PROMPT, tolerance=1e-3)
 
 
 def test_random_mxfp4_gpt_oss_checkpoints_load_and_run(tmp_path):
