@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.core.kernels.test_gguf_blocks import random_blocks
-from tests.helpers import COMMON, FAMILY_SPECS, assert_quantized_gives_its_twins_bits
+from tests.helpers import assert_hybrid_computes_packed_experts_on_the_cpu, COMMON, FAMILY_SPECS, assert_quantized_gives_its_twins_bits
 
 gguf = pytest.importorskip("gguf")
 
@@ -277,6 +277,14 @@ def test_q8_0_experts_stay_packed_and_give_their_dequantized_twins_tokens(family
     weights = sum(int(t.n_bytes) for t in reader.tensors if t.name.endswith("_exps.weight"))
     assert q.config.expert_bytes * q.config.num_experts * len(q.config.moe_layer_ids) == weights
     assert q.config.expert_bytes * 15 < p.config.expert_bytes * 9  # 8.5 bits a weight against 16
+
+
+def test_hybrids_native_cpu_kernel_computes_a_gguf_files_q8_0_experts_packed(tmp_path):
+    folder = hf_checkpoint("qwen3_moe", tmp_path / "hf")
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    file = write_gguf("qwen3_moe", folder, tmp_path / "q.gguf", q8)[0]
+    twin = bf16_twin(folder, tmp_path / "twin", lambda name, t: through(q8, t) if t.dim() >= 2 else t)
+    assert_hybrid_computes_packed_experts_on_the_cpu(file, twin, PROMPT, tolerance=3e-2)  # bf16 logits
 
 
 def test_q8_0_experts_load_as_random_codes_under_the_dummy_format(tmp_path):
