@@ -97,7 +97,10 @@ def test_against_a_live_wisp_serve(tmp_path):
                                "--port", "0", "--max-concurrency", "2"], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
-        line = server.stdout.readline()
+        line = ""
+        while "wisp: serving" not in line:  # what it says before (its sampling defaults), then the ready line
+            line = server.stdout.readline()
+            assert line, "the server exited before it was ready"
         url = re.search(r"on (http://\S+)", line).group(1)
         out = tmp_path / "served.json"
         proc = run_wisp(["serve", "--model", "demo", "--server", url, "--concurrency", "2", "--num-requests", 3,

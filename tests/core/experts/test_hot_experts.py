@@ -56,15 +56,26 @@ def test_ties_go_to_the_lower_id_the_unrouted_wait_and_the_stale_decay_out():
     assert one.ranked() == [2] and one.refresh() == 1 and one.expert_in_slot.count(-1) == 3
 
 
-def test_a_lead_within_noise_or_too_small_to_pay_its_copy_does_not_swap():
+def test_a_lead_within_noise_does_not_swap():
+    """Decayed by 0.99 over many steps (a window of 100 steps, squared weights 50.25): 12 against 10 pairs is a
+    lead of 0.02 pairs a step, 1.28 pairs until the next refresh (it would pay the copy), but within noise
+    (2 standard deviations: 2 x sqrt(22 x 0.5025) = 6.6); 40 against 10 is past both."""
     hot = HotExperts(masters(), 1, torch.device("cpu"), decay=0.99)
-    for step in range(200):
-        hot.observe(np.array([0] * 10 + [1] * 9))  # a steady lead of one pair a step in 19: 1/19 of its window
-    hot.refresh()
-    assert hot.held == {0} and not hot.worth_swapping(1, 0) and not hot.worth_swapping(0, 0)
-    hot.scores[1] = hot.scores[0] + 0.5 * 100 / REFRESH_EVERY  # half a copy's worth of pairs until the next refresh
-    assert not hot.worth_swapping(1, 0)
-    hot.scores[1] = hot.scores[0] * 3  # three times the pairs: far past both
+    hot.steps = 10_000
+    hot.scores[0], hot.scores[1] = 10.0, 12.0
+    assert 2.0 / 100 * REFRESH_EVERY > 1 and not hot.worth_swapping(1, 0)
+    hot.scores[1] = 40.0
+    assert hot.worth_swapping(1, 0) and not hot.worth_swapping(0, 1)
+
+
+def test_a_lead_too_small_to_pay_its_copy_does_not_swap():
+    """Undecayed counts over 64,000 steps: a lead of 900 pairs is 0.014 a step, 0.9 pairs until the next refresh (it
+    does not pay the one copy) though far past noise (2 x sqrt(39,100) = 395); 1,100 pays it."""
+    hot = HotExperts(masters(), 1, torch.device("cpu"), decay=1.0)
+    hot.steps = 64_000
+    hot.scores[0], hot.scores[1] = 19_100.0, 20_000.0
+    assert 900 > 2 * (39_100 ** 0.5) and not hot.worth_swapping(1, 0)
+    hot.scores[1] = 20_200.0
     assert hot.worth_swapping(1, 0)
 
 

@@ -123,7 +123,7 @@ def test_the_native_kernel_refuses_what_it_cannot_read():
     x, w = torch.randn(1, 32), torch.randn(8, 32).to(torch.bfloat16)
     with pytest.raises(RuntimeError, match="float32 x"):
         rows_matmul(x.to(torch.bfloat16), w)
-    with pytest.raises(RuntimeError, match="bfloat16"):
+    with pytest.raises(RuntimeError, match="got Float without scales"):  # float32 weights: no format it reads
         rows_matmul(x, w.float())
     with pytest.raises(RuntimeError, match="multiple of 16"):
         rows_matmul(torch.randn(1, 24), torch.randn(8, 24).to(torch.bfloat16))
@@ -344,10 +344,41 @@ def test_a_layers_quantized_experts_are_close_to_their_dequantized_copies(fmt, a
 
 def test_quantized_weights_it_cannot_read_are_refused_or_go_to_torch():
     w, scale = quantize_q8_0(torch.randn(64, 32))
-    with pytest.raises(RuntimeError, match="Q8_0"):
-        rows_matmul(torch.randn(1, 32), w, scale.float())  # float32 scales: no format
-    with pytest.raises(RuntimeError, match="scales"):
-        rows_matmul(torch.randn(1, 32), w, scale[:, :0])  # the wrong shape
-    assert not applies(w, w, ExpertExtras(scale.float(), scale.float()))  # torch's plain kernel takes it instead
+    with pytest.raises(RuntimeError, match=r"scales of a Q8_0 weight \[64, 32\] are contiguous Half \[64, 1\]; got Float"):
+        rows_matmul(torch.randn(1, 32), w, scale.float())
+    with pytest.raises(RuntimeError, match="got Float with scales"):  # float32 weights have no quantized format
+        rows_matmul(torch.randn(1, 32), w.float(), scale)
+    with pytest.raises(RuntimeError, match=r"scales of a Q8_0 weight \[64, 32\] .*got Half \[64, 0\]"):
+        rows_matmul(torch.randn(1, 32), w, scale[:, :0])
+    with pytest.raises(RuntimeError, match="whole groups of 32 values; got K = 48"):  # past its rows' scales
+        rows_matmul(torch.ones(1, 48), torch.ones(4, 48, dtype=torch.int8), torch.ones(4, 1, dtype=torch.float16))
+    assert not applies(w[:, :16], w[:, :16], ExpertExtras(scale[:, :0], scale[:, :0]))  # K = 16: torch's instead
+    assert not applies(w, w, ExpertExtras(scale.float(), scale.float()))
     fp8, fp8_scale = quantize_blocks(torch.randn(64, 32))
     assert not applies(fp8, w, ExpertExtras(fp8_scale, scale))  # two formats in one expert
+
+
+def test_experts_in_different_formats_go_to_torchs_kernel():
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn((2, 32), generator=g).bfloat16()
+    (gu8, su8), (dn8, sd8) = quantize_blocks(torch.randn(64, 32, generator=g)), quantize_blocks(torch.randn(32, 32, generator=g))
+    gu, dn = torch.randn(64, 32, generator=g).bfloat16(), torch.randn(32, 32, generator=g).bfloat16()
+    for order in ((0, 1), (1, 0)):  # an FP8 expert and a bf16 one, either first
+        experts = [([gu8, gu][i], [dn8, dn][i], [ExpertExtras(su8, sd8), None][i]) for i in order]
+        out = native_experts_mlp(x, [1, 1], *map(list, zip(*experts)))
+        assert torch.equal(out, one_at_a_time(plain_expert_mlp)(x, [1, 1], *map(list, zip(*experts))).float())
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_a_quantized_weights_bits_do_not_depend_on_the_thread_count(fmt):
+    g = torch.Generator().manual_seed(13)
+    w, scale = QUANTIZED[fmt](1000, 512, g)
+    x = torch.randn((2, 512), generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = rows_matmul(x, w, scale)
+        torch.set_num_threads(max(2, threads))
+        assert torch.equal(rows_matmul(x, w, scale), one)
+    finally:
+        torch.set_num_threads(threads)

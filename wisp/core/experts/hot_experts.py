@@ -23,8 +23,8 @@ slots and copying each newcomer once into a slot an outgoing expert leaves, all 
 before the next step's kernels).
 
 Invariants (`check_integrity`): slot_map[e] == s >= 0 <=> expert_in_slot[s] == e; slot_map[N] == -1; a held
-slot holds exactly the bytes of its expert's master; after `refresh` no slot is empty while a routed expert is
-not held, and no outsider is worth swapping for the weakest held expert.
+slot holds exactly the bytes of its expert's master. Right after `refresh` (the tests check it): no slot is empty
+while a routed expert is not held, and no outsider is worth swapping for the weakest held expert.
 """
 
 from __future__ import annotations

@@ -188,7 +188,8 @@ def _reads(w: torch.Tensor, scale: torch.Tensor | None) -> bool:
     if w.dtype not in NATIVE_FORMATS or NATIVE_FORMATS[w.dtype] != (None if scale is None else scale.dtype):
         return False
     depth = w.shape[-2] * 32 if w.dtype == torch.uint8 else w.shape[-1]
-    return depth > 0 and depth % LANES == 0
+    group = 32 if w.dtype in (torch.uint8, torch.int8) else LANES  # MXFP4 and Q8_0 rows: whole groups of 32
+    return depth > 0 and depth % group == 0
 
 
 def applies(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None) -> bool:
@@ -220,9 +221,11 @@ def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.
                        extras: list[ExpertExtras | None], activation: Activation = SILU) -> torch.Tensor:
     """A layer's CPU experts with the native kernel: both GEMVs of every expert in one parallel region each,
     the activation in float32 between, biases added in float32 ([M, D] float32); SiLU experts without biases
-    in one native call (`silu_experts_mlp`). Where some expert's weights are in a format it does not read:
-    torch's plain kernel, one expert at a time."""
-    if not all(applies(gu, dn, ex) for gu, dn, ex in zip(gate_ups, downs, extras)):
+    in one native call (`silu_experts_mlp`). Where some expert's weights are in a format it does not read, or the
+    experts are not all in one format: torch's plain kernel, one expert at a time."""
+    formats = {(gu.dtype, dn.dtype, None if ex is None or ex.scales is None else tuple(s.dtype for s in ex.scales))
+               for gu, dn, ex in zip(gate_ups, downs, extras)}
+    if len(formats) > 1 or not all(applies(gu, dn, ex) for gu, dn, ex in zip(gate_ups, downs, extras)):
         return one_at_a_time(plain_expert_mlp)(x, counts, gate_ups, downs, extras, activation)
     gate_ups, downs = [w.contiguous() for w in gate_ups], [w.contiguous() for w in downs]
     scales = [None if ex is None else ex.scales for ex in extras]

@@ -175,32 +175,33 @@ Format format_of(at::ScalarType weight, bool scaled) {
               " scales");
 }
 
+const char* format_name(Format format) {
+  switch (format) {
+    case Format::kBf16: return "bfloat16";
+    case Format::kFp8: return "FP8 block";
+    case Format::kMxfp4: return "MXFP4";
+    case Format::kQ8_0: return "Q8_0";
+  }
+  return "";
+}
+
 // One matrix of a checked format and shape [n_out, depth]: its codes and scales (`scale` undefined for bf16)
 Matrix checked_matrix(Format format, const at::Tensor& w, const at::Tensor& scale, int64_t n_out, int64_t depth) {
   TORCH_CHECK(format_of(w.scalar_type(), scale.defined()) == format, "every weight in one format: ", kFormats);
-  TORCH_CHECK(w.is_contiguous() && w.size(0) == n_out, "every weight: ", kFormats, ", the same shape");
-  const int64_t groups = depth / 32;
-  switch (format) {
-    case Format::kBf16:
-    case Format::kQ8_0:
-      TORCH_CHECK(w.dim() == 2 && w.size(1) == depth, "every weight: ", kFormats, ", the same shape");
-      break;
-    case Format::kMxfp4:
-      TORCH_CHECK(w.dim() == 3 && w.size(1) * 32 == depth && w.size(2) == 16, "every weight: ", kFormats);
-      break;
-    case Format::kFp8:
-      TORCH_CHECK(w.dim() == 2 && w.size(1) == depth, "every weight: ", kFormats, ", the same shape");
-      break;
-  }
-  if (format != Format::kBf16) {
-    const at::ScalarType dtype = format == Format::kFp8 ? at::kFloat : format == Format::kMxfp4 ? at::kByte : at::kHalf;
-    const std::vector<int64_t> shape = format == Format::kFp8
-        ? std::vector<int64_t>{(n_out + 127) / 128, (depth + 127) / 128} : std::vector<int64_t>{n_out, groups};
-    TORCH_CHECK(scale.scalar_type() == dtype && scale.is_contiguous() && scale.sizes() == at::IntArrayRef(shape),
-                "scales: ", kFormats);
-  }
-  return Matrix{static_cast<const uint8_t*>(w.data_ptr()),
-                scale.defined() ? static_cast<const uint8_t*>(scale.data_ptr()) : nullptr};
+  const bool mxfp4 = format == Format::kMxfp4;
+  TORCH_CHECK(w.is_contiguous() && w.size(0) == n_out && w.dim() == (mxfp4 ? 3 : 2) &&
+              (mxfp4 ? w.size(1) * 32 == depth && w.size(2) == 16 : w.size(1) == depth),
+              "every ", format_name(format), " weight: contiguous, of one shape: ", kFormats);
+  if (format == Format::kBf16) return Matrix{static_cast<const uint8_t*>(w.data_ptr()), nullptr};
+  TORCH_CHECK(format == Format::kFp8 || depth % 32 == 0, "a ", format_name(format),
+              " weight's rows are whole groups of 32 values; got K = ", depth);
+  const at::ScalarType dtype = format == Format::kFp8 ? at::kFloat : mxfp4 ? at::kByte : at::kHalf;
+  const std::vector<int64_t> shape = format == Format::kFp8
+      ? std::vector<int64_t>{(n_out + 127) / 128, (depth + 127) / 128} : std::vector<int64_t>{n_out, depth / 32};
+  TORCH_CHECK(scale.scalar_type() == dtype && scale.is_contiguous() && scale.sizes() == at::IntArrayRef(shape),
+              "the scales of a ", format_name(format), " weight [", n_out, ", ", depth, "] are contiguous ",
+              c10::toString(dtype), " ", at::IntArrayRef(shape), "; got ", scale.scalar_type(), " ", scale.sizes());
+  return Matrix{static_cast<const uint8_t*>(w.data_ptr()), static_cast<const uint8_t*>(scale.data_ptr())};
 }
 
 // The logical [N, K] of a weight (MXFP4's [N, K/32, 16] packs K = 32 x its groups)

@@ -1,13 +1,17 @@
 // Weight formats as hybrid's native CPU kernel reads them (cpu_experts.cpp): 16 weights of a row at a time, plain
 // bf16 widened to float32, or a quantized format's codes widened to their exact float32 values (FP8 e4m3fn, MXFP4's
 // e2m1, Q8_0's int8) beside the float32 scale of their group of columns (wisp.core.kernels.quantized_weights). Exact
-// conversions only, so the same values on every CPU and SIMD width.
+// conversions only, so the same values (NaNs' bits included) on every CPU and SIMD width.
 #pragma once
 
-#include <immintrin.h>  // x86-64 only (SSE2 at least); AVX2 and AVX-512 where the build's -march has them
-
+// x86-64 widens bytes with SSE/AVX intrinsics where the build's -march has them; elsewhere (or with
+// WISP_GENERIC_WIDEN, which the tests build to compare) plain loops give the same values.
+#if defined(__x86_64__) && !defined(WISP_GENERIC_WIDEN)
+#include <immintrin.h>
+#define WISP_X86_WIDEN 1
 #if defined(__AVX512F__)
 #define WISP_AVX512_WIDEN 1
+#endif
 #endif
 
 #include <c10/util/Half.h>
@@ -47,7 +51,8 @@ inline Lanes load_bf16(const uint16_t* w) {  // 16 bf16 weights widened to float
 #endif
 }
 
-// 16 bytes zero-extended to 32-bit lanes (GCC's generic conversion of a byte vector goes byte by byte)
+// 16 bytes from p zero-extended to 32-bit lanes (GCC's generic conversion of a byte vector goes byte by byte)
+#ifdef WISP_X86_WIDEN
 inline Words widen_bytes(__m128i b) {
 #if defined(__AVX512F__)
   return (Words)_mm512_cvtepu8_epi32(b);
@@ -66,15 +71,34 @@ inline Words widen_bytes(__m128i b) {
 #endif
 }
 
-inline __m128i load_bytes(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+inline Words widen_bytes(const uint8_t* p) { return widen_bytes(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+inline Words widen_byte_pairs(const uint8_t* p) {  // 8 bytes from p, byte j in lanes 2j and 2j + 1
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return widen_bytes(_mm_unpacklo_epi8(b, b));
+}
+#else
+inline Words widen_bytes(const uint8_t* p) {
+  Words w;
+  for (int64_t l = 0; l < kLanes; ++l) w[l] = p[l];
+  return w;
+}
+
+inline Words widen_byte_pairs(const uint8_t* p) {  // 8 bytes from p, byte j in lanes 2j and 2j + 1
+  Words w;
+  for (int64_t l = 0; l < kLanes; ++l) w[l] = p[l / 2];
+  return w;
+}
+#endif
 
 // 16 float8_e4m3fn codes -> their float32 values, exactly; 0x7F and 0xFF NaN; bit 7 the sign.
-#if defined(__F16C__) && defined(__AVX2__)
+#if defined(WISP_X86_WIDEN) && defined(__F16C__) && defined(__AVX2__)
 // Through float16, whose conversion to float32 is one instruction: the code sign-extended to 16 bits and moved up 7
 // bits puts its sign at bit 15 (and 14, cleared) and its exponent and mantissa in a float16's same fields (a subnormal
 // code a subnormal float16) with a bias 8 larger, so its value is the code's times 2^-8, exactly; times 256 is exact.
 inline Lanes fp8_values(const uint8_t* codes) {
-  const __m256i shifted = _mm256_slli_epi16(_mm256_cvtepi8_epi16(load_bytes(codes)), 7);
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+  const __m256i shifted = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7);
   const __m256i magnitude = _mm256_and_si256(shifted, _mm256_set1_epi16(0x3F80));
   const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(magnitude, _mm256_set1_epi16(0x3F80)), _mm256_set1_epi16(0x7E00));
   const __m256i half = _mm256_or_si256(_mm256_and_si256(shifted, _mm256_set1_epi16(int16_t(0xBF80))), nan);
@@ -90,15 +114,15 @@ inline Lanes fp8_values(const uint8_t* codes) {
 }
 #else
 // The exponent field e and 3 mantissa bits moved into float32's fields with the bias moved from 7 to 127; a
-// subnormal (e = 0) as 2^-6 (1 + m/8) - 2^-6 = 2^-6 m/8.
+// subnormal (e = 0) as 2^-6 (1 + m/8) - 2^-6 = 2^-6 m/8; a NaN as the float16 route makes it (0x7FF00000).
 inline Lanes fp8_values(const uint8_t* codes) {
-  const Words c = widen_bytes(load_bytes(codes));
+  const Words c = widen_bytes(codes);
   const Words magnitude = c & 0x7Fu;
   const Words subnormal = (Words)((c & 0x78u) == 0u);
   const Words nan = (Words)(magnitude == 0x7Fu);
   const Words bits = (magnitude << 20) + (120u << 23) + (subnormal & (1u << 23));
   const Words value = as_words(as_lanes(bits) - as_lanes(subnormal & 0x3C800000u));  // 0x3C800000: 2^-6
-  return as_lanes((value & ~nan) | (nan & 0x7FC00000u) | ((c & 0x80u) << 24));
+  return as_lanes((value & ~nan) | (nan & 0x7FF00000u) | ((c & 0x80u) << 24));
 }
 #endif
 
@@ -106,8 +130,7 @@ inline Lanes fp8_values(const uint8_t* codes) {
 // codes 0 and 1 are 0 and 0.5; 2-7 (1, 1.5, 2, 3, 4, 6) have exponent (m >> 1) - 1 and mantissa bit m & 1; bit 3
 // the sign
 inline Lanes e2m1_values(const uint8_t* codes) {
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes));
-  const Words c = (widen_bytes(_mm_unpacklo_epi8(b, b)) >> (Words){0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4}) & 0xFu;
+  const Words c = (widen_byte_pairs(codes) >> (Words){0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4}) & 0xFu;
   const Words m = c & 7u;
   const Words small = (Words)(m < 2u);
   const Words normal = (((m >> 1) + 126u) << 23) | ((m & 1u) << 22);
@@ -116,9 +139,9 @@ inline Lanes e2m1_values(const uint8_t* codes) {
 
 // 16 int8 codes -> their float32 values (exact)
 inline Lanes int8_values(const uint8_t* codes) {
-  const __m128i b = load_bytes(codes);
-  const Words sign = (Words)((widen_bytes(b) & 0x80u) == 0x80u);
-  return __builtin_convertvector((Ints)(widen_bytes(b) | (sign & 0xFFFFFF00u)), Lanes);
+  const Words bytes = widen_bytes(codes);
+  const Words sign = (Words)((bytes & 0x80u) == 0x80u);
+  return __builtin_convertvector((Ints)(bytes | (sign & 0xFFFFFF00u)), Lanes);
 }
 
 inline float power_of_two(uint8_t e) {  // e8m0: 2^(e - 127) as torch's pow(2, e - 127): e = 0 subnormal, 255 inf

@@ -1,0 +1,78 @@
+"""The native CPU kernel's weight formats (wisp/core/kernels/native/weight_formats.h) widen every code to the same
+bits whatever the build: AVX-512, AVX2 with F16C, baseline x86-64 (SSE2) and the plain loops other CPUs compile
+(WISP_GENERIC_WIDEN), each one compiled here from the header and run where this CPU can; and those bits are the
+formats' own values (torch's float8_e4m3fn, the e2m1 table, int8)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils import cpp_extension
+
+from wisp.core.kernels.mxfp4 import E2M1
+
+NATIVE = Path(__file__).parents[3] / "wisp" / "core" / "kernels" / "native"
+DUMP = Path(__file__).with_name("weight_formats_dump.cpp")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        line = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.split(":", 1)[1].split())
+
+
+def builds() -> list[tuple[str, list[str]]]:
+    """(name, g++ flags) of the builds this CPU can run."""
+    flags = cpu_flags()
+    out = [("generic loops", ["-march=x86-64", "-DWISP_GENERIC_WIDEN"]), ("sse2", ["-march=x86-64"])]
+    if {"avx2", "f16c", "fma", "bmi2"} <= flags:
+        out.append(("avx2 + f16c", ["-march=haswell"]))
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        out.append(("avx-512", ["-march=skylake-avx512"]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> dict[str, str]:
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None or not cpu_flags() or not Path("/proc/cpuinfo").exists():
+        pytest.skip("needs g++ on an x86-64 Linux host")
+    folder = tmp_path_factory.mktemp("formats")
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{NATIVE}"]
+    out = {}
+    for name, flags in builds():
+        binary = folder / name.replace(" ", "_").replace("+", "")
+        subprocess.run([compiler, "-O2", "-std=c++17", "-ffp-contract=off", "-Wno-psabi", *flags, *includes,
+                        str(DUMP), "-o", str(binary)], check=True, capture_output=True, timeout=300)
+        out[name] = subprocess.run([str(binary)], check=True, capture_output=True, text=True, timeout=60).stdout
+    return out
+
+
+def test_every_build_widens_every_code_to_the_same_bits(dumps):
+    reference = dumps["generic loops"]
+    assert len(reference.splitlines()) == 256 + 5
+    for name, dump in dumps.items():
+        assert dump == reference, name
+
+
+def test_the_bits_are_the_formats_values(dumps):
+    rows = [line.split() for line in dumps["generic loops"].splitlines()]
+    codes = torch.arange(256, dtype=torch.uint8)
+    fp8 = torch.tensor([int(r[1], 16) for r in rows[:256]], dtype=torch.int64).to(torch.int32).view(torch.float32)
+    expected = codes.view(torch.float8_e4m3fn).float()
+    nan = expected.isnan()
+    assert torch.equal(fp8[~nan], expected[~nan]) and fp8[nan].isnan().all()
+    e2m1 = torch.tensor([int(r[2], 16) for r in rows[:256]], dtype=torch.int64).to(torch.int32).view(torch.float32)
+    table = torch.tensor(E2M1)  # bytes 0..127 in order: the low nibble the even element
+    low, high = (codes[:128] & 15).long(), (codes[:128] >> 4).long()
+    assert torch.equal(e2m1, torch.stack([table[low], table[high]], dim=1).flatten())
+    int8 = torch.tensor([int(r[3], 16) for r in rows[:256]], dtype=torch.int64).to(torch.int32).view(torch.float32)
+    assert torch.equal(int8, codes.view(torch.int8).float())
+    powers = torch.tensor([int(r[1], 16) for r in rows[256:]], dtype=torch.int64).to(torch.int32).view(torch.float32)
+    assert torch.equal(powers, torch.pow(2.0, torch.tensor([0, 1, 127, 254, 255]) - 127.0).float())
