@@ -4,7 +4,8 @@
 # .llama_cpp/wheels and .gpu_data (not a local build-cpu folder). Results in $OUT.
 #   peer: build llama-bench for sm_90 (skipped when a warm machine still has it) while the GGUF (MODEL, TYPE)
 #         is written to local disk, then llama-bench at the three placements (`wisp bench llama-cpp run`),
-#         then delete the GGUF (KEEP_GGUF=1 keeps it, for wisp to read the same file). With the build: 5.5 minutes for OLMoE BF16, 8.5 for Qwen3-30B Q8_0 (measured).
+#         then delete the GGUF (KEEP_GGUF=1 keeps it, for wisp to read the same file). GGUF_DIR (default /tmp): where
+#         it is written (gpt-oss-120b's is about 65 GB; the writer refuses a folder without room for it). With the build: 5.5 minutes for OLMoE BF16, 8.5 for Qwen3-30B Q8_0 (measured).
 #   wisp: our modes on the preset WISP_MODEL (default MODEL) at each llama.cpp placement's footprint: RUNS is
 #         "placement:nvidia-smi bytes:mode,mode ..." (the bytes from the peer stage's records; a mode may be
 #         written mode@cap, e.g. hybrid@0 for hybrid with no slots, +hotH for H hot experts a layer on the GPU
@@ -38,7 +39,7 @@ model=${MODEL:-olmoe-1b-7b}; type=${TYPE:-bf16}
 bench=.llama_cpp/build-cuda/bin/llama-bench
 case "${STAGE:-peer}" in
 peer)
-  gguf=/tmp/$model-$type.gguf
+  gguf=${GGUF_DIR:-/tmp}/$model-$type.gguf; df -h /tmp /dev/shm | tail -2  # GGUF_DIR: where the file fits
   (time python3 -m wisp bench llama-cpp gguf --model "$model" --type "$type" --out "$gguf") > "$out/gguf.log" 2>&1 &
   writer=$!
   if [ -x "$bench" ]; then echo "llama-bench already built" > "$out/build.txt"
@@ -68,7 +69,7 @@ paired)
   tar czf "$out.paired_stage.tgz" -C "$out" --exclude paired_summary.txt . \
     && (cd "$out" && find . -mindepth 1 ! -name paired_summary.txt -delete) && mv "$out.paired_stage.tgz" "$out/paired_stage.tgz" ;;
 footprints)
-  wmodel=${WISP_MODEL:?WISP_MODEL: our preset}; gguf=/tmp/$model-$type.gguf
+  wmodel=${WISP_MODEL:?WISP_MODEL: our preset}; gguf=${GGUF_DIR:-/tmp}/$model-$type.gguf
   lscpu | grep -E "Model name|^CPU\(s\)" > "$out/host.txt"
   decode="python3 -m wisp bench decode --load-format dummy --model $wmodel --prompt-len 512 --decode-tokens 64 --mode hybrid-zero-copy"
   ours() {  # routing (uniform, router): half, then all-CPU

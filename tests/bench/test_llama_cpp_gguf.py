@@ -5,6 +5,7 @@ has llama.cpp's names, the preset's shapes and metadata, and Q8_0 blocks bit-equ
 from __future__ import annotations
 
 import json
+import shutil
 
 import gguf
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from tests.cli_runner import run_wisp
 from wisp.bench.llama_cpp import random_gguf as gguf_random
+from wisp.errors import WispError
 from wisp.models.config_parsers import model_config
 from wisp.models.presets import preset
 
@@ -63,3 +65,16 @@ def test_a_family_llama_cpp_has_no_layout_for_is_one_line(tmp_path):
     proc = run_wisp(["llama-cpp", "gguf", "--model", "mixtral-8x7b", "--out", tmp_path / "m.gguf"], tmp_path,
                     timeout=120, command="bench")
     assert proc.returncode == 2 and "no GGUF layout for mixtral" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_file_its_folder_cannot_hold_is_refused_before_it_is_written(tmp_path, monkeypatch):
+    """gpt-oss-120b's file (about 65 GB: 36 layers of 128 MXFP4 experts) against a folder with 34 GB free, as the GPU
+    machine's disk had: one clear error, and no file begun."""
+    cfg = model_config(preset("gpt-oss-120b"))
+    sizes = [int(np.prod(gguf.quant_shape_to_byte_shape(shape, gguf_random.tensor_type(cfg, name, shape, "bf16"))))
+             for name, shape in gguf_random.tensor_shapes(cfg)]
+    assert 60e9 < sum(sizes) < 70e9
+    monkeypatch.setattr(gguf_random.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(252e9, 218e9, 34e9))
+    with pytest.raises(WispError, match=r"the GGUF needs 6\d\.\d GB and .* has 34\.0 GB free"):
+        gguf_random.write_gguf("gpt-oss-120b", tmp_path / "g.gguf")
+    assert not (tmp_path / "g.gguf").exists()

@@ -16,6 +16,7 @@ MXFP4 whatever `--type` says, as its checkpoints ship and llama.cpp runs them na
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import gguf
@@ -129,15 +130,25 @@ def _random(name: str, shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType,
     return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
+def check_room(out: Path, tensor_bytes: int) -> None:
+    """One clear error, before anything is written, where `out`'s file system cannot hold the tensors (gpt-oss-120b's
+    file is about 65 GB)."""
+    free = shutil.disk_usage(out.parent).free
+    if tensor_bytes > free:
+        raise WispError(f"the GGUF needs {tensor_bytes / 1e9:.1f} GB and {out.parent} has {free / 1e9:.1f} GB free: "
+                        "write it elsewhere (--out)")
+
+
 def write_gguf(model: str, out: Path, kind: str = "bf16", seed: int = 0) -> Path:
     cfg = model_config(json.loads(Path(model).read_text()) if Path(model).is_file() else preset(model))
     if cfg.family not in ARCHES:
         raise WispError(f"no GGUF layout for {cfg.family}; supported: {', '.join(ARCHES)}")
+    shapes = [(name, shape, tensor_type(cfg, name, shape, kind)) for name, shape in tensor_shapes(cfg)]
+    check_room(out, sum(int(np.prod(gguf.quant_shape_to_byte_shape(shape, qtype))) for _, shape, qtype in shapes))
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[ARCHES[cfg.family]])
     file_type = gguf.LlamaFileType.MOSTLY_MXFP4_MOE if cfg.mxfp4_experts else {
         "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind]
     _metadata(writer, cfg, file_type)
-    shapes = [(name, shape, tensor_type(cfg, name, shape, kind)) for name, shape in tensor_shapes(cfg)]
     for name, shape, qtype in shapes:  # the header first: every tensor's name, shape, type and size
         nbytes = gguf.quant_shape_to_byte_shape(shape, qtype)
         writer.add_tensor_info(name, nbytes, np.dtype(np.uint8), int(np.prod(nbytes)), raw_dtype=qtype)
