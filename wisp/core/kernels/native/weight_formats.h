@@ -145,9 +145,13 @@ inline Lanes e2m1_values(const uint8_t* codes) {
 
 // 16 int8 codes -> their float32 values (exact)
 inline Lanes int8_values(const uint8_t* codes) {
+#if defined(WISP_AVX512_WIDEN)  // sign-extended and converted: two instructions
+  return (Lanes)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
+#else
   const Words bytes = widen_bytes(codes);
   const Words sign = (Words)((bytes & 0x80u) == 0x80u);
   return __builtin_convertvector((Ints)(bytes | (sign & 0xFFFFFF00u)), Lanes);
+#endif
 }
 
 inline float power_of_two(uint8_t e) {  // e8m0: 2^(e - 127) as torch's pow(2, e - 127): e = 0 subnormal, 255 inf
