@@ -222,17 +222,20 @@ def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.
     """A layer's CPU experts with the native kernel: both GEMVs of every expert in one parallel region each,
     the activation in float32 between, biases added in float32 ([M, D] float32); SiLU experts without biases
     in one native call (`silu_experts_mlp`). Where some expert's weights are in a format it does not read, or the
-    experts are not all in one format: torch's plain kernel, one expert at a time."""
-    formats = {(gu.dtype, dn.dtype, None if ex is None or ex.scales is None else tuple(s.dtype for s in ex.scales))
-               for gu, dn, ex in zip(gate_ups, downs, extras)}
-    if len(formats) > 1 or not all(applies(gu, dn, ex) for gu, dn, ex in zip(gate_ups, downs, extras)):
+    experts are not all in one format: torch's plain kernel, one expert at a time. The experts of one call share
+    their shapes (they are one layer's); the format is checked on each, the rest on the first. (Lean: the eager
+    hybrid step calls it once a layer.)"""
+    scales = [None if ex is None else ex.scales for ex in extras]
+    first = (gate_ups[0].dtype, downs[0].dtype, None if scales[0] is None else (scales[0][0].dtype, scales[0][1].dtype))
+    if not (all((gu.dtype, dn.dtype, None if s is None else (s[0].dtype, s[1].dtype)) == first
+                for gu, dn, s in zip(gate_ups, downs, scales)) and applies(gate_ups[0], downs[0], extras[0])):
         return one_at_a_time(plain_expert_mlp)(x, counts, gate_ups, downs, extras, activation)
     gate_ups, downs = [w.contiguous() for w in gate_ups], [w.contiguous() for w in downs]
-    scales = [None if ex is None else ex.scales for ex in extras]
     gate_up_scales = None if scales[0] is None else [s[0].contiguous() for s in scales]
     down_scales = None if scales[0] is None else [s[1].contiguous() for s in scales]
     x = x.float().contiguous()
-    if all(whole_in_native(gu, dn, ex, activation) for gu, dn, ex in zip(gate_ups, downs, extras)):
+    biased = any(ex is not None and (ex.gate_up_bias is not None or ex.down_bias is not None) for ex in extras)
+    if activation == SILU and not biased:  # `whole_in_native`
         return silu_experts_mlp(x, gate_ups, downs, counts, gate_up_scales, down_scales)
     h = grouped_rows_matmul(x, gate_ups, counts, gate_up_scales)  # [M, 2I]
     if any(ex is not None and ex.gate_up_bias is not None for ex in extras):
