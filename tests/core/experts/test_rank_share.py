@@ -149,12 +149,9 @@ def bank_in(fmt: str, host: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A bf16 bank's experts quantized to `fmt` (weights and their scale banks), or the bank as it is."""
     if fmt == "bf16":
         return host
-    from wisp.core.kernels.fp8_blocks import quantize_blocks
-    from wisp.core.kernels.mxfp4 import quantize_mxfp4
-    from wisp.core.kernels.q8_0 import quantize_q8_0
+    from tests.core.kernels.test_cpu_expert_kernels import quantize
 
-    quantize = {"fp8": quantize_blocks, "mxfp4": quantize_mxfp4, "q8_0": quantize_q8_0}[fmt]
-    (gate_up, gate_up_scale), (down, down_scale) = quantize(host["gate_up"]), quantize(host["down"])
+    (gate_up, gate_up_scale), (down, down_scale) = quantize(fmt, host["gate_up"]), quantize(fmt, host["down"])
     return {"gate_up": gate_up, "down": down, "gate_up_scale": gate_up_scale, "down_scale": down_scale}
 
 

@@ -144,13 +144,13 @@ def write_gguf(model: str, out: Path, kind: str = "bf16", seed: int = 0) -> Path
     if cfg.family not in ARCHES:
         raise WispError(f"no GGUF layout for {cfg.family}; supported: {', '.join(ARCHES)}")
     shapes = [(name, shape, tensor_type(cfg, name, shape, kind)) for name, shape in tensor_shapes(cfg)]
-    check_room(out, sum(int(np.prod(gguf.quant_shape_to_byte_shape(shape, qtype))) for _, shape, qtype in shapes))
+    byte_shapes = [gguf.quant_shape_to_byte_shape(shape, qtype) for _, shape, qtype in shapes]
+    check_room(out, sum(int(np.prod(nbytes)) for nbytes in byte_shapes))
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[ARCHES[cfg.family]])
     file_type = gguf.LlamaFileType.MOSTLY_MXFP4_MOE if cfg.mxfp4_experts else {
         "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind]
     _metadata(writer, cfg, file_type)
-    for name, shape, qtype in shapes:  # the header first: every tensor's name, shape, type and size
-        nbytes = gguf.quant_shape_to_byte_shape(shape, qtype)
+    for (name, _, qtype), nbytes in zip(shapes, byte_shapes):  # the header first: each tensor's name, type, size
         writer.add_tensor_info(name, nbytes, np.dtype(np.uint8), int(np.prod(nbytes)), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

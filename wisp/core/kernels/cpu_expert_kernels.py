@@ -174,8 +174,12 @@ def whole_in_native(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: Exper
                     activation: Activation) -> bool:
     """Whether the native code computes this expert whole (`silu_experts_mlp`, `rank_share_rows`): a format it
     reads, no biases, SiLU."""
-    return (applies(w_gate_up, w_down, extras) and activation == SILU
-            and (extras is None or (extras.gate_up_bias is None and extras.down_bias is None)))
+    return applies(w_gate_up, w_down, extras) and _silu_without_biases([extras], activation)
+
+
+def _silu_without_biases(extras: list[ExpertExtras | None], activation: Activation) -> bool:
+    """Whether experts with these extras run whole in native code once it reads their weights: SiLU, no biases."""
+    return activation == SILU and all(ex is None or (ex.gate_up_bias is None and ex.down_bias is None) for ex in extras)
 
 
 NATIVE_FORMATS = {  # weight dtype -> its scales' dtype (None: plain weights, no scales)
@@ -234,8 +238,7 @@ def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.
     gate_up_scales = None if scales[0] is None else [s[0].contiguous() for s in scales]
     down_scales = None if scales[0] is None else [s[1].contiguous() for s in scales]
     x = x.float().contiguous()
-    biased = any(ex is not None and (ex.gate_up_bias is not None or ex.down_bias is not None) for ex in extras)
-    if activation == SILU and not biased:  # `whole_in_native`
+    if _silu_without_biases(extras, activation):  # `whole_in_native`, its weights' part checked above
         return silu_experts_mlp(x, gate_ups, downs, counts, gate_up_scales, down_scales)
     h = grouped_rows_matmul(x, gate_ups, counts, gate_up_scales)  # [M, 2I]
     if any(ex is not None and ex.gate_up_bias is not None for ex in extras):

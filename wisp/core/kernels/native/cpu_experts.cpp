@@ -245,7 +245,6 @@ void check_rows(const at::Tensor& x, int64_t depth) {
 }
 
 at::Tensor grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::TensorList scales, at::IntArrayRef offsets) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "float32 x [M, K] expected");
   const Matrices w = checked_matrices(ws, scales);
   check_rows(x, w.depth);
   const std::vector<int64_t> bounds = checked_offsets(offsets, ws.size(), x.size(0));
@@ -259,7 +258,6 @@ at::Tensor grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::Tenso
 at::Tensor silu_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::TensorList gate_up_scales,
                             at::TensorList downs, at::TensorList down_scales, at::IntArrayRef offsets) {
   TORCH_CHECK(!gate_ups.empty() && gate_ups.size() == downs.size(), "a gate_up and a down per group");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "float32 x [M, D] expected");
   const Matrices gu = checked_matrices(gate_ups, gate_up_scales), dn = checked_matrices(downs, down_scales);
   TORCH_CHECK(gu.format == dn.format && gu.n_out == 2 * dn.depth && dn.n_out == gu.depth,
               "gate_up [2I, D] and down [D, I] in one format");
