@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from wisp.core.kernels.cpu_expert_kernels import (CPU_EXPERT_KERNELS, LANES, applies, silu_experts_mlp,
+from wisp.core.kernels.cpu_expert_kernels import (CPU_EXPERT_KERNELS, LANES, CpuExperts, applies, fp8_nan_codes,
+                                          silu_experts_mlp,
                                           grouped_rows_matmul, rows_matmul, native_experts_mlp, native_kernel_error, one_at_a_time,
                                           plain_expert_mlp)
 from wisp.core.kernels.expert_extras import Activation, ExpertExtras
@@ -289,11 +290,31 @@ def test_each_code_times_its_scale_is_its_dequantized_value(fmt):
     assert torch.equal(out, dense.T)
 
 
-def test_a_nan_code_is_a_nan_weight():
-    codes = torch.full((3, 32), 0x38, dtype=torch.uint8)  # 1.0
-    codes[0, 5], codes[2, 31] = 0x7F, 0xFF  # e4m3fn's two NaNs
-    out = rows_matmul(torch.ones(1, 32), codes.view(torch.float8_e4m3fn), torch.ones(1, 1))
-    assert out[0, 0].isnan() and out[0, 1] == 32.0 and out[0, 2].isnan()
+@pytest.mark.parametrize("at", [0, 5, 1 << 22, (2 << 22) + 3, (9 << 20) - 1])
+@pytest.mark.parametrize("nan", [0x7F, 0xFF])
+def test_the_scan_finds_a_nan_code_anywhere(at, nan):
+    """Each of e4m3fn's two NaNs, at the start, inside, at a chunk's edge of the team's split and at the end."""
+    codes = torch.randint(0, 256, (9 << 20,), dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x7E
+    assert not fp8_nan_codes(codes.view(torch.float8_e4m3fn))
+    codes[at] = nan
+    assert fp8_nan_codes(codes.view(torch.float8_e4m3fn))
+
+
+def test_a_bank_with_a_nan_code_goes_to_torchs_kernel_and_stays_nan():
+    """The native kernel reads NaN codes as finite (it spares each weight the check): such a bank is scanned at
+    load and computed by torch's plain kernel, whose NaN weights give NaN outputs; a clean bank stays native."""
+    g = torch.Generator().manual_seed(3)
+    gate_up, gu_scale = fp8_codes(2 * 64, 128, g)
+    down, dn_scale = fp8_codes(128, 64, g)
+    bank = {"gate_up": torch.stack([gate_up, gate_up]), "down": torch.stack([down, down]),
+            "gate_up_scale": torch.stack([gu_scale, gu_scale]), "down_scale": torch.stack([dn_scale, dn_scale])}
+    assert CpuExperts(bank, native_experts_mlp).kernel is native_experts_mlp
+    bank["down"].view(torch.uint8)[1, 3, 7] = 0xFF
+    experts = CpuExperts(bank, native_experts_mlp)
+    assert experts.kernel is CPU_EXPERT_KERNELS["plain"]
+    out = experts.rows(torch.randn(1, 128, generator=g).bfloat16(), torch.tensor([0, 1]), [1, 1], [0, 1], top_k=2)
+    assert out[0].isfinite().all() and out[1, 3].isnan()
 
 
 # rows' codes shorter than a page (page-strided blocks), a page or more, matrices of whole spans and remainders;

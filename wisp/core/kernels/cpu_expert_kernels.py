@@ -27,6 +27,8 @@ Invariants:
 - built once per Python, torch and CPU instruction set (`-march=native`), in its own build folder;
 - the kernel is only called where it applies (a format it reads, K a multiple of 16); `native_experts_mlp`
   hands anything else to torch's plain kernel;
+- it reads FP8 codes without checking each for NaN (0x7F, 0xFF read as +-480 x scale); `CpuExperts` scans a bank
+  once at load (`fp8_nan_codes`) and gives one that holds any to torch's plain kernel, which keeps them NaN;
 - every kernel here takes a layer's CPU experts at once (`ExpertsKernel`); the native one computes each
   output exactly as it would for that expert alone (one thread's sum, in the same order).
 """
@@ -165,6 +167,13 @@ def rank_share_rows(ids: torch.Tensor, cpu_ranks: int, hidden: torch.Tensor, gat
     return computed, routed
 
 
+def fp8_nan_codes(codes: torch.Tensor) -> bool:
+    """Whether contiguous float8_e4m3fn codes hold a NaN code anywhere (one native scan at memory speed: a bank
+    that does is not the native kernel's to read)."""
+    _loaded()
+    return bool(torch.ops.wisp_cpu.fp8_nan_codes(codes))
+
+
 def rows_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] float32, w [N, K] (bf16, or quantized with its scale) -> x @ w.T [M, N] float32 (one group)."""
     return grouped_rows_matmul(x, [w], [x.shape[0]], None if scale is None else [scale])
@@ -273,9 +282,14 @@ CPU_EXPERT_KERNELS: dict[str, ExpertsKernel] = {  # wisp.options.HYBRID_CPU_KERN
 
 class CpuExperts:
     """A layer's experts as the CPU computes them: its kernel and the pinned masters' per-expert views,
-    made once (a view per call costs microseconds, and hybrid's CPU side sits on a step's critical path)."""
+    made once (a view per call costs microseconds, and hybrid's CPU side sits on a step's critical path).
+    An FP8 bank holding a NaN code goes to torch's plain kernel rather than the native one, which does not read
+    NaN codes (scanned once here)."""
 
     def __init__(self, host: dict[str, torch.Tensor], kernel: ExpertsKernel):
+        if kernel is native_experts_mlp and any(
+                host[key].dtype == torch.float8_e4m3fn and fp8_nan_codes(host[key].contiguous()) for key in (GATE_UP, DOWN)):
+            kernel = CPU_EXPERT_KERNELS["plain"]
         self.kernel = kernel
         self.gate_ups, self.downs = host[GATE_UP].unbind(0), host[DOWN].unbind(0)  # [N] views each
         extras = extras_of(host)

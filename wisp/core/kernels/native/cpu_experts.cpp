@@ -347,6 +347,18 @@ std::vector<int64_t> rank_share_rows(const at::Tensor& ids, int64_t cpu_ranks, c
   return {int64_t(gate_ups.size()), routed_count};
 }
 
+// Whether an FP8 bank holds a NaN code anywhere (the kernel does not read those: fp8_values), scanned by the team
+bool fp8_nan_codes(const at::Tensor& codes) {
+  TORCH_CHECK(codes.scalar_type() == at::kFloat8_e4m3fn && codes.is_contiguous(), "contiguous float8_e4m3fn codes expected");
+  const uint8_t* bytes = static_cast<const uint8_t*>(codes.data_ptr());
+  std::atomic<bool> found{false};
+  at::parallel_for(0, codes.numel(), 1 << 22, [&](int64_t begin, int64_t end) {
+    if (!found.load(std::memory_order_relaxed) && any_fp8_nan(bytes + begin, end - begin))
+      found.store(true, std::memory_order_relaxed);
+  });
+  return found.load();
+}
+
 }  // namespace
 
 TORCH_LIBRARY(wisp_cpu, m) {
@@ -354,6 +366,7 @@ TORCH_LIBRARY(wisp_cpu, m) {
   m.def("silu_experts_mlp(Tensor x, Tensor[] gate_ups, Tensor[] gate_up_scales, Tensor[] downs, "
         "Tensor[] down_scales, int[] offsets) -> Tensor");
   m.def("silu_mul(Tensor h) -> Tensor");
+  m.def("fp8_nan_codes(Tensor codes) -> bool");
   m.def("rank_share_rows(Tensor ids, int cpu_ranks, Tensor hidden, Tensor gate_up_bank, Tensor? gate_up_scales, "
         "Tensor down_bank, Tensor? down_scales, Tensor(a!) rows) -> int[]");
 }
@@ -361,5 +374,6 @@ TORCH_LIBRARY_IMPL(wisp_cpu, CPU, m) {
   m.impl("grouped_rows_matmul", &grouped_rows_matmul);
   m.impl("silu_experts_mlp", &silu_experts_mlp);
   m.impl("silu_mul", &silu_mul_op);
+  m.impl("fp8_nan_codes", &fp8_nan_codes);
   m.impl("rank_share_rows", &rank_share_rows);
 }

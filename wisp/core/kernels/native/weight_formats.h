@@ -1,7 +1,7 @@
 // Weight formats as hybrid's native CPU kernel reads them (cpu_experts.cpp): 16 weights of a row at a time, plain
 // bf16 widened to float32, or a quantized format's codes widened to their exact float32 values (FP8 e4m3fn, MXFP4's
 // e2m1, Q8_0's int8) beside the float32 scale of their group of columns (wisp.core.kernels.quantized_weights). Exact
-// conversions only, so the same values (NaNs' bits included) on every CPU and SIMD width.
+// conversions only, so the same values on every CPU and SIMD width (FP8's NaN codes excepted: see fp8_values).
 #pragma once
 
 // x86-64 widens bytes with SSE/AVX intrinsics where the build's -march has them; elsewhere (or with
@@ -91,40 +91,45 @@ inline Words widen_byte_pairs(const uint8_t* p) {  // 8 bytes from p, byte j in 
 }
 #endif
 
-// 16 float8_e4m3fn codes -> their float32 values, exactly; 0x7F and 0xFF NaN; bit 7 the sign.
+// 16 float8_e4m3fn codes -> their float32 values times 2^-8, exactly (the reader's scale carries the 2^8: a power
+// of two moves no bit of a product or sum that stays within float32's normals); bit 7 the sign. The two NaN codes
+// (0x7F, 0xFF) read as +-1.875 (480 x 2^-8): a bank that holds them is not the kernel's to read (`fp8_nan_codes`
+// finds them once, at load), which spares three vector operations of each 16 weights their check.
 #if defined(WISP_X86_WIDEN) && defined(__F16C__) && defined(__AVX2__)
 // Through float16, whose conversion to float32 is one instruction: the code sign-extended to 16 bits and moved up 7
 // bits puts its sign at bit 15 (and 14, cleared) and its exponent and mantissa in a float16's same fields (a subnormal
-// code a subnormal float16) with a bias 8 larger, so its value is the code's times 2^-8, exactly; times 256 is exact.
+// code a subnormal float16) with a bias 8 larger: its value times 2^-8, exactly. Four instructions for 16 weights.
 inline Lanes fp8_values(const uint8_t* codes) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
-  const __m256i shifted = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7);
-  const __m256i magnitude = _mm256_and_si256(shifted, _mm256_set1_epi16(0x3F80));
-  const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(magnitude, _mm256_set1_epi16(0x3F80)), _mm256_set1_epi16(0x7E00));
-  const __m256i half = _mm256_or_si256(_mm256_and_si256(shifted, _mm256_set1_epi16(int16_t(0xBF80))), nan);
+  const __m256i half = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7), _mm256_set1_epi16(int16_t(0xBF80)));
 #if defined(__AVX512F__)
-  const Lanes value = (Lanes)_mm512_cvtph_ps(half);
+  return (Lanes)_mm512_cvtph_ps(half);
 #else
   Lanes value;
   const __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(half)), hi = _mm256_cvtph_ps(_mm256_extracti128_si256(half, 1));
   std::memcpy(&value, &lo, sizeof(lo));
   std::memcpy(reinterpret_cast<char*>(&value) + sizeof(lo), &hi, sizeof(hi));
+  return value;
 #endif
-  return value * 256.0f;
 }
 #else
-// The exponent field e and 3 mantissa bits moved into float32's fields with the bias moved from 7 to 127; a
-// subnormal (e = 0) as 2^-6 (1 + m/8) - 2^-6 = 2^-6 m/8; a NaN as the float16 route makes it (0x7FF00000).
+// The exponent field e and 3 mantissa bits moved into float32's fields with the bias moved from 7 to 127 + 8; a
+// subnormal (e = 0) as 2^-14 (1 + m/8) - 2^-14 = 2^-14 m/8: the float16 route's values, bit for bit.
 inline Lanes fp8_values(const uint8_t* codes) {
   const Words c = widen_bytes(codes);
-  const Words magnitude = c & 0x7Fu;
   const Words subnormal = (Words)((c & 0x78u) == 0u);
-  const Words nan = (Words)(magnitude == 0x7Fu);
-  const Words bits = (magnitude << 20) + (120u << 23) + (subnormal & (1u << 23));
-  const Words value = as_words(as_lanes(bits) - as_lanes(subnormal & 0x3C800000u));  // 0x3C800000: 2^-6
-  return as_lanes((value & ~nan) | (nan & 0x7FF00000u) | ((c & 0x80u) << 24));
+  const Words bits = ((c & 0x7Fu) << 20) + (112u << 23) + (subnormal & (1u << 23));
+  const Words value = as_words(as_lanes(bits) - as_lanes(subnormal & 0x38800000u));  // 0x38800000: 2^-14
+  return as_lanes(value | ((c & 0x80u) << 24));
 }
 #endif
+
+// Whether any of n FP8 codes is a NaN (0x7F, 0xFF): byte arithmetic the compiler vectorizes, at memory speed
+inline bool any_fp8_nan(const uint8_t* codes, int64_t n) {
+  uint8_t seen = 0;
+  for (int64_t i = 0; i < n; ++i) seen |= uint8_t((codes[i] & 0x7Fu) + 1u);  // bit 7 set for 0x7F alone
+  return (seen & 0x80u) != 0;
+}
 
 // 16 e2m1 codes from 8 bytes (the even element in the low nibble) -> their float32 values, exactly: with AVX-512
 // a lookup in the 16 values (one permute); otherwise built from the bits: magnitude codes 0 and 1 are 0 and 0.5;
@@ -179,14 +184,14 @@ struct Bf16 {
   }
 };
 
-struct Fp8 {  // codes float8_e4m3fn [N, K], scales float32 [ceil(N / 128), ceil(K / 128)]
+struct Fp8 {  // codes float8_e4m3fn [N, K] (no NaN: `fp8_values`), scales float32 [ceil(N / 128), ceil(K / 128)]
   static constexpr int64_t kGroup = 128;
   static int64_t row_bytes(int64_t depth) { return depth; }
   static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
     return fp8_values(w.codes + row * depth + k);
   }
   static float scale(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
-    return reinterpret_cast<const float*>(w.scales)[(row >> 7) * ((depth + 127) >> 7) + (k >> 7)];
+    return 256.0f * reinterpret_cast<const float*>(w.scales)[(row >> 7) * ((depth + 127) >> 7) + (k >> 7)];
   }
 };
 
