@@ -11,6 +11,7 @@ import torch
 
 from tests.core.experts.test_experts import make
 from tests.core.experts.test_hybrid_experts import CPU_CHEAP, hold, zero_copy_pair
+from wisp.core.kernels.expert_extras import Activation
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.core.experts.cpu_assignment import CpuAssignment
 from wisp.core.experts.rank_share import RankShare
@@ -155,21 +156,28 @@ def bank_in(fmt: str, host: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"gate_up": gate_up, "down": down, "gate_up_scale": gate_up_scale, "down_scale": down_scale}
 
 
+@pytest.mark.parametrize("gpt_oss", [False, True])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4", "q8_0"])
-def test_the_native_host_side_equals_the_kernel_path_bit_for_bit(fmt):
-    """With the native kernel and SiLU experts (bf16, or quantized read packed beside their scale banks) the host's
-    side is one native call (`rank_share_rows`): the same rows, bit for bit, and the same counters as grouping the
-    pairs in Python and calling the kernel on each expert's views."""
+def test_the_native_host_side_equals_the_kernel_path_bit_for_bit(fmt, gpt_oss):
+    """With the native kernel (bf16, or quantized read packed beside their scale banks; SiLU experts, or GPT-OSS's
+    with biases and the clamped SwiGLU) the host's side is one native call (`rank_share_rows`): the same rows, bit
+    for bit, and the same counters as grouping the pairs in Python and calling the kernel on each expert's views."""
     from tests.core.experts.stores import hybrid_zero_copy_store, StagingBuffers
 
     g = torch.Generator().manual_seed(51)
     d, i = 32, 32  # the native kernel reads multiples of 16 (MXFP4 and Q8_0 rows: of 32)
     host = bank_in(fmt, {"gate_up": torch.randn((8, 2 * i, d), generator=g).bfloat16(),
                          "down": torch.randn((8, d, i), generator=g).bfloat16()})
-    hidden = torch.randn((3, d), generator=g).bfloat16()
+    if gpt_oss:
+        host |= {"gate_up_bias": torch.randn((8, 2 * i), generator=g).bfloat16(),
+                 "down_bias": torch.randn((8, d), generator=g).bfloat16()}
+    hidden = (torch.randn((3, d), generator=g) * 4).bfloat16()  # gates past the clamp's limit too
     ids = torch.tensor([[5, 1, 7, 2], [1, 5, 0, 3], [6, 1, 5, 4]])  # experts shared across tokens and ranks
     stores = [hybrid_zero_copy_store(bank, torch.device("cpu"), CPU_CHEAP, StagingBuffers(bank, torch.device("cpu")),
                                     cpu_kernel="native") for bank in (host, host)]
+    if gpt_oss:
+        for store in stores:
+            store.kernels = store.kernels.with_activation(Activation("clamped_swiglu"))
     native, python = (RankShare(store, 3, 4, hidden) for store in stores)
     assert native.worker._native
     python.worker._native = False

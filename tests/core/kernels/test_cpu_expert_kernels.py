@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from wisp.core.kernels.cpu_expert_kernels import (CPU_EXPERT_KERNELS, LANES, CpuExperts, applies, fp8_nan_codes,
-                                          silu_experts_mlp,
+                                          gate_mul, gated_experts_mlp,
                                           grouped_rows_matmul, rows_matmul, native_experts_mlp, native_kernel_error, one_at_a_time,
                                           plain_expert_mlp)
 from wisp.core.kernels.expert_extras import Activation, ExpertExtras
@@ -61,50 +61,73 @@ def f32(value: float) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32)
 
 
-def silu_mul_in_order(h: torch.Tensor) -> torch.Tensor:
-    """The native activation spelled out one float32 operation at a time: silu(g) * u = g / (1 + exp(-g)) * u,
-    exp(x) = 2^k p(r), k = round(x log2 e), r = (x - k ln2_hi) - k ln2_lo, p Taylor's of degree 7 by Horner."""
-    g, u = h.chunk(2, dim=-1)
-    x = (-g).clamp(-87.0, 88.0)  # beyond: inf above 88, 0 below -87
-    k = torch.round(x * f32(1.44269504))
-    r = (x - k * f32(0.693145752)) - k * f32(1.42860677e-6)
+def exp_in_order(x: torch.Tensor) -> torch.Tensor:
+    """The native exp spelled out one float32 operation at a time: exp(x) = 2^k p(r), k = round(x log2 e),
+    r = (x - k ln2_hi) - k ln2_lo, p Taylor's of degree 7 by Horner; inf above 88, 0 below -87."""
+    y = x.clamp(-87.0, 88.0)
+    k = torch.round(y * f32(1.44269504))
+    r = (y - k * f32(0.693145752)) - k * f32(1.42860677e-6)
     p = torch.full_like(r, 1.98412698e-4)
     for c in (1.38888889e-3, 8.33333333e-3, 4.16666667e-2, 1.66666667e-1, 0.5, 1.0, 1.0):
         p = p * r + f32(c)
     scale = ((k.to(torch.int32) + 127) << 23).view(torch.float32)
-    e = torch.where(-g > 88.0, torch.inf, torch.where(-g < -87.0, 0.0, p * scale))
-    return g / (f32(1.0) + e) * u
+    return torch.where(x > 88.0, torch.inf, torch.where(x < -87.0, 0.0, p * scale))
 
 
-def test_the_native_activation_is_its_documented_order_and_within_a_few_ulp_of_silu():
+def gate_mul_in_order(h: torch.Tensor, activation: Activation = Activation()) -> torch.Tensor:
+    """The native activations spelled out: silu(g) * u = g / (1 + exp(-g)) * u; GPT-OSS's clamped SwiGLU
+    (u + 1) * (g / (1 + exp(-(g alpha)))) with g = min(g, limit), u = clamp(u, -limit, limit)."""
+    g, u = h.chunk(2, dim=-1)
+    if activation.kind == "silu":
+        return g / (f32(1.0) + exp_in_order(-g)) * u
+    limit, alpha = f32(activation.limit), f32(activation.alpha)
+    g, u = torch.minimum(g, limit), torch.maximum(torch.minimum(u, limit), -limit)
+    return (u + f32(1.0)) * (g / (f32(1.0) + exp_in_order(-(g * alpha))))
+
+
+@pytest.mark.parametrize("activation", [Activation(), Activation("clamped_swiglu")])
+def test_the_native_activations_are_their_documented_order_and_within_a_few_ulp_of_torchs(activation):
     g = torch.Generator().manual_seed(3)
     h = torch.randn((5, 2 * 160), generator=g) * 6
     h[0, :10] = torch.tensor([0.0, -0.0, 100.0, -100.0, 88.5, -88.5, 1e-30, -1e-30, 3e38, -3e38])  # beyond e^88, tiny
     h[0, 160:170] = 0.5  # their up halves: no product past float32's range
-    a = torch.ops.wisp_cpu.silu_mul(h)
-    assert torch.equal(a, silu_mul_in_order(h))
-    exact = (F.silu(h[:, :160].double()) * h[:, 160:].double())
-    assert ((a.double() - exact).abs() <= 4 * 2 ** -23 * exact.abs() + 1e-30).all()  # |silu(g)| < 1e-30 where e^-g is taken as inf
+    h[1, :3], h[1, 160:163] = float("nan"), torch.tensor([float("nan"), 1.0, 1.0])  # NaN through the clamps
+    a = gate_mul(h, activation)
+    assert torch.equal(a.isnan(), gate_mul_in_order(h, activation).isnan()) and a[1, :3].isnan().all()
+    finite = ~a.isnan()
+    assert torch.equal(a[finite], gate_mul_in_order(h, activation)[finite])
+    # against torch's float32 (the product g * alpha rounds alike in both: in float64 it alone moves e^(g alpha) by
+    # up to 20 x 2^-24 where g alpha nears -20)
+    ref = activation(h[:, :160], h[:, 160:]).double()
+    assert ((a.double() - ref).abs()[finite] <= (4 * 2 ** -23 * ref.abs() + 1e-30)[finite]).all()  # |silu(g)| < 1e-30 where e^-g is taken as inf
 
 
 # (48, 32): matrices of remainders only; (1024, 32): page-strided spans in both GEMVs
 @pytest.mark.parametrize("d, i", [(48, 32), (1024, 32)])
 @pytest.mark.parametrize("counts", [[1], [2, 1], [1, 1, 1, 1]])
-def test_a_native_silu_expert_is_its_documented_order_bit_for_bit(counts, d, i):
-    """Both GEMVs in the lanes' order and the activation between, in one native call per layer's experts."""
+@pytest.mark.parametrize("activation, biased", [(Activation(), False), (Activation("clamped_swiglu"), True)])
+def test_a_native_expert_is_its_documented_order_bit_for_bit(counts, d, i, activation, biased):
+    """Both GEMVs in the lanes' order, the biases (float32 adds after each sum) and the activation between, in one
+    native call per layer's experts."""
     g = torch.Generator().manual_seed(len(counts))
-    x = torch.randn((sum(counts), d), generator=g)
+    x = torch.randn((sum(counts), d), generator=g) * 3
     gate_ups = [torch.randn((2 * i, d), generator=g).bfloat16() for _ in counts]
     downs = [torch.randn((d, i), generator=g).bfloat16() for _ in counts]
-    out = silu_experts_mlp(x, gate_ups, downs, counts)
+    biases = [(torch.randn(2 * i, generator=g).bfloat16(), torch.randn(d, generator=g)) if biased else (None, None)
+              for _ in counts]
+    out = gated_experts_mlp(x, gate_ups, downs, counts, gate_up_biases=[b[0] for b in biases] if biased else None,
+                            down_biases=[b[1] for b in biases] if biased else None, activation=activation)
     start = 0
-    for n, gate_up, down in zip(counts, gate_ups, downs):
-        rows = x[start : start + n]
-        assert torch.equal(out[start : start + n], lanes_in_order(silu_mul_in_order(lanes_in_order(rows, gate_up)), down))
+    for n, gate_up, down, (b_gate_up, b_down) in zip(counts, gate_ups, downs, biases):
+        h = lanes_in_order(x[start : start + n], gate_up)
+        h = h if b_gate_up is None else h + b_gate_up.float()
+        o = lanes_in_order(gate_mul_in_order(h, activation), down)
+        assert torch.equal(out[start : start + n], o if b_down is None else o + b_down)
         start += n
-    assert torch.equal(native_experts_mlp(x, counts, gate_ups, downs, [None] * len(counts)), out)
+    extras = [ExpertExtras(gate_up_bias=b[0], down_bias=b[1]) if biased else None for b in biases]
+    assert torch.equal(native_experts_mlp(x, counts, gate_ups, downs, extras, activation), out)
     transposed = [w.T.contiguous().T for w in downs]  # the same values, not contiguous: copied, not refused
-    assert torch.equal(native_experts_mlp(x, counts, gate_ups, transposed, [None] * len(counts)), out)
+    assert torch.equal(native_experts_mlp(x, counts, gate_ups, transposed, extras, activation), out)
 
 
 def test_the_native_kernels_bits_do_not_depend_on_the_thread_count():

@@ -19,11 +19,10 @@ Invariants:
 - the GEMV's bits do not depend on the CPU or the thread count: each output is one thread's sum over k in
   16 fixed lanes, folded in a fixed order, with no contraction into FMAs (tested against that order spelled
   out in torch, and at 1 and 2 threads);
-- a SiLU-gated expert without biases runs whole in the native code (`silu_experts_mlp`: both GEMVs and the
-  activation between, whose exp is a fixed sequence of float32 operations, not a library's), so its bits do
-  not depend on the CPU either (the activation tested against the same sequence spelled out in torch, within
-  2 ulp of torch's silu); other activations and biases are torch's between the native GEMVs, whose CPU code
-  may differ with the SIMD width;
+- an expert runs whole in the native code (`gated_experts_mlp`: both GEMVs, the biases and the activation
+  between, SiLU or GPT-OSS's clamped SwiGLU, whose exp is a fixed sequence of float32 operations, not a
+  library's), so its bits do not depend on the CPU either (the activations tested against the same sequences
+  spelled out in torch, within a few ulp of torch's);
 - built once per Python, torch and CPU instruction set (`-march=native`), in its own build folder;
 - the kernel is only called where it applies (a format it reads, K a multiple of 16); `native_experts_mlp`
   hands anything else to torch's plain kernel;
@@ -142,28 +141,38 @@ def grouped_rows_matmul(x: torch.Tensor, weights: list[torch.Tensor], counts: li
     return torch.ops.wisp_cpu.grouped_rows_matmul(x, weights, scales or [], [0, *itertools.accumulate(counts)])
 
 
-def silu_experts_mlp(x: torch.Tensor, gate_ups: list[torch.Tensor], downs: list[torch.Tensor], counts: list[int],
-                     gate_up_scales: list[torch.Tensor] | None = None,
-                     down_scales: list[torch.Tensor] | None = None) -> torch.Tensor:
-    """SiLU-gated experts without biases: x [M, D] float32 in groups of `counts` rows, group g through
-    gate_ups[g] [2I, D] (gate rows first) and downs[g] [D, I] (bf16, or quantized with their scales) -> [M, D]
-    float32, in one native call."""
+def gated_experts_mlp(x: torch.Tensor, gate_ups: list[torch.Tensor], downs: list[torch.Tensor], counts: list[int],
+                      gate_up_scales: list[torch.Tensor] | None = None, down_scales: list[torch.Tensor] | None = None,
+                      gate_up_biases: list[torch.Tensor] | None = None, down_biases: list[torch.Tensor] | None = None,
+                      activation: Activation = SILU) -> torch.Tensor:
+    """Gated experts: x [M, D] float32 in groups of `counts` rows, group g through gate_ups[g] [2I, D] (gate rows
+    first), its bias [2I], the activation, downs[g] [D, I] and its bias [D] (weights bf16, or quantized with their
+    scales; biases bf16 or float32, all or none) -> [M, D] float32, in one native call."""
     _loaded()
-    return torch.ops.wisp_cpu.silu_experts_mlp(x, gate_ups, gate_up_scales or [], downs, down_scales or [],
-                                               [0, *itertools.accumulate(counts)])
+    return torch.ops.wisp_cpu.gated_experts_mlp(x, gate_ups, gate_up_scales or [], gate_up_biases or [], downs,
+                                                down_scales or [], down_biases or [], [0, *itertools.accumulate(counts)],
+                                                activation.kind, activation.alpha, activation.limit)
+
+
+def gate_mul(h: torch.Tensor, activation: Activation = SILU) -> torch.Tensor:
+    """The native activation alone: h [M, 2I] float32 (gate, then up) -> [M, I] float32."""
+    _loaded()
+    return torch.ops.wisp_cpu.gate_mul(h, activation.kind, activation.alpha, activation.limit)
 
 
 def rank_share_rows(ids: torch.Tensor, cpu_ranks: int, hidden: torch.Tensor, gate_up_bank: torch.Tensor,
-                    down_bank: torch.Tensor, rows: torch.Tensor, gate_up_scales: torch.Tensor | None = None,
-                    down_scales: torch.Tensor | None = None) -> tuple[int, int]:
+                    down_bank: torch.Tensor, rows: torch.Tensor, extras: ExpertExtras | None = None,
+                    activation: Activation = SILU) -> tuple[int, int]:
     """Hybrid's rank share on the host, in one native call: each pair (b, k) of the routing ids [B, K] with
-    k < cpu_ranks gets rows[b, k] = its expert's SiLU-gated MLP of hidden[b] (bf16 [B, D]) from the banks
-    (gate_up [N, 2I, D], down [N, D, I]: bf16, or quantized beside their [N, ...] scale banks), exactly as
-    `silu_experts_mlp` computes it; the other rows stay as they are. Returns (distinct experts computed,
-    distinct experts routed)."""
+    k < cpu_ranks gets rows[b, k] = its expert's gated MLP of hidden[b] (bf16 [B, D]) from the banks
+    (gate_up [N, 2I, D], down [N, D, I]: bf16, or quantized beside their [N, ...] scale banks; bias banks
+    [N, 2I], [N, D] where biased: the bank's `extras`), exactly as `gated_experts_mlp` computes it; the other rows
+    stay as they are. Returns (distinct experts computed, distinct experts routed)."""
     _loaded()
-    computed, routed = torch.ops.wisp_cpu.rank_share_rows(ids, cpu_ranks, hidden, gate_up_bank, gate_up_scales,
-                                                          down_bank, down_scales, rows)
+    ex = ExpertExtras() if extras is None else extras
+    computed, routed = torch.ops.wisp_cpu.rank_share_rows(
+        ids, cpu_ranks, hidden, gate_up_bank, ex.gate_up_scale, down_bank, ex.down_scale, ex.gate_up_bias,
+        ex.down_bias, activation.kind, activation.alpha, activation.limit, rows)
     return computed, routed
 
 
@@ -177,18 +186,6 @@ def fp8_nan_codes(codes: torch.Tensor) -> bool:
 def rows_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] float32, w [N, K] (bf16, or quantized with its scale) -> x @ w.T [M, N] float32 (one group)."""
     return grouped_rows_matmul(x, [w], [x.shape[0]], None if scale is None else [scale])
-
-
-def whole_in_native(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None,
-                    activation: Activation) -> bool:
-    """Whether the native code computes this expert whole (`silu_experts_mlp`, `rank_share_rows`): a format it
-    reads, no biases, SiLU."""
-    return applies(w_gate_up, w_down, extras) and _silu_without_biases([extras], activation)
-
-
-def _silu_without_biases(extras: list[ExpertExtras | None], activation: Activation) -> bool:
-    """Whether experts with these extras run whole in native code once it reads their weights: SiLU, no biases."""
-    return activation == SILU and all(ex is None or (ex.gate_up_bias is None and ex.down_bias is None) for ex in extras)
 
 
 NATIVE_FORMATS = {  # weight dtype -> its scales' dtype (None: plain weights, no scales)
@@ -206,10 +203,13 @@ def _reads(w: torch.Tensor, scale: torch.Tensor | None) -> bool:
 
 
 def applies(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None) -> bool:
-    """Whether the native kernel computes this expert (else torch's plain kernel does)."""
+    """Whether the native kernel computes this expert, whole (else torch's plain kernel does): weights in a format
+    it reads, biases (where there are) bf16 or float32."""
     scales = None if extras is None else extras.scales
+    biases = () if extras is None else (extras.gate_up_bias, extras.down_bias)
     return (w_gate_up.dtype == w_down.dtype and _reads(w_gate_up, None if scales is None else scales[0])
-            and _reads(w_down, None if scales is None else scales[1]))
+            and _reads(w_down, None if scales is None else scales[1])
+            and all(b is None or b.dtype in (torch.bfloat16, torch.float32) for b in biases))
 
 
 ExpertsKernel = Callable[..., torch.Tensor]
@@ -232,10 +232,10 @@ def one_at_a_time(expert_fn) -> ExpertsKernel:
 
 def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.Tensor], downs: list[torch.Tensor],
                        extras: list[ExpertExtras | None], activation: Activation = SILU) -> torch.Tensor:
-    """A layer's CPU experts with the native kernel: both GEMVs of every expert in one parallel region each,
-    the activation in float32 between, biases added in float32 ([M, D] float32); SiLU experts without biases
-    in one native call (`silu_experts_mlp`). Where some expert's weights are in a format it does not read, or the
-    experts are not all in one format: torch's plain kernel, one expert at a time. The experts of one call share
+    """A layer's CPU experts with the native kernel, in one native call (`gated_experts_mlp`): both GEMVs of every
+    expert in one parallel region each, the biases and the activation in float32 between ([M, D] float32). Where
+    some expert's weights are in a format it does not read, or the experts are not all in one format: torch's
+    plain kernel, one expert at a time. The experts of one call share
     their shapes (they are one layer's); the format is checked on each, the rest on the first. (Lean: the eager
     hybrid step calls it once a layer.)"""
     scales = [None if ex is None else ex.scales for ex in extras]
@@ -246,23 +246,18 @@ def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.
     gate_ups, downs = [w.contiguous() for w in gate_ups], [w.contiguous() for w in downs]
     gate_up_scales = None if scales[0] is None else [s[0].contiguous() for s in scales]
     down_scales = None if scales[0] is None else [s[1].contiguous() for s in scales]
-    x = x.float().contiguous()
-    if _silu_without_biases(extras, activation):  # `whole_in_native`, its weights' part checked above
-        return silu_experts_mlp(x, gate_ups, downs, counts, gate_up_scales, down_scales)
-    h = grouped_rows_matmul(x, gate_ups, counts, gate_up_scales)  # [M, 2I]
-    if any(ex is not None and ex.gate_up_bias is not None for ex in extras):
-        h = h + _bias_rows([None if ex is None else ex.gate_up_bias for ex in extras], counts, h.shape[1])
-    gate, up = h.chunk(2, dim=-1)  # [M, I] each
-    a = F.silu(gate) * up if activation == SILU else activation(gate, up)
-    out = grouped_rows_matmul(a.contiguous(), downs, counts, down_scales)  # [M, D]
-    if any(ex is not None and ex.down_bias is not None for ex in extras):
-        out = out + _bias_rows([None if ex is None else ex.down_bias for ex in extras], counts, out.shape[1])
-    return out
+    gate_up_biases, down_biases = _biases(extras, "gate_up_bias", gate_ups[0].shape[0]), _biases(extras, "down_bias", downs[0].shape[0])
+    return gated_experts_mlp(x.float().contiguous(), gate_ups, downs, counts, gate_up_scales, down_scales,
+                             gate_up_biases, down_biases, activation)
 
 
-def _bias_rows(biases: list[torch.Tensor | None], counts: list[int], width: int) -> torch.Tensor:
-    """Each expert's bias (zeros where it has none) repeated over its rows, float32 [M, width]."""
-    return torch.cat([torch.zeros((n, width)) if b is None else b.float().expand(n, -1) for b, n in zip(biases, counts)])
+def _biases(extras: list[ExpertExtras | None], role: str, width: int) -> list[torch.Tensor] | None:
+    """Each expert's bias of `role` (float32 zeros where one has none), or None where none has one."""
+    biases = [None if ex is None else getattr(ex, role) for ex in extras]
+    if all(b is None for b in biases):
+        return None
+    return [torch.zeros(width) if b is None else b.contiguous() if b.dtype in (torch.bfloat16, torch.float32)
+            else b.float().contiguous() for b in biases]
 
 
 def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,

@@ -14,8 +14,8 @@ import torch
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.experts.cpu_server import cpu_pair_rows
 from wisp.core.experts.rank_share.captured import RankShareCaptured
-from wisp.core.kernels.cpu_expert_kernels import native_experts_mlp, rank_share_rows, whole_in_native
-from wisp.core.kernels.expert_extras import DOWN_SCALE, GATE_UP_SCALE, extras_of
+from wisp.core.kernels.cpu_expert_kernels import applies, native_experts_mlp, rank_share_rows
+from wisp.core.kernels.expert_extras import EXTRA_KEYS, extras_at, extras_of
 from wisp.core.learners.hybrid_costs import HybridCosts
 
 LIVE_EMA = 0.05  # the weight of a layer-step in `RankShareWorker.live`, each rank's share of pairs that were not hot
@@ -30,10 +30,10 @@ class RankShareWorker:
         self.live = [1.0] * top_k  # per rank, the share of recent pairs that were not hot
         self._refresh_due = False  # a refresh for `refresh_hot` at the step's end
         host = store.host
+        self._extras = extras_of(host)  # the bank's scales and biases, for the native call
         self._native = (store.cpu.cpu_experts.kernel is native_experts_mlp and hidden.dtype == torch.bfloat16
-                        and all(host[key].is_contiguous() for key in (GATE_UP, DOWN, GATE_UP_SCALE, DOWN_SCALE)
-                                if key in host)
-                        and whole_in_native(host[GATE_UP][0], host[DOWN][0], extras_of(host), store.kernels.activation))
+                        and all(host[key].is_contiguous() for key in (GATE_UP, DOWN, *EXTRA_KEYS) if key in host)
+                        and applies(host[GATE_UP][0], host[DOWN][0], extras_at(self._extras, 0)))
 
     def set_share(self, n: int, predicted_s: float | None = None) -> None:
         """Ranks below n go to the CPU from the next step on. The pace compares each layer's CPU step with
@@ -130,8 +130,8 @@ class RankShareWorker:
         """The CPU's pairs into the host rows in one native call; (experts computed, experts routed)."""
         host = self.captured.store.host
         return rank_share_rows(self.captured.cpu_ids_host[:b], self.captured._share, self.captured.hidden_host[:b],
-                               host[GATE_UP], host[DOWN], self.captured.rows_host[:b], host.get(GATE_UP_SCALE),
-                               host.get(DOWN_SCALE))
+                               host[GATE_UP], host[DOWN], self.captured.rows_host[:b], self._extras,
+                               self.captured.store.kernels.activation)
 
     def _rows(self, b: int) -> tuple[int, int]:
         """The same with the store's CPU kernel (any kernel, any weights), grouped as the eager step groups."""

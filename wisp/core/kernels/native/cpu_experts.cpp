@@ -130,34 +130,95 @@ inline float exp_fixed(float x) {
   return p * scale;
 }
 
-// a [M, inter] = silu(h[:, :inter]) * h[:, inter:], silu(g) = g / (1 + exp(-g)), from h [M, 2 inter]
-void silu_mul(const float* h, int64_t rows, int64_t inter, float* a) {
+// The gated activation between an expert's GEMVs (wisp.core.kernels.expert_extras.Activation): SiLU's
+// silu(g) * u = g / (1 + exp(-g)) * u, or GPT-OSS's clamped SwiGLU: g = min(g, limit), u = clamp(u, -limit, limit),
+// (u + 1) * (g / (1 + exp(-(g * alpha)))); NaN stays NaN through the clamps.
+struct Gating {
+  bool clamped_swiglu = false;
+  float alpha = 0.0f, limit = 0.0f;
+};
+
+Gating gating_of(c10::string_view kind, double alpha, double limit) {
+  TORCH_CHECK(kind == "silu" || kind == "clamped_swiglu", "activation silu or clamped_swiglu; got ", kind);
+  return Gating{kind == "clamped_swiglu", float(alpha), float(limit)};
+}
+
+inline float gated(float g, float u, const Gating& gating) {
+  if (!gating.clamped_swiglu) return g / (1.0f + exp_fixed(-g)) * u;
+  g = std::min(g, gating.limit);  // (limit < NaN) is false: NaN kept
+  u = std::max(std::min(u, gating.limit), -gating.limit);
+  return (u + 1.0f) * (g / (1.0f + exp_fixed(-(g * gating.alpha))));
+}
+
+// a [M, inter] = the activation of h[:, :inter] (gate) and h[:, inter:] (up), from h [M, 2 inter]
+void gate_mul(const float* h, int64_t rows, int64_t inter, const Gating& gating, float* a) {
   at::parallel_for(0, rows * inter, 1 << 15, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t m = i / inter, j = i - m * inter;
-      const float g = h[m * 2 * inter + j], u = h[m * 2 * inter + inter + j];
-      a[i] = g / (1.0f + exp_fixed(-g)) * u;
+      a[i] = gated(h[m * 2 * inter + j], h[m * 2 * inter + inter + j], gating);
     }
   });
 }
 
-// A SiLU-gated expert per group, on its rows: out = (silu(x W_gate^T) * (x W_up^T)) W_down^T in float32, gate_up
-// [2I, D] (gate rows first), down [D, I]; both GEMVs in one parallel region each, the activation between.
-template <class F>
-void experts_mlp(const float* xs, int64_t rows, const std::vector<Matrix>& gate_ups, const std::vector<Matrix>& downs,
-                 const std::vector<int64_t>& offsets, int64_t hidden, int64_t inter, float* outs) {
-  std::vector<float> h(size_t(rows * 2 * inter)), a(size_t(rows * inter));
-  grouped_rows<F>(xs, gate_ups, offsets, 2 * inter, hidden, h.data());
-  silu_mul(h.data(), rows, inter, a.data());
-  grouped_rows<F>(a.data(), downs, offsets, hidden, inter, outs);
+// A bias vector as a bank keeps it (bf16 or float32; null: none), read as float32 (exact)
+struct Bias {
+  const void* data = nullptr;
+  bool bf16 = false;
+  float at(int64_t j) const {
+    if (!bf16) return static_cast<const float*>(data)[j];
+    const uint32_t bits = uint32_t(static_cast<const uint16_t*>(data)[j]) << 16;
+    float value;
+    std::memcpy(&value, &bits, sizeof(value));
+    return value;
+  }
+};
+
+// rows[m, :] += group e's bias, for each group's rows (float32 adds after the GEMV's sums, as torch's path adds them)
+void add_biases(float* rows, const std::vector<Bias>& biases, const std::vector<int64_t>& offsets, int64_t width) {
+  if (biases.empty()) return;
+  for (size_t e = 0; e < biases.size(); ++e)
+    for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m)
+      for (int64_t j = 0; j < width; ++j) rows[m * width + j] += biases[e].at(j);
 }
 
-at::Tensor silu_mul_op(const at::Tensor& h) {  // h [M, 2I] float32 -> [M, I] (tests read the activation alone)
+// A gated expert per group, on its rows: out = act(x W_gate_up^T + b_gate_up) W_down^T + b_down in float32, gate_up
+// [2I, D] (gate rows first), down [D, I], biases [2I] and [D] where given (none: empty); both GEMVs in one parallel
+// region each, the biases and the activation between.
+template <class F>
+void experts_mlp(const float* xs, int64_t rows, const std::vector<Matrix>& gate_ups, const std::vector<Matrix>& downs,
+                 const std::vector<Bias>& gate_up_biases, const std::vector<Bias>& down_biases,
+                 const std::vector<int64_t>& offsets, int64_t hidden, int64_t inter, const Gating& gating, float* outs) {
+  std::vector<float> h(size_t(rows * 2 * inter)), a(size_t(rows * inter));
+  grouped_rows<F>(xs, gate_ups, offsets, 2 * inter, hidden, h.data());
+  add_biases(h.data(), gate_up_biases, offsets, 2 * inter);
+  gate_mul(h.data(), rows, inter, gating, a.data());
+  grouped_rows<F>(a.data(), downs, offsets, hidden, inter, outs);
+  add_biases(outs, down_biases, offsets, hidden);
+}
+
+// h [M, 2I] float32 -> [M, I] (tests read the activation alone)
+at::Tensor gate_mul_op(const at::Tensor& h, c10::string_view activation, double alpha, double limit) {
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == at::kFloat && h.is_contiguous() && h.size(1) % 2 == 0,
               "float32 h [M, 2I] expected");
   at::Tensor a = at::empty({h.size(0), h.size(1) / 2}, h.options());
-  silu_mul(h.data_ptr<float>(), h.size(0), h.size(1) / 2, a.data_ptr<float>());
+  gate_mul(h.data_ptr<float>(), h.size(0), h.size(1) / 2, gating_of(activation, alpha, limit), a.data_ptr<float>());
   return a;
+}
+
+// A bias of `width` values (bf16 or float32, contiguous), or none for an undefined tensor
+Bias checked_bias(const at::Tensor& bias, int64_t width) {
+  if (!bias.defined()) return Bias{};
+  TORCH_CHECK((bias.scalar_type() == at::kBFloat16 || bias.scalar_type() == at::kFloat) && bias.is_contiguous() &&
+              bias.numel() == width, "a bias: contiguous bfloat16 or float32 [", width, "]; got ", bias.scalar_type(),
+              " ", bias.sizes());
+  return Bias{bias.data_ptr(), bias.scalar_type() == at::kBFloat16};
+}
+
+std::vector<Bias> checked_biases(at::TensorList biases, size_t groups, int64_t width) {
+  TORCH_CHECK(biases.empty() || biases.size() == groups, "no biases or one per weight");
+  std::vector<Bias> out;
+  for (const at::Tensor& b : biases) out.push_back(checked_bias(b, width));
+  return out;
 }
 
 constexpr const char* kFormats =
@@ -255,8 +316,10 @@ at::Tensor grouped_rows_matmul(const at::Tensor& x, at::TensorList ws, at::Tenso
   return out;
 }
 
-at::Tensor silu_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::TensorList gate_up_scales,
-                            at::TensorList downs, at::TensorList down_scales, at::IntArrayRef offsets) {
+at::Tensor gated_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::TensorList gate_up_scales,
+                             at::TensorList gate_up_biases, at::TensorList downs, at::TensorList down_scales,
+                             at::TensorList down_biases, at::IntArrayRef offsets, c10::string_view activation,
+                             double alpha, double limit) {
   TORCH_CHECK(!gate_ups.empty() && gate_ups.size() == downs.size(), "a gate_up and a down per group");
   const Matrices gu = checked_matrices(gate_ups, gate_up_scales), dn = checked_matrices(downs, down_scales);
   TORCH_CHECK(gu.format == dn.format && gu.n_out == 2 * dn.depth && dn.n_out == gu.depth,
@@ -264,10 +327,13 @@ at::Tensor silu_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::Te
   check_rows(x, gu.depth);
   check_expert_widths(gu.depth, dn.depth);
   const std::vector<int64_t> bounds = checked_offsets(offsets, gate_ups.size(), x.size(0));
+  const std::vector<Bias> gu_biases = checked_biases(gate_up_biases, gate_ups.size(), gu.n_out);
+  const std::vector<Bias> dn_biases = checked_biases(down_biases, downs.size(), dn.n_out);
+  const Gating gating = gating_of(activation, alpha, limit);
   at::Tensor out = at::empty({x.size(0), gu.depth}, x.options());
   with_format(gu.format, [&](auto f) {
-    experts_mlp<decltype(f)>(x.data_ptr<float>(), x.size(0), gu.matrices, dn.matrices, bounds, gu.depth, dn.depth,
-                             out.data_ptr<float>());
+    experts_mlp<decltype(f)>(x.data_ptr<float>(), x.size(0), gu.matrices, dn.matrices, gu_biases, dn_biases, bounds,
+                             gu.depth, dn.depth, gating, out.data_ptr<float>());
   });
   return out;
 }
@@ -280,17 +346,30 @@ Matrix bank_matrix(const at::Tensor& bank, const at::Tensor& scales, int64_t e) 
   return Matrix{codes, scale};
 }
 
+void check_bias_bank(const at::Tensor& bank, int64_t experts, int64_t width) {  // undefined: no biases
+  TORCH_CHECK(!bank.defined() || ((bank.scalar_type() == at::kBFloat16 || bank.scalar_type() == at::kFloat) &&
+              bank.is_contiguous() && bank.sizes() == at::IntArrayRef({experts, width})),
+              "a bias bank: contiguous bfloat16 or float32 [", experts, ", ", width, "]");
+}
+
+// Expert e's bias of a checked bias bank [N, width]
+Bias bank_bias(const at::Tensor& bank, int64_t e) {
+  return Bias{static_cast<const uint8_t*>(bank.data_ptr()) + e * bank.stride(0) * bank.element_size(),
+              bank.scalar_type() == at::kBFloat16};
+}
+
 // Hybrid's rank share on the host (wisp.core.experts.rank_share): of the routing ids [B, K], the pairs of rank k < n are
-// the CPU's; each such pair (b, k) gets rows[b, k] = expert ids[b, k]'s SiLU-gated MLP of hidden[b] (bf16 [B, D]
-// widened exactly), from the banks gate_up [N, 2I, D] and down [N, D, I] (with their scale banks where quantized);
-// the other rows are left as they are. The experts are taken in ascending id, each with its pairs in token order,
-// exactly as silu_experts_mlp is given them by the eager step. An id of -1 is a pair another server computes (a hot
+// the CPU's; each such pair (b, k) gets rows[b, k] = expert ids[b, k]'s gated MLP of hidden[b] (bf16 [B, D] widened
+// exactly), from the banks gate_up [N, 2I, D] and down [N, D, I] (with their scale banks where quantized, their bias
+// banks [N, 2I] and [N, D] where biased); the other rows are left as they are. The experts are taken in ascending id,
+// each with its pairs in token order, exactly as gated_experts_mlp is given them by the eager step. An id of -1 is a pair another server computes (a hot
 // expert's, held on the device): skipped, and not counted as routed. Returns {distinct experts the CPU computed,
 // distinct experts routed}.
 std::vector<int64_t> rank_share_rows(const at::Tensor& ids, int64_t cpu_ranks, const at::Tensor& hidden_rows,
                                      const at::Tensor& gate_up_bank, const c10::optional<at::Tensor>& gate_up_scales,
                                      const at::Tensor& down_bank, const c10::optional<at::Tensor>& down_scales,
-                                     const at::Tensor& rows) {
+                                     const c10::optional<at::Tensor>& gate_up_bias, const c10::optional<at::Tensor>& down_bias,
+                                     c10::string_view activation, double alpha, double limit, const at::Tensor& rows) {
   TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong && ids.is_contiguous(), "int64 ids [B, K] expected");
   const int64_t batch = ids.size(0), top_k = ids.size(1), experts = gate_up_bank.size(0);
   const at::Tensor gu_scales = gate_up_scales.value_or(at::Tensor()), dn_scales = down_scales.value_or(at::Tensor());
@@ -310,6 +389,10 @@ std::vector<int64_t> rank_share_rows(const at::Tensor& ids, int64_t cpu_ranks, c
               rows.sizes() == at::IntArrayRef({batch, top_k, hidden}), "float32 rows [B, K, D] expected");
   check_expert_widths(hidden, inter);
   TORCH_CHECK(0 <= cpu_ranks && cpu_ranks <= top_k, "cpu_ranks within 0..K");
+  const at::Tensor gu_bias = gate_up_bias.value_or(at::Tensor()), dn_bias = down_bias.value_or(at::Tensor());
+  check_bias_bank(gu_bias, experts, 2 * inter);
+  check_bias_bank(dn_bias, experts, hidden);
+  const Gating gating = gating_of(activation, alpha, limit);
   const int64_t* id = ids.data_ptr<int64_t>();
   std::vector<std::vector<int64_t>> pairs_of(size_t(experts) + 1);
   std::vector<bool> routed(size_t(experts) + 1, false);
@@ -320,11 +403,14 @@ std::vector<int64_t> rank_share_rows(const at::Tensor& ids, int64_t cpu_ranks, c
     if (pair % top_k < cpu_ranks) pairs_of[id[pair]].push_back(pair);
   }
   std::vector<Matrix> gate_ups, downs;
+  std::vector<Bias> gu_biases, dn_biases;
   std::vector<int64_t> offsets{0}, order;
   for (int64_t e = 0; e < experts; ++e) {
     if (pairs_of[e].empty()) continue;
     gate_ups.push_back(bank_matrix(gate_up_bank, gu_scales, e));
     downs.push_back(bank_matrix(down_bank, dn_scales, e));
+    if (gu_bias.defined()) gu_biases.push_back(bank_bias(gu_bias, e));
+    if (dn_bias.defined()) dn_biases.push_back(bank_bias(dn_bias, e));
     order.insert(order.end(), pairs_of[e].begin(), pairs_of[e].end());
     offsets.push_back(int64_t(order.size()));
   }
@@ -339,7 +425,8 @@ std::vector<int64_t> rank_share_rows(const at::Tensor& ids, int64_t cpu_ranks, c
       std::memcpy(&xs[size_t(i * hidden + d)], &bits, sizeof(float));
     }
   with_format(gu.format, [&](auto f) {
-    experts_mlp<decltype(f)>(xs.data(), m, gate_ups, downs, offsets, hidden, inter, outs.data());
+    experts_mlp<decltype(f)>(xs.data(), m, gate_ups, downs, gu_biases, dn_biases, offsets, hidden, inter, gating,
+                             outs.data());
   });
   float* out = rows.data_ptr<float>();
   for (int64_t i = 0; i < m; ++i)
@@ -363,17 +450,19 @@ bool fp8_nan_codes(const at::Tensor& codes) {
 
 TORCH_LIBRARY(wisp_cpu, m) {
   m.def("grouped_rows_matmul(Tensor x, Tensor[] ws, Tensor[] scales, int[] offsets) -> Tensor");
-  m.def("silu_experts_mlp(Tensor x, Tensor[] gate_ups, Tensor[] gate_up_scales, Tensor[] downs, "
-        "Tensor[] down_scales, int[] offsets) -> Tensor");
-  m.def("silu_mul(Tensor h) -> Tensor");
+  m.def("gated_experts_mlp(Tensor x, Tensor[] gate_ups, Tensor[] gate_up_scales, Tensor[] gate_up_biases, "
+        "Tensor[] downs, Tensor[] down_scales, Tensor[] down_biases, int[] offsets, str activation, float alpha, "
+        "float limit) -> Tensor");
+  m.def("gate_mul(Tensor h, str activation, float alpha, float limit) -> Tensor");
   m.def("fp8_nan_codes(Tensor codes) -> bool");
   m.def("rank_share_rows(Tensor ids, int cpu_ranks, Tensor hidden, Tensor gate_up_bank, Tensor? gate_up_scales, "
-        "Tensor down_bank, Tensor? down_scales, Tensor(a!) rows) -> int[]");
+        "Tensor down_bank, Tensor? down_scales, Tensor? gate_up_bias, Tensor? down_bias, str activation, float alpha, "
+        "float limit, Tensor(a!) rows) -> int[]");
 }
 TORCH_LIBRARY_IMPL(wisp_cpu, CPU, m) {
   m.impl("grouped_rows_matmul", &grouped_rows_matmul);
-  m.impl("silu_experts_mlp", &silu_experts_mlp);
-  m.impl("silu_mul", &silu_mul_op);
+  m.impl("gated_experts_mlp", &gated_experts_mlp);
+  m.impl("gate_mul", &gate_mul_op);
   m.impl("fp8_nan_codes", &fp8_nan_codes);
   m.impl("rank_share_rows", &rank_share_rows);
 }
