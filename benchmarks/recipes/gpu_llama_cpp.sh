@@ -30,6 +30,26 @@
 #         is still here; the half's cold TTFT at 512 / 2048 with HOT hot experts a layer (what the budget sized: 62
 #         for Qwen3-30B-A3B FP8 at 17.16 GB); both placements again under the random router's routing; OLD=DIR last
 #         runs the half under uniform routing on the tree in DIR. One call: about 8 minutes for Qwen3-30B-A3B.
+#   pair_big: llama.cpp and wisp on a big model (gpt-oss-120b: MODEL=gpt-oss-120b) in one call. The GGUF (MODEL, TYPE;
+#         gpt-oss's experts MXFP4 whatever TYPE says) is written to GGUF_DIR (default /dev/shm: the disk has ~34 GB
+#         free, gpt-oss-120b's file is 65 GB) while llama-bench builds (skipped when built: the peer stage's code),
+#         llama-bench runs at PLACEMENTS (default all-cpu,half) on prompts 512 and 2048 and a 64-token decode, REPS
+#         repetitions (default 1), -t 16 (plus LLAMA_EXTRA's flags), and the GGUF is deleted (its RAM goes to wisp's
+#         pinned experts). Then wisp, dummy weights of WISP_MODEL (default MODEL), hybrid-zero-copy: decode 64 tokens
+#         after 512 at each placement (all-cpu: --hot-experts 0; half: --vram-budget HALF, bytes, required with half:
+#         llama.cpp's half nvidia-smi peak less the bare CUDA context; auto: that, from this call's records) under ROUTING (default uniform; router: the
+#         model's random router; else a trace file), then cold TTFT at 512 / 2048 with HOT hot experts a layer
+#         (default 0). Each step's timeout is cut to what is left of BUDGET_S (default 575 s from the script's
+#         start; wisp runs WISP_TIMEOUT, default 200, llama-bench PEER_TIMEOUT, default 240), and a step with too
+#         little left is skipped (noted): the prefill first, then the half decode. $OUT: the records (llama_cpp_*,
+#         decode_*_{all_cpu,half}_hybrid_<routing>, prefill_*_hybrid_hot<HOT>), pair_big_summary.txt (step times
+#         and the figures side by side) and pair_big_logs.tgz (every log). Duration for gpt-oss-120b, an estimate
+#         (not measured): GGUF 1-2.5 min (tmpfs writes at 0.75-2.5 GB/s on a 2-core test host), llama-bench 2-3 min
+#         (two loads of 65 GB), wisp 3 x 1.5 min (gpt-oss-120b's dummy load took 42-56 s in decode_gpt_oss_120b):
+#         about 7-9.5 min with llama-bench already built; a fresh machine's 3.5-minute build leaves too little
+#         for the prefill (run the stage again on the warm machine). Memory: llama.cpp repacks the CPU's MXFP4
+#         experts (AVX2) into its own buffers, at all-cpu about 61 GB beside the 65 GB file (of 128 GiB);
+#         LLAMA_EXTRA='--repack 0' reads them from the file instead (not llama.cpp's default).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -37,19 +57,29 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/*.whl 2>&1 | tail -1
 model=${MODEL:-olmoe-1b-7b}; type=${TYPE:-bf16}
 bench=.llama_cpp/build-cuda/bin/llama-bench
-case "${STAGE:-peer}" in
-peer)
-  gguf=${GGUF_DIR:-/tmp}/$model-$type.gguf; df -h /tmp /dev/shm | tail -2  # GGUF_DIR: where the file fits
-  (time python3 -m wisp bench llama-cpp gguf --model "$model" --type "$type" --out "$gguf") > "$out/gguf.log" 2>&1 &
-  writer=$!
+gguf_and_build() {  # $1: the GGUF's path. Writes it (MODEL, TYPE; log: gguf.log) while llama-bench builds (build.txt;
+  # skipped where a warm machine still has it); returns the writer's exit status. A file left there is removed first
+  # (the writer's room check counts it as taken).
+  df -h /tmp /dev/shm | tail -2; rm -f "$1"
+  (time python3 -m wisp bench llama-cpp gguf --model "$model" --type "$type" --out "$1") > "$out/gguf.log" 2>&1 &
+  local writer=$! rc
   if [ -x "$bench" ]; then echo "llama-bench already built" > "$out/build.txt"
   else (time JOBS=16 BACKEND=cuda bash benchmarks/recipes/llama_cpp/build.sh) > "$out/build.txt" 2>&1; cp .llama_cpp/build-cuda.log "$out/" 2>/dev/null
   fi
-  wait $writer; tail -4 "$out/gguf.log"; tail -4 "$out/build.txt"; df -h /tmp | tail -1
-  timeout "${PEER_TIMEOUT:-300}" python3 -m wisp bench llama-cpp run --llama-bench "$bench" \
-    --gguf "$gguf" --model "$model" --placements "${PLACEMENTS:-all-cpu,half,all-gpu}" --prompts 512,2048 \
-    --decode-tokens 64 --repetitions 2 --extra "-t 16" ${UNSAMPLED:+--unsampled-decode} \
-    --out "$out/llama_cpp_${model}_${type}.json" 2>&1 | tail -6
+  wait $writer; rc=$?; tail -4 "$out/gguf.log"; tail -4 "$out/build.txt"; df -h "$(dirname "$1")" | tail -1
+  return $rc
+}
+llama_bench() {  # $1: timeout (s), $2: placements, $3: repetitions, $4: the GGUF, $5: the records' file. llama-bench
+  # (`wisp bench llama-cpp run`) at prompts 512 and 2048 and a 64-token decode, 16 threads plus LLAMA_EXTRA's flags
+  timeout "$1" python3 -m wisp bench llama-cpp run --llama-bench "$bench" --gguf "$4" --model "$model" \
+    --placements "$2" --prompts 512,2048 --decode-tokens 64 --repetitions "$3" --extra "-t 16${LLAMA_EXTRA:+ $LLAMA_EXTRA}" \
+    ${UNSAMPLED:+--unsampled-decode} --out "$5" 2>&1 | tail -6
+}
+case "${STAGE:-peer}" in
+peer)
+  gguf=${GGUF_DIR:-/tmp}/$model-$type.gguf  # GGUF_DIR: where the file fits
+  gguf_and_build "$gguf"
+  llama_bench "${PEER_TIMEOUT:-300}" "${PLACEMENTS:-all-cpu,half,all-gpu}" 2 "$gguf" "$out/llama_cpp_${model}_${type}.json"
   [ -n "${KEEP_GGUF:-}" ] || rm -f "$gguf" ;;  # KEEP_GGUF=1: left for wisp to read the same file
 paired)
   peak="-m wisp bench llama-cpp peak"
@@ -81,15 +111,86 @@ footprints)
   }
   ours uniform
   if [ -x "$bench" ] && [ -f "$gguf" ]; then
-    timeout "${PEER_TIMEOUT:-240}" python3 -m wisp bench llama-cpp run --llama-bench "$bench" --gguf "$gguf" --model "$model" \
-      --placements all-cpu,half --prompts 512,2048 --decode-tokens 64 --repetitions 2 --extra "-t 16" \
-      --out "$out/llama_cpp_${model}_${type}_same_call.json" 2>&1 | tail -6
+    llama_bench "${PEER_TIMEOUT:-240}" all-cpu,half 2 "$gguf" "$out/llama_cpp_${model}_${type}_same_call.json"
   else echo "no llama-bench or GGUF here (a fresh machine): ours alone"; fi
   timeout 150 python3 -m wisp bench prefill --load-format dummy --model "$wmodel" --mode hybrid-zero-copy \
     --hot-experts "${HOT:-62}" --prompt-len 512,2048 --out "$out/prefill_${wmodel}_half_hybrid.json" 2>"$out/prefill_half.log" | tail -2
   ours router
   [ -n "${OLD:-}" ] && (cd "$OLD" && PYTHONPATH=$PWD timeout 180 $decode --vram-budget "$HALF" --routing-trace uniform \
     --out "$out/decode_${wmodel}_half_hybrid_uniform_old_tree.json" 2>"$out/decode_half_old.log" | tail -1) ;;
+pair_big)
+  placements=${PLACEMENTS:-all-cpu,half}; wmodel=${WISP_MODEL:-$model}; hot=${HOT:-0}
+  [[ ,$placements, == *,half,* ]] && : "${HALF:?HALF: bytes, the --vram-budget of the wisp run at the half placement}"
+  routing=${ROUTING:-uniform}; trace=(--routing-trace "$routing"); rname=$routing
+  [ "$routing" = router ] && trace=()  # router: the model's own (random) router picks the experts
+  [ "$routing" = uniform ] || [ "$routing" = router ] || rname=trace
+  summary="$out/pair_big_summary.txt"; deadline=${BUDGET_S:-575}  # seconds since the script began
+  note() { echo "[${SECONDS}s] $*" | tee -a "$summary"; }
+  slot() {  # a step's timeout: $1 s, or what is left before the deadline less 15 s for packing; fails under $2 s
+    local left=$(( deadline - SECONDS - 15 )); local t=$(( $1 < left ? $1 : left ))
+    [ "$t" -ge "$2" ] && echo "$t"
+  }
+  ours() {  # $1: the records' name (log beside them), then the command's flags: one wisp run under its slot
+    local name=$1 t rc; shift
+    if ! t=$(slot "${WISP_TIMEOUT:-200}" 90); then note "$name: skipped, $(( deadline - SECONDS ))s left of BUDGET_S"; return; fi
+    timeout "$t" python3 -m wisp bench "$@" --out "$out/$name.json" 2>"$out/$name.log" | tail -2; rc=${PIPESTATUS[0]}
+    note "$name: exit $rc$([ "$rc" = 124 ] && echo ": timed out after ${t}s")"
+  }
+  lscpu | grep -E "Model name|^CPU\(s\)" > "$out/host.txt"; free -g >> "$out/host.txt"
+  gguf=${GGUF_DIR:-/dev/shm}/$model-$type.gguf
+  if gguf_and_build "$gguf" && [ -x "$bench" ]; then
+    note "GGUF written ($(du -h "$gguf" | cut -f1)), llama-bench built"; free -g | tail -2 >> "$out/host.txt"
+    if t=$(slot "${PEER_TIMEOUT:-240}" 60); then
+      llama_bench "$t" "$placements" "${REPS:-1}" "$gguf" "$out/llama_cpp_${model}_${type}.json"
+      note "llama-bench: exit $? (124: timed out after ${t}s)"
+    else note "llama-bench skipped: $(( deadline - SECONDS ))s left"; fi
+  else note "no GGUF or no llama-bench (gguf.log, build.txt): llama.cpp skipped"; fi
+  rm -f "$gguf"  # its RAM (GGUF_DIR=/dev/shm) goes to wisp's pinned experts
+  if [ "${HALF:-}" = auto ]; then  # llama.cpp's half nvidia-smi peak in this call, less a bare CUDA context measured here
+    python3 -m wisp bench llama-cpp peak --out "$out/context.json" -- python3 -c "import torch, time
+a = torch.ones(64, 64, device='cuda'); (a @ a).sum().item(); time.sleep(1)" > /dev/null 2>&1
+    HALF=$(python3 -c "import json; half = [r for r in json.load(open('$out/llama_cpp_${model}_${type}.json')) if r['placement'] == 'half']
+print(half[0]['peak_gpu_bytes'] - json.load(open('$out/context.json'))['peak_gpu_bytes'])" 2>/dev/null) || HALF=""
+    note "HALF=auto: ${HALF:-no llama.cpp half record: the half decode is skipped}"
+    [ -n "$HALF" ] || placements=${placements//half/}
+  fi
+  decode=(decode --load-format dummy --model "$wmodel" --prompt-len 512 --decode-tokens 64 --mode hybrid-zero-copy)
+  for placement in ${placements//,/ }; do
+    case $placement in
+      all-cpu) ours "decode_${wmodel}_all_cpu_hybrid_$rname" "${decode[@]}" --hot-experts 0 "${trace[@]}" ;;
+      half) ours "decode_${wmodel}_half_hybrid_$rname" "${decode[@]}" --vram-budget "$HALF" "${trace[@]}" ;;
+      *) note "$placement: no wisp run for it (all-cpu and half only)" ;;
+    esac
+  done
+  ours "prefill_${wmodel}_hybrid_hot$hot" prefill --load-format dummy --model "$wmodel" --mode hybrid-zero-copy \
+    --hot-experts "$hot" --prompt-len 512,2048
+  python3 - "$out" "$model" "$type" "$wmodel" "$rname" "$hot" <<'PY' | tee -a "$summary"
+import json, sys
+from pathlib import Path
+out, model, kind, wmodel, routing, hot = sys.argv[1:]
+def records(name):
+    f = Path(out) / name
+    return json.loads(f.read_text()) if f.is_file() else []
+gb = lambda b: "-" if b is None else f"{b / 1e9:.2f} GB"
+peer = {r["placement"]: r for r in records(f"llama_cpp_{model}_{kind}.json")}
+for placement, r in peer.items():
+    print(f"llama.cpp {placement}: decode {r['decode_tok_s']} tok/s, TTFT {r['ttft_s']} s, GPU peak {gb(r.get('peak_gpu_bytes'))}")
+for placement in ("all-cpu", "half"):
+    for r in records(f"decode_{wmodel}_{placement.replace('-', '_')}_hybrid_{routing}.json"):
+        theirs = peer.get(placement, {}).get("decode_tok_s")
+        ratio = f" = {r['decode_tok_s'] / theirs:.2f}x llama.cpp" if theirs and r.get("decode_tok_s") else ""
+        print(f"wisp {placement} ({routing} routing, {r.get('hot_experts')} hot experts a layer): decode "
+              f"{r.get('decode_tok_s')} tok/s{ratio}, GPU peak {gb(r.get('peak_gpu_bytes'))}")
+for r in records(f"prefill_{wmodel}_hybrid_hot{hot}.json"):
+    print(f"wisp prefill ({hot} hot experts a layer): TTFT {r.get('prompt_len')} tokens {r.get('ttft_s')} s, "
+          f"GPU peak {gb(r.get('peak_gpu_bytes'))}")
+PY
+  # the device tool returns at most 8 files: records and the summary stay, every log travels in one archive
+  # (written beside $out, then moved in: tar reading the folder it writes into warns and exits 1)
+  logs=$(cd "$out" && ls -A | grep -v -e '\.json$' -e '_summary\.txt$')
+  [ -n "$logs" ] && tar czf "$out.pair_big_logs.tgz" -C "$out" $logs && (cd "$out" && rm -f $logs) \
+    && mv "$out.pair_big_logs.tgz" "$out/pair_big_logs.tgz"
+  ls "$out" ;;
 wisp)
   wmodel=${WISP_MODEL:-$model}
   routing=${ROUTING:-.gpu_data/olmoe_1b7b_layer0_gsm8k_KaxitPandya.jsonl}

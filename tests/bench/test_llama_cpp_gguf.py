@@ -78,3 +78,65 @@ def test_a_file_its_folder_cannot_hold_is_refused_before_it_is_written(tmp_path,
     with pytest.raises(WispError, match=r"the GGUF needs 6\d\.\d GB and .* has 34\.0 GB free"):
         gguf_random.write_gguf("gpt-oss-120b", tmp_path / "g.gguf")
     assert not (tmp_path / "g.gguf").exists()
+
+
+def _small_gpt_oss(tmp_path):
+    """A 2-layer gpt-oss config.json (4 experts of 64 x 32): MXFP4 experts, the rest as --type says."""
+    raw = dict(preset("gpt-oss-20b"), num_hidden_layers=2, num_local_experts=4, hidden_size=64, intermediate_size=32,
+               vocab_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    raw["layer_types"] = raw["layer_types"][:2]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    return tmp_path / "config.json"
+
+
+@pytest.fixture
+def small_pools(monkeypatch):
+    """Pools of 64 rows, so a test's tensors wrap around them; the process's pools drawn afresh before and after."""
+    for qtype in list(gguf_random.POOL_ROWS):
+        monkeypatch.setitem(gguf_random.POOL_ROWS, qtype, 1 << 6)
+    gguf_random._pool.cache_clear()
+    yield
+    gguf_random._pool.cache_clear()
+
+
+@pytest.mark.parametrize("qtype, shape", [(gguf.GGMLQuantizationType.Q8_0, (3, 40, 64)),
+                                          (gguf.GGMLQuantizationType.MXFP4, (3, 40, 64)),
+                                          (gguf.GGMLQuantizationType.BF16, (40, 64))], ids=["q8_0", "mxfp4", "bf16"])
+def test_tensors_tile_one_pool_from_their_seeds_offset(small_pools, qtype, shape):
+    """A seed gives the same bytes (in a fresh process too: the pool is redrawn from its fixed seed), another seed
+    other bytes; row k of a tensor is the pool's row offset + k, wrapping around the pool."""
+    a = gguf_random._random("blk.0.ffn_up_exps.weight", shape, qtype, 7)
+    gguf_random._pool.cache_clear()
+    assert a.tobytes() == gguf_random._random("blk.0.ffn_up_exps.weight", shape, qtype, 7).tobytes()
+    assert a.tobytes() != gguf_random._random("blk.0.ffn_up_exps.weight", shape, qtype, 8).tobytes()
+    pool = gguf_random._pool(qtype)
+    rows = a.reshape(-1, *pool.shape[1:])
+    assert len(rows) > len(pool)  # the tensor wraps around the pool
+    offset = 7 * gguf_random.OFFSET_STEP % len(pool)
+    np.testing.assert_array_equal(rows, pool[(offset + np.arange(len(rows))) % len(pool)])
+    out = np.zeros(a.nbytes + 5, np.uint8)  # the writer's reused buffer gives the same bytes
+    assert gguf_random._random("blk.0.ffn_up_exps.weight", shape, qtype, 7, out).tobytes() == a.tobytes()
+
+
+def test_a_written_files_blocks_keep_their_value_ranges_and_its_seed_fixes_its_bytes(tmp_path):
+    """gpt-oss at --type q8_0: Q8_0 blocks of the one scale and codes in -127..127, MXFP4 blocks of scale bytes 120..123
+    and any code byte; the same seed writes the same file, another seed other tensors."""
+    config = _small_gpt_oss(tmp_path)
+    first = gguf_random.write_gguf(str(config), tmp_path / "a.gguf", "q8_0", seed=3)
+    assert first.read_bytes() == gguf_random.write_gguf(str(config), tmp_path / "b.gguf", "q8_0", seed=3).read_bytes()
+    tensors = {t.name: t for t in gguf.GGUFReader(first).tensors}
+    other = {t.name: t for t in gguf.GGUFReader(gguf_random.write_gguf(str(config), tmp_path / "c.gguf", "q8_0",
+                                                                     seed=4)).tensors}
+    q8 = [t for t in tensors.values() if t.tensor_type == gguf.GGMLQuantizationType.Q8_0]
+    fp4 = [t for t in tensors.values() if t.tensor_type == gguf.GGMLQuantizationType.MXFP4]
+    assert len(fp4) == 6 and {t.name for t in q8} >= {"blk.1.attn_q.weight", "token_embd.weight"}
+    for t in tensors.values():  # vectors and biases are constants (ones, zeros); the rest move with the seed
+        assert np.array_equal(t.data, other[t.name].data) == (len(t.shape) == 1 or t.name.endswith(".bias")), t.name
+    blocks = np.concatenate([t.data.reshape(-1, 34) for t in q8])
+    assert (blocks[:, :2].copy().view(np.float16) == np.float16(gguf_random.Q8_0_STD_SCALE)).all()
+    codes = blocks[:, 2:].view(np.int8)
+    assert codes.min() == -127 and codes.max() == 127
+    blocks = np.concatenate([t.data.reshape(-1, 17) for t in fp4])
+    assert set(np.unique(blocks[:, 0])) == {120, 121, 122, 123} and len(np.unique(blocks[:, 1:])) == 256
+    weights = np.concatenate([gguf.quants.dequantize(t.data, t.tensor_type).ravel() for t in fp4])
+    assert np.abs(weights).max() <= 6 * 2**-4 and len(np.unique(weights)) > 8
