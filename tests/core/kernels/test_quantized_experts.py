@@ -160,3 +160,35 @@ def test_the_triton_mxfp4_tiles_decode_every_byte_and_scale_to_the_dequantized_b
     assert torch.isfinite(want).all() and want[pairs].abs().sum() > 0
     # the same products, summed even columns first (MXFP4) where the twin sums in column order
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("loads", [2, 4])
+def test_mxfp4_steps_read_in_one_wide_load_keep_the_bits(loads):
+    """`Blocks.loads` steps' bytes read in one load a row (for the link where the bank is read in place from host
+    memory), each step then computed as alone: the outputs equal one load a step, bit for bit, also where the last
+    load runs past the row (D = 192: three 64-column steps; I = 96: two). With CUDA the bank is pinned host memory
+    read in place; without, Triton's interpreter reads it on the CPU."""
+    pytest.importorskip("triton")
+    from dataclasses import replace
+
+    import wisp.core.kernels.triton_moe as moe
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: Triton's interpreter
+    g = torch.Generator().manual_seed(loads)
+    d, inter, n, t, k = 192, 96, 3, 2, 2
+    gate_up, gs = quantize_mxfp4(torch.randn(n, 2 * inter, d, generator=g) * 0.05)
+    down, ds = quantize_mxfp4(torch.randn(n, d, inter, generator=g) * 0.05)
+    gate_up, gs, down, ds = (x.pin_memory() if dev.type == "cuda" else x for x in (gate_up, gs, down, ds))
+    hidden = torch.randn(t, d, generator=g).to(torch.bfloat16).to(dev)
+    ids, weights = torch.tensor([[0, 2], [1, 2]], device=dev), torch.full((t, k), 0.5, dtype=torch.bfloat16, device=dev)
+    emap = torch.arange(n, dtype=torch.int32, device=dev)
+    default = moe.TILES[2]
+    outs = []
+    try:
+        for tiles in ((replace(default[0], loads=1), replace(default[1], loads=1)),
+                      (replace(default[0], loads=loads), replace(default[1], loads=loads))):
+            moe.TILES[2] = tiles
+            outs.append(moe.triton_fused_moe(hidden, gate_up, down, ids, weights, emap, extras=ExpertExtras(gs, ds)))
+    finally:
+        moe.TILES[2] = default
+    assert outs[0].abs().sum() > 0 and torch.equal(outs[0], outs[1])

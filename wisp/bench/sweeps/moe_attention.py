@@ -5,8 +5,9 @@ for the whole sweep.
 
 MoE: `triton_fused_moe` on OLMoE-1B-7B's and Qwen3-30B-A3B's expert shapes (bf16, top-8), Qwen3's in FP8
 block-scaled and in Q8_0 (a GGUF file's, kept packed), and gpt-oss-20b's in MXFP4 (top-4), at 1, 8 and 2048 tokens
-with the bank on the device, and (bf16) at 1 token read in place from pinned host memory (zero-copy and hybrid's
-GPU pairs); the format's default launch (`triton_moe.TILES`), then at 1 and 2048 tokens each of its launch
+with the bank on the device, and at 1 token read in place from pinned host memory (zero-copy and hybrid's GPU
+pairs, where a row's contiguous bytes a step set the link's efficiency); the format's default launch
+(`triton_moe.TILES`), then at 1 and 2048 tokens on the device and 1 in place each of its launch
 parameters (rows, columns, warps, stages of either kernel) varied alone, with whether the output keeps the
 default's bits; `--compare-with` another version of the module (a file) on the same inputs. Up to 8 tokens a call
 is timed as a CUDA-graph replay; at one token the experts' bytes over the time are printed as GB/s (the H200's
@@ -33,7 +34,8 @@ SHAPES = {  # hidden, moe_intermediate, experts, top-k, weight format
 FORMAT_IDS = {"bf16": 0, "fp8": 1, "mxfp4": 2, "q8_0": 3}  # `triton_moe.TILES`' keys
 CASES = [(t, "device") for t in (1, 8, 2048)] + [(1, "host")]
 VARIED = (1, 2048)  # token counts at which each launch parameter is varied
-VARIANTS = {"rows": {0: (16, 64), 1: (32, 128)}, "cols": (64, 256), "warps": (2, 8), "stages": (2, 4)}  # per kernel
+VARIANTS = {"rows": {0: (16, 64), 1: (32, 128)}, "cols": (64, 128, 256), "warps": (2, 8), "stages": (2, 4),
+            "loads": (1, 2, 4)}  # per kernel; loads: MXFP4's alone
 BF16 = torch.bfloat16
 
 
@@ -93,6 +95,8 @@ def _variants(fmt: int):
             for value in values[kernel] if isinstance(values, dict) else values:
                 if field == "cols" and (fmt == 1 and 128 % value or fmt == 3 and 32 % value):  # a step's columns
                     continue  # share one scale block (FP8's 128, Q8_0's 32)
+                if field == "loads" and fmt != 2:
+                    continue
                 tiles = list(default)
                 tiles[kernel] = replace(default[kernel], **{field: value})
                 yield f"{name}.{field}={value}", tuple(tiles)
@@ -109,8 +113,6 @@ def sweep_moe(results: dict[str, float], same: dict[str, bool], sweep: bool, bas
         _, _, _, k, fmt_name = SHAPES[shape]
         fmt = FORMAT_IDS[fmt_name]
         for t, where in CASES:
-            if where == "host" and fmt:
-                continue
             x, w13, w2, ids, w, extras, per_expert = problem(shape, t, where, dev)
             call = (lambda mod=moe: mod.triton_fused_moe(x, w13, w2, ids, w, extras=extras))
             name = f"moe {shape} T={t} {where}"
@@ -123,7 +125,7 @@ def sweep_moe(results: dict[str, float], same: dict[str, bool], sweep: bool, bas
                     results[f"{name} baseline"] = _timed(lambda: call(baseline), t)
                 except ValueError as e:  # an older module without this weight format
                     print(f"{name} baseline: {str(e).splitlines()[0][:120]}")
-            if not (sweep and where == "device" and t in VARIED):
+            if not (sweep and (where == "host" or t in VARIED)):
                 continue
             default = moe.TILES[fmt]
             for variant, tiles in list(_variants(fmt)):

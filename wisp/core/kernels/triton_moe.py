@@ -30,8 +30,9 @@ per 32 columns): each element times its block's scale in float32, rounded to
 hidden's dtype (`wisp.core.kernels.triton_interpreter.rounded`, to nearest even); MXFP4 (`wisp.core.kernels.mxfp4`): codes and power-of-two
 scales built from their bits, exact. Those are the values the torch kernels multiply after dequantizing,
 and they enter the product in hidden's dtype like plain weights. An MXFP4 step reads its packed bytes as one
-contiguous tile and multiplies its even columns (low nibbles) and then its odd ones (`_mxfp4_halves`,
-`_halves`): the same products, summed in that order, so its outputs are close to, not equal to, those of the
+contiguous tile and multiplies its even columns (low nibbles) and then its odd ones (`_mxfp4_steps`,
+`_halves`; `Blocks.loads` steps' bytes read in one load, for the link's sake where the bank is read in place,
+each step then computed as alone): the same products, summed in that order, so its outputs are close to, not equal to, those of the
 dequantized weights (still the same for every batch, slot and mode). Biases (GPT-OSS) are added in float32
 after each reduction, and the clamped SwiGLU replaces silu(gate) * up when asked
 (`wisp.core.kernels.expert_extras.Activation`). Under Triton's interpreter (the CPU tests) 16-bit operands are
@@ -77,7 +78,7 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
     it to the compute dtype, exact),
     dequantized as the torch kernels do: FMT 0 plain; 1 FP8 (float32 product with the 128 x 128 block's scale,
     rounded to the compute dtype); 3 Q8_0 (int8 code times its 32-column block's float16 scale, rounded); MXFP4 is
-    `_mxfp4_halves`. col0 is a multiple of BLOCK_C, which divides the FP8 block, so
+    `_mxfp4_steps`. col0 is a multiple of BLOCK_C, which divides the FP8 block, so
     the tile's columns share one FP8 scale block: its scales are read once a row
     (docs/decisions/fp8-block-scale-read-once-a-row.md), and every element gets the same scale and product."""
     cols = col0 + tl.arange(0, BLOCK_C)
@@ -96,24 +97,77 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
 
 
 @triton.jit
-def _mxfp4_halves(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr, ROUND: tl.constexpr):
-    """The tile [rows, BLOCK_C columns from col0] of one expert's MXFP4 [R, COLS] weight (packed bytes at w, e8m0
-    scales at sc) as its even columns and its odd ones, each [rows, BLOCK_C / 2]: the bytes are loaded as one
-    contiguous tile, and a byte's low nibble is its even column. Each value is e2m1 (`_e2m1`) times
-    2^(e8m0 - 127), exact, rounded to the compute dtype as the torch kernels' dequantization is."""
-    half = col0 // 2 + tl.arange(0, BLOCK_C // 2)
+def _mxfp4_bytes(w, sc, rows, row_ok, col0, COLS: tl.constexpr, WIDTH: tl.constexpr):
+    """The packed bytes [rows, WIDTH / 2] of one expert's MXFP4 [R, COLS] weight from column col0, one contiguous
+    load a row, and each byte's e8m0 scale beside it (`_mxfp4_decoded` decodes them)."""
+    half = col0 // 2 + tl.arange(0, WIDTH // 2)
     mask = row_ok[:, None] & (half < COLS // 2)[None, :]
     byte = tl.load(w + rows[:, None] * (COLS // 2) + half[None, :], mask=mask, other=0).to(tl.int32)
     # a scale gathered per byte, not one per 32-column group: docs/decisions/mxfp4-scale-gathered-per-element.md
-    s = tl.load(sc + rows[:, None] * (COLS // 32) + (half // 16)[None, :], mask=mask, other=127).to(tl.uint32)
-    scale = (s << 23).to(tl.float32, bitcast=True)
+    s = tl.load(sc + rows[:, None] * (COLS // 32) + (half // 16)[None, :], mask=mask, other=127).to(tl.int32)
+    return byte, s
+
+
+@triton.jit
+def _mxfp4_decoded(byte, s, ROUND: tl.constexpr):
+    """Bytes and their scales (`_mxfp4_bytes`) -> the even columns' values and the odd ones', rounded."""
+    scale = (s.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
     return rounded(_e2m1(byte & 0xF) * scale, ROUND), rounded(_e2m1(byte >> 4) * scale, ROUND)
+
+
+@triton.jit
+def _first_last(t):
+    """A tile [R, 2H] -> its first H columns and its last H (in registers)."""
+    return tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, t.shape[1] // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr, byte, s,
+                ROUND: tl.constexpr, IEEE: tl.constexpr):
+    """acc + one BLOCK_C-column step from col0: the activation's even and odd columns against the bytes' decoded
+    halves (`_dot_halves`), exactly as the step loaded alone computes it."""
+    ae, ao = _halves(a_ptr, a_off, a_ok, col0, COLS, BLOCK_C)
+    return _dot_halves(acc, ae, ao, *_mxfp4_decoded(byte, s, ROUND), IEEE)
+
+
+@triton.jit
+def _mxfp4_steps(acc, a_ptr, a_off, a_ok, w, sc, rows, w_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr,
+                 LOADS: tl.constexpr, ROUND: tl.constexpr, IEEE: tl.constexpr):
+    """acc + LOADS consecutive BLOCK_C-column steps from col0, their bytes read in one load a row (LOADS x BLOCK_C / 2
+    contiguous bytes: read in place over PCIe, a request of 32 bytes a row costs about half the link, one of 128 a
+    little), each step then computed in turn as alone, so the sums are those of LOADS = 1. A step past COLS adds
+    nothing (skipped). LOADS: 1, 2 or 4."""
+    byte, s = _mxfp4_bytes(w, sc, rows, w_ok, col0, COLS, LOADS * BLOCK_C)
+    if LOADS == 1:
+        acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, byte, s, ROUND, IEEE)
+    elif LOADS == 2:
+        b0, b1 = _first_last(byte)
+        s0, s1 = _first_last(s)
+        acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b0, s0, ROUND, IEEE)
+        if col0 + BLOCK_C < COLS:
+            acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + BLOCK_C, COLS, BLOCK_C, b1, s1, ROUND, IEEE)
+    else:
+        tl.static_assert(LOADS == 4)
+        b01, b23 = _first_last(byte)
+        s01, s23 = _first_last(s)
+        b0, b1 = _first_last(b01)
+        s0, s1 = _first_last(s01)
+        b2, b3 = _first_last(b23)
+        s2, s3 = _first_last(s23)
+        acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b0, s0, ROUND, IEEE)
+        if col0 + BLOCK_C < COLS:
+            acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + BLOCK_C, COLS, BLOCK_C, b1, s1, ROUND, IEEE)
+        if col0 + 2 * BLOCK_C < COLS:
+            acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + 2 * BLOCK_C, COLS, BLOCK_C, b2, s2, ROUND, IEEE)
+        if col0 + 3 * BLOCK_C < COLS:
+            acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + 3 * BLOCK_C, COLS, BLOCK_C, b3, s3, ROUND, IEEE)
+    return acc
 
 
 @triton.jit
 def _halves(a_ptr, row_offsets, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr):
     """An activation tile [rows, BLOCK_C columns from col0] as its even columns and its odd ones, the partners of
-    `_mxfp4_halves`: loaded whole (contiguous, vector loads), then split in registers."""
+    `_mxfp4_decoded`: loaded whole (contiguous, vector loads), then split in registers."""
     cols = col0 + tl.arange(0, BLOCK_C)
     a = tl.load(a_ptr + row_offsets[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < COLS)[None, :], other=0.0)
     return tl.split(tl.reshape(a, (a.shape[0], BLOCK_C // 2, 2)))
@@ -121,7 +175,7 @@ def _halves(a_ptr, row_offsets, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.co
 
 @triton.jit
 def _dot_halves(acc, a_even, a_odd, w_even, w_odd, IEEE: tl.constexpr):
-    """acc + the even columns' products, then the odd columns' (`_halves` by `_mxfp4_halves`)."""
+    """acc + the even columns' products, then the odd columns' (`_halves` by `_mxfp4_decoded`)."""
     acc = dot_rows(a_even, w_even.to(a_even.dtype), acc, IEEE)
     return dot_rows(a_odd, w_odd.to(a_odd.dtype), acc, IEEE)
 
@@ -207,7 +261,7 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
                  alpha, limit, S, K: tl.constexpr, D: tl.constexpr, I: tl.constexpr, SP: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr,
                  FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
-                 IEEE: tl.constexpr):
+                 IEEE: tl.constexpr, LOADS: tl.constexpr):
     """Program (tile, block of I rows): h[place] = act(gate, up) of the tile's pairs, rounded to hidden's dtype."""
     slot, places, pair, row_ok = _tile_pairs(sorted_ptr, counts_ptr, S, SP, BLOCK_M)
     if slot < S:
@@ -218,11 +272,11 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
         sc = s_ptr + slot.to(tl.int64) * stride_ss
         gate = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
-        for d0 in range(0, D, BLOCK_D):
-            if FMT == 2:  # MXFP4: the step's even columns' products, then its odd ones'
-                xe, xo = _halves(x_ptr, token * D, row_ok, d0, D, BLOCK_D)
-                gate = _dot_halves(gate, xe, xo, *_mxfp4_halves(w, sc, rows, i_ok, d0, D, BLOCK_D, ROUND), IEEE)
-                up = _dot_halves(up, xe, xo, *_mxfp4_halves(w, sc, rows + I, i_ok, d0, D, BLOCK_D, ROUND), IEEE)
+        tl.static_assert(FMT == 2 or LOADS == 1)  # wide loads: MXFP4's
+        for d0 in range(0, D, BLOCK_D * LOADS):
+            if FMT == 2:  # MXFP4: each step's even columns' products, then its odd ones', LOADS steps a load
+                gate = _mxfp4_steps(gate, x_ptr, token * D, row_ok, w, sc, rows, i_ok, d0, D, BLOCK_D, LOADS, ROUND, IEEE)
+                up = _mxfp4_steps(up, x_ptr, token * D, row_ok, w, sc, rows + I, i_ok, d0, D, BLOCK_D, LOADS, ROUND, IEEE)
             else:
                 cols = d0 + tl.arange(0, BLOCK_D)
                 x = tl.load(x_ptr + token[:, None] * D + cols[None, :], mask=row_ok[:, None] & (cols < D)[None, :],
@@ -249,7 +303,7 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
 def _down(h_ptr, w_ptr, sorted_ptr, counts_ptr, y_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs, S,
           D: tl.constexpr, I: tl.constexpr, SP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
           BLOCK_I: tl.constexpr, FMT: tl.constexpr, FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr,
-          HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
+          HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, LOADS: tl.constexpr):
     """Program (tile, block of D rows): y[pair] = w_down @ h[place] for the tile's pairs, in float32."""
     slot, places, pair, row_ok = _tile_pairs(sorted_ptr, counts_ptr, S, SP, BLOCK_M)
     if slot < S:
@@ -258,10 +312,10 @@ def _down(h_ptr, w_ptr, sorted_ptr, counts_ptr, y_ptr, stride_ws, s_ptr, stride_
         w = w_ptr + slot.to(tl.int64) * stride_ws
         sc = s_ptr + slot.to(tl.int64) * stride_ss
         acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        for i0 in range(0, I, BLOCK_I):
-            if FMT == 2:  # MXFP4: the step's even columns' products, then its odd ones'
-                he, ho = _halves(h_ptr, places * I, row_ok, i0, I, BLOCK_I)
-                acc = _dot_halves(acc, he, ho, *_mxfp4_halves(w, sc, rows, d_ok, i0, I, BLOCK_I, ROUND), IEEE)
+        tl.static_assert(FMT == 2 or LOADS == 1)  # wide loads: MXFP4's
+        for i0 in range(0, I, BLOCK_I * LOADS):
+            if FMT == 2:  # MXFP4: each step's even columns' products, then its odd ones', LOADS steps a load
+                acc = _mxfp4_steps(acc, h_ptr, places * I, row_ok, w, sc, rows, d_ok, i0, I, BLOCK_I, LOADS, ROUND, IEEE)
             else:
                 cols = i0 + tl.arange(0, BLOCK_I)
                 h = tl.load(h_ptr + places[:, None] * I + cols[None, :], mask=row_ok[:, None] & (cols < I)[None, :],
@@ -297,13 +351,18 @@ class Blocks:
     cols: int
     warps: int = 4
     stages: int = 3
+    # MXFP4 read in place from host memory: column steps whose bytes one load a row reads (1, 2, 4), each step then
+    # computed as alone, so the bits are those of 1 (tests; on the H200 too). Over PCIe a 32-byte request a row
+    # wastes half the link (gpt-oss's experts in place: 23 GB/s at 1, 37 at 4); on the device the split in registers
+    # costs more than it saves (160 -> 399 us at one token): a bank on the device reads one step a load.
+    loads: int = 1
 
 
 BLOCK_M = 64  # pairs a tile: one fixed shape for every call, so no row's instructions depend on the batch
 TILES = {  # weight format (`_format`: 0 plain, 1 FP8, 2 MXFP4, 3 Q8_0) -> (gate/up blocks, down blocks)
     0: (Blocks(32, 128), Blocks(64, 128)),
     1: (Blocks(32, 128), Blocks(64, 128)),
-    2: (Blocks(32, 64), Blocks(64, 64)),  # MXFP4
+    2: (Blocks(32, 64, loads=4), Blocks(64, 64, loads=4)),  # MXFP4 (loads: in place from host memory only)
     3: (Blocks(64, 32), Blocks(64, 32)),  # Q8_0: a step is one scale block
 }
 BLOCK_PAIRS = 128  # pairs a program of the sort
@@ -373,17 +432,18 @@ def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top
     common = dict(SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M, FMT=fmt, FP8_BLOCK=DEFAULT_BLOCK[0],
                   ROUND=ROUND_IDS[hidden.dtype], HAS_BIAS=has_bias, IEEE=ieee_products(hidden.dtype))
     gate_up, down = TILES[fmt]
+    wide = fmt == 2 and w_gate_up.device.type == "cpu"  # MXFP4 read in place from pinned host memory: wide loads
     h = torch.empty((max_tiles * BLOCK_M, inter), dtype=hidden.dtype, device=dev)  # [place, I]
     _gate_up_act[(max_tiles, triton.cdiv(inter, gate_up.rows))](
         hidden, device_view(w_gate_up, dev), order, counts, h, stride0(w_gate_up), device_view(s_gate_up, dev),
         stride0(s_gate_up), device_view(b_gate_up, dev), stride0(b_gate_up), activation.alpha, activation.limit, slots,
-        K=top_k, D=d, I=inter, BLOCK_I=gate_up.rows, BLOCK_D=gate_up.cols,
+        K=top_k, D=d, I=inter, BLOCK_I=gate_up.rows, BLOCK_D=gate_up.cols, LOADS=gate_up.loads if wide else 1,
         SWIGLU=activation.kind == "clamped_swiglu", num_warps=gate_up.warps, num_stages=gate_up.stages, **common,
     )
     _down[(max_tiles, triton.cdiv(d, down.rows))](
         h, device_view(w_down, dev), order, counts, per_k, stride0(w_down), device_view(s_down, dev),
         stride0(s_down), device_view(b_down, dev), stride0(b_down), slots, D=d, I=inter, BLOCK_D=down.rows,
-        BLOCK_I=down.cols, num_warps=down.warps, num_stages=down.stages, **common,
+        BLOCK_I=down.cols, LOADS=down.loads if wide else 1, num_warps=down.warps, num_stages=down.stages, **common,
     )
 
 
