@@ -30,6 +30,7 @@ from wisp.core.experts.presets import PRESETS, ModelParts, build_store
 from wisp.core.experts.store import ExpertStore
 from wisp.core.kernels.cpu_expert_kernels import native_kernel_error
 from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8, Fp8BlockWeight, dequantize_blocks, scale_key
+from wisp.core.learners.hybrid_pace import CpuPace
 from wisp.core.learners.hybrid_probe import probe_hybrid_costs
 from wisp.core.kernels.registry import moe_kernels
 from wisp.errors import WispError
@@ -324,7 +325,8 @@ def _load_experts(
     caps = dict(zip(cfg.moe_layer_ids, engine.resolve_layer_caps(cfg)))
     target = device if engine.mode == "resident" else None  # None: host masters, from `host`
     stores: dict[int, ExpertStore] = {}
-    parts = ModelParts(costs=engine.hybrid_costs)
+    # costs given rather than probed are the caller's to keep: never re-timed (`CpuPace.retime`)
+    parts = ModelParts(costs=engine.hybrid_costs, pace=None if engine.hybrid_costs is None else CpuPace(retime=False))
     kernels = moe_kernels(engine.resolve_backend("moe", device)).with_activation(cfg.expert_activation)
     bar = tqdm(total=len(cfg.moe_layer_ids) * cfg.num_experts, desc="Loading experts", unit="expert", file=sys.stderr,
                disable=None)

@@ -338,3 +338,21 @@ def test_the_pace_settles_at_the_cpus_real_slowness():
     hybrid.begin_step(13)
     assert pace.totals.steps >= 8  # the CPU kept its expert: 4 x 5 ms is still below a 200 ms copy
     assert 3.8 <= pace.factor <= 6.0, pace.factor
+
+
+def test_a_cpu_the_probe_priced_out_is_retimed_by_its_server_and_then_used():
+    """Probed at an hour an expert (a stall while probing), the CPU would never get an expert, so no step would
+    measure it; by step FIRST_RETIME its server re-times one expert of one row and the costs follow the real time:
+    the CPU can help again."""
+    from tests.core.experts.stores import hybrid_zero_copy_store
+    from wisp.core.learners.hybrid_pace import FIRST_RETIME
+
+    host = make(8, 1, 4, 61, torch.bfloat16)[0]
+    stalled = HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(3600.0, 3600.0))
+    store = hybrid_zero_copy_store(host, torch.device("cpu"), stalled, cpu_kernel="plain")
+    cpu = store.cpu
+    assert not cpu.pace.cpu_can_help(cpu.costs, 8)
+    for number in range(1, FIRST_RETIME + 1):
+        store.begin_step(number)
+    real = cpu.pace.costs(cpu.costs).cpu_s(1)
+    assert 0 < real < 1.0 and cpu.pace.probe_scale < 1e-3 and cpu.pace.cpu_can_help(cpu.costs, 8)

@@ -128,3 +128,31 @@ def test_the_window_needs_min_ratios_of_whole_steps_and_refuses_impossible_ones(
     assert list(pace.ratios) == [8.0, 1.0, 1.2] and pace.factor == 1.2  # the cold step outvoted
     with pytest.raises(ValueError, match="min_ratios"):
         CpuPace(window=2, min_ratios=3)
+
+
+def test_a_cpu_left_idle_is_retimed_and_a_faster_time_lowers_the_probes_cpu_side_for_good():
+    """A CPU the probe timed too slow gets no expert, so no step measures it: where no step used it since the last
+    look (step FIRST_RETIME, then every exploring step), one layer re-times it once; a faster time scales the
+    probe's CPU side down (exploring steps included), a slower one brings it back to the probe's, never above."""
+    from wisp.core.learners.hybrid_pace import FIRST_RETIME
+
+    pace = CpuPace(explore_every=16)
+    for number in range(1, FIRST_RETIME):
+        pace.begin_step(number)
+        assert not pace.retime_due()
+    pace.begin_step(FIRST_RETIME)
+    assert pace.retime_due() and not pace.retime_due()  # once a step, whichever layer asks first
+    pace.retimed(COSTS.cpu_s(1) / 4, COSTS.cpu_s(1))
+    assert pace.probe_scale == 0.25 and pace.costs(COSTS).cpu_s(1) == pytest.approx(COSTS.cpu_s(1) / 4)
+    assert pace.costs(COSTS).copy_s == COSTS.copy_s
+    pace.begin_step(16)  # exploring, and still no CPU step: due again; the re-timed probe is what it uses
+    assert pace.exploring and pace.costs(COSTS).cpu_s(1) == pytest.approx(COSTS.cpu_s(1) / 4) and pace.retime_due()
+    pace.retimed(COSTS.cpu_s(1) * 3, COSTS.cpu_s(1))  # slower now: back to the probe's, never above it
+    assert pace.probe_scale == 1.0 and pace.costs(COSTS) is COSTS
+    pace.observe(1.0, 1.0)  # a step used the CPU
+    pace.begin_step(17)
+    pace.begin_step(32)  # the next exploration: the CPU was used since the last one, so no re-timing
+    assert pace.exploring and not pace.retime_due()
+    learning_off = CpuPace(explore_every=16, learn=False)
+    learning_off.begin_step(FIRST_RETIME)
+    assert not learning_off.retime_due()

@@ -46,6 +46,7 @@ class CpuServer:
         self.exchange = HostExchange(device)
         self.last_assignment: CpuAssignment | None = None
         self._rows_read: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's (hidden, ids) on the host
+        self._retimed_expert = 0  # the next expert `one_row_s` times (a different one each call)
 
     def read_routing(self, hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> tuple[list[int], list[int]]:
         """The step's one host read (`routed_counts_and_last_token`), with the hidden rows in the same trip for a
@@ -92,8 +93,29 @@ class CpuServer:
         """Whether a step with at most `max_misses` misses a layer is one the CPU could not help."""
         return self.pace.graph_step_ok(self.costs, max_misses)
 
-    def begin_step(self, step: int) -> None:
+    def begin_step(self, step: int, activation: Activation = SILU) -> None:
+        """Before model step number `step`: the pace's step, and where it asks (a CPU left idle since the last
+        exploration: `CpuPace.retime_due`) one expert of one row re-timed against the probe's price of it."""
         self.pace.begin_step(step)
+        if self.pace.retime_due():
+            self.pace.retimed(self.one_row_s(activation), self.costs.cpu_s(1))
+
+    def one_row_s(self, activation: Activation = SILU, repeats: int = 3) -> float:
+        """The fastest of `repeats` CPU experts of one row after one warm-up, each a different expert (as the
+        probe times them: `wisp.core.learners.hybrid_probe`)."""
+        experts = self.cpu_experts
+        w = experts.gate_ups[0]  # plain weights compute in their dtype; quantized ones in any (bf16 here)
+        dtype = w.dtype if w.dtype.is_floating_point and w.element_size() > 1 else torch.bfloat16
+        x = torch.zeros((1, experts.downs[0].shape[0]), dtype=dtype)  # down [D, ...]: one hidden row
+        best = float("inf")
+        for i in range(repeats + 1):
+            e = (self._retimed_expert + i) % len(experts.gate_ups)
+            start = time.perf_counter()
+            experts.kernel(x, [1], [experts.gate_ups[e]], [experts.downs[e]], [experts.extras[e]], activation)
+            if i:  # the first call warms up
+                best = min(best, time.perf_counter() - start)
+        self._retimed_expert += repeats + 1
+        return best
 
 
 def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, cpu_experts: CpuExperts, experts, top_k: int,

@@ -217,7 +217,7 @@ class ExpertStore:
     def begin_step(self, step: int) -> None:
         """Called by the model before step number `step` runs (the CPU's pace counts steps)."""
         if self.cpu is not None:
-            self.cpu.begin_step(step)
+            self.cpu.begin_step(step, self.kernels.activation)
 
 
 def sync_all_counters(stores) -> None:

@@ -14,7 +14,10 @@ Where the CPU cannot help any step of a batch (with the scaled costs, one CPU ex
 the overhead is no faster than the copies it would leave: `cpu_can_help`), the step is a paged step, so
 it may run as paged mode's CUDA graph (`graph_step_ok`). Every EXPLORE_EVERY steps one step runs with the
 probe's costs unscaled and a cleared window (`begin_step`), eagerly, so a CPU that was slow for a while
-(start-up, a noisy neighbour) is measured again.
+(start-up, a noisy neighbour) is measured again. A CPU the probe timed too slow gets no expert even then, so
+no step measures it: where no step used the CPU since the last exploration (or, the first time, by step
+FIRST_RETIME), that step first re-times one CPU expert of one row (`retime_due`, `retimed`: the caller times it), and the probe's CPU side follows
+the faster time from then on (`probe_scale`, never above 1: only the probe's own error is corrected this way).
 
 Each ratio is the CPU side's own time (the hybrid steps give it through `observe`'s `ratio`) against its
 time at the probe's costs: not against the scaled costs the assignment used (the factor would settle at the square
@@ -33,7 +36,8 @@ the rank share learnt. Why each side is learnt apart: docs/decisions/cpu-pace-le
 
 Invariants: `factor` and `link_factor` are 1 until MIN_RATIOS steps' ratios are recorded, change only
 between steps, and are always within [MIN_FACTOR, MAX_FACTOR]; an exploring step uses the probe's costs as
-they are; one `CpuPace` serves every layer of a model (one host).
+re-timed (`probe_scale` in (0, 1]); one `CpuPace` serves every layer of a model (one host), and at most one layer
+re-times the CPU a step.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from wisp.core.learners.hybrid_costs import HybridCosts
 WINDOW = 16  # steps' ratios kept
 MIN_RATIOS = 3  # steps the window needs before it scales anything (a median of three outvotes one cold step)
 EXPLORE_EVERY = 128  # steps between re-measurements with the probe's costs
+FIRST_RETIME = 8  # the step that re-times a CPU no step has used yet, before the first exploration
 MIN_FACTOR, MAX_FACTOR = 0.5, 16.0
 
 
@@ -66,12 +71,12 @@ class PaceTotals:
 
 class CpuPace:
     def __init__(self, window: int = WINDOW, explore_every: int = EXPLORE_EVERY, learn: bool = True,
-                 min_ratios: int = MIN_RATIOS):
+                 min_ratios: int = MIN_RATIOS, retime: bool = True):
         """learn=False: record totals but keep the probe's costs as they are (a policy at fixed costs, as
-        `wisp.plan.hybrid_cost` replays it)."""
+        `wisp.plan.hybrid_cost` replays it). retime=False: costs given rather than probed are never re-timed."""
         if window < 1 or explore_every < 1 or not 1 <= min_ratios <= window:
             raise ValueError("window and explore_every must be positive, and 1 <= min_ratios <= window")
-        self.learn, self.min_ratios = learn, min_ratios
+        self.learn, self.min_ratios, self.retime = learn, min_ratios, retime
         self.ratios: deque[float] = deque(maxlen=window)
         self._factor = 1.0  # median(ratios), or 1 while fewer than min_ratios
         self._open = [0.0, 0.0]  # the current step's CPU layers so far: wall, predicted
@@ -83,6 +88,9 @@ class CpuPace:
         self.exploring = False
         self._scaled: tuple[int, tuple[float, float], HybridCosts] | None = None  # (id of costs, factors, scaled)
         self.totals = PaceTotals()
+        self.probe_scale = 1.0  # the probe's CPU times corrected by re-timing (`retimed`): at most 1
+        self._used_at_exploration = 0  # totals.steps when the last exploring step began
+        self._retime_due = False  # this exploring step should re-time the CPU (one layer does it)
 
     @property
     def factor(self) -> float:
@@ -103,11 +111,26 @@ class CpuPace:
         self.end_step()
         self.step = step
         self.exploring = step % self.explore_every == 0
-        if self.exploring:
+        if self.exploring or step == FIRST_RETIME:  # re-time the CPU where no step used it since the last look
+            self._retime_due = self.learn and self.retime and self.totals.steps == self._used_at_exploration
+            self._used_at_exploration = self.totals.steps
             self.ratios.clear()
             self._factor = 1.0
             self.link_ratios.clear()
             self._link_factor = 1.0
+
+    def retime_due(self) -> bool:
+        """Whether the caller should re-time one CPU expert of one row now (then give it to `retimed`): true once
+        in an exploring step (or step FIRST_RETIME) when no step used the CPU since the previous such step."""
+        due, self._retime_due = self._retime_due, False
+        return due
+
+    def retimed(self, measured_s: float, probed_s: float) -> None:
+        """One CPU expert of one row timed now against the probe's price of it: the probe's CPU side is scaled to
+        match from now on (`probe_scale`), never above the probe's own (a CPU slower than probed is what the
+        steps that use it measure)."""
+        if measured_s > 0 and probed_s > 0:
+            self.probe_scale = min(1.0, measured_s / probed_s)
 
     def observe(self, wall_s: float, predicted_s: float, kernel_s: float = 0.0, routing_wait_s: float = 0.0,
                 gpu_wait_s: float = 0.0, *, ratio: tuple[float, float] | None = None,
@@ -151,9 +174,10 @@ class CpuPace:
                 self._link_factor = statistics.median(self.link_ratios)
 
     def costs(self, probed: HybridCosts) -> HybridCosts:
-        """The costs an assignment should use now: the probe's, with the CPU's times scaled by `factor` and the copy's
-        by `link_factor` (as probed while exploring)."""
+        """The costs an assignment should use now: the probe's (its CPU side as re-timed: `probe_scale`), with the
+        CPU's times scaled by `factor` and the copy's by `link_factor` (unscaled while exploring)."""
         factors = (1.0, 1.0) if self.exploring else (self.factor, self.link_factor)
+        factors = (factors[0] * self.probe_scale, factors[1])
         if factors == (1.0, 1.0):
             return probed
         cached = self._scaled
