@@ -326,7 +326,8 @@ def _load_experts(
     target = device if engine.mode == "resident" else None  # None: host masters, from `host`
     stores: dict[int, ExpertStore] = {}
     # costs given rather than probed are the caller's to keep: never re-timed (`CpuPace.retime`)
-    parts = ModelParts(costs=engine.hybrid_costs, pace=None if engine.hybrid_costs is None else CpuPace(retime=False))
+    parts = ModelParts(costs=engine.hybrid_costs, pace=None if engine.hybrid_costs is None else CpuPace(retime=False),
+                       dtype=cfg.dtype)
     kernels = moe_kernels(engine.resolve_backend("moe", device)).with_activation(cfg.expert_activation)
     bar = tqdm(total=len(cfg.moe_layer_ids) * cfg.num_experts, desc="Loading experts", unit="expert", file=sys.stderr,
                disable=None)

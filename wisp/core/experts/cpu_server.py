@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from wisp.core.bank_keys import GATE_UP
 from wisp.core.experts.host_exchange import HostExchange
 from wisp.core.experts.cpu_assignment import CpuAssignment, assign_misses, assignment_time
 from wisp.core.experts.recency import routed_counts_and_last_token
@@ -38,7 +39,8 @@ class CpuServer:
     ROWS_WITH_ROUTING = 64  # steps of at most this many tokens (decode) bring their hidden rows with the routing
 
     def __init__(self, host: dict[str, torch.Tensor], device: torch.device, costs: HybridCosts,
-                 cpu_kernel: str | None = None, pace: CpuPace | None = None):
+                 cpu_kernel: str | None = None, pace: CpuPace | None = None, dtype: torch.dtype | None = None):
+        """dtype: the model's compute dtype, which `one_row_s` computes in (None: plain weights' own, else bf16)."""
         self.costs = costs  # as probed
         self.pace = pace or CpuPace()
         self.cpu_kernel = cpu_kernel or default_cpu_kernel(torch.device(device))
@@ -47,6 +49,8 @@ class CpuServer:
         self.last_assignment: CpuAssignment | None = None
         self._rows_read: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's (hidden, ids) on the host
         self._retimed_expert = 0  # the next expert `one_row_s` times (a different one each call)
+        w = host[GATE_UP]
+        self.dtype = dtype or (w.dtype if w.dtype.is_floating_point and w.element_size() > 1 else torch.bfloat16)
 
     def read_routing(self, hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> tuple[list[int], list[int]]:
         """The step's one host read (`routed_counts_and_last_token`), with the hidden rows in the same trip for a
@@ -104,9 +108,7 @@ class CpuServer:
         """The fastest of `repeats` CPU experts of one row after one warm-up, each a different expert (as the
         probe times them: `wisp.core.learners.hybrid_probe`)."""
         experts = self.cpu_experts
-        w = experts.gate_ups[0]  # plain weights compute in their dtype; quantized ones in any (bf16 here)
-        dtype = w.dtype if w.dtype.is_floating_point and w.element_size() > 1 else torch.bfloat16
-        x = torch.zeros((1, experts.downs[0].shape[0]), dtype=dtype)  # down [D, ...]: one hidden row
+        x = torch.zeros((1, experts.downs[0].shape[0]), dtype=self.dtype)  # down [D, ...]: one hidden row
         best = float("inf")
         for i in range(repeats + 1):
             e = (self._retimed_expert + i) % len(experts.gate_ups)

@@ -59,6 +59,7 @@ class ModelParts(SharedParts):
 
     costs: HybridCosts | None = None  # the costs every CPU-serving layer assigns its misses by
     pace: CpuPace | None = None  # their correction, learned while serving (one per model)
+    dtype: torch.dtype | None = None  # the model's compute dtype (the CPU's re-timing computes in it)
 
 
 def build_store(mode: str, bank: dict[str, torch.Tensor], device: torch.device, capacity: int, parts: ModelParts,
@@ -76,5 +77,5 @@ def build_store(mode: str, bank: dict[str, torch.Tensor], device: torch.device, 
         if parts.costs is None:
             raise ValueError(f"mode {mode!r} serves misses on the CPU: probe its costs first")
         parts.pace = parts.pace or CpuPace()
-        cpu = CpuServer(bank, device, parts.costs, cpu_kernel, parts.pace)
+        cpu = CpuServer(bank, device, parts.costs, cpu_kernel, parts.pace, parts.dtype)
     return ExpertStore(residency, policy, parts.staging if preset.stages else None, cpu, kernels, mode)

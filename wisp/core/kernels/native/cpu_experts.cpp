@@ -27,6 +27,7 @@
 #include <cstring>
 #include <vector>
 
+#include "expert_activation.h"
 #include "weight_formats.h"
 
 namespace {
@@ -107,47 +108,11 @@ void grouped_rows(const float* xs, const std::vector<Matrix>& weights, const std
     }
   });
 }
-// exp(x) in float32 operations only, in a fixed order (no library call, no FMA): x = k ln2 + r with ln2 in two
-// parts (Cody-Waite), exp(r) by its Taylor polynomial of degree 7 (|r| <= ln2 / 2: within 2 ulp), times 2^k;
-// inf above 88 (float32's largest is e^88.7), 0 below -87 (2^k would leave the normal floats).
-inline float exp_fixed(float x) {
-  if (!(x == x)) return x;  // NaN
-  if (x > 88.0f) return INFINITY;
-  if (x < -87.0f) return 0.0f;
-  const float k = std::nearbyint(x * 1.44269504f);
-  const float r = (x - k * 0.693145752f) - k * 1.42860677e-6f;
-  float p = 1.98412698e-4f;  // 1/7!
-  p = p * r + 1.38888889e-3f;
-  p = p * r + 8.33333333e-3f;
-  p = p * r + 4.16666667e-2f;
-  p = p * r + 1.66666667e-1f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const uint32_t bits = uint32_t(int32_t(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
-// The gated activation between an expert's GEMVs (wisp.core.kernels.expert_extras.Activation): SiLU's
-// silu(g) * u = g / (1 + exp(-g)) * u, or GPT-OSS's clamped SwiGLU: g = min(g, limit), u = clamp(u, -limit, limit),
-// (u + 1) * (g / (1 + exp(-(g * alpha)))); NaN stays NaN through the clamps.
-struct Gating {
-  bool clamped_swiglu = false;
-  float alpha = 0.0f, limit = 0.0f;
-};
-
+// Activation.kind, alpha and limit as the native activation (expert_activation.h) takes them
 Gating gating_of(c10::string_view kind, double alpha, double limit) {
   TORCH_CHECK(kind == "silu" || kind == "clamped_swiglu", "activation silu or clamped_swiglu; got ", kind);
   return Gating{kind == "clamped_swiglu", float(alpha), float(limit)};
-}
-
-inline float gated(float g, float u, const Gating& gating) {
-  if (!gating.clamped_swiglu) return g / (1.0f + exp_fixed(-g)) * u;
-  g = std::min(g, gating.limit);  // (limit < NaN) is false: NaN kept
-  u = std::max(std::min(u, gating.limit), -gating.limit);
-  return (u + 1.0f) * (g / (1.0f + exp_fixed(-(g * gating.alpha))));
 }
 
 // a [M, inter] = the activation of h[:, :inter] (gate) and h[:, inter:] (up), from h [M, 2 inter]
@@ -158,27 +123,6 @@ void gate_mul(const float* h, int64_t rows, int64_t inter, const Gating& gating,
       a[i] = gated(h[m * 2 * inter + j], h[m * 2 * inter + inter + j], gating);
     }
   });
-}
-
-// A bias vector as a bank keeps it (bf16 or float32; null: none), read as float32 (exact)
-struct Bias {
-  const void* data = nullptr;
-  bool bf16 = false;
-  float at(int64_t j) const {
-    if (!bf16) return static_cast<const float*>(data)[j];
-    const uint32_t bits = uint32_t(static_cast<const uint16_t*>(data)[j]) << 16;
-    float value;
-    std::memcpy(&value, &bits, sizeof(value));
-    return value;
-  }
-};
-
-// rows[m, :] += group e's bias, for each group's rows (float32 adds after the GEMV's sums, as torch's path adds them)
-void add_biases(float* rows, const std::vector<Bias>& biases, const std::vector<int64_t>& offsets, int64_t width) {
-  if (biases.empty()) return;
-  for (size_t e = 0; e < biases.size(); ++e)
-    for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m)
-      for (int64_t j = 0; j < width; ++j) rows[m * width + j] += biases[e].at(j);
 }
 
 // A gated expert per group, on its rows: out = act(x W_gate_up^T + b_gate_up) W_down^T + b_down in float32, gate_up
