@@ -74,6 +74,7 @@ llama_bench() {  # $1: timeout (s), $2: placements, $3: repetitions, $4: the GGU
   timeout "$1" python3 -m wisp bench llama-cpp run --llama-bench "$bench" --gguf "$4" --model "$model" \
     --placements "$2" --prompts 512,2048 --decode-tokens 64 --repetitions "$3" --extra "-t 16${LLAMA_EXTRA:+ $LLAMA_EXTRA}" \
     ${UNSAMPLED:+--unsampled-decode} --out "$5" 2>&1 | tail -6
+  return "${PIPESTATUS[0]}"  # the run's status, not tail's
 }
 case "${STAGE:-peer}" in
 peer)
@@ -142,7 +143,7 @@ pair_big)
     note "GGUF written ($(du -h "$gguf" | cut -f1)), llama-bench built"; free -g | tail -2 >> "$out/host.txt"
     if t=$(slot "${PEER_TIMEOUT:-240}" 60); then
       llama_bench "$t" "$placements" "${REPS:-1}" "$gguf" "$out/llama_cpp_${model}_${type}.json"
-      note "llama-bench: exit $? (124: timed out after ${t}s)"
+      rc=$?; note "llama-bench: exit $rc$([ "$rc" = 124 ] && echo ": timed out after ${t}s")"
     else note "llama-bench skipped: $(( deadline - SECONDS ))s left"; fi
   else note "no GGUF or no llama-bench (gguf.log, build.txt): llama.cpp skipped"; fi
   rm -f "$gguf"  # its RAM (GGUF_DIR=/dev/shm) goes to wisp's pinned experts
