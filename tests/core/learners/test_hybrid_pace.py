@@ -156,3 +156,16 @@ def test_a_cpu_left_idle_is_retimed_and_a_faster_time_lowers_the_probes_cpu_side
     learning_off = CpuPace(explore_every=16, learn=False)
     learning_off.begin_step(FIRST_RETIME)
     assert not learning_off.retime_due()
+
+
+def test_the_first_retime_step_keeps_the_windows_of_a_cpu_in_use():
+    """Step FIRST_RETIME only looks whether the CPU was used; it is no exploration: the window and its factor stay."""
+    from wisp.core.learners.hybrid_pace import FIRST_RETIME
+
+    pace = CpuPace(explore_every=128)
+    for number in range(1, FIRST_RETIME):
+        pace.begin_step(number)
+        pace.observe(2.0, 1.0)
+    pace.begin_step(FIRST_RETIME)  # closes step FIRST_RETIME - 1
+    assert not pace.exploring and not pace.retime_due()  # the CPU was used
+    assert len(pace.ratios) == FIRST_RETIME - 1 and pace.factor == 2.0

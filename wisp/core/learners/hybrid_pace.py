@@ -114,6 +114,7 @@ class CpuPace:
         if self.exploring or step == FIRST_RETIME:  # re-time the CPU where no step used it since the last look
             self._retime_due = self.learn and self.retime and self.totals.steps == self._used_at_exploration
             self._used_at_exploration = self.totals.steps
+        if self.exploring:
             self.ratios.clear()
             self._factor = 1.0
             self.link_ratios.clear()
