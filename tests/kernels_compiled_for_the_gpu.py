@@ -51,6 +51,21 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
     return kernel
 
 
+def _one_step_a_load(call):
+    """call() with MXFP4's launch reading one step a load, as a bank on the device does (here every bank is a CPU
+    tensor, which the kernels take for one read in place)."""
+    from dataclasses import replace
+
+    import wisp.core.kernels.triton_moe as moe
+
+    default = moe.TILES[2]
+    moe.TILES[2] = tuple(replace(blocks, loads=1) for blocks in default)
+    try:
+        return call()
+    finally:
+        moe.TILES[2] = default
+
+
 def calls():
     """(name, thunk): each front door in the formats and variants that take another constexpr branch."""
     from wisp.core.kernels.expert_extras import ExpertExtras
@@ -87,8 +102,10 @@ def calls():
     yield "moe bf16, a wide step", lambda: triton_fused_moe(x80, *plain, ids80, w80)
     yield "moe FP8", lambda: triton_fused_moe(x3, fp8[0], fp8[1], ids3, w3, extras=ExpertExtras(fp8[2], fp8[3]))
     yield "moe Q8_0", lambda: triton_fused_moe(x3, q80[0], q80[1], ids3, w3, extras=ExpertExtras(q80[2], q80[3]))
-    yield "moe MXFP4, biases, clamped SwiGLU", lambda: triton_fused_moe(
+    yield "moe MXFP4 read in place (wide loads), biases, clamped SwiGLU", lambda: triton_fused_moe(
         x3, mx[0], mx[1], ids3, w3, extras=ExpertExtras(mx[2], mx[3], *biases), activation=swiglu)
+    yield "moe MXFP4 on the device (a step a load)", lambda: _one_step_a_load(lambda: triton_fused_moe(
+        x3, mx[0], mx[1], ids3, w3, extras=ExpertExtras(mx[2], mx[3], *biases), activation=swiglu))
     wt, bias = torch.randn(512, d, dtype=bf), torch.randn(512, dtype=bf)
     q8 = Fp8BlockWeight(torch.randn(512, d).to(FP8), torch.rand(4, 2))
     yield "linear bf16, spans in parallel", lambda: triton_linear(x1, wt, bias, parallel=True)

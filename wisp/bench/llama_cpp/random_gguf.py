@@ -186,9 +186,8 @@ def _random(name: str, shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType,
     if _tiled(shape, qtype):
         if qtype == gguf.GGMLQuantizationType.BF16:
             return _tile(_pool(qtype), int(np.prod(shape)), seed, out).reshape(shape)
-        width = 34 if qtype == gguf.GGMLQuantizationType.Q8_0 else 17
-        blocks = _tile(_pool(qtype), int(np.prod(shape)) // 32, seed, out)
-        return blocks.reshape(*shape[:-1], shape[-1] // 32 * width)
+        blocks = _tile(_pool(qtype), int(np.prod(shape)) // gguf.GGML_QUANT_SIZES[qtype][0], seed, out)
+        return blocks.reshape(gguf.quant_shape_to_byte_shape(shape, qtype))
     if len(shape) == 1 or name.endswith(".bias"):  # vectors stay float32, as converters write them
         return (np.ones if name.endswith("norm.weight") else np.zeros)(shape, dtype=np.float32)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 0.02

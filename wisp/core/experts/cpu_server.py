@@ -33,6 +33,7 @@ from wisp.core.kernels.expert_extras import SILU, Activation
 from wisp.core.kernels.registry import MoEKernels
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.core.learners.hybrid_pace import CpuPace
+from wisp.core.learners.hybrid_probe import timed_s
 
 
 class CpuServer:
@@ -109,16 +110,13 @@ class CpuServer:
         probe times them: `wisp.core.learners.hybrid_probe`)."""
         experts = self.cpu_experts
         x = torch.zeros((1, experts.downs[0].shape[0]), dtype=self.dtype)  # down [D, ...]: one hidden row
-        best = float("inf")
-        for i in range(repeats + 1):
-            e = (self._retimed_expert + i) % len(experts.gate_ups)
-            start = time.perf_counter()
-            experts.kernel(x, [1], [experts.gate_ups[e]], [experts.downs[e]], [experts.extras[e]], activation)
-            if i:  # the first call warms up
-                best = min(best, time.perf_counter() - start)
-        self._retimed_expert += repeats + 1
-        return best
 
+        def one() -> None:
+            e = self._retimed_expert % len(experts.gate_ups)
+            self._retimed_expert += 1
+            experts.kernel(x, [1], [experts.gate_ups[e]], [experts.downs[e]], [experts.extras[e]], activation)
+
+        return timed_s(one, torch.device("cpu"), repeats, pick=min)
 
 def cpu_pair_rows(hidden: torch.Tensor, topk_ids: torch.Tensor, cpu_experts: CpuExperts, experts, top_k: int,
                   activation: Activation = SILU) -> tuple[torch.Tensor, torch.Tensor]:

@@ -235,9 +235,8 @@ def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.
     """A layer's CPU experts with the native kernel, in one native call (`gated_experts_mlp`): both GEMVs of every
     expert in one parallel region each, the biases and the activation in float32 between ([M, D] float32). Where
     some expert's weights are in a format it does not read, or the experts are not all in one format: torch's
-    plain kernel, one expert at a time. The experts of one call share
-    their shapes (they are one layer's); the format is checked on each, the rest on the first. (Lean: the eager
-    hybrid step calls it once a layer.)"""
+    plain kernel, one expert at a time. The experts of one call share their shapes (they are one layer's); the
+    format is checked on each, the rest on the first. (Lean: the eager hybrid step calls it once a layer.)"""
     scales = [None if ex is None else ex.scales for ex in extras]
     first = (gate_ups[0].dtype, downs[0].dtype, None if scales[0] is None else (scales[0][0].dtype, scales[0][1].dtype))
     if not (all((gu.dtype, dn.dtype, None if s is None else (s[0].dtype, s[1].dtype)) == first
@@ -246,18 +245,18 @@ def native_experts_mlp(x: torch.Tensor, counts: list[int], gate_ups: list[torch.
     gate_ups, downs = [w.contiguous() for w in gate_ups], [w.contiguous() for w in downs]
     gate_up_scales = None if scales[0] is None else [s[0].contiguous() for s in scales]
     down_scales = None if scales[0] is None else [s[1].contiguous() for s in scales]
-    gate_up_biases, down_biases = _biases(extras, "gate_up_bias", gate_ups[0].shape[0]), _biases(extras, "down_bias", downs[0].shape[0])
     return gated_experts_mlp(x.float().contiguous(), gate_ups, downs, counts, gate_up_scales, down_scales,
-                             gate_up_biases, down_biases, activation)
+                             _biases(extras, "gate_up_bias", gate_ups[0].shape[0]),
+                             _biases(extras, "down_bias", downs[0].shape[0]), activation)
 
 
 def _biases(extras: list[ExpertExtras | None], role: str, width: int) -> list[torch.Tensor] | None:
-    """Each expert's bias of `role` (float32 zeros where one has none), or None where none has one."""
+    """Each expert's bias of `role` (float32 zeros where one has none), or None where none has one (`applies` has
+    checked their dtype: bf16 or float32, which the native code reads as they are)."""
     biases = [None if ex is None else getattr(ex, role) for ex in extras]
     if all(b is None for b in biases):
         return None
-    return [torch.zeros(width) if b is None else b.contiguous() if b.dtype in (torch.bfloat16, torch.float32)
-            else b.float().contiguous() for b in biases]
+    return [torch.zeros(width) if b is None else b.contiguous() for b in biases]
 
 
 def plain_expert_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,

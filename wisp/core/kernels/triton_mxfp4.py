@@ -58,8 +58,21 @@ def _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.c
 
 
 @triton.jit
+def _two_steps(acc, a_ptr, a_off, a_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr, byte, s,
+               ROUND: tl.constexpr, IEEE: tl.constexpr):
+    """acc + the two BLOCK_C-column steps from col0 whose bytes and scales [rows, BLOCK_C] were loaded as one tile,
+    in turn (`_mxfp4_step`); the second skipped where it starts past COLS."""
+    b0, b1 = _first_last(byte)
+    s0, s1 = _first_last(s)
+    acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b0, s0, ROUND, IEEE)
+    if col0 + BLOCK_C < COLS:
+        acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + BLOCK_C, COLS, BLOCK_C, b1, s1, ROUND, IEEE)
+    return acc
+
+
+@triton.jit
 def mxfp4_steps(acc, a_ptr, a_off, a_ok, w, sc, rows, w_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr,
-                 LOADS: tl.constexpr, ROUND: tl.constexpr, IEEE: tl.constexpr):
+                LOADS: tl.constexpr, ROUND: tl.constexpr, IEEE: tl.constexpr):
     """acc + LOADS consecutive BLOCK_C-column steps from col0, their bytes read in one load a row (LOADS x BLOCK_C / 2
     contiguous bytes: read in place over PCIe, a request of 32 bytes a row costs about half the link, one of 128 a
     little), each step then computed in turn as alone, so the sums are those of LOADS = 1. A step past COLS adds
@@ -68,26 +81,14 @@ def mxfp4_steps(acc, a_ptr, a_off, a_ok, w, sc, rows, w_ok, col0, COLS: tl.const
     if LOADS == 1:
         acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, byte, s, ROUND, IEEE)
     elif LOADS == 2:
-        b0, b1 = _first_last(byte)
-        s0, s1 = _first_last(s)
-        acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b0, s0, ROUND, IEEE)
-        if col0 + BLOCK_C < COLS:
-            acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + BLOCK_C, COLS, BLOCK_C, b1, s1, ROUND, IEEE)
+        acc = _two_steps(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, byte, s, ROUND, IEEE)
     else:
         tl.static_assert(LOADS == 4)
         b01, b23 = _first_last(byte)
         s01, s23 = _first_last(s)
-        b0, b1 = _first_last(b01)
-        s0, s1 = _first_last(s01)
-        b2, b3 = _first_last(b23)
-        s2, s3 = _first_last(s23)
-        acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b0, s0, ROUND, IEEE)
-        if col0 + BLOCK_C < COLS:
-            acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + BLOCK_C, COLS, BLOCK_C, b1, s1, ROUND, IEEE)
+        acc = _two_steps(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b01, s01, ROUND, IEEE)
         if col0 + 2 * BLOCK_C < COLS:
-            acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + 2 * BLOCK_C, COLS, BLOCK_C, b2, s2, ROUND, IEEE)
-        if col0 + 3 * BLOCK_C < COLS:
-            acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + 3 * BLOCK_C, COLS, BLOCK_C, b3, s3, ROUND, IEEE)
+            acc = _two_steps(acc, a_ptr, a_off, a_ok, col0 + 2 * BLOCK_C, COLS, BLOCK_C, b23, s23, ROUND, IEEE)
     return acc
 
 

@@ -36,7 +36,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_s(fn, device: torch.device, repeats: int, pick=statistics.median, warm_ups: int = 1) -> float:
+def timed_s(fn, device: torch.device, repeats: int, pick=statistics.median, warm_ups: int = 1) -> float:
+    """`pick` (median, or min) of `repeats` timed calls of fn after `warm_ups` untimed ones, the device synchronised
+    around each."""
     for _ in range(warm_ups):
         fn()
     times = []
@@ -70,7 +72,7 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
         for name, master in host.items():
             dest[name].copy_(master[e], non_blocking=True)
 
-    copy_s = _timed_s(copy_one, device, repeats)
+    copy_s = timed_s(copy_one, device, repeats)
     d = host[DOWN].shape[1]  # [N, D, I] (MXFP4: [N, D, I/32, 16])
     cpu_s = []
     for n in rows:
@@ -80,9 +82,9 @@ def probe_hybrid_costs(host: dict[str, torch.Tensor], device: torch.device | str
             e = next(turn) % num_experts
             experts_fn(x, [n], [host[GATE_UP][e]], [host[DOWN][e]], [extras_at(extras, e)], activation)
 
-        cpu_s.append(_timed_s(cpu_one, torch.device("cpu"), repeats + 2, pick=min, warm_ups=3))
+        cpu_s.append(timed_s(cpu_one, torch.device("cpu"), repeats + 2, pick=min, warm_ups=3))
     for i in reversed(range(len(cpu_s) - 1)):  # a smaller step is never dearer than a larger one
         cpu_s[i] = min(cpu_s[i], cpu_s[i + 1])
     hidden = torch.zeros((1, d), dtype=dtype, device=device)
-    overhead_s = _timed_s(lambda: hidden.cpu().to(device), device, repeats)
+    overhead_s = timed_s(lambda: hidden.cpu().to(device), device, repeats)
     return HybridCosts(copy_s, tuple(rows), tuple(cpu_s), overhead_s)

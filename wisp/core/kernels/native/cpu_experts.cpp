@@ -363,11 +363,8 @@ std::vector<int64_t> rank_share_rows(const at::Tensor& ids, int64_t cpu_ranks, c
   const int64_t m = int64_t(order.size());
   std::vector<float> xs(size_t(m * hidden)), outs(size_t(m * hidden));
   const uint16_t* hid = reinterpret_cast<const uint16_t*>(hidden_rows.data_ptr<at::BFloat16>());
-  for (int64_t i = 0; i < m; ++i)  // bf16 -> float32: the top 16 bits, exact
-    for (int64_t d = 0; d < hidden; ++d) {
-      const uint32_t bits = uint32_t(hid[(order[i] / top_k) * hidden + d]) << 16;
-      std::memcpy(&xs[size_t(i * hidden + d)], &bits, sizeof(float));
-    }
+  for (int64_t i = 0; i < m; ++i)  // bf16 -> float32, exact
+    for (int64_t d = 0; d < hidden; ++d) xs[size_t(i * hidden + d)] = bf16_value(hid[(order[i] / top_k) * hidden + d]);
   with_format(gu.format, [&](auto f) {
     experts_mlp<decltype(f)>(xs.data(), m, gate_ups, downs, gu_biases, dn_biases, offsets, hidden, inter, gating,
                              outs.data());

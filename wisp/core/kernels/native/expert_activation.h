@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "weight_formats.h"
+
 namespace wisp_cpu {
 
 // exp(x) in float32 operations only, in a fixed order (no library call, no FMA): x = k ln2 + r with ln2 in two
@@ -28,10 +30,7 @@ inline float exp_fixed(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const uint32_t bits = uint32_t(int32_t(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+  return p * float_of_bits(uint32_t(int32_t(k) + 127) << 23);
 }
 
 // The gated activation between an expert's GEMVs (wisp.core.kernels.expert_extras.Activation): SiLU's
@@ -54,11 +53,7 @@ struct Bias {
   const void* data = nullptr;
   bool bf16 = false;
   float at(int64_t j) const {
-    if (!bf16) return static_cast<const float*>(data)[j];
-    const uint32_t bits = uint32_t(static_cast<const uint16_t*>(data)[j]) << 16;
-    float value;
-    std::memcpy(&value, &bits, sizeof(value));
-    return value;
+    return bf16 ? bf16_value(static_cast<const uint16_t*>(data)[j]) : static_cast<const float*>(data)[j];
   }
 };
 

@@ -41,6 +41,14 @@ inline Words as_words(Lanes v) {
   return w;
 }
 
+inline float float_of_bits(uint32_t bits) {  // the float32 with these bits
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+inline float bf16_value(uint16_t h) { return float_of_bits(uint32_t(h) << 16); }  // exact: the top 16 bits
+
 inline Lanes load_bf16(const uint16_t* w) {  // 16 bf16 weights widened to float32 (exact: the top 16 bits)
 #ifdef WISP_AVX512_WIDEN  // one load and one widening (GCC's generic lowering takes five instructions)
   return (Lanes)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)w)), 16));
@@ -160,10 +168,7 @@ inline Lanes int8_values(const uint8_t* codes) {
 }
 
 inline float power_of_two(uint8_t e) {  // e8m0: 2^(e - 127) as torch's pow(2, e - 127): e = 0 subnormal, 255 inf
-  const uint32_t bits = e == 0 ? 0x00400000u : uint32_t(e) << 23;
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
+  return float_of_bits(e == 0 ? 0x00400000u : uint32_t(e) << 23);
 }
 
 // One weight matrix [N, K] as its bank keeps it: the codes (bf16 values for plain weights) and their scales.
