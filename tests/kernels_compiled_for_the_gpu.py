@@ -51,19 +51,20 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
     return kernel
 
 
-def _one_step_a_load(call):
-    """call() with MXFP4's launch reading one step a load, as a bank on the device does (here every bank is a CPU
-    tensor, which the kernels take for one read in place)."""
+def _launched_as(fmt: int, call, **blocks):
+    """call() with the MoE launch of weight format `fmt` (`triton_moe.TILES`' key) changed by `blocks` (fields of
+    `Blocks`) in both kernels: e.g. MXFP4 reading one step a load (loads=1), as a bank on the device does (here every
+    bank is a CPU tensor, which the kernels take for one read in place)."""
     from dataclasses import replace
 
     import wisp.core.kernels.triton_moe as moe
 
-    default = moe.TILES[2]
-    moe.TILES[2] = tuple(replace(blocks, loads=1) for blocks in default)
+    default = moe.TILES[fmt]
+    moe.TILES[fmt] = tuple(replace(b, **blocks) for b in default)
     try:
         return call()
     finally:
-        moe.TILES[2] = default
+        moe.TILES[fmt] = default
 
 
 def calls():
@@ -89,11 +90,17 @@ def calls():
     ids80, w80 = torch.randint(0, n, (80, k)), torch.rand(80, k, dtype=bf)
     plain = torch.randn(n, 2 * i, d, dtype=bf), torch.randn(n, d, i, dtype=bf)
     fp8 = (torch.randn(n, 2 * i, d).to(FP8), torch.randn(n, d, i).to(FP8), torch.rand(n, 2, 2), torch.rand(n, 2, 1))
-    mx = (torch.randint(0, 255, (n, 2 * i, d // 2), dtype=torch.uint8), torch.randint(0, 255, (n, d, i // 2), dtype=torch.uint8),
+    mx = (torch.randint(0, 255, (n, 2 * i, d // 32, 16), dtype=torch.uint8),
+          torch.randint(0, 255, (n, d, i // 32, 16), dtype=torch.uint8),
           torch.full((n, 2 * i, d // 32), 127, dtype=torch.uint8), torch.full((n, d, i // 32), 127, dtype=torch.uint8))
     q80 = (torch.randint(-127, 127, (n, 2 * i, d), dtype=torch.int8), torch.randint(-127, 127, (n, d, i), dtype=torch.int8),
            torch.rand(n, 2 * i, d // 32).half(), torch.rand(n, d, i // 32).half())
     biases = torch.randn(n, 2 * i, dtype=bf), torch.randn(n, d, dtype=bf)
+    def blocks(rows: int, width: int) -> torch.Tensor:  # a k-quant's codes or heads, d = i = 256: one block a row
+        return torch.randint(0, 255, (n, rows, 1, width), dtype=torch.uint8)
+
+    kq = {q: (blocks(512, w), blocks(512, h)) for q, w, h in (("Q4_K", 128, 16), ("Q5_K", 160, 16))}
+    q6_down = blocks(256, 192), blocks(256, 18)
     counts = StepCount(torch.zeros(6, dtype=torch.int64), n, hits=True)
     from wisp.core.kernels.expert_extras import Activation
 
@@ -104,8 +111,16 @@ def calls():
     yield "moe Q8_0", lambda: triton_fused_moe(x3, q80[0], q80[1], ids3, w3, extras=ExpertExtras(q80[2], q80[3]))
     yield "moe MXFP4 read in place (wide loads), biases, clamped SwiGLU", lambda: triton_fused_moe(
         x3, mx[0], mx[1], ids3, w3, extras=ExpertExtras(mx[2], mx[3], *biases), activation=swiglu)
-    yield "moe MXFP4 on the device (a step a load)", lambda: _one_step_a_load(lambda: triton_fused_moe(
-        x3, mx[0], mx[1], ids3, w3, extras=ExpertExtras(mx[2], mx[3], *biases), activation=swiglu))
+    yield "moe MXFP4 on the device (a step a load)", lambda: _launched_as(2, lambda: triton_fused_moe(
+        x3, mx[0], mx[1], ids3, w3, extras=ExpertExtras(mx[2], mx[3], *biases), activation=swiglu), loads=1)
+    for fmt, name, bank in ((0, "bf16", plain), (1, "FP8", fp8), (2, "MXFP4 on the device", mx), (3, "Q8_0", q80)):
+        extras = ExpertExtras(*bank[2:]) if len(bank) > 2 else None
+        yield f"moe {name}, weights first", lambda fmt=fmt, bank=bank, extras=extras: _launched_as(
+            fmt, lambda: triton_fused_moe(x3, bank[0], bank[1], ids3, w3, extras=extras), weights_first=True,
+            **({"loads": 1} if fmt == 2 else {}))
+    for q, (codes, heads) in kq.items():  # down in Q6_K, as a Q4_K_M file's more-bits layers keep it (i = 256: one block)
+        yield f"moe {q} gate/up, Q6_K down", lambda codes=codes, heads=heads: triton_fused_moe(
+            x3, codes, q6_down[0], ids3, w3, extras=ExpertExtras(heads, q6_down[1]))
     wt, bias = torch.randn(512, d, dtype=bf), torch.randn(512, dtype=bf)
     q8 = Fp8BlockWeight(torch.randn(512, d).to(FP8), torch.rand(4, 2))
     yield "linear bf16, spans in parallel", lambda: triton_linear(x1, wt, bias, parallel=True)

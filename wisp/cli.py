@@ -169,7 +169,7 @@ def _apply_startup_plan(engine, plan) -> None:
         return
     except torch.OutOfMemoryError as exc:
         cause = " ".join(str(exc).split())[:200]
-    slot = len(engine.model_config.moe_layer_ids) * engine.model_config.expert_bytes
+    slot = engine.model_config.slot_bytes
     raise WispError(f"out of device memory applying the plan ({cause}): expert caps {caps} "
                     f"({sum(caps) * engine.model_config.expert_bytes} bytes; {slot} per cap step) and "
                     f"{blocks} KV blocks ({blocks * engine.block_bytes} bytes) do not fit beside the weights; "

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from wisp.core.kernels.expert_extras import SILU, Activation
+from wisp.core.kernels.gguf_blocks import block_bytes
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
 from wisp.options import (ATTENTION_BACKENDS, CUDA_GRAPH_MAX_BATCH, DEFAULT_MAX_DECODE_WAIT_MS, DTYPE_NAMES, EMBEDDINGS,
@@ -107,7 +108,11 @@ class ModelConfig:
     dtype: torch.dtype = torch.float32
     fp8_block: tuple[int, int] | None = None  # FP8 block-scaled linear weights (`wisp.core.kernels.fp8_blocks`): the block
     expert_format: str = "plain"  # the experts' bytes: "plain" (dtype, or FP8 with fp8_block), "mxfp4" (GPT-OSS,
-    # `wisp.core.kernels.mxfp4`) or "q8_0" (a GGUF file's, `wisp.core.kernels.q8_0`); everything else plain
+    # `wisp.core.kernels.mxfp4`), "q8_0" (a GGUF file's, `wisp.core.kernels.q8_0`) or "gguf_blocks" (a GGUF file's
+    # block formats per layer and role: `expert_block_formats`); everything else plain
+    # per layer (None: not an MoE layer), "gguf_blocks" only: the (gate_up, down) experts' GGUF types, each of Q8_0,
+    # Q4_K, Q5_K, Q6_K (`wisp.core.kernels.k_quants`), kept packed as the file stores them
+    expert_block_formats: tuple[tuple[str, str] | None, ...] = ()
     window_layers: tuple[bool, ...] = ()  # per layer: sliding_window applies there (empty: every layer)
     attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator (GPT-OSS)
     routing: str = "softmax_topk"  # or "topk_softmax": softmax over the top-k router logits (GPT-OSS)
@@ -141,13 +146,16 @@ class ModelConfig:
     def moe_layer_ids(self) -> list[int]:
         return [i for i, m in enumerate(self.moe_layers) if m]
 
-    @property
-    def expert_bytes(self) -> int:
-        """Bytes of one expert (gate, up and down) as it is paged: in `dtype`, packed (MXFP4, Q8_0) with its
-        scales, or FP8 plus its float32 block scales (gate_up's [2I/B, D/B] and down's [D/B, I/B]): the unit the pager moves."""
+    def expert_bytes_of(self, layer: int) -> int:
+        """Bytes of one expert (gate, up and down) of MoE layer `layer` as it is paged: in `dtype`, packed (MXFP4,
+        Q8_0, the GGUF block formats) with its scales, or FP8 plus its float32 block scales (gate_up's [2I/B, D/B] and
+        down's [D/B, I/B]): the unit the pager moves."""
         d, inter = self.hidden_size, self.moe_intermediate_size
         size = self.dtype.itemsize
         biases = (2 * inter + d) * size if self.expert_bias else 0
+        if self.expert_format == "gguf_blocks":  # the file's own bytes, role by role
+            gate_up, down = self.expert_block_formats[layer]
+            return block_bytes(gate_up, 2 * inter, d) + block_bytes(down, d, inter) + biases
         if self.mxfp4_experts:  # half a byte a weight, one e8m0 byte per 32
             return 3 * d * inter // 2 + 3 * d * inter // 32 + biases
         if self.expert_format == "q8_0":  # a byte a weight, a float16 scale per 32: the GGUF file's 34-byte blocks
@@ -157,6 +165,17 @@ class ModelConfig:
             scales = (2 * inter // bo) * -(-d // bi) + -(-d // bo) * -(-inter // bi)
             return 3 * d * inter + 4 * scales + biases
         return 3 * d * inter * size + biases
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert of the model's largest MoE layer (`expert_bytes_of`; every layer's are the same but
+        where a GGUF file's block formats differ by layer): what a staging buffer must hold."""
+        return max((self.expert_bytes_of(li) for li in self.moe_layer_ids), default=self.expert_bytes_of(0))
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one expert slot in every MoE layer: the sum of each layer's `expert_bytes_of`."""
+        return sum(self.expert_bytes_of(li) for li in self.moe_layer_ids)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.core.kernels.test_gguf_blocks import random_blocks
+from wisp.core.kernels.quantized_weights import dequantize_weight
 from tests.helpers import assert_hybrid_computes_packed_experts_on_the_cpu, COMMON, FAMILY_SPECS, assert_quantized_gives_its_twins_bits
 
 gguf = pytest.importorskip("gguf")
@@ -298,6 +299,20 @@ def test_q8_0_experts_load_as_random_codes_under_the_dummy_format(tmp_path):
     assert len(llm.generate(PROMPT, SamplingParams(max_tokens=3, temperature=0))[0].token_ids) == 3
 
 
+def test_k_quant_experts_load_as_random_blocks_under_the_dummy_format():
+    from wisp import LLM, SamplingParams
+    from tests.models.make_q4_k_m_fixture import FIXTURE
+
+    llm = LLM(str(FIXTURE), mode="resident", load_format="dummy")
+    banks = [store.residency.bank_and_map()[0] for store in llm.model.experts.values()]
+    assert [(b["down"].shape[-1], b["down_scale"].shape[-1]) for b in banks] == [(128, 16), (192, 18)]  # Q4_K, Q6_K
+    for bank in banks:  # the file's layout per layer, random codes, finite scales
+        values = dequantize_weight(bank["down"][0], bank["down_scale"][0], torch.float32)
+        assert torch.isfinite(values).all() and 0 < values.std() < 1
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=3, temperature=0))[0]
+    assert len(out.token_ids) == 3
+
+
 @pytest.mark.slow
 def test_gpt_oss_mxfp4_experts_stay_packed_and_give_their_dequantized_twins_tokens(tmp_path):
     mx = gguf.GGMLQuantizationType.MXFP4
@@ -325,7 +340,8 @@ def test_k_quant_experts_give_the_twin_of_the_gguf_packages_floats(qtype, tmp_pa
     stored = {t.name: t for t in gguf.GGUFReader(file).tensors}
     twin = bf16_twin(folder, tmp_path / "twin", lambda name, t: file_tensor(stored, None, name) if EXPERT.match(name)
                      else t)
-    assert_quantized_gives_its_twins_bits(file, twin, "paged", 2, "cpu", "torch", "torch", PROMPT)
+    q, _ = assert_quantized_gives_its_twins_bits(file, twin, "paged", 2, "cpu", "torch", "torch", PROMPT)
+    assert_experts_kept_as_the_file_stores_them(q.config, stored)
 
 
 def file_tensor(stored: dict, names, name: str) -> torch.Tensor | None:
@@ -342,7 +358,8 @@ def file_tensor(stored: dict, names, name: str) -> torch.Tensor | None:
 
 
 @pytest.mark.slow
-def test_a_q4_k_m_file_from_llama_quantize_gives_its_dequantized_twins_tokens(tmp_path):
+@pytest.mark.parametrize("mode", ["paged", "hybrid", "zero-copy"])
+def test_a_q4_k_m_file_from_llama_quantize_gives_its_dequantized_twins_tokens(mode, tmp_path, caplog):
     """tests/models/data/qwen3_moe_q4_k_m.gguf (made by llama.cpp's llama-quantize: tests/models/make_q4_k_m_fixture.py)
     against the safetensors twin holding the gguf package's dequantization of each of its tensors."""
     from tests.models.make_q4_k_m_fixture import FIXTURE, SHAPE
@@ -362,8 +379,24 @@ def test_a_q4_k_m_file_from_llama_quantize_gives_its_dequantized_twins_tokens(tm
 
     twin = bf16_twin(folder, tmp_path / "twin", from_file)
     assert len(replaced) == len(hf_tensors(folder))
-    q, _ = assert_quantized_gives_its_twins_bits(FIXTURE, twin, "paged", 2, "cpu", "torch", "torch", PROMPT)
+    q, _ = assert_quantized_gives_its_twins_bits(FIXTURE, twin, mode, 2, "cpu", "torch", "torch", PROMPT)
     assert q.config.num_layers == SHAPE["num_hidden_layers"] and q.config.num_experts == SHAPE["num_experts"]
+    assert "dequantized" not in caplog.text  # the experts stayed packed (the dense weights are dequantized silently)
+    assert_experts_kept_as_the_file_stores_them(q.config, stored)
+    assert q.config.expert_block_formats == (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"))  # llama-quantize's more bits for down
+
+
+def assert_experts_kept_as_the_file_stores_them(cfg, stored: dict) -> None:
+    """The experts stayed in the file's block formats, layer by layer and role by role, and the planner's bytes are the
+    file's: each layer's expert bytes, and a slot in every layer."""
+    assert cfg.expert_format == "gguf_blocks"
+    per_layer = []
+    for li in cfg.moe_layer_ids:
+        gate, up, down = (stored[f"blk.{li}.ffn_{r}_exps.weight"] for r in ("gate", "up", "down"))
+        assert cfg.expert_block_formats[li] == (gate.tensor_type.name, down.tensor_type.name)
+        per_layer.append(sum(int(t.n_bytes) for t in (gate, up, down)))
+        assert cfg.expert_bytes_of(li) * cfg.num_experts == per_layer[-1]
+    assert cfg.slot_bytes * cfg.num_experts == sum(per_layer) and cfg.expert_bytes * cfg.num_experts == max(per_layer)
 
 
 def assert_same_run(a, b):

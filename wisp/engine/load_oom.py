@@ -46,9 +46,9 @@ class DeviceBytes:
         layers, e = len(cfg.moe_layer_ids), cfg.expert_bytes
         slot = 0
         if config.mode == "resident":
-            experts = layers * cfg.num_experts * e
+            experts = cfg.num_experts * cfg.slot_bytes
         elif config.mode in SCRATCH_MODES:  # hybrid with no slots: its hot experts (0 unless asked)
-            experts, slot = (sum(config.resolve_layer_caps(cfg)) + layers * config.hot_experts) * e + 2 * e, layers * e
+            experts, slot = (sum(config.resolve_layer_caps(cfg)) + layers * config.hot_experts) * e + 2 * e, cfg.slot_bytes
         elif config.mode == "offload":
             experts = cfg.num_experts * e
         else:  # zero-copy reads the host masters in place; a prefill chunk streams through two staging buffers
@@ -86,7 +86,7 @@ def _what_fits(cfg: ModelConfig, config: EngineConfig, need: DeviceBytes, usable
     budget = usable - RESERVE
     keep = f" would fit (keeping {RESERVE} bytes for activations)"
     scratch = config.mode in ("resident", *SCRATCH_MODES)
-    staging, slot = 2 * cfg.expert_bytes, len(cfg.moe_layer_ids) * cfg.expert_bytes
+    staging, slot = 2 * cfg.expert_bytes, cfg.slot_bytes
     if scratch:
         paged = " --mode paged" if config.mode == "resident" else ""
         largest = cfg.num_experts if config.mode == "resident" else max(config.resolve_layer_caps(cfg)) - 1

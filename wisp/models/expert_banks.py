@@ -3,7 +3,8 @@
 The bank is what every expert store pages (`wisp.core.kernels.expert_extras` names its tensors): "gate_up"
 [N, 2I, D] with gate's rows first, "down" [N, D, I], in the model dtype or quantized (FP8 with float32
 block scales; MXFP4 packed as [.., in/32, 16] uint8 codes with [.., in/32] e8m0 scales; a GGUF file's Q8_0 as
-int8 codes with [.., in/32] float16 scales), and for GPT-OSS
+int8 codes with [.., in/32] float16 scales; its k-quants as uint8 codes [.., in/256, C] with uint8 heads
+[.., in/256, H], each role and layer in its own type), and for GPT-OSS
 the biases "gate_up_bias" [N, 2I] and "down_bias" [N, D].
 
 Checkpoint layouts read here, expert by expert, so a host never holds a layer twice:
@@ -25,18 +26,29 @@ from wisp.config import ModelConfig
 from wisp.core.kernels.expert_extras import DOWN_BIAS, DOWN_SCALE, GATE_UP_BIAS, GATE_UP_SCALE
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.kernels.fp8_blocks import FP8, scale_key, scale_shape
+from wisp.core.kernels.k_quants import bank_shapes as k_quant_shapes
 from wisp.core.kernels.mxfp4 import BLOCK as MXFP4_BLOCK
 from wisp.core.kernels.q8_0 import BLOCK as Q8_0_BLOCK
 from wisp.errors import WispError
 from wisp.models.weight_names import WeightNames
 
 Q8_0_KEYS = ("_q8_0_codes", "_q8_0_scales")  # a stacked experts name's suffixes for its Q8_0 codes and scales
+BLOCK_KEYS = ("_block_codes", "_block_scales")  # the same for "gguf_blocks" experts, whatever each tensor's type
 
 
-def bank_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Per bank tensor: its [N, ...] shape and dtype (the same for every MoE layer of a model)."""
+def bank_layout(cfg: ModelConfig, layer: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Per bank tensor of MoE layer `layer`: its [N, ...] shape and dtype (the same for every MoE layer of a model
+    but a GGUF file's whose block formats differ by layer)."""
     ne, inter, d = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
     biases = {GATE_UP_BIAS: ((ne, 2 * inter), cfg.dtype), DOWN_BIAS: ((ne, d), cfg.dtype)} if cfg.expert_bias else {}
+    if cfg.expert_format == "gguf_blocks":  # each role as its GGUF type keeps it packed: codes, then scales / heads
+        formats = cfg.expert_block_formats[layer]
+        roles = ((GATE_UP, GATE_UP_SCALE, 2 * inter, d), (DOWN, DOWN_SCALE, d, inter))
+        layout = {}
+        for (weight, scale, rows, depth), qtype in zip(roles, formats):
+            (codes, codes_dtype), (scales, scales_dtype) = packed_role(qtype, rows, depth)
+            layout[weight], layout[scale] = ((ne, *codes), codes_dtype), ((ne, *scales), scales_dtype)
+        return {**layout, **biases}
     if cfg.mxfp4_experts:
         if d % MXFP4_BLOCK or inter % MXFP4_BLOCK:
             raise WispError(f"MXFP4 experts need hidden size ({d}) and expert width ({inter}) to be multiples of "
@@ -60,14 +72,22 @@ def bank_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], torch.dtyp
             DOWN_SCALE: (scale_shape((ne, d, inter), cfg.fp8_block), torch.float32), **biases}
 
 
+def packed_role(qtype: str, rows: int, depth: int) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+    """(codes', scales') (shape, dtype) of one expert's [rows, depth] weight kept in GGUF type `qtype`."""
+    if qtype == "Q8_0":
+        return ((rows, depth), torch.int8), ((rows, depth // Q8_0_BLOCK), torch.float16)
+    codes, heads = k_quant_shapes(rows, depth, qtype)
+    return (codes, torch.uint8), (heads, torch.uint8)
+
+
 def fill_bank(bank: dict[str, torch.Tensor], reader, cfg: ModelConfig, n: WeightNames, li: int, bar) -> None:
     """Fill layer li's allocated `bank` from `reader` (a CheckpointReader or RandomWeights), one expert at a
     time (`bar` advances per expert)."""
     if n.fused_layout == "gpt_oss":
         _fill_gpt_oss(bank, reader, cfg, n, li, bar)
         return
-    if cfg.expert_format == "q8_0":
-        _fill_q8_0(bank, reader, cfg, n, li, bar)
+    if cfg.expert_format in ("q8_0", "gguf_blocks"):
+        _fill_packed(bank, reader, cfg, n, li, bar, Q8_0_KEYS if cfg.expert_format == "q8_0" else BLOCK_KEYS)
         return
     fused = n.fused_experts(li, "gate_up") in reader
     if fused and cfg.fp8_block is not None:
@@ -88,12 +108,13 @@ def fill_bank(bank: dict[str, torch.Tensor], reader, cfg: ModelConfig, n: Weight
         bar.update(1)
 
 
-def _fill_q8_0(bank, reader, cfg: ModelConfig, n: WeightNames, li: int, bar) -> None:
-    """Q8_0 experts (a GGUF file's, `wisp.models.gguf_reader`): stacked codes and scales, copied as they are."""
+def _fill_packed(bank, reader, cfg: ModelConfig, n: WeightNames, li: int, bar, suffixes: tuple[str, str]) -> None:
+    """A GGUF file's packed experts (`wisp.models.gguf_reader`): stacked codes and scales, under the stacked experts'
+    names plus `suffixes`, copied as they are."""
     sources = {}
     for weight, scale, part in ((GATE_UP, GATE_UP_SCALE, "gate_up"), (DOWN, DOWN_SCALE, "down")):
         key = n.fused_experts(li, part)
-        sources[weight], sources[scale] = (reader.get(key + suffix) for suffix in Q8_0_KEYS)
+        sources[weight], sources[scale] = (reader.get(key + suffix) for suffix in suffixes)
     for e in range(cfg.num_experts):
         for name, source in sources.items():
             bank[name][e].copy_(source[e])

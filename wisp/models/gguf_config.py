@@ -5,7 +5,9 @@ ships with, then parsed by `wisp.models.hf_config.parse_hf_config`, so the famil
 name in `wisp.models.families`) reads its quirks in one place for both formats. What a GGUF file leaves to
 llama.cpp's per-architecture code is filled from `LLAMA_CPP_DEFAULTS` (whether the top-k weights are renormalised).
 The compute dtype is float32 for an F32 file, else bfloat16 (`FILE_TYPE_DTYPES`). GPT-OSS's MXFP4 experts
-stay MXFP4 (the config says so, as the hub's MXFP4 checkpoints do); every other quantized tensor is dequantized.
+stay MXFP4 (the config says so, as the hub's MXFP4 checkpoints do); experts whose every tensor is Q8_0, Q4_K, Q5_K or
+Q6_K stay in those block formats, per layer and role (`packed_block_experts`); every other quantized tensor is
+dequantized.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from wisp.config import ModelConfig
+from wisp.core.kernels.gguf_blocks import BLOCKS as GGUF_BLOCK_EXPERTS
 from wisp.errors import WispError
 from wisp.models.families import family_for_gguf
 from wisp.models.hf_config import parse_hf_config
@@ -32,6 +35,12 @@ YARN_DEFAULTS: dict[str, dict[str, Any]] = {"gpt-oss": {"truncate": False}}  # l
 # general.file_type -> the compute dtype: ALL_F32 float32; MOSTLY_F16 bfloat16 too (these models are trained in bf16,
 # and float16 activations can overflow where llama.cpp computes in float32); `--dtype` overrides
 FILE_TYPE_DTYPES = {0: "float32", 1: "bfloat16", 32: "bfloat16"}
+
+
+def packed_block_experts(layer_types: dict[int, tuple[str, str, str]]) -> bool:
+    """Whether experts of these GGML types (per MoE layer: gate's, up's, down's) stay packed in their block formats
+    ("gguf_blocks"): each of `GGUF_BLOCK_EXPERTS`, gate and up alike in every layer (the bank stacks them)."""
+    return bool(layer_types) and all(g == u and {g, d} <= set(GGUF_BLOCK_EXPERTS) for g, u, d in layer_types.values())
 
 
 def decimal(value: float) -> float:
@@ -88,6 +97,10 @@ def hf_config_from_gguf(meta: dict[str, Any], experts: dict[str, Any] | None = N
         raw["quantization_config"] = {"quant_method": "mxfp4"}
     elif experts.get("types") == {"Q8_0"} and family.weights.fused_layout != "gpt_oss":  # kept packed: every expert's
         raw["quantization_config"] = {"quant_method": "gguf_q8_0"}
+    elif family.weights.fused_layout != "gpt_oss" and packed_block_experts(experts.get("layer_types") or {}):
+        layers = experts["layer_types"]  # k-quants among them: each layer's roles kept in their own types
+        raw["quantization_config"] = {"quant_method": "gguf_blocks", "layers": [
+            [layers[i][0], layers[i][2]] if i in layers else None for i in range(int(get("block_count")))]}
     if get("expert_weights_norm") is not None:
         raw["norm_topk_prob"] = bool(get("expert_weights_norm"))
     if family.mla:

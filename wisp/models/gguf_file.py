@@ -91,12 +91,16 @@ class GGUFFile:
 
     def expert_facts(self) -> dict[str, Any]:
         """What the config needs from the tensors themselves: the experts' GGML type and width (from the first
-        stacked experts), the types of all of them, and the shared expert's width (0: none)."""
+        stacked experts), the types of all of them and of each layer's (gate, up, down), and the shared expert's
+        width (0: none)."""
         first = next((n for n in self._tensors if n.endswith(".ffn_gate_exps.weight")), None)
         shared = next((n for n in self._tensors if n.endswith(".ffn_gate_shexp.weight")), None)
         experts = [n for n in self._tensors if n.endswith(("_exps.weight"))]
+        layers = {int(n.split(".")[1]) for n in experts if n.startswith("blk.")}
         return {"type": self.tensor_type(first) if first else None,
                 "types": {self.tensor_type(n) for n in experts},  # every layer's gate, up and down experts'
+                "layer_types": {i: tuple(self.tensor_type(f"blk.{i}.ffn_{r}_exps.weight") for r in ("gate", "up", "down"))
+                                for i in sorted(layers)},
                 "width": self.tensor_shape(first)[1] if first else None,
                 "shared_width": self.tensor_shape(shared)[0] if shared else 0}
 

@@ -21,9 +21,11 @@ from pathlib import Path
 import torch
 
 from wisp.config import ModelConfig
+from wisp.core.kernels.gguf_blocks import BLOCKS as GGUF_BLOCK_EXPERTS
+from wisp.core.kernels.k_quants import split_blocks as split_k_quant
 from wisp.core.kernels.q8_0 import split_blocks
 from wisp.errors import WispError
-from wisp.models.expert_banks import Q8_0_KEYS
+from wisp.models.expert_banks import BLOCK_KEYS, Q8_0_KEYS
 from wisp.models.families import get_family
 from wisp.models.gguf_file import GGUFFile
 
@@ -66,9 +68,9 @@ def hf_to_gguf(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
                 for suffix in MXFP4_KEYS:
                     names[n.fused_experts(i, part) + suffix] = names[n.fused_experts(i, part)]
             del names[n.fused_experts(i, "gate_up")], names[n.fused_experts(i, "down")]
-        if cfg.expert_format == "q8_0":  # kept packed: codes and scales, split from the file's blocks
+        if cfg.expert_format in ("q8_0", "gguf_blocks"):  # kept packed: codes and scales, split from the file's blocks
             for part in ("gate_up", "down"):
-                for suffix in Q8_0_KEYS:
+                for suffix in Q8_0_KEYS if cfg.expert_format == "q8_0" else BLOCK_KEYS:
                     names[n.fused_experts(i, part) + suffix] = names[n.fused_experts(i, part)]
         names[n.fused_experts(i, "down") + "_bias"] = (f"{b}.ffn_down_exps.bias",)
         for which in ("gate", "up", "down"):
@@ -86,6 +88,13 @@ def rotary_halves(w: torch.Tensor, heads: int) -> torch.Tensor:
     the Hugging Face order (0 .. hd/2 - 1, then hd/2 .. hd - 1)."""
     rows, cols = w.shape
     return w.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def split_gguf_blocks(packed: torch.Tensor, qtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Experts in one of the GGUF block formats kept packed (`ModelConfig.expert_block_formats`), uint8 [..., bytes a
+    row], as the bank holds them: Q8_0's codes and scales (`wisp.core.kernels.q8_0`), a k-quant's codes and heads
+    (`wisp.core.kernels.k_quants`)."""
+    return split_blocks(packed) if qtype == "Q8_0" else split_k_quant(packed, qtype)
 
 
 def mxfp4_blocks_and_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,12 +127,12 @@ class GGUFCheckpoint:
                     self.names[n.attn(i, "kv_b_proj.weight")] = parts
         self.gpt_oss = get_family(cfg.family).weights.fused_layout == "gpt_oss"
         packed = {self.file.tensor_type(f"blk.{i}.ffn_down_exps.weight") for i in range(cfg.num_layers)} - {None}
-        kept = {"mxfp4": {"MXFP4"}, "q8_0": {"Q8_0"}}.get(cfg.expert_format, set())
+        kept = {"mxfp4": {"MXFP4"}, "q8_0": {"Q8_0"}, "gguf_blocks": set(GGUF_BLOCK_EXPERTS)}.get(cfg.expert_format, set())
         unpacked = sorted(packed - {"F32", "F16", "BF16"} - kept)
         if unpacked:
             log.warning("%s: its %s experts are dequantized to %s at load (%.2f GB in all): wisp does not keep them "
                         "packed yet", self.file.parts[0].name, "/".join(unpacked), str(cfg.dtype).removeprefix("torch."),
-                        cfg.expert_bytes * cfg.num_experts * len(cfg.moe_layer_ids) / 1e9)
+                        cfg.slot_bytes * cfg.num_experts / 1e9)
         self._split: dict[str, torch.Tensor] = {}  # packed experts' halves split and not yet handed out
         self.heads_of: dict[str, int] = {}  # q / k weights to put back in rotary-halves order: their head count
         if self.file.arch in ROTARY_PAIRS_INTERLEAVED:
@@ -139,13 +148,15 @@ class GGUFCheckpoint:
         if key not in self.names:
             raise WispError(f"the GGUF checkpoint {self.file.parts[0]} has no tensor for {key}")
         if key.endswith(Q8_0_KEYS):  # Q8_0 experts, kept packed: [N, rows, K] / [N, rows, K/32], gate then up
-            return self._packed_experts(key, Q8_0_KEYS, split_blocks, lambda xs: torch.cat(xs, dim=1))
+            return self._packed_experts(key, Q8_0_KEYS, lambda b, _: split_blocks(b), lambda xs: torch.cat(xs, dim=1))
+        if key.endswith(BLOCK_KEYS):  # a layer's experts in GGUF block formats, kept packed, each as its type splits
+            return self._packed_experts(key, BLOCK_KEYS, split_gguf_blocks, lambda xs: torch.cat(xs, dim=1))
         if key.endswith(MXFP4_KEYS):  # MXFP4 experts, kept packed: [N, rows, G, 16] / [N, rows, G]
             odd = [p for p in self.names[key] if self.file.tensor_type(p) != "MXFP4"]
             if odd:
                 raise WispError(f"{odd[0]} is {self.file.tensor_type(odd[0])}, but the file's first experts are MXFP4: "
                                 "wisp reads MXFP4 experts only when every layer's are")
-            return self._packed_experts(key, MXFP4_KEYS, mxfp4_blocks_and_scales,
+            return self._packed_experts(key, MXFP4_KEYS, lambda b, _: mxfp4_blocks_and_scales(b),
                                         lambda xs: torch.stack(xs, dim=2).flatten(1, 2))  # gate and up rows interleaved
         parts = [self.file.tensor(p) for p in self.names[key]]  # dequantized; the loader casts to the model's dtype
         if key.endswith("kv_b_proj.weight") and len(parts) == 2:  # [H * (nope + v), r], per head k's rows then v's
@@ -165,11 +176,11 @@ class GGUFCheckpoint:
 
     def _packed_experts(self, key: str, suffixes: tuple[str, str], split, join) -> torch.Tensor:
         """The packed experts' weights or scales behind `key` (a stem and one of `suffixes`: weights', scales'):
-        each GGUF tensor's blocks are read and `split` once for both keys (`join` puts gate's and up's together),
+        each GGUF tensor's blocks are read and `split(blocks, its GGML type)` once for both keys (`join` puts gate's and up's together),
         and each half is handed out once, so no layer's experts are held past their filling."""
         if key not in self._split:
             stem = key.removesuffix(suffixes[0]).removesuffix(suffixes[1])
-            parts = [split(self.file.packed(p)) for p in self.names[key]]  # [(weights, scales)] a GGUF tensor
+            parts = [split(self.file.packed(p), self.file.tensor_type(p)) for p in self.names[key]]  # [(weights, scales)]
             for suffix, pieces in zip(suffixes, zip(*parts)):
                 self._split[stem + suffix] = pieces[0] if len(pieces) == 1 else join(list(pieces))
         return self._split.pop(key)

@@ -55,8 +55,8 @@ def parse_hf_config(raw: dict[str, Any], generation: dict[str, Any] | None = Non
     fp8_block, expert_format = _quantization(raw)
     if expert_format == "mxfp4" and family.weights.fused_layout != "gpt_oss":
         raise WispError(f"MXFP4 experts are supported for GPT-OSS checkpoints only, not {family.architecture}")
-    if expert_format == "q8_0" and family.weights.fused_layout == "gpt_oss":
-        raise WispError("Q8_0 experts are read packed from GGUF files of stacked experts, not GPT-OSS's")
+    if expert_format in ("q8_0", "gguf_blocks") and family.weights.fused_layout == "gpt_oss":
+        raise WispError("GGUF block experts are read packed from GGUF files of stacked experts, not GPT-OSS's")
     layout = _layout_fields(raw)
     experts = _expert_fields(raw, family, layout["num_layers"])
     rope = rope_scaling(raw)
@@ -75,7 +75,7 @@ def parse_hf_config(raw: dict[str, Any], generation: dict[str, Any] | None = Non
                        attention_bias=family.attention_bias(raw), qk_norm=family.qk_norm, clip_qkv=raw.get("clip_qkv"),
                        sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                        eos_token_ids=eos, sampling_defaults=_sampling_defaults(generation or {}), dtype=dtype,
-                       fp8_block=fp8_block, expert_format=expert_format,
+                       fp8_block=fp8_block, expert_format=expert_format, expert_block_formats=_block_formats(raw),
                        window_layers=family.window_layers(raw), attention_sinks=family.attention_sinks,
                        routing=family.routing, expert_activation=family.expert_activation(raw),
                        expert_bias=family.expert_bias, norm_weight_float32=family.norm_weight_float32, mla=mla,
@@ -128,9 +128,19 @@ SUPPORTED_QUANTIZATION = ("fp8 (float8_e4m3fn weights with weight_scale_inv in 1
                           "experts as *_blocks and *_scales)")
 
 
+def _block_formats(raw: dict[str, Any]) -> tuple[tuple[str, str] | None, ...]:
+    """A GGUF file's per-layer (gate_up, down) expert types, where its experts stay in their block formats
+    ("gguf_blocks", `wisp.models.gguf_config`); () otherwise."""
+    quant = raw.get("quantization_config")
+    if not isinstance(quant, dict) or quant.get("quant_method") != "gguf_blocks":
+        return ()
+    return tuple(None if layer is None else (str(layer[0]), str(layer[1])) for layer in quant["layers"])
+
+
 def _quantization(raw: dict[str, Any]) -> tuple[tuple[int, int] | None, str]:
-    """(the block of an FP8 block-scaled checkpoint or None, its experts' format: "plain", "mxfp4", or "q8_0" for a
-    GGUF file whose experts are all Q8_0, `wisp.models.gguf_config`). Any other
+    """(the block of an FP8 block-scaled checkpoint or None, its experts' format: "plain", "mxfp4", "q8_0" for a
+    GGUF file whose experts are all Q8_0, or "gguf_blocks" for one whose experts are in GGUF block formats,
+    k-quants among them: `wisp.models.gguf_config`). Any other
     quantization (GPTQ, AWQ, bitsandbytes, compressed-tensors, other blocks...) is refused: its weights need
     scales wisp does not apply, so loading it anyway would compute garbage."""
     if raw.get("compression_config"):
@@ -140,8 +150,8 @@ def _quantization(raw: dict[str, Any]) -> tuple[tuple[int, int] | None, str]:
     if not quant:
         return None, "plain"
     method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-    if method in ("mxfp4", "gguf_q8_0"):  # the second only from a GGUF file (`wisp.models.gguf_config`)
-        return None, method.removeprefix("gguf_")
+    if method in ("mxfp4", "gguf_q8_0", "gguf_blocks"):  # the last two only from a GGUF file (`wisp.models.gguf_config`)
+        return None, {"gguf_q8_0": "q8_0"}.get(method, method)
     block = tuple(quant.get("weight_block_size") or ()) if isinstance(quant, dict) else ()
     fmt = quant.get("fmt", "e4m3") if isinstance(quant, dict) else None
     if method != "fp8" or block != (128, 128) or fmt != "e4m3":

@@ -126,7 +126,7 @@ class HostMemory:
     @classmethod
     def for_engine(cls, cfg: ModelConfig, engine: EngineConfig, device: torch.device) -> "HostMemory":
         pin = _wants_pinned(engine, device)
-        total = len(cfg.moe_layer_ids) * cfg.num_experts * cfg.expert_bytes
+        total = cfg.num_experts * cfg.slot_bytes
         return cls(pin, required=engine.mode == "zero-copy", total_bytes=total)
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
@@ -304,7 +304,7 @@ def _attention_weights(i: int, cfg: ModelConfig, n: WeightNames, dev, opt, proj)
 
 def _allocate_bank(cfg: ModelConfig, li: int, target: torch.device | None, host: HostMemory) -> dict[str, torch.Tensor]:
     """Layer li's empty expert bank (`bank_layout`) on `target` (None: host memory from `host`)."""
-    layout = bank_layout(cfg)
+    layout = bank_layout(cfg, li)
     if target is None:
         return {k: host.empty(shape, dt, f"layer {li}'s experts ({k})") for k, (shape, dt) in layout.items()}
     try:  # resident: straight into the device bank (a device out-of-memory is the engine's to explain)

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from wisp.config import ModelConfig
 from wisp.core.kernels.fp8_blocks import quantize_blocks, scale_key
 from wisp.models.config_parsers import model_config
-from wisp.models.expert_banks import Q8_0_KEYS
+from wisp.models.expert_banks import BLOCK_KEYS, Q8_0_KEYS, packed_role
 from wisp.models.families import get_family
 
 def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], float]]:
@@ -63,6 +63,12 @@ def tensor_specs(cfg: ModelConfig) -> Iterator[tuple[int, str, tuple[int, ...], 
             for part, (rows, cols) in (("gate_up", (2 * inter, d)), ("down", (d, inter))):
                 yield k, n.fused_experts(i, part) + codes, (cfg.num_experts, rows, cols), 0.05
                 yield k, n.fused_experts(i, part) + scales, (cfg.num_experts, rows, cols // 32), 0.05
+            continue
+        if cfg.expert_format == "gguf_blocks":  # each role in its GGUF type: stacked codes and scales (or heads)
+            parts = (("gate_up", 2 * inter, d), ("down", d, inter))
+            for (part, rows, cols), qtype in zip(parts, cfg.expert_block_formats[i]):
+                for suffix, (shape, _) in zip(BLOCK_KEYS, packed_role(qtype, rows, cols)):
+                    yield k, n.fused_experts(i, part) + suffix, (cfg.num_experts, *shape), 0.05
             continue
         for e in range(cfg.num_experts):
             for which, shape in (("gate", (inter, d)), ("up", (inter, d)), ("down", (d, inter))):
@@ -127,6 +133,18 @@ def random_mxfp4(name: str, shape: tuple[int, ...], seed: int, device) -> torch.
     return torch.randint(low, high, shape, generator=gen, device=device, dtype=torch.uint8)
 
 
+def random_k_quant_heads(shape: tuple[int, ...], std: float, gen: torch.Generator, device) -> torch.Tensor:
+    """Random heads [..., H] of a k-quant (`wisp.core.kernels.k_quants`: H 16 for Q4_K / Q5_K, 18 for Q6_K): every
+    6-bit (Q6_K: int8) scale random, the float16 d (and dmin) positive and sized so that weights spread about `std`
+    (a mean scale of 32 times a mean code of 8; Q6_K: 64 times 16)."""
+    heads = torch.randint(0, 256, shape, generator=gen, device=device, dtype=torch.uint8)
+    d = torch.full(shape[:-1], std / (64 * 16 if shape[-1] == 18 else 32 * 8), dtype=torch.float16, device=device)
+    fields = ((16, 18),) if shape[-1] == 18 else ((0, 2), (2, 4))  # Q6_K: d; Q4_K / Q5_K: d, dmin
+    for lo, hi in fields:
+        heads[..., lo:hi] = d.unsqueeze(-1).view(torch.uint8)
+    return heads
+
+
 def _name_key(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=7).digest(), "little")
 
@@ -167,8 +185,15 @@ class RandomWeights:
         if key.endswith(Q8_0_KEYS[0]):  # random int8 codes; scales: the weights' std over 127 codes, as float16
             gen = torch.Generator(device=self.device).manual_seed(_name_key(self.seed, key))
             return torch.randint(-127, 128, shape, generator=gen, device=self.device, dtype=torch.int8)
-        if key.endswith(Q8_0_KEYS[1]):
+        if key.endswith(Q8_0_KEYS[1]) or (key.endswith(BLOCK_KEYS[1]) and len(shape) == 3):  # Q8_0's scales
             return torch.full(shape, std * 3 ** 0.5 / 127, dtype=torch.float16, device=self.device)
+        if key.endswith(BLOCK_KEYS):  # a role's GGUF blocks: Q8_0's codes [N, rows, K], a k-quant's [N, rows, G, C]
+            gen = torch.Generator(device=self.device).manual_seed(_name_key(self.seed, key))
+            if key.endswith(BLOCK_KEYS[1]):
+                return random_k_quant_heads(shape, std, gen, self.device)
+            if len(shape) == 3:
+                return torch.randint(-127, 128, shape, generator=gen, device=self.device, dtype=torch.int8)
+            return torch.randint(0, 256, shape, generator=gen, device=self.device, dtype=torch.uint8)
         return random_tensor(key, shape, std, self.seed, self.cfg.dtype, self.device)
 
     def _quantized(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,7 +36,7 @@ class ModelSizes:
         staging = 2 * cfg.expert_bytes  # paged mode's two staging buffers for wide steps (`wisp.core.experts.expert_major`)
         kv_block = cfg.kv_tensors * cfg.num_layers * cfg.num_kv_heads * block_size * cfg.head_dim * element  # MLA: 1
         return cls(non_expert_params(cfg, embedding_on_host) * element + staging, cfg.expert_bytes,
-                   len(cfg.moe_layer_ids) * cfg.expert_bytes, kv_block)
+                   cfg.slot_bytes, kv_block)
 
 
 def _attention_params(cfg: ModelConfig) -> int:

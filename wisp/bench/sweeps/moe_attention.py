@@ -35,7 +35,7 @@ FORMAT_IDS = {"bf16": 0, "fp8": 1, "mxfp4": 2, "q8_0": 3}  # `triton_moe.TILES`'
 CASES = [(t, "device") for t in (1, 8, 2048)] + [(1, "host")]
 VARIED = (1, 2048)  # token counts at which each launch parameter is varied
 VARIANTS = {"rows": {0: (16, 64), 1: (32, 128)}, "cols": (64, 128, 256), "warps": (2, 8), "stages": (2, 4),
-            "loads": (1, 2, 4)}  # per kernel; loads: MXFP4's alone
+            "loads": (1, 2, 4), "weights_first": (True,)}  # per kernel; loads: MXFP4's alone
 BF16 = torch.bfloat16
 
 

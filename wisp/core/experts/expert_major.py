@@ -37,23 +37,37 @@ from wisp.core.kernels.registry import MoEKernels
 class StagingBuffers:
     """Two expert-sized device buffers shared by every paged (or zero-copy) layer of a model (layers run one
     after another), the copy stream, and per buffer the event after which its last reader is done. The two
-    are the rows of one [2, ...] bank (`bank`), which a wide graph step fills and reads a wave at a time
-    (`wisp.core.experts.expert_major_on_device`)."""
+    are the rows of one [2, ...] bank (`bank_for`), which a wide graph step fills and reads a wave at a time
+    (`wisp.core.experts.expert_major_on_device`). A model whose layers' experts differ in layout (a GGUF file's
+    block formats, layer by layer) has one such bank per layout, each allocated on its first use; the two
+    buffers' events are shared (a layer's copy still waits for the last reader of that buffer in any layout)."""
 
     rows = 2
 
     def __init__(self, like: dict[str, torch.Tensor], device: torch.device):
         self.device = torch.device(device)
-        self.bank = {name: torch.empty((self.rows, *t.shape[1:]), dtype=t.dtype, device=self.device)
-                     for name, t in like.items()}  # [2, ...] per tensor
-        self.buffers = [{name: t[i] for name, t in self.bank.items()} for i in range(self.rows)]
+        self._banks: dict[tuple, dict[str, torch.Tensor]] = {}
+        self.bank = self.bank_for(like)  # the first layout's
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.free_after: list[torch.cuda.Event | None] = [None, None]
         self.turn = 0
 
+    def bank_for(self, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The [2, ...] tensors for experts laid out as `like`'s (a bank or a layer's masters, [N, ...] per tensor)."""
+        key = tuple((name, tuple(t.shape[1:]), t.dtype) for name, t in like.items())
+        if key not in self._banks:
+            self._banks[key] = {name: torch.empty((self.rows, *shape), dtype=dtype, device=self.device)
+                                for name, shape, dtype in key}
+        return self._banks[key]
+
+    def buffers_for(self, like: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        """`bank_for(like)` as its two buffers, each a dict of one expert's tensors."""
+        bank = self.bank_for(like)
+        return [{name: t[i] for name, t in bank.items()} for i in range(self.rows)]
+
     @property
     def device_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.bank.values())
+        return sum(t.numel() * t.element_size() for bank in self._banks.values() for t in bank.values())
 
     def take(self) -> int:
         """The index of the buffer to fill next (they alternate)."""
@@ -80,10 +94,11 @@ def compute_from_copies(host: dict[str, torch.Tensor], staging: StagingBuffers, 
     copy_stream = staging.stream
     main = torch.cuda.current_stream(hidden.device) if copy_stream is not None else None
     hits_done = main.record_event() if copy_stream is not None else None
+    buffers = staging.buffers_for(host) if any(slot is None for _, slot in plan) else None
     for expert, slot in plan:
         if slot is None:
             index = staging.take()
-            dest, wait = staging.buffers[index], staging.free_after[index]
+            dest, wait = buffers[index], staging.free_after[index]
         else:
             dest, wait = {name: w[slot] for name, w in scratch.items()}, hits_done
         if copy_stream is None:

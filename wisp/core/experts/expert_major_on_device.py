@@ -44,9 +44,10 @@ def wide_step_on_device(pager: ExpertPager, staging: StagingBuffers, kernels: Mo
         kernels.pairs_by_map(per_k, hidden, bank[GATE_UP], bank[DOWN], topk_ids, expert_map, extras=extras_of(bank))
 
     pairs(scratch, wide.hit_map)
+    staged = staging.bank_for(host)
     for wave in range(wide.waves):
-        lru.copy_wave(host, staging.bank, wide, wave)
-        pairs(staging.bank, wide.wave_map[wave])
+        lru.copy_wave(host, staged, wide, wave)
+        pairs(staged, wide.wave_map[wave])
     lru.copy_loads(host, scratch, min(pager.capacity, t * k))
     pairs(scratch, wide.load_map)
     return kernels.combine(per_k.view(t, k, -1), topk_weights, hidden.dtype)

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from wisp.core.kernels.expert_extras import SILU, Activation, ExpertExtras, extras_at, extras_of
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.kernels.moe import expert_mlp
-from wisp.core.kernels.quantized_weights import dequantize_expert
+from wisp.core.kernels.quantized_weights import dequantize_expert, weight_format
 
 log = logging.getLogger(__name__)
 
@@ -188,17 +188,20 @@ def rows_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = N
     return grouped_rows_matmul(x, [w], [x.shape[0]], None if scale is None else [scale])
 
 
-NATIVE_FORMATS = {  # weight dtype -> its scales' dtype (None: plain weights, no scales)
-    torch.bfloat16: None, torch.float8_e4m3fn: torch.float32, torch.uint8: torch.uint8, torch.int8: torch.float16}
+NATIVE_FORMATS = ("plain", "fp8", "mxfp4", "q8_0")  # `weight_format`s the native kernel reads (plain: bf16)
 
 
 def _reads(w: torch.Tensor, scale: torch.Tensor | None) -> bool:
-    """Whether the native kernel reads weight w with its scale (None for plain weights): a format it knows, a
-    depth K (MXFP4's [N, K/32, 16] holds 32 a group) that is a positive multiple of 16."""
-    if w.dtype not in NATIVE_FORMATS or NATIVE_FORMATS[w.dtype] != (None if scale is None else scale.dtype):
+    """Whether the native kernel reads weight w with its scale (None for plain weights): a format it knows (bf16
+    when plain), a depth K (MXFP4's [N, K/32, 16] holds 32 a group) that is a positive multiple of 16."""
+    try:
+        fmt = weight_format(w, scale)
+    except ValueError:
         return False
-    depth = w.shape[-2] * 32 if w.dtype == torch.uint8 else w.shape[-1]
-    group = 32 if w.dtype in (torch.uint8, torch.int8) else LANES  # MXFP4 and Q8_0 rows: whole groups of 32
+    if fmt not in NATIVE_FORMATS or (fmt == "plain" and w.dtype != torch.bfloat16):
+        return False
+    depth = w.shape[-2] * 32 if fmt == "mxfp4" else w.shape[-1]
+    group = 32 if fmt in ("mxfp4", "q8_0") else LANES  # MXFP4 and Q8_0 rows: whole groups of 32
     return depth > 0 and depth % group == 0
 
 

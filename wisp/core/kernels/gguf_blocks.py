@@ -18,6 +18,14 @@ from wisp.core.kernels import q8_0
 BLOCKS = {"Q8_0": (q8_0.BLOCK, q8_0.BLOCK_BYTES), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
 
 
+def block_bytes(qtype: str, rows: int, depth: int) -> int:
+    """Bytes of a [rows, depth] weight in `qtype` (depth a whole number of its blocks), as the file stores it."""
+    values, nbytes = BLOCKS[qtype]
+    if depth % values:
+        raise ValueError(f"{qtype} rows are whole blocks of {values} values, got {depth}")
+    return rows * depth // values * nbytes
+
+
 def _f16(b: torch.Tensor) -> torch.Tensor:
     """Two bytes [..., 2] (little-endian float16) -> float32 [..., 1]."""
     return b.contiguous().view(torch.float16).float()

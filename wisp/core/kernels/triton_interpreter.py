@@ -38,6 +38,16 @@ def dot_rows(a, w, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def dot_cols(w, a, acc, IEEE: tl.constexpr):
+    """acc + w [N, K] @ a [M, K]^T, float32 accumulation: `dot_rows` transposed, the weight tile the product's left
+    operand (on Hopper held in registers after its dequantization, where the right one must be in shared memory).
+    IEEE as in `dot_rows`."""
+    if IEEE:
+        return tl.dot(w.to(tl.float32), tl.trans(a.to(tl.float32)), acc, input_precision="ieee")
+    return tl.dot(w, tl.trans(a), acc)
+
+
+@triton.jit
 def rounded(w, ROUND: tl.constexpr):
     """float32 w rounded to the compute dtype (ROUND: 0 float32, 1 bfloat16, 2 float16) to nearest even as torch
     casts; callers cast the result to the compute dtype (exact). Compiled: one hardware cast, and the result is

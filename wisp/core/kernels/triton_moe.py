@@ -53,10 +53,12 @@ import triton
 import triton.language as tl
 
 from wisp.core.kernels.expert_extras import SILU, Activation, ExpertExtras
-from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8
+from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK
 from wisp.core.kernels.moe import fused_from_pairs
+from wisp.core.kernels.quantized_weights import weight_format
 from wisp.core.kernels.step_count import StepCount
-from wisp.core.kernels.triton_interpreter import ROUND_IDS, dot_rows, ieee_products, rounded
+from wisp.core.kernels.triton_interpreter import ROUND_IDS, dot_cols, dot_rows, ieee_products, rounded
+from wisp.core.kernels.triton_k_quants import k_quant_tile
 from wisp.core.kernels.triton_mxfp4 import mxfp4_steps
 from wisp.core.kernels.triton_step_count import add_step, count_step, experts_block
 from wisp.core.kernels.uva import device_view
@@ -68,22 +70,27 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
     """The tile [rows, BLOCK_C columns from col0] of one expert's [R, COLS] weight at w (scales at sc; callers cast
     it to the compute dtype, exact),
     dequantized as the torch kernels do: FMT 0 plain; 1 FP8 (float32 product with the 128 x 128 block's scale,
-    rounded to the compute dtype); 3 Q8_0 (int8 code times its 32-column block's float16 scale, rounded); MXFP4 is
-    `mxfp4_steps`. col0 is a multiple of BLOCK_C, which divides the FP8 block, so
+    rounded to the compute dtype); 3 Q8_0 (int8 code times its 32-column block's float16 scale, rounded); 4-6 the
+    k-quants (`wisp.core.kernels.triton_k_quants`); MXFP4 is `mxfp4_steps`. col0 is a multiple of BLOCK_C, which
+    divides the FP8 block, so
     the tile's columns share one FP8 scale block: its scales are read once a row
     (docs/decisions/fp8-block-scale-read-once-a-row.md), and every element gets the same scale and product."""
-    cols = col0 + tl.arange(0, BLOCK_C)
-    mask = row_ok[:, None] & (cols < COLS)[None, :]
-    tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
-    if FMT == 3:  # Q8_0: code times its 32-column block's float16 scale (exact in float32); a step's columns share
-        tl.static_assert(32 % BLOCK_C == 0)  # one block, so its scales are read once a row (not gathered per element)
-        s = tl.load(sc + rows * (COLS // 32) + col0 // 32, mask=row_ok, other=0.0)  # [rows]
-        tile = rounded(tile.to(tl.float32) * s.to(tl.float32)[:, None], ROUND)
-    if FMT == 1:
-        tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
-        n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
-        scale = tl.load(sc + (rows // FP8_BLOCK) * n_cols + col0 // FP8_BLOCK, mask=row_ok, other=0.0)  # [rows]
-        tile = rounded(tile.to(tl.float32) * scale[:, None], ROUND)
+    if FMT >= 4:
+        tl.static_assert(BLOCK_C == 32)  # a k-quant step: one sub-block of 32 (Q6_K: two of 16)
+        tile = k_quant_tile(w, sc, rows, row_ok, col0, COLS, FMT, ROUND)
+    else:
+        cols = col0 + tl.arange(0, BLOCK_C)
+        mask = row_ok[:, None] & (cols < COLS)[None, :]
+        tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
+        if FMT == 3:  # Q8_0: code times its 32-column block's float16 scale (exact in float32); a step's columns
+            tl.static_assert(32 % BLOCK_C == 0)  # share one block, so its scales are read once a row
+            s = tl.load(sc + rows * (COLS // 32) + col0 // 32, mask=row_ok, other=0.0)  # [rows]
+            tile = rounded(tile.to(tl.float32) * s.to(tl.float32)[:, None], ROUND)
+        if FMT == 1:
+            tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
+            n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
+            scale = tl.load(sc + (rows // FP8_BLOCK) * n_cols + col0 // FP8_BLOCK, mask=row_ok, other=0.0)  # [rows]
+            tile = rounded(tile.to(tl.float32) * scale[:, None], ROUND)
     return tile
 
 
@@ -168,8 +175,10 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
                  alpha, limit, S, K: tl.constexpr, D: tl.constexpr, I: tl.constexpr, SP: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr,
                  FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
-                 IEEE: tl.constexpr, LOADS: tl.constexpr):
-    """Program (tile, block of I rows): h[place] = act(gate, up) of the tile's pairs, rounded to hidden's dtype."""
+                 IEEE: tl.constexpr, LOADS: tl.constexpr, WFIRST: tl.constexpr):
+    """Program (tile, block of I rows): h[place] = act(gate, up) of the tile's pairs, rounded to hidden's dtype.
+    WFIRST (`Blocks.weights_first`): the block's gate rows and up rows are one weight tile [2 BLOCK_I, BLOCK_D], the
+    product's left operand (`dot_cols`), its result [2 BLOCK_I, BLOCK_M] split into gate and up at the end."""
     slot, places, pair, row_ok = _tile_pairs(sorted_ptr, counts_ptr, S, SP, BLOCK_M)
     if slot < S:
         token = pair // K
@@ -177,21 +186,42 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
         i_ok = rows < I
         w = w_ptr + slot.to(tl.int64) * stride_ws
         sc = s_ptr + slot.to(tl.int64) * stride_ss
-        gate = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
-        up = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
         tl.static_assert(FMT == 2 or LOADS == 1)  # wide loads: MXFP4's
-        for d0 in range(0, D, BLOCK_D * LOADS):
-            if FMT == 2:  # MXFP4: each step's even columns' products, then its odd ones', LOADS steps a load
-                gate = mxfp4_steps(gate, x_ptr, token * D, row_ok, w, sc, rows, i_ok, d0, D, BLOCK_D, LOADS, ROUND, IEEE)
-                up = mxfp4_steps(up, x_ptr, token * D, row_ok, w, sc, rows + I, i_ok, d0, D, BLOCK_D, LOADS, ROUND, IEEE)
-            else:
-                cols = d0 + tl.arange(0, BLOCK_D)
-                x = tl.load(x_ptr + token[:, None] * D + cols[None, :], mask=row_ok[:, None] & (cols < D)[None, :],
-                            other=0.0)
-                wg = _weight_tile(w, sc, rows, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)  # exact
-                wu = _weight_tile(w, sc, rows + I, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
-                gate = dot_rows(x, wg, gate, IEEE)
-                up = dot_rows(x, wu, up, IEEE)
+        if WFIRST:
+            r = tl.arange(0, 2 * BLOCK_I)
+            both = tl.program_id(1) * BLOCK_I + r % BLOCK_I + (r // BLOCK_I) * I  # [2 BLOCK_I]: gate rows, up rows
+            both_ok = tl.program_id(1) * BLOCK_I + r % BLOCK_I < I
+            acc = tl.zeros((2 * BLOCK_I, BLOCK_M), dtype=tl.float32)
+            for d0 in range(0, D, BLOCK_D * LOADS):
+                if FMT == 2:
+                    acc = mxfp4_steps(acc, x_ptr, token * D, row_ok, w, sc, both, both_ok, d0, D, BLOCK_D, LOADS, ROUND,
+                                      IEEE, True)
+                else:
+                    cols = d0 + tl.arange(0, BLOCK_D)
+                    x = tl.load(x_ptr + token[:, None] * D + cols[None, :],
+                                mask=row_ok[:, None] & (cols < D)[None, :], other=0.0)
+                    wt = _weight_tile(w, sc, both, both_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
+                    acc = dot_cols(wt, x, acc, IEEE)
+            gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_I, BLOCK_M)), (1, 2, 0)))  # [BLOCK_I, BLOCK_M]
+            gate = tl.trans(gate)
+            up = tl.trans(up)
+        else:
+            gate = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+            up = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+            for d0 in range(0, D, BLOCK_D * LOADS):
+                if FMT == 2:  # MXFP4: each step's even columns' products, then its odd ones', LOADS steps a load
+                    gate = mxfp4_steps(gate, x_ptr, token * D, row_ok, w, sc, rows, i_ok, d0, D, BLOCK_D, LOADS, ROUND,
+                                       IEEE)
+                    up = mxfp4_steps(up, x_ptr, token * D, row_ok, w, sc, rows + I, i_ok, d0, D, BLOCK_D, LOADS, ROUND,
+                                     IEEE)
+                else:
+                    cols = d0 + tl.arange(0, BLOCK_D)
+                    x = tl.load(x_ptr + token[:, None] * D + cols[None, :],
+                                mask=row_ok[:, None] & (cols < D)[None, :], other=0.0)
+                    wg = _weight_tile(w, sc, rows, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)  # exact
+                    wu = _weight_tile(w, sc, rows + I, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
+                    gate = dot_rows(x, wg, gate, IEEE)
+                    up = dot_rows(x, wu, up, IEEE)
         if HAS_BIAS:
             b = b_ptr + slot.to(tl.int64) * stride_bs
             gate += tl.load(b + rows, mask=i_ok, other=0.0).to(tl.float32)[None, :]
@@ -210,25 +240,32 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
 def _down(h_ptr, w_ptr, sorted_ptr, counts_ptr, y_ptr, stride_ws, s_ptr, stride_ss, b_ptr, stride_bs, S,
           D: tl.constexpr, I: tl.constexpr, SP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
           BLOCK_I: tl.constexpr, FMT: tl.constexpr, FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr,
-          HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, LOADS: tl.constexpr):
-    """Program (tile, block of D rows): y[pair] = w_down @ h[place] for the tile's pairs, in float32."""
+          HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, LOADS: tl.constexpr, WFIRST: tl.constexpr):
+    """Program (tile, block of D rows): y[pair] = w_down @ h[place] for the tile's pairs, in float32. WFIRST: the
+    weight tile is the product's left operand (`dot_cols`), the sum [BLOCK_D, BLOCK_M] transposed at the end."""
     slot, places, pair, row_ok = _tile_pairs(sorted_ptr, counts_ptr, S, SP, BLOCK_M)
     if slot < S:
         rows = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         d_ok = rows < D
         w = w_ptr + slot.to(tl.int64) * stride_ws
         sc = s_ptr + slot.to(tl.int64) * stride_ss
-        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        if WFIRST:
+            acc = tl.zeros((BLOCK_D, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
         tl.static_assert(FMT == 2 or LOADS == 1)  # wide loads: MXFP4's
         for i0 in range(0, I, BLOCK_I * LOADS):
             if FMT == 2:  # MXFP4: each step's even columns' products, then its odd ones', LOADS steps a load
-                acc = mxfp4_steps(acc, h_ptr, places * I, row_ok, w, sc, rows, d_ok, i0, I, BLOCK_I, LOADS, ROUND, IEEE)
+                acc = mxfp4_steps(acc, h_ptr, places * I, row_ok, w, sc, rows, d_ok, i0, I, BLOCK_I, LOADS, ROUND, IEEE,
+                                  WFIRST)
             else:
                 cols = i0 + tl.arange(0, BLOCK_I)
                 h = tl.load(h_ptr + places[:, None] * I + cols[None, :], mask=row_ok[:, None] & (cols < I)[None, :],
                             other=0.0)
                 wd = _weight_tile(w, sc, rows, d_ok, i0, I, BLOCK_I, FMT, FP8_BLOCK, ROUND).to(h.dtype)
-                acc = dot_rows(h, wd, acc, IEEE)
+                acc = dot_cols(wd, h, acc, IEEE) if WFIRST else dot_rows(h, wd, acc, IEEE)
+        if WFIRST:
+            acc = tl.trans(acc)
         if HAS_BIAS:
             acc += tl.load(b_ptr + slot.to(tl.int64) * stride_bs + rows, mask=d_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr + pair[:, None] * D + rows[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
@@ -263,27 +300,36 @@ class Blocks:
     # wastes half the link (gpt-oss's experts in place: 23 GB/s at 1, 37 at 4); on the device the split in registers
     # costs more than it saves (160 -> 399 us at one token): a bank on the device reads one step a load.
     loads: int = 1
+    # the weight tile the tensor-core product's left operand (`dot_cols`: dequantized in registers and multiplied
+    # from there, where the right operand must first go through shared memory); gate/up then reads its gate and up
+    # rows as one tile of 2 x rows
+    weights_first: bool = False
 
 
 BLOCK_M = 64  # pairs a tile: one fixed shape for every call, so no row's instructions depend on the batch
-TILES = {  # weight format (`_format`: 0 plain, 1 FP8, 2 MXFP4, 3 Q8_0) -> (gate/up blocks, down blocks)
+TILES = {  # weight format (`_format`: 0 plain, 1 FP8, 2 MXFP4, 3 Q8_0, 4-6 Q4_K, Q5_K, Q6_K) -> (gate/up blocks, down blocks)
     0: (Blocks(32, 128), Blocks(64, 128)),
     1: (Blocks(32, 128), Blocks(64, 128)),
     2: (Blocks(32, 64, loads=4), Blocks(64, 64, loads=4)),  # MXFP4 (loads: in place from host memory only)
     3: (Blocks(64, 32), Blocks(64, 32)),  # Q8_0: a step is one scale block
+    4: (Blocks(64, 32), Blocks(64, 32)),  # Q4_K, Q5_K, Q6_K: a step is a sub-block of 32 (Q8_0's launch, not swept)
+    5: (Blocks(64, 32), Blocks(64, 32)),
+    6: (Blocks(64, 32), Blocks(64, 32)),
 }
 BLOCK_PAIRS = 128  # pairs a program of the sort
 FEW_PAIRS = 64  # up to this many pairs (8 decode rows of top-8) are sorted by one program (`_sort_few_pairs`)
 
 
-def _format(w_gate_up: torch.Tensor, hidden: torch.Tensor, extras: ExpertExtras | None) -> int:
-    """`_weight_tile`'s FMT for these weights: 0 plain (hidden's dtype), 1 FP8, 2 MXFP4, 3 Q8_0 (scales in extras)."""
-    scales = None if extras is None else extras.scales
-    fmt = 0 if scales is None else {FP8: 1, torch.uint8: 2, torch.int8: 3}.get(w_gate_up.dtype, -1)
-    want = {0: hidden.dtype, 1: FP8, 2: torch.uint8, 3: torch.int8}.get(fmt)
-    if fmt < 0 or w_gate_up.dtype != want:
-        raise ValueError(f"expert weights ({w_gate_up.dtype}) must be {hidden.dtype} like hidden, or float8_e4m3fn / "
-                         f"uint8 (MXFP4) / int8 (Q8_0) with their scales{' (none given)' if scales is None else ''}")
+FORMAT_IDS = {"plain": 0, "fp8": 1, "mxfp4": 2, "q8_0": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6}  # `weight_format` -> FMT
+
+
+def _format(weight: torch.Tensor, scale: torch.Tensor | None, hidden: torch.Tensor) -> int:
+    """`_weight_tile`'s FMT for one role's weights (`wisp.core.kernels.quantized_weights.weight_format`); plain
+    weights must be in hidden's dtype."""
+    fmt = FORMAT_IDS[weight_format(weight, scale)]
+    if fmt == 0 and weight.dtype != hidden.dtype:
+        raise ValueError(f"expert weights ({weight.dtype}) must be {hidden.dtype} like hidden, or quantized with their "
+                         "scales (none given)")
     return fmt
 
 
@@ -320,14 +366,12 @@ def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top
     """The two tiled kernels over `max_tiles` tiles of pairs (`order`, slot by slot as `counts` says):
     per_k [T*K, D] float32 gets each listed pair's output. extras: the bank's (or the one expert's) scales
     and biases, if any (`wisp.core.kernels.expert_extras`)."""
-    d, inter = hidden.shape[1], w_gate_up.shape[0 if one_expert else 1] // 2  # [S,] 2I, D (MXFP4: D/32, 16)
-    fmt = _format(w_gate_up, hidden, extras)
-    if w_down.dtype != w_gate_up.dtype:
-        raise ValueError(f"expert weights must share a dtype (gate_up {w_gate_up.dtype}, down {w_down.dtype})")
+    d, inter = hidden.shape[1], w_gate_up.shape[0 if one_expert else 1] // 2  # [S,] 2I, D (packed: [S,] 2I, ...)
+    extras = extras or ExpertExtras()
+    fmt_gate_up, fmt_down = (_format(w, s, hidden) for w, s in zip((w_gate_up, w_down), extras.scales or (None, None)))
     if max_tiles == 0:
         return
     dev = hidden.device
-    extras = extras or ExpertExtras()
     s_gate_up, s_down = extras.scales or (w_gate_up, w_down)  # unread unless FMT > 0
     has_bias = extras.gate_up_bias is not None
     b_gate_up, b_down = (extras.gate_up_bias, extras.down_bias) if has_bias else (w_gate_up, w_down)  # unread
@@ -336,21 +380,21 @@ def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top
     def stride0(t: torch.Tensor) -> int:
         return t.stride(0) if not one_expert else 0
 
-    common = dict(SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M, FMT=fmt, FP8_BLOCK=DEFAULT_BLOCK[0],
+    common = dict(SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M, FP8_BLOCK=DEFAULT_BLOCK[0],
                   ROUND=ROUND_IDS[hidden.dtype], HAS_BIAS=has_bias, IEEE=ieee_products(hidden.dtype))
-    gate_up, down = TILES[fmt]
-    wide = fmt == 2 and w_gate_up.device.type == "cpu"  # MXFP4 read in place from pinned host memory: wide loads
+    gate_up, down = TILES[fmt_gate_up][0], TILES[fmt_down][1]
+    in_place = w_gate_up.device.type == "cpu"  # MXFP4 read in place from pinned host memory: wide loads
     h = torch.empty((max_tiles * BLOCK_M, inter), dtype=hidden.dtype, device=dev)  # [place, I]
     _gate_up_act[(max_tiles, triton.cdiv(inter, gate_up.rows))](
         hidden, device_view(w_gate_up, dev), order, counts, h, stride0(w_gate_up), device_view(s_gate_up, dev),
         stride0(s_gate_up), device_view(b_gate_up, dev), stride0(b_gate_up), activation.alpha, activation.limit, slots,
-        K=top_k, D=d, I=inter, BLOCK_I=gate_up.rows, BLOCK_D=gate_up.cols, LOADS=gate_up.loads if wide else 1,
-        SWIGLU=activation.kind == "clamped_swiglu", num_warps=gate_up.warps, num_stages=gate_up.stages, **common,
+        K=top_k, D=d, I=inter, BLOCK_I=gate_up.rows, BLOCK_D=gate_up.cols, LOADS=gate_up.loads if in_place and fmt_gate_up == 2 else 1, FMT=fmt_gate_up,
+        SWIGLU=activation.kind == "clamped_swiglu", WFIRST=gate_up.weights_first, num_warps=gate_up.warps, num_stages=gate_up.stages, **common,
     )
     _down[(max_tiles, triton.cdiv(d, down.rows))](
         h, device_view(w_down, dev), order, counts, per_k, stride0(w_down), device_view(s_down, dev),
         stride0(s_down), device_view(b_down, dev), stride0(b_down), slots, D=d, I=inter, BLOCK_D=down.rows,
-        BLOCK_I=down.cols, LOADS=down.loads if wide else 1, num_warps=down.warps, num_stages=down.stages, **common,
+        BLOCK_I=down.cols, LOADS=down.loads if in_place and fmt_down == 2 else 1, FMT=fmt_down, WFIRST=down.weights_first, num_warps=down.warps, num_stages=down.stages, **common,
     )
 
 

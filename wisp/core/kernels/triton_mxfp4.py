@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from wisp.core.kernels.triton_interpreter import dot_rows, rounded
+from wisp.core.kernels.triton_interpreter import dot_cols, dot_rows, rounded
 
 
 @triton.jit
@@ -50,45 +50,45 @@ def _first_last(t):
 
 @triton.jit
 def _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr, byte, s,
-                ROUND: tl.constexpr, IEEE: tl.constexpr):
+                ROUND: tl.constexpr, IEEE: tl.constexpr, WFIRST: tl.constexpr):
     """acc + one BLOCK_C-column step from col0: the activation's even and odd columns against the bytes' decoded
     halves (`_dot_halves`), exactly as the step loaded alone computes it."""
     ae, ao = _halves(a_ptr, a_off, a_ok, col0, COLS, BLOCK_C)
-    return _dot_halves(acc, ae, ao, *_mxfp4_decoded(byte, s, ROUND), IEEE)
+    return _dot_halves(acc, ae, ao, *_mxfp4_decoded(byte, s, ROUND), IEEE, WFIRST)
 
 
 @triton.jit
 def _two_steps(acc, a_ptr, a_off, a_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr, byte, s,
-               ROUND: tl.constexpr, IEEE: tl.constexpr):
+               ROUND: tl.constexpr, IEEE: tl.constexpr, WFIRST: tl.constexpr):
     """acc + the two BLOCK_C-column steps from col0 whose bytes and scales [rows, BLOCK_C] were loaded as one tile,
     in turn (`_mxfp4_step`); the second skipped where it starts past COLS."""
     b0, b1 = _first_last(byte)
     s0, s1 = _first_last(s)
-    acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b0, s0, ROUND, IEEE)
+    acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b0, s0, ROUND, IEEE, WFIRST)
     if col0 + BLOCK_C < COLS:
-        acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + BLOCK_C, COLS, BLOCK_C, b1, s1, ROUND, IEEE)
+        acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + BLOCK_C, COLS, BLOCK_C, b1, s1, ROUND, IEEE, WFIRST)
     return acc
 
 
 @triton.jit
 def mxfp4_steps(acc, a_ptr, a_off, a_ok, w, sc, rows, w_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr,
-                LOADS: tl.constexpr, ROUND: tl.constexpr, IEEE: tl.constexpr):
+                LOADS: tl.constexpr, ROUND: tl.constexpr, IEEE: tl.constexpr, WFIRST: tl.constexpr = False):
     """acc + LOADS consecutive BLOCK_C-column steps from col0, their bytes read in one load a row (LOADS x BLOCK_C / 2
     contiguous bytes: read in place over PCIe, a request of 32 bytes a row costs about half the link, one of 128 a
     little), each step then computed in turn as alone, so the sums are those of LOADS = 1. A step past COLS adds
     nothing (skipped). LOADS: 1, 2 or 4."""
     byte, s = _mxfp4_bytes(w, sc, rows, w_ok, col0, COLS, LOADS * BLOCK_C)
     if LOADS == 1:
-        acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, byte, s, ROUND, IEEE)
+        acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, byte, s, ROUND, IEEE, WFIRST)
     elif LOADS == 2:
-        acc = _two_steps(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, byte, s, ROUND, IEEE)
+        acc = _two_steps(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, byte, s, ROUND, IEEE, WFIRST)
     else:
         tl.static_assert(LOADS == 4)
         b01, b23 = _first_last(byte)
         s01, s23 = _first_last(s)
-        acc = _two_steps(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b01, s01, ROUND, IEEE)
+        acc = _two_steps(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b01, s01, ROUND, IEEE, WFIRST)
         if col0 + 2 * BLOCK_C < COLS:
-            acc = _two_steps(acc, a_ptr, a_off, a_ok, col0 + 2 * BLOCK_C, COLS, BLOCK_C, b23, s23, ROUND, IEEE)
+            acc = _two_steps(acc, a_ptr, a_off, a_ok, col0 + 2 * BLOCK_C, COLS, BLOCK_C, b23, s23, ROUND, IEEE, WFIRST)
     return acc
 
 
@@ -102,7 +102,11 @@ def _halves(a_ptr, row_offsets, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.co
 
 
 @triton.jit
-def _dot_halves(acc, a_even, a_odd, w_even, w_odd, IEEE: tl.constexpr):
-    """acc + the even columns' products, then the odd columns' (`_halves` by `_mxfp4_decoded`)."""
+def _dot_halves(acc, a_even, a_odd, w_even, w_odd, IEEE: tl.constexpr, WFIRST: tl.constexpr):
+    """acc + the even columns' products, then the odd columns' (`_halves` by `_mxfp4_decoded`); WFIRST: acc is
+    [weight rows, activation rows] (`dot_cols`), else [activation rows, weight rows] (`dot_rows`)."""
+    if WFIRST:
+        acc = dot_cols(w_even.to(a_even.dtype), a_even, acc, IEEE)
+        return dot_cols(w_odd.to(a_odd.dtype), a_odd, acc, IEEE)
     acc = dot_rows(a_even, w_even.to(a_even.dtype), acc, IEEE)
     return dot_rows(a_odd, w_odd.to(a_odd.dtype), acc, IEEE)
