@@ -345,7 +345,7 @@ def _add_sweep_parsers(kinds) -> None:
                      help="comma-separated: pinned (cudaHostAlloc), huge (huge pages, registered)")
     cpu.add_argument("--kernels", default=None, help="comma-separated CPU kernels (default: all that load)")
     cpu.add_argument("--weights", default="bf16",
-                     help="comma-separated expert formats: bf16 (the --bank kinds), fp8, mxfp4, q8_0 (pinned banks)")
+                     help="comma-separated expert formats: bf16 (the --bank kinds), fp8, mxfp4, q8_0, q4_k, q5_k, q6_k (pinned banks)")
     cpu.add_argument("--threads", type=parse_int_list, default=None,
                      help="comma-separated torch thread counts (default: torch's)")
     cpu.add_argument("--repeats", type=int, default=48)

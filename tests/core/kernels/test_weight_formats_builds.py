@@ -56,7 +56,7 @@ def dumps(tmp_path_factory) -> dict[str, str]:
 
 def test_every_build_widens_every_code_to_the_same_bits(dumps):
     reference = dumps["generic loops"]
-    assert len(reference.splitlines()) == 256 + 5
+    assert len(reference.splitlines()) == 256 + 5 + 3 * 256
     for name, dump in dumps.items():
         assert dump == reference, name
 
@@ -74,5 +74,21 @@ def test_the_bits_are_the_formats_values(dumps):
     assert torch.equal(e2m1, torch.stack([table[low], table[high]], dim=1).flatten())
     int8 = torch.tensor([int(r[3], 16) for r in rows[:256]], dtype=torch.int64).to(torch.int32).view(torch.float32)
     assert torch.equal(int8, codes.view(torch.int8).float())
-    powers = torch.tensor([int(r[1], 16) for r in rows[256:]], dtype=torch.int64).to(torch.int32).view(torch.float32)
+    powers = torch.tensor([int(r[1], 16) for r in rows[256:261]], dtype=torch.int64).to(torch.int32).view(torch.float32)
     assert torch.equal(powers, torch.pow(2.0, torch.tensor([0, 1, 127, 254, 255]) - 127.0).float())
+
+
+def test_the_k_quants_codes_are_their_values(dumps):
+    """One super-block whose code bytes are (7 i + 3) mod 256: each column's code value as the kernel reads it is the
+    code the reference decomposition gives (Q6_K's less 32)."""
+    from tests.core.kernels.test_cpu_k_quants import parts
+    from wisp.core.kernels.k_quants import K_QUANTS
+
+    rows = [line.split() for line in dumps["generic loops"].splitlines()[261:]]
+    for qtype in K_QUANTS:
+        k = K_QUANTS[qtype]
+        raw = torch.zeros(k.block_bytes, dtype=torch.uint8)
+        raw[slice(*k.codes)] = (torch.arange(k.code_bytes) * 7 + 3).to(torch.uint8)
+        want = parts(raw[None], qtype)[0][0]
+        got = torch.tensor([int(r[1], 16) for r in rows if r[0] == qtype.lower()], dtype=torch.int64).to(torch.int32)
+        assert torch.equal(got.view(torch.float32), want), qtype

@@ -6,6 +6,18 @@
 
 using namespace wisp_cpu;
 
+template <class F>
+void dump_codes(const char* name, const Matrix& w) {
+  for (int64_t k = 0; k < 256; k += kLanes) {
+    const Lanes values = F::codes(w, 0, k, 256);
+    for (int l = 0; l < kLanes; ++l) {
+      uint32_t bits;
+      std::memcpy(&bits, &values[l], 4);
+      std::printf("%s %08x\n", name, bits);
+    }
+  }
+}
+
 int main() {
   uint8_t codes[256 + kLanes];
   for (int i = 0; i < 256 + kLanes; ++i) codes[i] = uint8_t(i);
@@ -25,4 +37,11 @@ int main() {
     std::memcpy(&bits, &s, 4);
     std::printf("e8m0 %08x\n", bits);
   }
+  // the k-quants: one super-block whose code byte i is (7 i + 3) mod 256, every column's code value
+  uint8_t block[192], heads[18] = {};
+  for (int i = 0; i < 192; ++i) block[i] = uint8_t(7 * i + 3);
+  const Matrix w{block, heads};
+  dump_codes<Q4_K>("q4_k", w);
+  dump_codes<Q5_K>("q5_k", w);
+  dump_codes<Q6_K>("q6_k", w);
 }

@@ -36,9 +36,12 @@ from wisp.bench.records import print_and_save
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.kernels.cpu_expert_kernels import CPU_EXPERT_KERNELS, native_kernel_error
 from wisp.core.kernels.expert_extras import DOWN_SCALE, GATE_UP_SCALE, extras_at, extras_of
+from wisp.core.kernels.k_quants import bank_shapes as k_quant_shapes
 from wisp.errors import WispError
+from wisp.models.random_checkpoint import random_k_quant_heads
 
-WEIGHTS = ("bf16", "fp8", "mxfp4", "q8_0")  # --weights: the bank's format (quantized: read packed by "native")
+WEIGHTS = ("bf16", "fp8", "mxfp4", "q8_0", "q4_k", "q5_k", "q6_k")  # --weights: the bank's format (quantized: read
+# packed by "native")
 
 
 def expert_rate(kernel, bank: dict[str, torch.Tensor], experts: range, rows: int, repeats: int,
@@ -80,8 +83,8 @@ def huge_page_bank(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> tor
 
 
 def quantized_bank(weights: str, n: int, d: int, i: int, pin: bool) -> dict[str, torch.Tensor]:
-    """A bank of n experts in `weights` (fp8, mxfp4, q8_0) with random codes and plausible scales, pinned when
-    `pin` (timing only: the values do not matter to the kernels' speed, but none is a NaN)."""
+    """A bank of n experts in `weights` (fp8, mxfp4, q8_0, or a k-quant) with random codes and plausible scales,
+    pinned when `pin` (timing only: the values do not matter to the kernels' speed, but none is a NaN)."""
     def codes_and_scales(rows: int, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
         if weights == "fp8":
             codes = torch.randint(0, 0x7F, (n, rows, depth), dtype=torch.uint8)  # no NaN (0x7F)
@@ -90,6 +93,10 @@ def quantized_bank(weights: str, n: int, d: int, i: int, pin: bool) -> dict[str,
         if weights == "mxfp4":
             return (torch.randint(0, 256, (n, rows, depth // 32, 16), dtype=torch.uint8),
                     torch.randint(110, 125, (n, rows, depth // 32), dtype=torch.uint8))
+        if weights in ("q4_k", "q5_k", "q6_k"):
+            codes, heads = k_quant_shapes(rows, depth, weights.upper())
+            return (torch.randint(0, 256, (n, *codes), dtype=torch.uint8),
+                    random_k_quant_heads((n, *heads), 0.05, torch.Generator().manual_seed(0), "cpu"))
         return (torch.randint(-127, 128, (n, rows, depth), dtype=torch.int8),
                 (torch.rand((n, rows, depth // 32)) * 1e-3).half())
 

@@ -188,7 +188,8 @@ def rows_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = N
     return grouped_rows_matmul(x, [w], [x.shape[0]], None if scale is None else [scale])
 
 
-NATIVE_FORMATS = ("plain", "fp8", "mxfp4", "q8_0")  # `weight_format`s the native kernel reads (plain: bf16)
+NATIVE_FORMATS = ("plain", "fp8", "mxfp4", "q8_0", "q4_k", "q5_k", "q6_k")  # `weight_format`s it reads (plain: bf16)
+GGUF_BLOCK_FORMATS = ("q8_0", "q4_k", "q5_k", "q6_k")  # a GGUF file's: gate_up and down may differ among these
 
 
 def _reads(w: torch.Tensor, scale: torch.Tensor | None) -> bool:
@@ -200,18 +201,22 @@ def _reads(w: torch.Tensor, scale: torch.Tensor | None) -> bool:
         return False
     if fmt not in NATIVE_FORMATS or (fmt == "plain" and w.dtype != torch.bfloat16):
         return False
-    depth = w.shape[-2] * 32 if fmt == "mxfp4" else w.shape[-1]
-    group = 32 if fmt in ("mxfp4", "q8_0") else LANES  # MXFP4 and Q8_0 rows: whole groups of 32
+    depth = w.shape[-2] * {"mxfp4": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}.get(fmt, 0) or w.shape[-1]
+    group = {"mxfp4": 32, "q8_0": 32}.get(fmt, LANES)  # MXFP4 and Q8_0 rows: whole groups of 32 (k-quants' of 256)
     return depth > 0 and depth % group == 0
 
 
 def applies(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras: ExpertExtras | None) -> bool:
     """Whether the native kernel computes this expert, whole (else torch's plain kernel does): weights in a format
-    it reads, biases (where there are) bf16 or float32."""
+    it reads, one for both roles or each a GGUF block format (a Q4_K_M file's Q6_K down beside Q4_K gate/up),
+    biases (where there are) bf16 or float32."""
     scales = None if extras is None else extras.scales
     biases = () if extras is None else (extras.gate_up_bias, extras.down_bias)
-    return (w_gate_up.dtype == w_down.dtype and _reads(w_gate_up, None if scales is None else scales[0])
-            and _reads(w_down, None if scales is None else scales[1])
+    roles = (w_gate_up, None if scales is None else scales[0]), (w_down, None if scales is None else scales[1])
+    if not all(_reads(w, s) for w, s in roles):
+        return False
+    formats = {weight_format(w, s) for w, s in roles}  # one, or each of a GGUF file's block formats
+    return ((len(formats) == 1 or formats <= set(GGUF_BLOCK_FORMATS))
             and all(b is None or b.dtype in (torch.bfloat16, torch.float32) for b in biases))
 
 

@@ -1,5 +1,5 @@
 // out[m, n] = sum_k x[m, k] * w[n, k]: float32 rows x [M, K] against a weight w [N, K] as its bank keeps it (bf16,
-// or FP8 / MXFP4 / Q8_0 codes beside their scales: weight_formats.h), float32 out [M, N], for groups of rows each
+// or FP8 / MXFP4 / Q8_0 / k-quant codes beside their scales: weight_formats.h), float32 out [M, N], for groups of rows each
 // against its own w (a layer's CPU experts). Hybrid mode's CPU expert kernel (wisp.core.kernels.cpu_expert_kernels).
 // A quantized weight is read packed (1 byte a weight for FP8, 17/32 for MXFP4, 17/16 for Q8_0, not bf16's 2): its
 // codes widened to their exact values in registers, and each group of columns sharing a scale summed apart, then
@@ -57,7 +57,8 @@ inline float fold(Lanes acc) {  // lanes (l, l + half) summed, half = 8, 4, 2, 1
 
 // Count outputs for one x row: weight rows row, row + stride, ... streamed at once, their sums in registers. A
 // quantized format's sum runs group by group: each group's products of codes (exact values) and x summed in the 16
-// lanes from zero, then times the group's scale, then added to the running sum (acc += scale * partial).
+// lanes from zero, then times the group's scale, then added to the running sum (acc += scale * partial); a format
+// with mins (Q4_K, Q5_K) then subtracts the group's x summed in the lanes times its min (acc -= min * x_sum).
 template <class F, int64_t Count>
 inline void block_dot(const Matrix& w, int64_t row, int64_t stride, const float* x, int64_t depth, float* out) {
   Lanes acc[Count] = {};
@@ -66,7 +67,7 @@ inline void block_dot(const Matrix& w, int64_t row, int64_t stride, const float*
       const Lanes xs = load_float(x + k);
       for (int64_t r = 0; r < Count; ++r) acc[r] += F::load(w, row + r * stride, k, depth) * xs;
     }
-  } else {
+  } else if constexpr (F::kSuper == 0) {
     for (int64_t group = 0; group < depth; group += F::kGroup) {
       Lanes part[Count] = {};
       for (int64_t k = group; k < std::min(group + F::kGroup, depth); k += kLanes) {
@@ -74,6 +75,23 @@ inline void block_dot(const Matrix& w, int64_t row, int64_t stride, const float*
         for (int64_t r = 0; r < Count; ++r) part[r] += F::codes(w, row + r * stride, k, depth) * xs;
       }
       for (int64_t r = 0; r < Count; ++r) acc[r] += part[r] * F::scale(w, row + r * stride, group, depth);
+    }
+  } else {  // the k-quants: each super-block's factors read once a row, then its groups as above, less their mins
+    constexpr int64_t kGroups = F::kSuper / F::kGroup;
+    float scales[Count][kGroups], mins[Count][kGroups];
+    for (int64_t super = 0; super < depth; super += F::kSuper) {
+      for (int64_t r = 0; r < Count; ++r) F::factors(w, row + r * stride, super, depth, scales[r], mins[r]);
+      for (int64_t g = 0; g < kGroups; ++g) {
+        Lanes part[Count] = {}, x_sum = {};
+        for (int64_t k = super + g * F::kGroup; k < super + (g + 1) * F::kGroup; k += kLanes) {
+          const Lanes xs = load_float(x + k);
+          if constexpr (F::kMin) x_sum += xs;
+          for (int64_t r = 0; r < Count; ++r) part[r] += F::codes(w, row + r * stride, k, depth) * xs;
+        }
+        for (int64_t r = 0; r < Count; ++r) acc[r] += part[r] * scales[r][g];
+        if constexpr (F::kMin)
+          for (int64_t r = 0; r < Count; ++r) acc[r] -= x_sum * mins[r][g];
+      }
     }
   }
   for (int64_t r = 0; r < Count; ++r) out[r * stride] = fold(acc[r]);
@@ -128,15 +146,15 @@ void gate_mul(const float* h, int64_t rows, int64_t inter, const Gating& gating,
 // A gated expert per group, on its rows: out = act(x W_gate_up^T + b_gate_up) W_down^T + b_down in float32, gate_up
 // [2I, D] (gate rows first), down [D, I], biases [2I] and [D] where given (none: empty); both GEMVs in one parallel
 // region each, the biases and the activation between.
-template <class F>
+template <class G, class D>  // gate_up's format, down's
 void experts_mlp(const float* xs, int64_t rows, const std::vector<Matrix>& gate_ups, const std::vector<Matrix>& downs,
                  const std::vector<Bias>& gate_up_biases, const std::vector<Bias>& down_biases,
                  const std::vector<int64_t>& offsets, int64_t hidden, int64_t inter, const Gating& gating, float* outs) {
   std::vector<float> h(size_t(rows * 2 * inter)), a(size_t(rows * inter));
-  grouped_rows<F>(xs, gate_ups, offsets, 2 * inter, hidden, h.data());
+  grouped_rows<G>(xs, gate_ups, offsets, 2 * inter, hidden, h.data());
   add_biases(h.data(), gate_up_biases, offsets, 2 * inter);
   gate_mul(h.data(), rows, inter, gating, a.data());
-  grouped_rows<F>(a.data(), downs, offsets, hidden, inter, outs);
+  grouped_rows<D>(a.data(), downs, offsets, hidden, inter, outs);
   add_biases(outs, down_biases, offsets, hidden);
 }
 
@@ -168,16 +186,35 @@ std::vector<Bias> checked_biases(at::TensorList biases, size_t groups, int64_t w
 constexpr const char* kFormats =
     "contiguous bfloat16 [N, K] without scales; float8_e4m3fn [N, K] with float32 [ceil(N/128), ceil(K/128)] "
     "scales (FP8 blocks); uint8 [N, K/32, 16] with uint8 [N, K/32] (MXFP4); int8 [N, K] with float16 [N, K/32] "
-    "(Q8_0)";
+    "(Q8_0); uint8 codes [N, K/256, 128 / 160 / 192] with uint8 heads [N, K/256, 16 / 16 / 18] (Q4_K / Q5_K / Q6_K)";
 
-// The format of a weight of `weight`'s dtype, given whether it has scales
-Format format_of(at::ScalarType weight, bool scaled) {
-  if (!scaled && weight == at::kBFloat16) return Format::kBf16;
-  if (scaled && weight == at::kFloat8_e4m3fn) return Format::kFp8;
-  if (scaled && weight == at::kByte) return Format::kMxfp4;
-  if (scaled && weight == at::kChar) return Format::kQ8_0;
-  TORCH_CHECK(false, "a weight the native kernel reads is ", kFormats, "; got ", weight, scaled ? " with" : " without",
-              " scales");
+struct KQuantShape {  // a k-quant's codes and heads a super-block (wisp.core.kernels.k_quants)
+  Format format;
+  int64_t code_bytes, head_bytes;
+};
+constexpr KQuantShape kKQuants[] = {{Format::kQ4_K, 128, 16}, {Format::kQ5_K, 160, 16}, {Format::kQ6_K, 192, 18}};
+
+// The format of weight w (one expert's [N, ...]) with its scales (undefined: none): its dtype, and for uint8 codes
+// the widths that tell MXFP4 and the k-quants apart
+Format format_of(const at::Tensor& w, const at::Tensor& scale) {
+  const bool scaled = scale.defined();
+  if (!scaled && w.scalar_type() == at::kBFloat16) return Format::kBf16;
+  if (scaled && w.scalar_type() == at::kFloat8_e4m3fn) return Format::kFp8;
+  if (scaled && w.scalar_type() == at::kChar) return Format::kQ8_0;
+  if (scaled && w.scalar_type() == at::kByte && scale.dim() == w.dim()) {
+    for (const KQuantShape& k : kKQuants)
+      if (w.size(-1) == k.code_bytes) return k.format;
+  } else if (scaled && w.scalar_type() == at::kByte) {
+    return Format::kMxfp4;
+  }
+  TORCH_CHECK(false, "a weight the native kernel reads is ", kFormats, "; got ", w.scalar_type(),
+              scaled ? " with" : " without", " scales, of shape ", w.sizes());
+}
+
+const KQuantShape* k_quant_shape(Format format) {
+  for (const KQuantShape& k : kKQuants)
+    if (k.format == format) return &k;
+  return nullptr;
 }
 
 const char* format_name(Format format) {
@@ -186,13 +223,24 @@ const char* format_name(Format format) {
     case Format::kFp8: return "FP8 block";
     case Format::kMxfp4: return "MXFP4";
     case Format::kQ8_0: return "Q8_0";
+    case Format::kQ4_K: return "Q4_K";
+    case Format::kQ5_K: return "Q5_K";
+    case Format::kQ6_K: return "Q6_K";
   }
   return "";
 }
 
 // One matrix of a checked format and shape [n_out, depth]: its codes and scales (`scale` undefined for bf16)
 Matrix checked_matrix(Format format, const at::Tensor& w, const at::Tensor& scale, int64_t n_out, int64_t depth) {
-  TORCH_CHECK(format_of(w.scalar_type(), scale.defined()) == format, "every weight in one format: ", kFormats);
+  TORCH_CHECK(format_of(w, scale) == format, "every weight in one format: ", kFormats);
+  if (const KQuantShape* k = k_quant_shape(format)) {  // codes [n_out, K/256, C], heads [n_out, K/256, H]
+    const std::vector<int64_t> codes{n_out, depth / 256, k->code_bytes}, heads{n_out, depth / 256, k->head_bytes};
+    TORCH_CHECK(depth % 256 == 0 && w.is_contiguous() && w.sizes() == at::IntArrayRef(codes) &&
+                scale.scalar_type() == at::kByte && scale.is_contiguous() && scale.sizes() == at::IntArrayRef(heads),
+                "every ", format_name(format), " weight [", n_out, ", ", depth, "]: contiguous codes ",
+                at::IntArrayRef(codes), " and heads ", at::IntArrayRef(heads), "; got ", w.sizes(), " and ", scale.sizes());
+    return Matrix{static_cast<const uint8_t*>(w.data_ptr()), static_cast<const uint8_t*>(scale.data_ptr())};
+  }
   const bool mxfp4 = format == Format::kMxfp4;
   TORCH_CHECK(w.is_contiguous() && w.size(0) == n_out && w.dim() == (mxfp4 ? 3 : 2) &&
               (mxfp4 ? w.size(1) * 32 == depth && w.size(2) == 16 : w.size(1) == depth),
@@ -209,9 +257,11 @@ Matrix checked_matrix(Format format, const at::Tensor& w, const at::Tensor& scal
   return Matrix{static_cast<const uint8_t*>(w.data_ptr()), static_cast<const uint8_t*>(scale.data_ptr())};
 }
 
-// The logical [N, K] of a weight (MXFP4's [N, K/32, 16] packs K = 32 x its groups)
-std::pair<int64_t, int64_t> logical_shape(const at::Tensor& w) {
+// The logical [N, K] of a weight of `format` (MXFP4's [N, K/32, 16] packs K = 32 x its groups, a k-quant's
+// [N, K/256, C] 256 x its super-blocks)
+std::pair<int64_t, int64_t> logical_shape(const at::Tensor& w, Format format) {
   TORCH_CHECK(w.dim() == 2 || w.dim() == 3, "every weight: ", kFormats);
+  if (k_quant_shape(format) != nullptr) return {w.size(0), w.size(1) * 256};
   return {w.size(0), w.dim() == 3 ? w.size(1) * w.size(2) * 2 : w.size(1)};
 }
 
@@ -224,13 +274,26 @@ struct Matrices {
 Matrices checked_matrices(at::TensorList ws, at::TensorList scales) {
   TORCH_CHECK(!ws.empty(), "one weight per group");
   TORCH_CHECK(scales.empty() || scales.size() == ws.size(), "no scales (bf16 weights) or one per weight");
-  const Format format = format_of(ws[0].scalar_type(), !scales.empty());
-  const auto [n_out, depth] = logical_shape(ws[0]);
+  const Format format = format_of(ws[0], scales.empty() ? at::Tensor() : scales[0]);
+  const auto [n_out, depth] = logical_shape(ws[0], format);
   TORCH_CHECK(depth > 0 && depth % kLanes == 0, "x [M, K], K a positive multiple of 16");
   Matrices out{format, n_out, depth, {}};
   for (size_t e = 0; e < ws.size(); ++e)
     out.matrices.push_back(checked_matrix(format, ws[e], scales.empty() ? at::Tensor() : scales[e], n_out, depth));
   return out;
+}
+
+// gate_up and down in one format, or each in one of a GGUF file's block formats (a Q4_K_M file keeps some layers'
+// down in Q6_K)
+void check_role_formats(Format gate_up, Format down) {
+  const auto gguf_block = [](Format f) { return f == Format::kQ8_0 || k_quant_shape(f) != nullptr; };
+  TORCH_CHECK(gate_up == down || (gguf_block(gate_up) && gguf_block(down)), "gate_up and down in one format, or each "
+              "in Q8_0, Q4_K, Q5_K or Q6_K; got ", format_name(gate_up), " and ", format_name(down));
+}
+
+template <class Fn>
+void with_formats(Format gate_up, Format down, Fn&& fn) {  // fn(G{}, D{}) for the two roles' readers
+  with_format(gate_up, [&](auto g) { with_format(down, [&](auto d) { fn(g, d); }); });
 }
 
 std::vector<int64_t> checked_offsets(at::IntArrayRef offsets, size_t groups, int64_t rows) {
@@ -266,8 +329,8 @@ at::Tensor gated_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::T
                              double alpha, double limit) {
   TORCH_CHECK(!gate_ups.empty() && gate_ups.size() == downs.size(), "a gate_up and a down per group");
   const Matrices gu = checked_matrices(gate_ups, gate_up_scales), dn = checked_matrices(downs, down_scales);
-  TORCH_CHECK(gu.format == dn.format && gu.n_out == 2 * dn.depth && dn.n_out == gu.depth,
-              "gate_up [2I, D] and down [D, I] in one format");
+  check_role_formats(gu.format, dn.format);
+  TORCH_CHECK(gu.n_out == 2 * dn.depth && dn.n_out == gu.depth, "gate_up [2I, D] and down [D, I]");
   check_rows(x, gu.depth);
   check_expert_widths(gu.depth, dn.depth);
   const std::vector<int64_t> bounds = checked_offsets(offsets, gate_ups.size(), x.size(0));
@@ -275,9 +338,9 @@ at::Tensor gated_experts_mlp(const at::Tensor& x, at::TensorList gate_ups, at::T
   const std::vector<Bias> dn_biases = checked_biases(down_biases, downs.size(), dn.n_out);
   const Gating gating = gating_of(activation, alpha, limit);
   at::Tensor out = at::empty({x.size(0), gu.depth}, x.options());
-  with_format(gu.format, [&](auto f) {
-    experts_mlp<decltype(f)>(x.data_ptr<float>(), x.size(0), gu.matrices, dn.matrices, gu_biases, dn_biases, bounds,
-                             gu.depth, dn.depth, gating, out.data_ptr<float>());
+  with_formats(gu.format, dn.format, [&](auto g, auto d) {
+    experts_mlp<decltype(g), decltype(d)>(x.data_ptr<float>(), x.size(0), gu.matrices, dn.matrices, gu_biases,
+                                          dn_biases, bounds, gu.depth, dn.depth, gating, out.data_ptr<float>());
   });
   return out;
 }
@@ -325,8 +388,8 @@ std::vector<int64_t> rank_share_rows(const at::Tensor& ids, int64_t cpu_ranks, c
   const Matrices gu = checked_matrices({gate_up_bank[0]}, gu_scales.defined() ? at::TensorList({gu_scales[0]}) : at::TensorList());
   const Matrices dn = checked_matrices({down_bank[0]}, dn_scales.defined() ? at::TensorList({dn_scales[0]}) : at::TensorList());
   const int64_t hidden = gu.depth, inter = dn.depth;
-  TORCH_CHECK(gu.format == dn.format && gu.n_out == 2 * inter && dn.n_out == hidden,
-              "banks: gate_up [N, 2I, D] and down [N, D, I] in one format");
+  check_role_formats(gu.format, dn.format);
+  TORCH_CHECK(gu.n_out == 2 * inter && dn.n_out == hidden, "banks: gate_up [N, 2I, D] and down [N, D, I]");
   TORCH_CHECK(hidden_rows.scalar_type() == at::kBFloat16 && hidden_rows.is_contiguous() &&
               hidden_rows.sizes() == at::IntArrayRef({batch, hidden}), "bfloat16 hidden [B, D] expected");
   TORCH_CHECK(rows.scalar_type() == at::kFloat && rows.is_contiguous() &&
@@ -365,9 +428,9 @@ std::vector<int64_t> rank_share_rows(const at::Tensor& ids, int64_t cpu_ranks, c
   const uint16_t* hid = reinterpret_cast<const uint16_t*>(hidden_rows.data_ptr<at::BFloat16>());
   for (int64_t i = 0; i < m; ++i)  // bf16 -> float32, exact
     for (int64_t d = 0; d < hidden; ++d) xs[size_t(i * hidden + d)] = bf16_value(hid[(order[i] / top_k) * hidden + d]);
-  with_format(gu.format, [&](auto f) {
-    experts_mlp<decltype(f)>(xs.data(), m, gate_ups, downs, gu_biases, dn_biases, offsets, hidden, inter, gating,
-                             outs.data());
+  with_formats(gu.format, dn.format, [&](auto g, auto d) {
+    experts_mlp<decltype(g), decltype(d)>(xs.data(), m, gate_ups, downs, gu_biases, dn_biases, offsets, hidden, inter,
+                                          gating, outs.data());
   });
   float* out = rows.data_ptr<float>();
   for (int64_t i = 0; i < m; ++i)

@@ -180,7 +180,9 @@ struct Matrix {
 // A weight format: its codes' bytes a row; for plain weights (kGroup 0) `load`, the 16 weights of row `row` from
 // column k (a multiple of 16) as float32; for quantized ones `codes`, the 16 codes' exact values there, and `scale`,
 // the float32 factor of the kGroup columns from k (a multiple of kGroup) of that row (the kernel multiplies a
-// group's partial sums by it, not each weight).
+// group's partial sums by it, not each weight). The k-quants (kSuper 256) give instead, once a super-block of a row,
+// `factors`: each of its groups' scale and, where kMin, min, the float32 the group's values are offset by (value =
+// scale * code - min: the kernel subtracts min times the group's sum of x).
 struct Bf16 {
   static constexpr int64_t kGroup = 0;
   static int64_t row_bytes(int64_t depth) { return 2 * depth; }
@@ -191,6 +193,8 @@ struct Bf16 {
 
 struct Fp8 {  // codes float8_e4m3fn [N, K] (no NaN: `fp8_values`), scales float32 [ceil(N / 128), ceil(K / 128)]
   static constexpr int64_t kGroup = 128;
+  static constexpr bool kMin = false;
+  static constexpr int64_t kSuper = 0;
   static int64_t row_bytes(int64_t depth) { return depth; }
   static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
     return fp8_values(w.codes + row * depth + k);
@@ -202,6 +206,8 @@ struct Fp8 {  // codes float8_e4m3fn [N, K] (no NaN: `fp8_values`), scales float
 
 struct Mxfp4 {  // codes uint8 [N, K / 32, 16] (two a byte), scales e8m0 [N, K / 32]
   static constexpr int64_t kGroup = 32;
+  static constexpr bool kMin = false;
+  static constexpr int64_t kSuper = 0;
   static int64_t row_bytes(int64_t depth) { return depth / 2; }
   static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
     return e2m1_values(w.codes + row * (depth >> 1) + (k >> 1));
@@ -213,6 +219,8 @@ struct Mxfp4 {  // codes uint8 [N, K / 32, 16] (two a byte), scales e8m0 [N, K /
 
 struct Q8_0 {  // codes int8 [N, K], scales float16 [N, K / 32]
   static constexpr int64_t kGroup = 32;
+  static constexpr bool kMin = false;
+  static constexpr int64_t kSuper = 0;
   static int64_t row_bytes(int64_t depth) { return depth; }
   static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
     return int8_values(w.codes + row * depth + k);
@@ -222,7 +230,67 @@ struct Q8_0 {  // codes int8 [N, K], scales float16 [N, K / 32]
   }
 };
 
-enum class Format { kBf16, kFp8, kMxfp4, kQ8_0 };
+// 16 nibbles: bytes p[0..15] shifted right by `shift` (0 or 4), low 4 bits, as 32-bit lanes
+inline Words nibbles(const uint8_t* p, uint32_t shift) { return (widen_bytes(p) >> shift) & 0xFu; }
+
+inline float f16_value(const uint8_t* p) {  // the little-endian float16 at p, as float32 (exact)
+  return c10::detail::fp16_ieee_to_fp32_value(uint16_t(p[0] | (p[1] << 8)));
+}
+
+// llama.cpp's k-quants, kept packed as codes [N, K / 256, C] and heads [N, K / 256, H] (wisp.core.kernels.k_quants).
+// A super-block of 256 columns has float16 d (Q4_K / Q5_K: and dmin) in its heads and 6-bit (Q6_K: int8) scales of
+// its sub-blocks; a value is (d * scale) * q - dmin * min (Q4_K: q 4 bits; Q5_K: 5) or (d * scale) * (q - 32) (Q6_K: 6
+// bits). The kernel sums a sub-block's q * x in the 16 lanes, then acc += partial * (d * scale) and, where there is a
+// min, acc -= (sum of x over the sub-block) * (dmin * min): exact values, regrouped, like the other formats.
+template <int64_t kCodeBytes>
+struct KQuant4Or5 {  // Q4_K (128 code bytes: nibbles) and Q5_K (160: 32 bytes of fifth bits, then the nibbles)
+  static constexpr int64_t kGroup = 32, kSuper = 256;
+  static constexpr bool kMin = true;
+  static int64_t row_bytes(int64_t depth) { return depth / 256 * kCodeBytes; }
+  static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    const int64_t j = (k & 255) >> 5, lane0 = k & 31;  // the sub-block and where in it the 16 columns start
+    const uint8_t* block = w.codes + row * row_bytes(depth) + (k >> 8) * kCodeBytes;
+    Words q = nibbles(block + (kCodeBytes - 128) + 32 * (j >> 1) + lane0, uint32_t(4 * (j & 1)));
+    if constexpr (kCodeBytes == 160) q |= ((widen_bytes(block + lane0) >> uint32_t(j)) & 1u) << 4;
+    return __builtin_convertvector((Ints)q, Lanes);
+  }
+  // The super-block from column k of row `row`: its 8 sub-blocks' d * scale and dmin * min (llama.cpp's
+  // get_scale_min_k4 unpacks the 6-bit values from the 12 bytes after d and dmin)
+  static void factors(const Matrix& w, int64_t row, int64_t k, int64_t depth, float* scales, float* mins) {
+    const uint8_t* h = w.scales + (row * (depth / 256) + (k >> 8)) * 16;
+    const float d = f16_value(h), dmin = f16_value(h + 2);
+    const uint8_t* q = h + 4;
+    for (int j = 0; j < 4; ++j) {
+      scales[j] = d * float(q[j] & 63);
+      mins[j] = dmin * float(q[j + 4] & 63);
+      scales[j + 4] = d * float((q[j + 8] & 15) | ((q[j] >> 6) << 4));
+      mins[j + 4] = dmin * float((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
+    }
+  }
+};
+using Q4_K = KQuant4Or5<128>;
+using Q5_K = KQuant4Or5<160>;
+
+struct Q6_K {  // codes: 128 bytes of low nibbles, then 64 of high bit pairs; heads: 16 int8 scales, then float16 d
+  static constexpr int64_t kGroup = 16, kSuper = 256;
+  static constexpr bool kMin = false;
+  static int64_t row_bytes(int64_t depth) { return depth / 256 * 192; }
+  static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
+    const int64_t half = (k & 255) >> 7, t = (k & 127) >> 5, lane0 = k & 31;  // 128-column half, its quarter
+    const uint8_t* block = w.codes + row * row_bytes(depth) + (k >> 8) * 192;
+    const Words low = nibbles(block + 64 * half + 32 * (t & 1) + lane0, uint32_t(4 * (t >> 1)));
+    const Words high = (widen_bytes(block + 128 + 32 * half + lane0) >> uint32_t(2 * t)) & 3u;
+    return __builtin_convertvector((Ints)(low | (high << 4)) - 32, Lanes);
+  }
+  // The super-block's 16 sub-blocks of 16: d * scale (sub-block 8 half + 2 t + lane0 / 16 of `codes`)
+  static void factors(const Matrix& w, int64_t row, int64_t k, int64_t depth, float* scales, float*) {
+    const uint8_t* h = w.scales + (row * (depth / 256) + (k >> 8)) * 18;
+    const float d = f16_value(h + 16);
+    for (int j = 0; j < 16; ++j) scales[j] = d * float(int8_t(h[j]));
+  }
+};
+
+enum class Format { kBf16, kFp8, kMxfp4, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
 
 template <class Fn>
 void with_format(Format format, Fn&& fn) {  // fn(F{}) for the format's reader F
@@ -231,6 +299,9 @@ void with_format(Format format, Fn&& fn) {  // fn(F{}) for the format's reader F
     case Format::kFp8: fn(Fp8{}); break;
     case Format::kMxfp4: fn(Mxfp4{}); break;
     case Format::kQ8_0: fn(Q8_0{}); break;
+    case Format::kQ4_K: fn(Q4_K{}); break;
+    case Format::kQ5_K: fn(Q5_K{}); break;
+    case Format::kQ6_K: fn(Q6_K{}); break;
   }
 }
 
