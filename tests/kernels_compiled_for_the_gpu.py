@@ -51,20 +51,21 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
     return kernel
 
 
-def _launched_as(fmt: int, call, **blocks):
-    """call() with the MoE launch of weight format `fmt` (`triton_moe.TILES`' key) changed by `blocks` (fields of
-    `Blocks`) in both kernels: e.g. MXFP4 reading one step a load (loads=1), as a bank on the device does (here every
-    bank is a CPU tensor, which the kernels take for one read in place)."""
+def _launched_as(formats, call, **blocks):
+    """call() with the MoE launch of weight formats `formats` (`triton_moe.TILES`' keys; one, or a tuple) changed by
+    `blocks` (fields of `Blocks`) in both kernels: e.g. MXFP4 reading one step a load (loads=1), as a bank on the device
+    does (here every bank is a CPU tensor, which the kernels take for one read in place)."""
     from dataclasses import replace
 
     import wisp.core.kernels.triton_moe as moe
 
-    default = moe.TILES[fmt]
-    moe.TILES[fmt] = tuple(replace(b, **blocks) for b in default)
+    defaults = {f: moe.TILES[f] for f in (formats if isinstance(formats, tuple) else (formats,))}
+    for f, default in defaults.items():
+        moe.TILES[f] = tuple(replace(b, **blocks) for b in default)
     try:
         return call()
     finally:
-        moe.TILES[fmt] = default
+        moe.TILES.update(defaults)
 
 
 def calls():
@@ -118,9 +119,12 @@ def calls():
         yield f"moe {name}, weights first", lambda fmt=fmt, bank=bank, extras=extras: _launched_as(
             fmt, lambda: triton_fused_moe(x3, bank[0], bank[1], ids3, w3, extras=extras), weights_first=True,
             **({"loads": 1} if fmt == 2 else {}))
-    for q, (codes, heads) in kq.items():  # down in Q6_K, as a Q4_K_M file's more-bits layers keep it (i = 256: one block)
-        yield f"moe {q} gate/up, Q6_K down", lambda codes=codes, heads=heads: triton_fused_moe(
-            x3, codes, q6_down[0], ids3, w3, extras=ExpertExtras(heads, q6_down[1]))
+    for (q, (codes, heads)), fmt in zip(kq.items(), (4, 5)):  # down in Q6_K, as a Q4_K_M file's more-bits layers
+        yield f"moe {q} gate/up, Q6_K down, read in place (a super-block a load)", lambda codes=codes, heads=heads: (
+            triton_fused_moe(x3, codes, q6_down[0], ids3, w3, extras=ExpertExtras(heads, q6_down[1])))
+        yield f"moe {q} gate/up, Q6_K down, on the device (a step a load)", lambda codes=codes, heads=heads, fmt=fmt: (
+            _launched_as((fmt, 6), lambda: triton_fused_moe(x3, codes, q6_down[0], ids3, w3,
+                                                            extras=ExpertExtras(heads, q6_down[1])), loads=1))
     wt, bias = torch.randn(512, d, dtype=bf), torch.randn(512, dtype=bf)
     q8 = Fp8BlockWeight(torch.randn(512, d).to(FP8), torch.rand(4, 2))
     yield "linear bf16, spans in parallel", lambda: triton_linear(x1, wt, bias, parallel=True)

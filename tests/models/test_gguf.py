@@ -397,6 +397,9 @@ def assert_experts_kept_as_the_file_stores_them(cfg, stored: dict) -> None:
         per_layer.append(sum(int(t.n_bytes) for t in (gate, up, down)))
         assert cfg.expert_bytes_of(li) * cfg.num_experts == per_layer[-1]
     assert cfg.slot_bytes * cfg.num_experts == sum(per_layer) and cfg.expert_bytes * cfg.num_experts == max(per_layer)
+    from wisp.plan.sizes import ModelSizes
+
+    assert ModelSizes.of(cfg, 16).slot_bytes * cfg.num_experts == sum(per_layer)  # what `wisp plan` divides the VRAM by
 
 
 def assert_same_run(a, b):

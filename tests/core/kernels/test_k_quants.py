@@ -7,6 +7,8 @@ GPU machine."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -180,3 +182,33 @@ def test_a_k_quant_tile_decodes_every_sub_block_of_every_format_to_the_reference
         _tiles[(1,)](codes.to(dev), heads.to(dev), out, 3, COLS=512, FMT=fmt)
         assert torch.equal(out.cpu(), dequantize(raw, qtype)), qtype
 
+
+
+@pytest.mark.parametrize("roles", ROLES)
+def test_a_super_blocks_codes_read_in_one_load_keep_the_bits(roles):
+    """`Blocks.loads` = 8: a bank read in place loads a super-block's codes a row at once (for the link's sake), each
+    of its 8 steps then computed as alone: the outputs equal one load a step, bit for bit (the k-quants' launch with
+    loads 1). With CUDA the bank is pinned host memory read in place; without, Triton's interpreter reads it."""
+    pytest.importorskip("triton")
+    import wisp.core.kernels.triton_moe as moe
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    n, k, t = 3, 2, 2
+    bank, _ = k_quant_bank(n, roles, 9)
+    bank = {name: x.pin_memory() if dev.type == "cuda" else x for name, x in bank.items()}
+    g = torch.Generator().manual_seed(4)
+    hidden = (torch.randn(t, D, generator=g) * 0.1).to(torch.bfloat16).to(dev)
+    ids, weights = torch.tensor([[0, 2], [1, 2]], device=dev), torch.full((t, k), 0.5, dtype=torch.bfloat16, device=dev)
+    emap = torch.arange(n, dtype=torch.int32, device=dev)
+    formats = [moe.FORMAT_IDS[r.lower()] for r in roles]
+    defaults = {f: moe.TILES[f] for f in formats}
+    outs = []
+    try:
+        for loads in (1, 8):
+            for f in formats:
+                moe.TILES[f] = tuple(replace(b, loads=loads) for b in defaults[f])
+            outs.append(moe.triton_fused_moe(hidden, bank[GATE_UP], bank[DOWN], ids, weights, emap,
+                                             extras=ExpertExtras(bank[GATE_UP_SCALE], bank[DOWN_SCALE])))
+    finally:
+        moe.TILES.update(defaults)
+    assert outs[0].abs().sum() > 0 and torch.equal(outs[0], outs[1])

@@ -84,7 +84,7 @@ def test_the_sort_places_every_pair_with_a_slot_once_in_its_slots_tiles(slots, p
     emap = torch.cat([torch.randperm(slots, generator=g), torch.full((2,), -1)]).to(torch.int32)
     emap = emap[torch.randperm(n, generator=g)].to(CUDA)
     ids = torch.randint(0, n, (pairs,), generator=g).to(CUDA)
-    counts, order, max_tiles = triton_moe._sorted_by_slot(ids, emap, slots)
+    counts, order, max_tiles = triton_moe.sorted_by_slot(ids, emap, slots)
     slot_of = emap[ids].cpu()
     assert counts.cpu().tolist() == [int((slot_of == s).sum()) for s in range(slots)]
     tiles = (counts.cpu() + triton_moe.BLOCK_M - 1) // triton_moe.BLOCK_M

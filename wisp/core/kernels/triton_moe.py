@@ -3,13 +3,8 @@
 Pairs are grouped by slot into tiles of BLOCK_M rows that share one expert's weights, so each weight tile
 read feeds a tensor-core product for every token routed to that expert (a prefill chunk reads an expert
 once per tile, not once per token). Five launches:
-1. `_count_pairs`: each (token, k) pair whose expert has a slot takes a place among its slot's pairs
-   (an atomic count; pairs of a -1 slot are never placed, so their rows are left as they are);
-2. `_sort_pairs`: the places become one list, each slot's pairs in whole tiles, slot after slot (on the
-   device: no host sync, capturable in a CUDA graph; the grid is the most tiles T*K pairs can need); up to
-   FEW_PAIRS pairs (a decode step) one program does 1 and 2 (`_sort_few_pairs`), with no zeroing launch, and
-   adds the step to the store's device counts when given one (`wisp.core.kernels.step_count`; otherwise
-   `count_step` is its own launch);
+1-2. the pairs sorted by slot into whole tiles on the device (`wisp.core.kernels.triton_moe_sort`: one launch for a
+   decode step);
 3. `_gate_up_act`: program (tile, block of I rows) computes silu(gate) * up of its pairs, accumulated in
    float32 (`tl.dot`), rounded to hidden's dtype, into h;
 4. `_down`: program (tile, block of D rows) computes its pairs' output rows in float32;
@@ -58,9 +53,9 @@ from wisp.core.kernels.moe import fused_from_pairs
 from wisp.core.kernels.quantized_weights import weight_format
 from wisp.core.kernels.step_count import StepCount
 from wisp.core.kernels.triton_interpreter import ROUND_IDS, dot_cols, dot_rows, ieee_products, rounded
-from wisp.core.kernels.triton_k_quants import k_quant_tile
+from wisp.core.kernels.triton_k_quants import k_quant_super_block, k_quant_tile
 from wisp.core.kernels.triton_mxfp4 import mxfp4_steps
-from wisp.core.kernels.triton_step_count import add_step, count_step, experts_block
+from wisp.core.kernels.triton_moe_sort import BLOCK_M, slot_tiles, sorted_by_slot
 from wisp.core.kernels.uva import device_view
 
 
@@ -95,72 +90,11 @@ def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.cons
 
 
 @triton.jit
-def _pair_slots(ids_ptr, map_ptr, P, BLOCK: tl.constexpr):
-    """This program's BLOCK pairs: their indices, their experts' slots (-1: none) and which are live."""
-    pairs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = pairs < P
-    slot = tl.load(map_ptr + tl.load(ids_ptr + pairs, mask=ok, other=0), mask=ok, other=-1)
-    return pairs, slot, ok & (slot >= 0)
-
-
-@triton.jit
-def _slot_tiles(counts_ptr, S, SP: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Per slot (SP lanes, the first S real): its pair count and its tiles, ceil(count / BLOCK_M)."""
-    s = tl.arange(0, SP)
-    count = tl.load(counts_ptr + s, mask=s < S, other=0)
-    return s, count, (count + BLOCK_M - 1) // BLOCK_M
-
-
-@triton.jit
-def _count_pairs(ids_ptr, map_ptr, counts_ptr, rank_ptr, P, BLOCK: tl.constexpr):
-    """counts[slot] += 1 for every pair with a slot; rank[pair] = its place among its slot's pairs (any
-    order: a row's arithmetic never depends on where in a tile it lands)."""
-    pairs, slot, live = _pair_slots(ids_ptr, map_ptr, P, BLOCK)
-    rank = tl.atomic_add(counts_ptr + slot, 1, mask=live)
-    tl.store(rank_ptr + pairs, rank, mask=live)
-
-
-@triton.jit
-def _sort_pairs(ids_ptr, map_ptr, counts_ptr, rank_ptr, sorted_ptr, P, S, SP: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK: tl.constexpr):
-    """sorted[first tile of its slot * BLOCK_M + rank] = pair: each slot's pairs in whole tiles, slot by slot."""
-    pairs, slot, live = _pair_slots(ids_ptr, map_ptr, P, BLOCK)
-    s, _, tiles = _slot_tiles(counts_ptr, S, SP, BLOCK_M)
-    first = tl.sum(tl.where(s[None, :] < slot[:, None], tiles[None, :], 0), axis=1)  # [BLOCK]
-    rank = tl.load(rank_ptr + pairs, mask=live, other=0)
-    tl.store(sorted_ptr + first * BLOCK_M + rank, pairs, mask=live)
-
-
-@triton.jit
-def _sort_few_pairs(ids_ptr, map_ptr, counts_ptr, sorted_ptr, P, S, step_ptr, N, loads, step_bytes,
-                    SP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, COUNT: tl.constexpr,
-                    HITS: tl.constexpr, BLOCK_E: tl.constexpr):
-    """`_count_pairs` and `_sort_pairs` in one program, for at most BLOCK_P pairs (a decode step): counts[slot]
-    written for every slot (no zeroing launch before), and each slot's pairs placed by pair index. COUNT: the
-    step added to the count vector at step_ptr too (`add_step`)."""
-    pairs = tl.arange(0, BLOCK_P)
-    ok = pairs < P
-    ids = tl.load(ids_ptr + pairs, mask=ok, other=0)
-    if COUNT:
-        add_step(tl.where(ok, ids.to(tl.int32), -1), step_ptr, N, loads, step_bytes, HITS, BLOCK_E)
-    slot = tl.load(map_ptr + ids, mask=ok, other=-1)
-    live = ok & (slot >= 0)
-    earlier = (slot[:, None] == slot[None, :]) & live[None, :] & (pairs[None, :] < pairs[:, None])  # [P, P]
-    rank = tl.sum(earlier.to(tl.int32), axis=1)
-    s = tl.arange(0, SP)
-    count = tl.sum(((slot[None, :] == s[:, None]) & live[None, :]).to(tl.int32), axis=1)  # [SP]
-    tl.store(counts_ptr + s, count, mask=s < S)
-    tiles = (count + BLOCK_M - 1) // BLOCK_M
-    first = tl.sum(tl.where(s[None, :] < slot[:, None], tiles[None, :], 0), axis=1)  # [P]
-    tl.store(sorted_ptr + first * BLOCK_M + rank, pairs, mask=live)
-
-
-@triton.jit
 def _tile_pairs(sorted_ptr, counts_ptr, S, SP: tl.constexpr, BLOCK_M: tl.constexpr):
     """This program's tile (axis 0): its slot (S or more: past the last tile), its rows' places in the sorted
     list and pair indices, and which rows are live."""
     tile = tl.program_id(0)
-    s, count, tiles = _slot_tiles(counts_ptr, S, SP, BLOCK_M)
+    s, count, tiles = slot_tiles(counts_ptr, S, SP, BLOCK_M)
     slot = tl.sum((tl.cumsum(tiles, 0) <= tile).to(tl.int32), 0)
     first = tl.sum(tl.where(s < slot, tiles, 0), 0)
     live = tl.sum(tl.where(s == slot, count, 0), 0) - (tile - first) * BLOCK_M
@@ -186,7 +120,7 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
         i_ok = rows < I
         w = w_ptr + slot.to(tl.int64) * stride_ws
         sc = s_ptr + slot.to(tl.int64) * stride_ss
-        tl.static_assert(FMT == 2 or LOADS == 1)  # wide loads: MXFP4's
+        tl.static_assert(FMT == 2 or LOADS == 1 or (FMT >= 4 and LOADS == 8))  # wide loads: MXFP4's, a k-quant's
         if WFIRST:
             r = tl.arange(0, 2 * BLOCK_I)
             both = tl.program_id(1) * BLOCK_I + r % BLOCK_I + (r // BLOCK_I) * I  # [2 BLOCK_I]: gate rows, up rows
@@ -196,6 +130,9 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
                 if FMT == 2:
                     acc = mxfp4_steps(acc, x_ptr, token * D, row_ok, w, sc, both, both_ok, d0, D, BLOCK_D, LOADS, ROUND,
                                       IEEE, True)
+                elif FMT >= 4 and LOADS > 1:
+                    acc = k_quant_super_block(acc, x_ptr, token * D, row_ok, w, sc, both, both_ok, d0, D, FMT, ROUND,
+                                              IEEE, True)
                 else:
                     cols = d0 + tl.arange(0, BLOCK_D)
                     x = tl.load(x_ptr + token[:, None] * D + cols[None, :],
@@ -214,6 +151,11 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
                                        IEEE)
                     up = mxfp4_steps(up, x_ptr, token * D, row_ok, w, sc, rows + I, i_ok, d0, D, BLOCK_D, LOADS, ROUND,
                                      IEEE)
+                elif FMT >= 4 and LOADS > 1:  # a k-quant read in place: a super-block's codes a load
+                    gate = k_quant_super_block(gate, x_ptr, token * D, row_ok, w, sc, rows, i_ok, d0, D, FMT, ROUND,
+                                               IEEE, False)
+                    up = k_quant_super_block(up, x_ptr, token * D, row_ok, w, sc, rows + I, i_ok, d0, D, FMT, ROUND,
+                                             IEEE, False)
                 else:
                     cols = d0 + tl.arange(0, BLOCK_D)
                     x = tl.load(x_ptr + token[:, None] * D + cols[None, :],
@@ -253,11 +195,14 @@ def _down(h_ptr, w_ptr, sorted_ptr, counts_ptr, y_ptr, stride_ws, s_ptr, stride_
             acc = tl.zeros((BLOCK_D, BLOCK_M), dtype=tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        tl.static_assert(FMT == 2 or LOADS == 1)  # wide loads: MXFP4's
+        tl.static_assert(FMT == 2 or LOADS == 1 or (FMT >= 4 and LOADS == 8))  # wide loads: MXFP4's, a k-quant's
         for i0 in range(0, I, BLOCK_I * LOADS):
             if FMT == 2:  # MXFP4: each step's even columns' products, then its odd ones', LOADS steps a load
                 acc = mxfp4_steps(acc, h_ptr, places * I, row_ok, w, sc, rows, d_ok, i0, I, BLOCK_I, LOADS, ROUND, IEEE,
                                   WFIRST)
+            elif FMT >= 4 and LOADS > 1:  # a k-quant read in place: a super-block's codes a load
+                acc = k_quant_super_block(acc, h_ptr, places * I, row_ok, w, sc, rows, d_ok, i0, I, FMT, ROUND, IEEE,
+                                          WFIRST)
             else:
                 cols = i0 + tl.arange(0, BLOCK_I)
                 h = tl.load(h_ptr + places[:, None] * I + cols[None, :], mask=row_ok[:, None] & (cols < I)[None, :],
@@ -306,18 +251,18 @@ class Blocks:
     weights_first: bool = False
 
 
-BLOCK_M = 64  # pairs a tile: one fixed shape for every call, so no row's instructions depend on the batch
 TILES = {  # weight format (`_format`: 0 plain, 1 FP8, 2 MXFP4, 3 Q8_0, 4-6 Q4_K, Q5_K, Q6_K) -> (gate/up blocks, down blocks)
     0: (Blocks(32, 128), Blocks(64, 128)),
     1: (Blocks(32, 128), Blocks(64, 128)),
     2: (Blocks(32, 64, loads=4), Blocks(64, 64, loads=4)),  # MXFP4 (loads: in place from host memory only)
     3: (Blocks(64, 32), Blocks(64, 32)),  # Q8_0: a step is one scale block
-    4: (Blocks(64, 32), Blocks(64, 32)),  # Q4_K, Q5_K, Q6_K: a step is a sub-block of 32 (Q8_0's launch, not swept)
-    5: (Blocks(64, 32), Blocks(64, 32)),
-    6: (Blocks(64, 32), Blocks(64, 32)),
+    # Q4_K, Q5_K, Q6_K: a step is a sub-block of 32 (Q8_0's launch, not swept); read in place, the 8 steps of a
+    # super-block from one load of its codes a row (`triton_k_quants.k_quant_super_block`: the same sums)
+    4: (Blocks(64, 32, loads=8), Blocks(64, 32, loads=8)),
+    5: (Blocks(64, 32, loads=8), Blocks(64, 32, loads=8)),
+    6: (Blocks(64, 32, loads=8), Blocks(64, 32, loads=8)),
 }
-BLOCK_PAIRS = 128  # pairs a program of the sort
-FEW_PAIRS = 64  # up to this many pairs (8 decode rows of top-8) are sorted by one program (`_sort_few_pairs`)
+WIDE = (2, 4, 5, 6)  # formats whose banks read in place load `Blocks.loads` steps at once: MXFP4, the k-quants
 
 
 FORMAT_IDS = {"plain": 0, "fp8": 1, "mxfp4": 2, "q8_0": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6}  # `weight_format` -> FMT
@@ -331,34 +276,6 @@ def _format(weight: torch.Tensor, scale: torch.Tensor | None, hidden: torch.Tens
         raise ValueError(f"expert weights ({weight.dtype}) must be {hidden.dtype} like hidden, or quantized with their "
                          "scales (none given)")
     return fmt
-
-
-def _sorted_by_slot(ids: torch.Tensor, emap: torch.Tensor, slots: int,
-                    count: StepCount | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The pairs of every slot in whole tiles, on the device with no host sync: (counts [slots] int32, sorted
-    pair indices, the most tiles any routing of these pairs can need). `count`: the step is added to it."""
-    p = ids.numel()
-    max_tiles = (p + min(p, slots) * (BLOCK_M - 1)) // BLOCK_M if slots else 0  # no slot: nothing to compute
-    order = torch.empty(max_tiles * BLOCK_M, dtype=torch.int32, device=ids.device)
-    if 0 < p <= FEW_PAIRS and max_tiles:  # a decode step: one launch, no zeroing, the count in it
-        counts = torch.empty(slots, dtype=torch.int32, device=ids.device)
-        step = (count.counts, count.num_experts, count.loads, count.step_bytes(p)) if count else (counts, 0, 0, 0)
-        _sort_few_pairs[(1,)](ids, emap, counts, order, p, slots, *step, SP=triton.next_power_of_2(slots),
-                              BLOCK_M=BLOCK_M, BLOCK_P=FEW_PAIRS, COUNT=count is not None,
-                              HITS=bool(count and count.hits), BLOCK_E=experts_block(count) if count else 2,
-                              num_warps=8)
-        return counts, order, max_tiles
-    if count is not None:
-        count_step(count, ids)
-    counts = torch.zeros(slots, dtype=torch.int32, device=ids.device)
-    rank = torch.empty(p, dtype=torch.int32, device=ids.device)
-    if max_tiles == 0:
-        return counts, order, max_tiles  # nothing routed, or no slot: no launch
-    grid = (triton.cdiv(p, BLOCK_PAIRS),)
-    _count_pairs[grid](ids, emap, counts, rank, p, BLOCK=BLOCK_PAIRS)
-    _sort_pairs[grid](ids, emap, counts, rank, order, p, slots, SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M,
-                      BLOCK=BLOCK_PAIRS)
-    return counts, order, max_tiles
 
 
 def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top_k: int, one_expert: bool,
@@ -388,13 +305,13 @@ def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top
     _gate_up_act[(max_tiles, triton.cdiv(inter, gate_up.rows))](
         hidden, device_view(w_gate_up, dev), order, counts, h, stride0(w_gate_up), device_view(s_gate_up, dev),
         stride0(s_gate_up), device_view(b_gate_up, dev), stride0(b_gate_up), activation.alpha, activation.limit, slots,
-        K=top_k, D=d, I=inter, BLOCK_I=gate_up.rows, BLOCK_D=gate_up.cols, LOADS=gate_up.loads if in_place and fmt_gate_up == 2 else 1, FMT=fmt_gate_up,
+        K=top_k, D=d, I=inter, BLOCK_I=gate_up.rows, BLOCK_D=gate_up.cols, LOADS=gate_up.loads if in_place and fmt_gate_up in WIDE else 1, FMT=fmt_gate_up,
         SWIGLU=activation.kind == "clamped_swiglu", WFIRST=gate_up.weights_first, num_warps=gate_up.warps, num_stages=gate_up.stages, **common,
     )
     _down[(max_tiles, triton.cdiv(d, down.rows))](
         h, device_view(w_down, dev), order, counts, per_k, stride0(w_down), device_view(s_down, dev),
         stride0(s_down), device_view(b_down, dev), stride0(b_down), slots, D=d, I=inter, BLOCK_D=down.rows,
-        BLOCK_I=down.cols, LOADS=down.loads if in_place and fmt_down == 2 else 1, FMT=fmt_down, WFIRST=down.weights_first, num_warps=down.warps, num_stages=down.stages, **common,
+        BLOCK_I=down.cols, LOADS=down.loads if in_place and fmt_down in WIDE else 1, FMT=fmt_down, WFIRST=down.weights_first, num_warps=down.warps, num_stages=down.stages, **common,
     )
 
 
@@ -408,7 +325,7 @@ def triton_pairs_by_map(per_k, hidden, w_gate_up, w_down, topk_ids, expert_map, 
         expert_map = torch.arange(w_gate_up.shape[0], dtype=torch.int32, device=hidden.device)
     ids = topk_ids.reshape(-1).contiguous()  # any integer dtype: the kernels load it as it is
     emap = expert_map.to(torch.int32).contiguous()
-    counts, order, max_tiles = _sorted_by_slot(ids, emap, w_gate_up.shape[0], count)
+    counts, order, max_tiles = sorted_by_slot(ids, emap, w_gate_up.shape[0], count)
     _launch(per_k, hidden.contiguous(), w_gate_up.contiguous(), w_down.contiguous(), counts, order, max_tiles, k, False,
             extras and extras.contiguous(), activation)
 
