@@ -47,3 +47,20 @@ def hybrid_zero_copy_store(host, device, costs: HybridCosts, staging: StagingBuf
     residency = HotBank(host, device, hot) if hot else NoBank(host, device)
     return ExpertStore(residency, MISS_POLICIES["in-place-or-cpu"](), staging, CpuServer(host, device, costs, cpu_kernel, pace),
                        mode="hybrid-zero-copy")
+
+
+def every_mode(bank: dict[str, torch.Tensor], cap: int, device) -> tuple[dict[str, torch.Tensor], dict[str, ExpertStore]]:
+    """(the host masters, pinned on CUDA, and a store per mode over `bank`): resident, paged and hybrid with `cap`
+    slots, offload, and on the CPU zero-copy (on CUDA it needs the Triton kernel). Hybrid's costs send misses to the
+    CPU."""
+    dev = torch.device(device)
+    host = {name: t.pin_memory() if dev.type == "cuda" else t for name, t in bank.items()}
+    stores = {
+        "resident": resident_store({name: t.to(dev) for name, t in bank.items()}),
+        "paged": paged_store(host, cap, dev),
+        "offload": offload_store(host, SharedLayerBuffer(host, dev), owns_buffer=True),
+        "hybrid": hybrid_store(host, cap, dev, HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))),
+    }
+    if dev.type == "cpu":
+        stores["zero-copy"] = zero_copy_store(host, dev)
+    return host, stores

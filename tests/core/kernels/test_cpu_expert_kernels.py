@@ -418,11 +418,16 @@ def test_a_quantized_weights_bits_do_not_depend_on_the_thread_count(fmt):
     g = torch.Generator().manual_seed(13)
     w, scale = QUANTIZED[fmt](1000, 512, g)
     x = torch.randn((2, 512), generator=g)
+    assert_the_same_on_one_thread_and_more(lambda: rows_matmul(x, w, scale))
+
+
+def assert_the_same_on_one_thread_and_more(call) -> None:
+    """call() gives the same bits on one thread as on all of them (at least two)."""
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = rows_matmul(x, w, scale)
+        one = call()
         torch.set_num_threads(max(2, threads))
-        assert torch.equal(rows_matmul(x, w, scale), one)
+        assert torch.equal(call(), one)
     finally:
         torch.set_num_threads(threads)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.core.kernels.test_cpu_expert_kernels import assert_the_same_on_one_thread_and_more
 from tests.core.kernels.test_k_quants import random_rows
 from wisp.core.kernels.cpu_expert_kernels import LANES, applies, native_experts_mlp, native_kernel_error, one_at_a_time
 from wisp.core.kernels.cpu_expert_kernels import plain_expert_mlp, rows_matmul
@@ -132,11 +133,4 @@ def test_a_k_quant_weights_bits_do_not_depend_on_the_thread_count(qtype):
     g = torch.Generator().manual_seed(13)
     codes, heads = split_blocks(random_rows(qtype, (1000,), 512, g), qtype)
     x = torch.randn((2, 512), generator=g)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = rows_matmul(x, codes, heads)
-        torch.set_num_threads(max(2, threads))
-        assert torch.equal(rows_matmul(x, codes, heads), one)
-    finally:
-        torch.set_num_threads(threads)
+    assert_the_same_on_one_thread_and_more(lambda: rows_matmul(x, codes, heads))

@@ -13,14 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.core.experts.stores import hybrid_store, offload_store, paged_store, resident_store, SharedLayerBuffer
-from tests.core.experts.stores import zero_copy_store
+from tests.core.experts.stores import every_mode, resident_store
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.kernels.expert_extras import DOWN_SCALE, GATE_UP_SCALE, ExpertExtras
 from wisp.core.kernels.gguf_blocks import BLOCKS, block_bytes, dequantize
 from wisp.core.kernels.k_quants import K_QUANTS, dequantize_k_quant, format_of_codes, join_blocks, split_blocks
 from wisp.core.kernels.quantized_weights import dequantize_weight, weight_format
-from wisp.core.learners.hybrid_costs import HybridCosts
 
 try:
     import triton
@@ -94,16 +92,8 @@ def test_codes_whose_heads_do_not_fit_are_no_format():
 def test_every_mode_on_k_quant_experts_equals_resident_on_their_dequantized_weights(device, roles):
     dev, n, k, cap = torch.device(device), 8, 2, 3
     bank, plain = k_quant_bank(n, roles, 0)
-    host = {name: t.pin_memory() if dev.type == "cuda" else t for name, t in bank.items()}
     reference = resident_store({name: t.to(dev) for name, t in plain.items()})
-    stores = {
-        "resident": resident_store({name: t.to(dev) for name, t in bank.items()}),
-        "paged": paged_store(host, cap, dev),
-        "offload": offload_store(host, SharedLayerBuffer(host, dev), owns_buffer=True),
-        "hybrid": hybrid_store(host, cap, dev, HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))),
-    }
-    if dev.type == "cpu":  # on CUDA zero-copy needs the Triton kernel
-        stores["zero-copy"] = zero_copy_store(host, dev)
+    _, stores = every_mode(bank, cap, dev)
     g = torch.Generator().manual_seed(5)
     for step, t in enumerate([1, 9, 1, 14, 2]):
         hidden = (torch.randn(t, D, generator=g) * 0.1).to(torch.bfloat16).to(dev)

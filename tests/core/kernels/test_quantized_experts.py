@@ -10,13 +10,11 @@ import pytest
 import torch
 
 from wisp.core.bank_keys import DOWN, GATE_UP
-from tests.core.experts.stores import SharedLayerBuffer, offload_store, paged_store, resident_store, zero_copy_store
+from tests.core.experts.stores import every_mode, resident_store
 from wisp.core.kernels.fp8_blocks import dequantize_blocks, quantize_blocks
 from wisp.core.kernels.expert_extras import DOWN_SCALE, GATE_UP_SCALE, ExpertExtras
 from wisp.core.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from wisp.core.kernels.q8_0 import dequantize_q8_0, quantize_q8_0
-from tests.core.experts.stores import hybrid_store
-from wisp.core.learners.hybrid_costs import HybridCosts
 
 D, I = 256, 128  # two 128-blocks of the hidden size, one of the expert's width
 STEPS = [1, 1, 9, 1, 2, 1, 14, 1]  # decode-like and wide steps
@@ -50,16 +48,8 @@ def batch(n: int, t: int, k: int, seed: int, device):
 def test_every_mode_on_quantized_experts_equals_resident_on_their_dequantized_weights(device, fmt, n, k, cap):
     dev = torch.device(device)
     bank, plain = quantized_bank(n, 0, fmt)
-    host = {name: t.pin_memory() if dev.type == "cuda" else t for name, t in bank.items()}
     reference = resident_store({name: t.to(dev) for name, t in plain.items()})
-    stores = {
-        "resident": resident_store({name: t.to(dev) for name, t in bank.items()}),
-        "paged": paged_store(host, cap, dev),
-        "offload": offload_store(host, SharedLayerBuffer(host, dev), owns_buffer=True),
-        "hybrid": hybrid_store(host, cap, dev, HybridCosts(copy_s=1.0, cpu_rows=(1, 64), cpu_s_at_rows=(0.1, 6.4))),
-    }
-    if dev.type == "cpu":  # on CUDA zero-copy needs the Triton kernel
-        stores["zero-copy"] = zero_copy_store(host, dev)
+    _, stores = every_mode(bank, cap, dev)
     for step, t in enumerate(STEPS):
         hidden, ids, weights = batch(n, t, k, 100 + step, dev)
         ref = reference.forward(hidden, ids, weights)
