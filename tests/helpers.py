@@ -117,8 +117,9 @@ def assert_quantized_gives_its_twins_bits(quantized, twin, mode, cap, device, mo
 
 def assert_hybrid_computes_packed_experts_on_the_cpu(quantized, twin, prompt, tolerance: float):
     """Hybrid on the CPU with the native CPU kernel: the quantized checkpoint's CPU experts are computed from its packed
-    bank (the kernel reads that format, and computed some), its logits within `tolerance` of its dequantized twin's
-    (the native kernel sums a quantized weight's scale groups apart, and does not round its weights)."""
+    bank in every layer (the kernel reads that format, and computed some), its logits within `tolerance` of its
+    dequantized twin's (the native kernel sums a quantized weight's scale groups apart, and does not round its weights:
+    the twin's are rounded to bf16)."""
     import torch
 
     from wisp import LLM, SamplingParams
@@ -134,10 +135,10 @@ def assert_hybrid_computes_packed_experts_on_the_cpu(quantized, twin, prompt, to
         assert llm.stats()["expert_cpu_computed"] > 0
         outs.append(torch.stack(out.logits).float())
         if path == quantized:
-            store = next(iter(llm.engine.model.experts.values()))
-            host = store.cpu.cpu_experts
-            assert store.cpu.cpu_kernel == "native" and host.extras[0] is not None and host.extras[0].scales is not None
-            assert applies(host.gate_ups[0], host.downs[0], host.extras[0])  # read packed, not handed to torch
+            for store in llm.engine.model.experts.values():  # every layer's (a GGUF file's may differ by layer)
+                host = store.cpu.cpu_experts
+                assert store.cpu.cpu_kernel == "native" and host.extras[0] is not None and host.extras[0].scales is not None
+                assert applies(host.gate_ups[0], host.downs[0], host.extras[0])  # read packed, not handed to torch
     torch.testing.assert_close(outs[0], outs[1], rtol=tolerance, atol=tolerance)
 
 

@@ -131,6 +131,11 @@ def calls():
     yield "linear bf16, in one program", lambda: triton_linear(x80, wt, parallel=False)
     yield "linear FP8", lambda: triton_linear(x1, q8, parallel=True)
     yield "linear float32", lambda: triton_linear(x3.float(), wt.float())
+    from wisp.core.kernels.quantized_weights import BlockWeight
+
+    for name, block in (("Q4_K", BlockWeight(kq["Q4_K"][0][0], kq["Q4_K"][1][0])),  # a GGUF file's projections
+                        ("Q6_K", BlockWeight(q6_down[0][0], q6_down[1][0])), ("Q8_0", BlockWeight(q80[0][0], q80[2][0]))):
+        yield f"linear {name}, spans in parallel", lambda block=block: triton_linear(x1, block, parallel=True)
     yield "norm, add + norm", lambda: (triton_rms_norm(x3, x3[0], 1e-6), triton_add_rms_norm(x3, x3, x3[0], 1e-6))
     f32w = torch.ones(x3.shape[-1])
     yield "norm, add + norm, a float32 weight first (GPT-OSS)", lambda: (

@@ -364,9 +364,22 @@ def test_a_q4_k_m_file_from_llama_quantize_gives_its_dequantized_twins_tokens(mo
     against the safetensors twin holding the gguf package's dequantization of each of its tensors."""
     from tests.models.make_q4_k_m_fixture import FIXTURE, SHAPE
 
-    reader = gguf.GGUFReader(FIXTURE)
-    stored = {t.name: t for t in reader.tensors}
+    stored = {t.name: t for t in gguf.GGUFReader(FIXTURE).tensors}
     assert {"Q4_K", "Q6_K"} <= {t.tensor_type.name for t in stored.values()}  # llama-quantize's Q4_K_M mix
+    twin = q4_k_m_twin(tmp_path)
+    q, _ = assert_quantized_gives_its_twins_bits(FIXTURE, twin, mode, 2, "cpu", "torch", "torch", PROMPT)
+    assert q.config.num_layers == SHAPE["num_hidden_layers"] and q.config.num_experts == SHAPE["num_experts"]
+    assert "dequantized" not in caplog.text  # the experts stayed packed (the dense weights are dequantized silently)
+    assert_experts_kept_as_the_file_stores_them(q.config, stored)
+    assert q.config.expert_block_formats == (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"))  # llama-quantize's more bits for down
+
+
+def q4_k_m_twin(tmp_path: Path) -> Path:
+    """The safetensors twin of tests/models/data/qwen3_moe_q4_k_m.gguf: its config and names, every tensor the
+    gguf package's dequantization of the file's."""
+    from tests.models.make_q4_k_m_fixture import FIXTURE, SHAPE
+
+    stored = {t.name: t for t in gguf.GGUFReader(FIXTURE).tensors}
     folder = hf_checkpoint("qwen3_moe", tmp_path / "hf", **SHAPE)  # its config and names; every weight comes from the file
     names = gguf.TensorNameMap(ARCH["qwen3_moe"], SHAPE["num_hidden_layers"])
     replaced = []
@@ -379,11 +392,7 @@ def test_a_q4_k_m_file_from_llama_quantize_gives_its_dequantized_twins_tokens(mo
 
     twin = bf16_twin(folder, tmp_path / "twin", from_file)
     assert len(replaced) == len(hf_tensors(folder))
-    q, _ = assert_quantized_gives_its_twins_bits(FIXTURE, twin, mode, 2, "cpu", "torch", "torch", PROMPT)
-    assert q.config.num_layers == SHAPE["num_hidden_layers"] and q.config.num_experts == SHAPE["num_experts"]
-    assert "dequantized" not in caplog.text  # the experts stayed packed (the dense weights are dequantized silently)
-    assert_experts_kept_as_the_file_stores_them(q.config, stored)
-    assert q.config.expert_block_formats == (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"))  # llama-quantize's more bits for down
+    return twin
 
 
 def assert_experts_kept_as_the_file_stores_them(cfg, stored: dict) -> None:

@@ -24,6 +24,7 @@ from wisp.config import ModelConfig
 from wisp.core.kernels.gguf_blocks import BLOCKS as GGUF_BLOCK_EXPERTS
 from wisp.core.kernels.k_quants import split_blocks as split_k_quant
 from wisp.core.kernels.q8_0 import split_blocks
+from wisp.core.kernels.quantized_weights import BlockWeight
 from wisp.errors import WispError
 from wisp.models.expert_banks import BLOCK_KEYS, Q8_0_KEYS
 from wisp.models.families import get_family
@@ -173,6 +174,20 @@ class GGUFCheckpoint:
         if self.gpt_oss and key.endswith("down_proj"):
             return parts[0].transpose(1, 2)  # [N, I, D]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # stacked gate then up: [N, 2I, D]
+
+    def block_weight(self, key: str) -> BlockWeight | None:
+        """The dense projection `key` as the file stores it, where that is one tensor in a GGUF block format (Q8_0, a
+        k-quant): a `BlockWeight` (its rows put back in rotary-halves order where the converter permuted them);
+        else None (the caller dequantizes it with `get`)."""
+        parts = self.names.get(key, ())
+        qtype = self.file.tensor_type(parts[0]) if len(parts) == 1 else None
+        if qtype not in GGUF_BLOCK_EXPERTS:
+            return None
+        weight, scale = split_gguf_blocks(self.file.packed(parts[0]), qtype)  # [out, ...] each
+        if key in self.heads_of:  # the rows' order, applied to whole rows of codes and scales
+            order = rotary_halves(torch.arange(weight.shape[0])[:, None], self.heads_of[key])[:, 0]
+            weight, scale = weight[order].contiguous(), scale[order].contiguous()
+        return BlockWeight(weight, scale)
 
     def _packed_experts(self, key: str, suffixes: tuple[str, str], split, join) -> torch.Tensor:
         """The packed experts' weights or scales behind `key` (a stem and one of `suffixes`: weights', scales'):

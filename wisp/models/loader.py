@@ -30,6 +30,7 @@ from wisp.core.experts.presets import PRESETS, ModelParts, build_store
 from wisp.core.experts.store import ExpertStore
 from wisp.core.kernels.cpu_expert_kernels import native_kernel_error
 from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8, Fp8BlockWeight, dequantize_blocks, scale_key
+from wisp.core.kernels.quantized_weights import BlockWeight
 from wisp.core.learners.hybrid_pace import CpuPace
 from wisp.core.learners.hybrid_probe import probe_hybrid_costs
 from wisp.core.kernels.registry import moe_kernels
@@ -101,6 +102,10 @@ class CheckpointReader:
                             "quantized checkpoint, which wisp does not support (it loads float32, float16 and "
                             "bfloat16 weights only)")
         return tensor
+
+    def block_weight(self, key: str) -> None:
+        """No dense projection here is in a GGUF block format (`wisp.models.gguf_reader.GGUFCheckpoint.block_weight`)."""
+        return None
 
     def close(self) -> None:
         self._stack.close()
@@ -192,11 +197,14 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
         def opt(key: str) -> torch.Tensor | None:
             return dev(key) if key in reader else None
 
-        packed = packs_fp8_projections(model_cfg, engine, device)
+        packed = packs_projections(model_cfg, engine, device)
 
-        def proj(key: str) -> torch.Tensor | Fp8BlockWeight:  # a dense projection: FP8 kept packed where it can be
+        def proj(key: str) -> torch.Tensor | Fp8BlockWeight | BlockWeight:  # a dense projection: packed where it can be
             if not packed:
                 return dev(key)
+            if model_cfg.fp8_block is None:  # a GGUF file's block formats
+                block = reader.block_weight(key)
+                return dev(key) if block is None else block.to(device)
             tensor = reader.get(key, allow_fp8=True)
             if tensor.dtype != FP8:  # a plain tensor in an FP8 checkpoint: as `dev` gives it, without a second read
                 return tensor.to(device=device, dtype=dtype)
@@ -204,7 +212,7 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
 
         tied = model_cfg.tie_word_embeddings or "lm_head.weight" not in reader
         embed = _embedding(reader, model_cfg, engine, device, dev, tied)
-        lm_head = embed.table if tied else dev("lm_head.weight")
+        lm_head = embed.table if tied else proj("lm_head.weight")
         layers = [_load_layer(i, model_cfg, names, dev, opt, proj) for i in range(model_cfg.num_layers)]
         experts = _load_experts(reader, model_cfg, engine, names, device, host)
         return MoEDecoder(model_cfg, embed, dev("model.norm.weight"), lm_head, layers, experts,
@@ -253,14 +261,17 @@ def plain_tensor(reader, key: str, fp8_block: tuple[int, int] | None) -> torch.T
     return tensor
 
 
-def packs_fp8_projections(cfg: ModelConfig, engine: EngineConfig, device: torch.device) -> bool:
-    """Whether an FP8 checkpoint's dense projections stay FP8 block-scaled on the device (half their VRAM, which
-    the modes that keep experts off the GPU turn into expert slots): where the Triton GEMM dequantizes them
-    in-kernel (CUDA, the Triton backend, 128 x 128 blocks), in every mode but resident. Resident, every weight
-    fits and the faster form wins: dequantized once at load, the in-kernel dequantization cost more than its
-    bytes saved on the H200 (q/k/v of Qwen3-30B-A3B at one row 12.0 us against 10.7, at 2048 rows 223 against
-    129: docs/decisions/dense-projection-tiles-split-k-for-decode.md). The values multiplied are the same."""
-    return (cfg.fp8_block == DEFAULT_BLOCK and device.type == "cuda" and engine.mode != "resident"
+def packs_projections(cfg: ModelConfig, engine: EngineConfig, device: torch.device) -> bool:
+    """Whether the dense projections (and an untied LM head) stay packed on the device, as the checkpoint stores
+    them: an FP8 checkpoint's block-scaled ones, a GGUF file's Q8_0 and k-quant ones (`BlockWeight`; the file's
+    other types are dequantized), when its experts are kept packed too. Half their VRAM or less, which the modes that
+    keep experts off the GPU turn into expert slots: where the Triton GEMM dequantizes them in-kernel (CUDA, the
+    Triton backend), in every mode but resident. Resident, every weight fits and the faster form wins: dequantized
+    once at load, FP8's in-kernel dequantization cost more than its bytes saved on the H200 (q/k/v of Qwen3-30B-A3B
+    at one row 12.0 us against 10.7, at 2048 rows 223 against 129:
+    docs/decisions/dense-projection-tiles-split-k-for-decode.md). The values multiplied are the same."""
+    kept = cfg.fp8_block == DEFAULT_BLOCK or cfg.expert_format in ("q8_0", "gguf_blocks")
+    return (kept and device.type == "cuda" and engine.mode != "resident"
             and engine.resolve_backend("moe", device) == "triton")
 
 

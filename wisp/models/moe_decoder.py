@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from wisp.config import ModelConfig
 from wisp.core.kernels import rows
 from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, Fp8BlockWeight
+from wisp.core.kernels.quantized_weights import BlockWeight
 from wisp.core.experts.store import ExpertStore, lru_state_on
 from wisp.models.families import get_family
 from wisp.models.mla import MlaWeights, mla_attention
@@ -59,13 +60,14 @@ class AttentionWeights:
     k_norm: torch.Tensor | None = None
     o_bias: torch.Tensor | None = None
     sinks: torch.Tensor | None = None  # [H] GPT-OSS's per-head sink logits
-    qkv: torch.Tensor | Fp8BlockWeight | None = None  # [q; k; v] rows in one weight (`fuse_qkv`), q, k, v its views
+    qkv: torch.Tensor | Fp8BlockWeight | BlockWeight | None = None  # [q; k; v] rows in one weight (`fuse_qkv`), q, k, v its views
     qkv_bias: torch.Tensor | None = None
 
     def fuse_qkv(self) -> None:
         """Put q, k and v in one weight (one launch projects all three), each left as a view of its rows: the
         same bytes, no copy kept. An FP8 weight's scale rows follow its rows (each part's rows fill whole
-        128-row blocks, or nothing is fused)."""
+        128-row blocks, or nothing is fused); a GGUF block weight's too (all three in one format, or nothing is
+        fused)."""
         parts, biases = (self.q, self.k, self.v), (self.q_bias, self.k_bias, self.v_bias)
         if len({b is None for b in biases}) > 1:
             return  # some biased, some not: left apart
@@ -76,6 +78,12 @@ class AttentionWeights:
             rows = [p.shape[0] for p in parts]
             self.q, self.k, self.v = map(Fp8BlockWeight, self.qkv.weight.split(rows),
                                          self.qkv.scale.split([r // DEFAULT_BLOCK[0] for r in rows]))
+        elif isinstance(self.q, BlockWeight) or isinstance(self.v, BlockWeight):  # a GGUF file's: one format for all
+            if not all(isinstance(p, BlockWeight) for p in parts) or len({p.format for p in parts}) > 1:
+                return  # (Q4_K_M keeps v in Q6_K beside q and k in Q4_K: three launches)
+            self.qkv = BlockWeight(torch.cat([p.weight for p in parts]), torch.cat([p.scale for p in parts]))
+            rows = [p.shape[0] for p in parts]
+            self.q, self.k, self.v = map(BlockWeight, self.qkv.weight.split(rows), self.qkv.scale.split(rows))
         else:
             self.qkv = torch.cat(parts)
             self.q, self.k, self.v = self.qkv.split([p.shape[0] for p in parts])

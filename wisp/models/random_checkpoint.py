@@ -203,6 +203,10 @@ class RandomWeights:
                                                self.cfg.fp8_block)
         return self._last[1]
 
+    def block_weight(self, key: str) -> None:
+        """No dense projection here is in a GGUF block format (`wisp.models.gguf_reader.GGUFCheckpoint.block_weight`)."""
+        return None
+
     def close(self) -> None:
         pass
 

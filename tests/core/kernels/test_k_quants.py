@@ -202,3 +202,33 @@ def test_a_super_blocks_codes_read_in_one_load_keep_the_bits(roles):
     finally:
         moe.TILES.update(defaults)
     assert outs[0].abs().sum() > 0 and torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("qtype", [*K_QUANTS, "Q8_0"])
+def test_a_dense_projection_in_a_gguf_block_format_gives_its_dequantized_bits(qtype):
+    """`triton_linear` on a `BlockWeight`: interpreted, the bits of the dequantized weight under the same tile (32
+    columns a step), in either schedule; compiled, close; a row's output the same alone as in the batch."""
+    pytest.importorskip("triton")
+    from wisp.core.kernels.q8_0 import quantize_q8_0
+    from wisp.core.kernels.quantized_weights import BlockWeight
+    from wisp.core.kernels.triton_linear import tile_for, triton_linear
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    g = torch.Generator().manual_seed(21)
+    n, k = 96, 512
+    if qtype == "Q8_0":
+        weight = BlockWeight(*quantize_q8_0(torch.randn(n, k, generator=g)))
+    else:
+        weight = BlockWeight(*split_blocks(random_rows(qtype, (n,), k, g), qtype))
+    weight = weight.to(dev)
+    assert weight.shape == (n, k) and weight.format == qtype.lower()
+    x = torch.randn(3, k, generator=g).to(torch.bfloat16).to(dev)
+    twin = weight.dequantized(torch.bfloat16)
+    for parallel in (False, True):
+        got = triton_linear(x, weight, parallel=parallel)
+        want = triton_linear(x, twin, tile=tile_for(n, k, torch.uint8), parallel=parallel)
+        if dev.type == "cpu":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * float(want.abs().max()))
+        assert torch.equal(triton_linear(x[1:2], weight, parallel=parallel)[0], got[1])

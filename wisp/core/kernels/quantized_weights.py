@@ -17,6 +17,8 @@ from its own code and its block's scale), right before the GEMM that reads it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from wisp.core.kernels.fp8_blocks import FP8, dequantize_blocks
@@ -69,3 +71,35 @@ def dequantize_expert(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras, dty
     if scales is None:
         return w_gate_up, w_down
     return dequantize_weight(w_gate_up, scales[0], dtype), dequantize_weight(w_down, scales[1], dtype)
+
+
+GGUF_BLOCK_FORMATS = ("q8_0", "q4_k", "q5_k", "q6_k")  # `weight_format`s of a GGUF file's block formats
+
+
+class BlockWeight(NamedTuple):
+    """A dense projection kept in its GGUF file's block format (Q8_0 or a k-quant: `weight_format` tells which):
+    weight and scale as an expert bank holds them, for one [out, in] matrix. Read in-kernel by
+    `wisp.core.kernels.triton_linear`; `rows.linear` dequantizes it first (`dequantized`: the `gguf` package's
+    floats, cast to the compute dtype)."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+
+    @property
+    def format(self) -> str:
+        return weight_format(self.weight, self.scale)
+
+    @property
+    def shape(self) -> torch.Size:
+        columns = self.weight.shape[1] * 256 if self.weight.dim() == 3 else self.weight.shape[1]  # k-quant: blocks
+        return torch.Size((self.weight.shape[0], columns))
+
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize_weight(self.weight, self.scale, dtype)
+
+    def to(self, device) -> "BlockWeight":
+        return BlockWeight(self.weight.to(device), self.scale.to(device))

@@ -37,6 +37,8 @@ import triton
 import triton.language as tl
 
 from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8, Fp8BlockWeight
+from wisp.core.kernels.quantized_weights import BlockWeight
+from wisp.core.kernels.triton_weight_tiles import FORMAT_IDS, weight_tile
 from wisp.core.kernels.triton_interpreter import ROUND_IDS, dot_rows, ieee_products, rounded
 
 
@@ -65,6 +67,9 @@ def tile_for(n: int, k: int, dtype: torch.dtype) -> Tile:
     `wisp bench sweep linear` on the H200 (docs/decisions/dense-projection-tiles-split-k-for-decode.md)."""
     if dtype == torch.float32:  # (DeepSeek's router: float32 logits of float32 activations, IEEE products)
         block_n, block_k, target, warps, stages = 32, 32, TARGET_PROGRAMS, 4, 2
+    elif dtype == torch.uint8:  # a GGUF block weight (`BlockWeight`): a step is one 32-column block (not swept)
+        block_n, block_k, warps, stages = 64 if n >= 4096 else 32, 32, 4, 3
+        target = 2 * TARGET_PROGRAMS if n >= 4096 else TARGET_PROGRAMS
     elif n >= 8192:  # an LM head: its output blocks fill the GPU
         return Tile(64, 64, 128, 4, 3)
     else:  # fused q/k/v (4096-8191 outputs): wider blocks halve its prefill's re-reads of x; narrower ones below
@@ -78,19 +83,23 @@ def tile_for(n: int, k: int, dtype: torch.dtype) -> Tile:
 
 
 @triton.jit
-def _span(x_rows, w_rows, s_rows, m_ok, n_ok, rn, k_lo, k_hi, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, FP8_WEIGHT: tl.constexpr, FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr,
-          IEEE: tl.constexpr):
-    """The float32 partial sum over K in [k_lo, k_hi) of x [BM, K] . w [BN, K], block by block from zero."""
+def _span(x_rows, w_rows, s_rows, w_ptr, s_ptr, m_ok, n_ok, rn, k_lo, k_hi, K, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8_WEIGHT: tl.constexpr, FP8_BLOCK: tl.constexpr,
+          ROUND: tl.constexpr, IEEE: tl.constexpr, FMT: tl.constexpr, COLS: tl.constexpr):
+    """The float32 partial sum over K in [k_lo, k_hi) of x [BM, K] . w [BN, K], block by block from zero. FMT 3-6:
+    a GGUF block weight [N, COLS] at w_ptr / s_ptr (`weight_tile`)."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_ok = (k0 + rk) < K
         a = tl.load(x_rows + (k0 + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)  # [BM, BK]
-        w = tl.load(w_rows + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
-        if FP8_WEIGHT:  # the block's scale, one per row of the tile (BLOCK_K divides FP8_BLOCK)
-            scale = tl.load(s_rows + k0 // FP8_BLOCK, mask=n_ok, other=0.0)  # [BN]
-            w = rounded(w.to(tl.float32) * scale[:, None], ROUND).to(a.dtype)
+        if FMT >= 3:  # Q8_0 or a k-quant: BLOCK_K = 32, one scale block (sub-block) a step
+            w = weight_tile(w_ptr, s_ptr, rn, n_ok, k0, COLS, BLOCK_K, FMT, FP8_BLOCK, ROUND).to(a.dtype)
+        else:
+            w = tl.load(w_rows + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
+            if FP8_WEIGHT:  # the block's scale, one per row of the tile (BLOCK_K divides FP8_BLOCK)
+                scale = tl.load(s_rows + k0 // FP8_BLOCK, mask=n_ok, other=0.0)  # [BN]
+                w = rounded(w.to(tl.float32) * scale[:, None], ROUND).to(a.dtype)
         acc = dot_rows(a, w, acc, IEEE)
     return acc
 
@@ -107,7 +116,7 @@ def _store(total, b_ptr, out_ptr, rm, rn, n_ok, ok, s_om, HAS_BIAS: tl.constexpr
 def _linear(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, s_xm, s_wn, s_om, s_sn,
             HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             SPLITS: tl.constexpr, PARALLEL: tl.constexpr, FP8_WEIGHT: tl.constexpr, FP8_BLOCK: tl.constexpr,
-            ROUND: tl.constexpr, IEEE: tl.constexpr):
+            ROUND: tl.constexpr, IEEE: tl.constexpr, FMT: tl.constexpr, COLS: tl.constexpr):
     """out[m, n] = sum over spans of (sum_k x[m, k] w[n, k]) (+ b[n]) for one [BLOCK_M, BLOCK_N] tile; axis 2
     is the span when PARALLEL (see the module docstring)."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -121,8 +130,8 @@ def _linear(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, s_x
     ok = m_ok[:, None] & n_ok[None, :]
     if PARALLEL:
         s = tl.program_id(2)
-        part = _span(x_rows, w_rows, s_rows, m_ok, n_ok, rn, s * span, tl.minimum((s + 1) * span, K), K, BLOCK_M,
-                     BLOCK_N, BLOCK_K, FP8_WEIGHT, FP8_BLOCK, ROUND, IEEE)
+        part = _span(x_rows, w_rows, s_rows, w_ptr, s_ptr, m_ok, n_ok, rn, s * span, tl.minimum((s + 1) * span, K), K,
+                     BLOCK_M, BLOCK_N, BLOCK_K, FP8_WEIGHT, FP8_BLOCK, ROUND, IEEE, FMT, COLS)
         ws_tile = ws_ptr + rm[:, None] * N + rn[None, :]  # ws [SPLITS, M, N] float32
         tl.store(ws_tile + s * M * N, part, mask=ok)
         tl.debug_barrier()  # every thread's partial is stored before the count below releases them
@@ -134,11 +143,11 @@ def _linear(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, s_x
             tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zero again for the next launch on this stream
             _store(total, b_ptr, out_ptr, rm, rn, n_ok, ok, s_om, HAS_BIAS)
     else:
-        total = _span(x_rows, w_rows, s_rows, m_ok, n_ok, rn, 0, tl.minimum(span, K), K, BLOCK_M, BLOCK_N, BLOCK_K,
-                      FP8_WEIGHT, FP8_BLOCK, ROUND, IEEE)
+        total = _span(x_rows, w_rows, s_rows, w_ptr, s_ptr, m_ok, n_ok, rn, 0, tl.minimum(span, K), K, BLOCK_M,
+                      BLOCK_N, BLOCK_K, FP8_WEIGHT, FP8_BLOCK, ROUND, IEEE, FMT, COLS)
         for s in range(1, SPLITS):
-            total += _span(x_rows, w_rows, s_rows, m_ok, n_ok, rn, s * span, tl.minimum((s + 1) * span, K), K,
-                           BLOCK_M, BLOCK_N, BLOCK_K, FP8_WEIGHT, FP8_BLOCK, ROUND, IEEE)
+            total += _span(x_rows, w_rows, s_rows, w_ptr, s_ptr, m_ok, n_ok, rn, s * span, tl.minimum((s + 1) * span, K),
+                           K, BLOCK_M, BLOCK_N, BLOCK_K, FP8_WEIGHT, FP8_BLOCK, ROUND, IEEE, FMT, COLS)
         _store(total, b_ptr, out_ptr, rm, rn, n_ok, ok, s_om, HAS_BIAS)
 
 
@@ -170,16 +179,18 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def triton_linear(x: torch.Tensor, weight: torch.Tensor | Fp8BlockWeight, bias: torch.Tensor | None = None,
+def triton_linear(x: torch.Tensor, weight: torch.Tensor | Fp8BlockWeight | BlockWeight, bias: torch.Tensor | None = None,
                   tile: Tile | None = None, parallel: bool | None = None) -> torch.Tensor:
     """x [T, in] @ weight[out, in]^T (+ bias) -> [T, out] in x's dtype, row-invariant (one launch). weight: a
-    tensor of x's dtype, or an `Fp8BlockWeight`. `tile` overrides `tile_for` (benchmarks: the same rows then get
-    other bits); `parallel` forces a schedule (tests: both give the same bits)."""
-    fp8 = isinstance(weight, Fp8BlockWeight)
-    data = weight.weight if fp8 else weight
-    if not fp8 and x.dtype != data.dtype:
+    tensor of x's dtype, an `Fp8BlockWeight`, or a GGUF file's `BlockWeight` (Q8_0, k-quants: 32 columns a step).
+    `tile` overrides `tile_for` (benchmarks: the same rows then get other bits); `parallel` forces a schedule
+    (tests: both give the same bits)."""
+    fp8, block = isinstance(weight, Fp8BlockWeight), isinstance(weight, BlockWeight)
+    fmt = FORMAT_IDS[weight.format] if block else 0  # `weight_tile`'s FMT
+    data = weight.weight if fp8 or block else weight
+    if not (fp8 or block) and x.dtype != data.dtype:
         raise TypeError(f"triton_linear: x is {x.dtype}, weight {data.dtype}")
-    n, k = data.shape
+    n, k = weight.shape
     if x.dim() != 2 or x.shape[1] != k or (bias is not None and bias.shape != (n,)):
         bias_shape = None if bias is None else tuple(bias.shape)
         raise ValueError(f"triton_linear: x {tuple(x.shape)}, weight {(n, k)}, bias {bias_shape}: "
@@ -187,12 +198,12 @@ def triton_linear(x: torch.Tensor, weight: torch.Tensor | Fp8BlockWeight, bias: 
     t = x.shape[0]
     x = x if x.stride(-1) == 1 else x.contiguous()
     data = data if data.stride(-1) == 1 else data.contiguous()
-    scale = weight.scale.contiguous() if fp8 else data  # unread unless FP8
+    scale = weight.scale.contiguous() if fp8 or block else data  # unread unless quantized
     bias = None if bias is None else bias.contiguous()
     out = torch.empty((t, n), dtype=x.dtype, device=x.device)
     if t == 0:
         return out
-    tile = tile or tile_for(n, k, FP8 if fp8 else data.dtype)
+    tile = tile or tile_for(n, k, FP8 if fp8 else torch.uint8 if block else data.dtype)
     if fp8 and DEFAULT_BLOCK[1] % tile.block_k:
         raise ValueError(f"triton_linear: an FP8 weight needs block_k to divide {DEFAULT_BLOCK[1]}, not {tile.block_k}")
     n_blocks, m_blocks = triton.cdiv(n, tile.block_n), triton.cdiv(t, tile.block_m)
@@ -206,5 +217,6 @@ def triton_linear(x: torch.Tensor, weight: torch.Tensor | Fp8BlockWeight, bias: 
                   data.stride(0), out.stride(0), scale.stride(0) if fp8 else 0, HAS_BIAS=bias is not None,
                   BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLITS=tile.splits,
                   PARALLEL=parallel, FP8_WEIGHT=fp8, FP8_BLOCK=DEFAULT_BLOCK[0], ROUND=ROUND_IDS[x.dtype],
-                  IEEE=ieee_products(x.dtype), num_warps=tile.warps, num_stages=tile.stages)
+                  IEEE=ieee_products(x.dtype), FMT=fmt, COLS=k if block else 0, num_warps=tile.warps,
+                  num_stages=tile.stages)
     return out

@@ -53,40 +53,11 @@ from wisp.core.kernels.moe import fused_from_pairs
 from wisp.core.kernels.quantized_weights import weight_format
 from wisp.core.kernels.step_count import StepCount
 from wisp.core.kernels.triton_interpreter import ROUND_IDS, dot_cols, dot_rows, ieee_products, rounded
-from wisp.core.kernels.triton_k_quants import k_quant_super_block, k_quant_tile
+from wisp.core.kernels.triton_k_quants import k_quant_super_block
+from wisp.core.kernels.triton_weight_tiles import FORMAT_IDS, weight_tile
 from wisp.core.kernels.triton_mxfp4 import mxfp4_steps
 from wisp.core.kernels.triton_moe_sort import BLOCK_M, slot_tiles, sorted_by_slot
 from wisp.core.kernels.uva import device_view
-
-
-@triton.jit
-def _weight_tile(w, sc, rows, row_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.constexpr, FMT: tl.constexpr,
-                 FP8_BLOCK: tl.constexpr, ROUND: tl.constexpr):
-    """The tile [rows, BLOCK_C columns from col0] of one expert's [R, COLS] weight at w (scales at sc; callers cast
-    it to the compute dtype, exact),
-    dequantized as the torch kernels do: FMT 0 plain; 1 FP8 (float32 product with the 128 x 128 block's scale,
-    rounded to the compute dtype); 3 Q8_0 (int8 code times its 32-column block's float16 scale, rounded); 4-6 the
-    k-quants (`wisp.core.kernels.triton_k_quants`); MXFP4 is `mxfp4_steps`. col0 is a multiple of BLOCK_C, which
-    divides the FP8 block, so
-    the tile's columns share one FP8 scale block: its scales are read once a row
-    (docs/decisions/fp8-block-scale-read-once-a-row.md), and every element gets the same scale and product."""
-    if FMT >= 4:
-        tl.static_assert(BLOCK_C == 32)  # a k-quant step: one sub-block of 32 (Q6_K: two of 16)
-        tile = k_quant_tile(w, sc, rows, row_ok, col0, COLS, FMT, ROUND)
-    else:
-        cols = col0 + tl.arange(0, BLOCK_C)
-        mask = row_ok[:, None] & (cols < COLS)[None, :]
-        tile = tl.load(w + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)  # plain: as stored
-        if FMT == 3:  # Q8_0: code times its 32-column block's float16 scale (exact in float32); a step's columns
-            tl.static_assert(32 % BLOCK_C == 0)  # share one block, so its scales are read once a row
-            s = tl.load(sc + rows * (COLS // 32) + col0 // 32, mask=row_ok, other=0.0)  # [rows]
-            tile = rounded(tile.to(tl.float32) * s.to(tl.float32)[:, None], ROUND)
-        if FMT == 1:
-            tl.static_assert(FP8_BLOCK % BLOCK_C == 0)
-            n_cols = (COLS + FP8_BLOCK - 1) // FP8_BLOCK
-            scale = tl.load(sc + (rows // FP8_BLOCK) * n_cols + col0 // FP8_BLOCK, mask=row_ok, other=0.0)  # [rows]
-            tile = rounded(tile.to(tl.float32) * scale[:, None], ROUND)
-    return tile
 
 
 @triton.jit
@@ -137,7 +108,7 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
                     cols = d0 + tl.arange(0, BLOCK_D)
                     x = tl.load(x_ptr + token[:, None] * D + cols[None, :],
                                 mask=row_ok[:, None] & (cols < D)[None, :], other=0.0)
-                    wt = _weight_tile(w, sc, both, both_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
+                    wt = weight_tile(w, sc, both, both_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
                     acc = dot_cols(wt, x, acc, IEEE)
             gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_I, BLOCK_M)), (1, 2, 0)))  # [BLOCK_I, BLOCK_M]
             gate = tl.trans(gate)
@@ -160,8 +131,8 @@ def _gate_up_act(x_ptr, w_ptr, sorted_ptr, counts_ptr, h_ptr, stride_ws, s_ptr, 
                     cols = d0 + tl.arange(0, BLOCK_D)
                     x = tl.load(x_ptr + token[:, None] * D + cols[None, :],
                                 mask=row_ok[:, None] & (cols < D)[None, :], other=0.0)
-                    wg = _weight_tile(w, sc, rows, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)  # exact
-                    wu = _weight_tile(w, sc, rows + I, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
+                    wg = weight_tile(w, sc, rows, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)  # exact
+                    wu = weight_tile(w, sc, rows + I, i_ok, d0, D, BLOCK_D, FMT, FP8_BLOCK, ROUND).to(x.dtype)
                     gate = dot_rows(x, wg, gate, IEEE)
                     up = dot_rows(x, wu, up, IEEE)
         if HAS_BIAS:
@@ -207,7 +178,7 @@ def _down(h_ptr, w_ptr, sorted_ptr, counts_ptr, y_ptr, stride_ws, s_ptr, stride_
                 cols = i0 + tl.arange(0, BLOCK_I)
                 h = tl.load(h_ptr + places[:, None] * I + cols[None, :], mask=row_ok[:, None] & (cols < I)[None, :],
                             other=0.0)
-                wd = _weight_tile(w, sc, rows, d_ok, i0, I, BLOCK_I, FMT, FP8_BLOCK, ROUND).to(h.dtype)
+                wd = weight_tile(w, sc, rows, d_ok, i0, I, BLOCK_I, FMT, FP8_BLOCK, ROUND).to(h.dtype)
                 acc = dot_cols(wd, h, acc, IEEE) if WFIRST else dot_rows(h, wd, acc, IEEE)
         if WFIRST:
             acc = tl.trans(acc)
@@ -263,9 +234,6 @@ TILES = {  # weight format (`_format`: 0 plain, 1 FP8, 2 MXFP4, 3 Q8_0, 4-6 Q4_K
     6: (Blocks(64, 32, loads=8), Blocks(64, 32, loads=8)),
 }
 WIDE = (2, 4, 5, 6)  # formats whose banks read in place load `Blocks.loads` steps at once: MXFP4, the k-quants
-
-
-FORMAT_IDS = {"plain": 0, "fp8": 1, "mxfp4": 2, "q8_0": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6}  # `weight_format` -> FMT
 
 
 def _format(weight: torch.Tensor, scale: torch.Tensor | None, hidden: torch.Tensor) -> int:

@@ -1,0 +1,47 @@
+"""A llama-quantize'd Q4_K_M file (tests/models/data/qwen3_moe_q4_k_m.gguf) served from its own bytes beyond the
+experts: its dense projections and LM head kept packed where the Triton GEMM reads them (`BlockWeight`), and its
+experts computed packed by hybrid's native CPU kernel, gate/up and down each in its layer's type."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import assert_hybrid_computes_packed_experts_on_the_cpu
+
+gguf = pytest.importorskip("gguf")
+
+PROMPT = [5, 17, 42, 8, 99, 3, 64]
+
+
+def test_the_files_projections_stay_packed_and_give_the_dequantized_bits(monkeypatch):
+    """Packing forced on the CPU (it is the Triton GEMM's on CUDA, outside resident mode): q, k, o and the LM head
+    are the file's Q4_K / Q6_K bytes, v apart where its type differs from q's and k's, and the torch path, which
+    dequantizes them right before the GEMM, gives the bits of the run that dequantized them at load."""
+    import wisp.models.loader as loader
+    from tests.models.make_q4_k_m_fixture import FIXTURE
+    from wisp import LLM, SamplingParams
+    from wisp.core.kernels.quantized_weights import BlockWeight
+
+    stored = {t.name: t.tensor_type.name for t in gguf.GGUFReader(FIXTURE).tensors}
+    plain = LLM(str(FIXTURE), mode="paged", expert_cap=2)
+    monkeypatch.setattr(loader, "packs_projections", lambda *a: True)
+    packed = LLM(str(FIXTURE), mode="paged", expert_cap=2)
+    attn = packed.model.layers[0].attn
+    assert isinstance(attn.q, BlockWeight) and attn.q.format == stored["blk.0.attn_q.weight"].lower()
+    assert isinstance(attn.o, BlockWeight) and attn.o.format == stored["blk.0.attn_output.weight"].lower()
+    assert isinstance(packed.model.lm_head, BlockWeight) and packed.model.lm_head.format == stored["output.weight"].lower()
+    assert attn.q.shape == plain.model.layers[0].attn.q.shape
+    assert torch.equal(attn.q.dequantized(torch.bfloat16), plain.model.layers[0].attn.q)
+    assert torch.equal(packed.prompt_logits(PROMPT), plain.prompt_logits(PROMPT))
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    assert packed.generate([PROMPT], params)[0].token_ids == plain.generate([PROMPT], params)[0].token_ids
+
+
+def test_hybrids_native_cpu_kernel_computes_the_files_experts_packed(tmp_path):
+    """Layer 0's experts all Q4_K, layer 1's down in Q6_K: the native kernel takes both, from the packed banks."""
+    from tests.models.make_q4_k_m_fixture import FIXTURE
+    from tests.models.test_gguf import q4_k_m_twin
+
+    # the twin's weights are rounded to bf16, the packed ones exact: logits up to about 9 differ by up to 0.06
+    assert_hybrid_computes_packed_experts_on_the_cpu(FIXTURE, q4_k_m_twin(tmp_path), PROMPT, tolerance=1e-1)
