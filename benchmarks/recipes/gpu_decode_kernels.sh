@@ -44,7 +44,7 @@ decode="bench decode --load-format dummy --mode resident --prompt-len 512 --deco
 case "${STAGE:-check}" in
 check)
   [ -n "${KERNEL_TESTS:-}" ] && timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_triton_linear.py \
-    tests/core/kernels/test_triton_qkv_heads.py tests/core/kernels/test_triton_moe.py tests/core/kernels/test_quantized_experts.py > "$out/pytest_kernels_cuda.txt" 2>&1
+    tests/core/kernels/test_triton_qkv_heads.py tests/core/kernels/test_triton_moe.py tests/core/kernels/test_quantized_experts.py tests/core/kernels/test_k_quants.py > "$out/pytest_kernels_cuda.txt" 2>&1
   tail -4 "$out/pytest_kernels_cuda.txt" 2>/dev/null
   for m in ${MODELS:-olmoe-1b-7b qwen3-30b-a3b-fp8 qwen3-30b-a3b}; do
     timeout 150 /tmp/old $decode --model "$m" --out "$out/decode_${m}_before.json" 2>"$out/decode_${m}_before.log" | tail -2

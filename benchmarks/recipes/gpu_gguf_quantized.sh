@@ -12,6 +12,8 @@
 #         folder's record less a bare CUDA context); all-gpu, resident. Decode 64 tokens after 512 under ROUTING
 #         (default uniform; router: the file's random router; else a routing trace, e.g. OLMoE's layer-0 one under
 #         .gpu_data), then cold TTFT at 512 / 2048 with no hot experts.
+#   tests (not by default; first): the k-quant kernels' CUDA tests, and the MoE sweep on the Q4_K / Q6_K shapes beside
+#         Q8_0 and FP8 (each launch field varied, weights_first among them).
 #   STEPS (default "make peer wisp") picks them: Qwen3-30B-A3B's three together take more than one call's 10 minutes
 #   (the BF16 file is 61 GB): STEPS="make peer" in one call, STEPS=wisp in the next, on the same warm machine.
 set -uo pipefail
@@ -25,6 +27,12 @@ placements=${PLACEMENTS:-all-cpu,half,all-gpu}
 note() { echo "[${SECONDS}s] $*" | tee -a "$out/summary.txt"; }
 lscpu | grep -E "Model name|^CPU\(s\)" > "$out/host.txt"; free -g >> "$out/host.txt"
 steps=" ${STEPS:-make peer wisp} "
+if [[ $steps == *" tests "* ]]; then  # the k-quant kernels compiled for the first time: their CUDA tests
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_k_quants.py \
+    tests/models/test_gguf_packed_weights.py > "$out/pytest_k_quants_cuda.txt" 2>&1; tail -3 "$out/pytest_k_quants_cuda.txt"
+  timeout 200 python3 -m wisp bench sweep moe-attention --shapes qwen3-q4_k,qwen3-q6_k,qwen3-q8_0,qwen3-fp8 \
+    --no-attention --out "$out/moe_sweep_k_quants.json" > "$out/moe_sweep_k_quants.txt" 2>&1
+fi
 if [[ $steps == *" make "* ]]; then
   if [ -f "$file" ]; then note "$file is here already ($(du -h "$file" | cut -f1))"
   else

@@ -15,7 +15,8 @@ PROMPT = [5, 17, 42, 8, 99, 3, 64]
 
 
 def test_the_files_projections_stay_packed_and_give_the_dequantized_bits(monkeypatch):
-    """Packing forced on the CPU (it is the Triton GEMM's on CUDA, outside resident mode): q, k, o and the LM head
+    """Packing forced on the CPU (it is the Triton GEMM's on CUDA, outside resident mode; test_k_quants holds that GEMM
+    to its dequantized twin): q, k, o and the LM head
     are the file's Q4_K / Q6_K bytes, v apart where its type differs from q's and k's, and the torch path, which
     dequantizes them right before the GEMM, gives the bits of the run that dequantized them at load."""
     import wisp.models.loader as loader
@@ -24,9 +25,9 @@ def test_the_files_projections_stay_packed_and_give_the_dequantized_bits(monkeyp
     from wisp.core.kernels.quantized_weights import BlockWeight
 
     stored = {t.name: t.tensor_type.name for t in gguf.GGUFReader(FIXTURE).tensors}
-    plain = LLM(str(FIXTURE), mode="paged", expert_cap=2)
+    plain = LLM(str(FIXTURE), device="cpu", mode="paged", expert_cap=2)
     monkeypatch.setattr(loader, "packs_projections", lambda *a: True)
-    packed = LLM(str(FIXTURE), mode="paged", expert_cap=2)
+    packed = LLM(str(FIXTURE), device="cpu", mode="paged", expert_cap=2)
     attn = packed.model.layers[0].attn
     assert isinstance(attn.q, BlockWeight) and attn.q.format == stored["blk.0.attn_q.weight"].lower()
     assert isinstance(attn.o, BlockWeight) and attn.o.format == stored["blk.0.attn_output.weight"].lower()

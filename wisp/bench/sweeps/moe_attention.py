@@ -4,7 +4,7 @@ for the whole sweep.
     wisp bench sweep moe-attention --out $OUT/kernel_sweep.json [--compare-with OLD_triton_moe.py]
 
 MoE: `triton_fused_moe` on OLMoE-1B-7B's and Qwen3-30B-A3B's expert shapes (bf16, top-8), Qwen3's in FP8
-block-scaled and in Q8_0 (a GGUF file's, kept packed), and gpt-oss-20b's in MXFP4 (top-4), at 1, 8 and 2048 tokens
+block-scaled and in Q8_0, Q4_K and Q6_K (a GGUF file's, kept packed), and gpt-oss-20b's in MXFP4 (top-4), at 1, 8 and 2048 tokens
 with the bank on the device, and at 1 token read in place from pinned host memory (zero-copy and hybrid's GPU
 pairs, where a row's contiguous bytes a step set the link's efficiency); the format's default launch
 (`triton_moe.TILES`), then at 1 and 2048 tokens on the device and 1 in place each of its launch
@@ -30,12 +30,13 @@ from wisp.errors import WispError
 SHAPES = {  # hidden, moe_intermediate, experts, top-k, weight format
     "olmoe": (2048, 1024, 64, 8, "bf16"), "qwen3": (2048, 768, 128, 8, "bf16"), "qwen3-fp8": (2048, 768, 128, 8, "fp8"),
     "qwen3-q8_0": (2048, 768, 128, 8, "q8_0"), "gpt-oss": (2880, 2880, 32, 4, "mxfp4"),
+    "qwen3-q4_k": (2048, 768, 128, 8, "q4_k"), "qwen3-q6_k": (2048, 768, 128, 8, "q6_k"),  # a Q4_K_M file's two
 }
-FORMAT_IDS = {"bf16": 0, "fp8": 1, "mxfp4": 2, "q8_0": 3}  # `triton_moe.TILES`' keys
+FORMAT_IDS = {"bf16": 0, "fp8": 1, "mxfp4": 2, "q8_0": 3, "q4_k": 4, "q6_k": 6}  # `triton_moe.TILES`' keys
 CASES = [(t, "device") for t in (1, 8, 2048)] + [(1, "host")]
 VARIED = (1, 2048)  # token counts at which each launch parameter is varied
 VARIANTS = {"rows": {0: (16, 64), 1: (32, 128)}, "cols": (64, 128, 256), "warps": (2, 8), "stages": (2, 4),
-            "loads": (1, 2, 4), "weights_first": (True,)}  # per kernel; loads: MXFP4's alone
+            "loads": {2: (1, 2, 4), 4: (1, 8), 6: (1, 8)}, "weights_first": (True,)}  # per kernel; loads: per format
 BF16 = torch.bfloat16
 
 
@@ -54,6 +55,13 @@ def problem(shape: str, t: int, where: str, dev: torch.device):
         bank = [(torch.randn(s, generator=g) * 64).to(FP8) for s in shapes]
         scales = [torch.rand((n, -(-r // DEFAULT_BLOCK[0]), -(-c // DEFAULT_BLOCK[1])), generator=g) * 1e-3
                   for _, r, c in shapes]
+    elif fmt in ("q4_k", "q6_k"):  # random codes, heads with random sub-block scales (`random_k_quant_heads`)
+        from wisp.core.kernels.k_quants import bank_shapes
+        from wisp.models.random_checkpoint import random_k_quant_heads
+
+        roles = [bank_shapes(r, c, fmt.upper()) for _, r, c in shapes]
+        bank = [torch.randint(0, 256, (n, *codes), generator=g, dtype=torch.uint8) for codes, _ in roles]
+        scales = [random_k_quant_heads((n, *heads), 0.05, g, "cpu") for _, heads in roles]
     elif fmt == "q8_0":  # random codes, float16 scales per 32 columns
         bank = [torch.randint(-127, 128, s, generator=g, dtype=torch.int8) for s in shapes]
         scales = [(torch.rand((n, r, c // 32), generator=g) * 1e-3).half() for _, r, c in shapes]
@@ -92,11 +100,13 @@ def _variants(fmt: int):
     default = moe.TILES[fmt]
     for kernel, name in enumerate(("gate_up", "down")):
         for field, values in VARIANTS.items():
-            for value in values[kernel] if isinstance(values, dict) else values:
-                if field == "cols" and (fmt == 1 and 128 % value or fmt == 3 and 32 % value):  # a step's columns
-                    continue  # share one scale block (FP8's 128, Q8_0's 32)
-                if field == "loads" and fmt != 2:
-                    continue
+            if field == "loads":  # steps a load, read in place: MXFP4's and the k-quants' own choices
+                values = values.get(fmt, ())
+            elif isinstance(values, dict):  # per kernel
+                values = values[kernel]
+            for value in values:
+                if field == "cols" and (fmt == 1 and 128 % value or fmt == 3 and 32 % value or fmt >= 4):  # a step's
+                    continue  # columns share one scale block (FP8's 128, Q8_0's 32; a k-quant's step is its 32)
                 tiles = list(default)
                 tiles[kernel] = replace(default[kernel], **{field: value})
                 yield f"{name}.{field}={value}", tuple(tiles)
