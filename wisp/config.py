@@ -113,6 +113,9 @@ class ModelConfig:
     # per layer (None: not an MoE layer), "gguf_blocks" only: the (gate_up, down) experts' GGUF types, each of Q8_0,
     # Q4_K, Q5_K, Q6_K (`wisp.core.kernels.k_quants`), kept packed as the file stores them
     expert_block_formats: tuple[tuple[str, str] | None, ...] = ()
+    # a GGUF file whose experts stay packed: (parameters, bytes as stored) of its dense projections and LM head in
+    # Q8_0 or a k-quant, which stay packed too where `packs_projections` says (the planner counts them so)
+    packed_projection_sizes: tuple[int, int] = (0, 0)
     window_layers: tuple[bool, ...] = ()  # per layer: sliding_window applies there (empty: every layer)
     attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator (GPT-OSS)
     routing: str = "softmax_topk"  # or "topk_softmax": softmax over the top-k router logits (GPT-OSS)
@@ -176,6 +179,19 @@ class ModelConfig:
     def slot_bytes(self) -> int:
         """Bytes of one expert slot in every MoE layer: the sum of each layer's `expert_bytes_of`."""
         return sum(self.expert_bytes_of(li) for li in self.moe_layer_ids)
+
+
+def packs_projections(cfg: ModelConfig, mode: str, device: torch.device, moe_backend: str) -> bool:
+    """Whether the dense projections (and an untied LM head) stay packed on the device, as the checkpoint stores
+    them: an FP8 checkpoint's block-scaled ones, a GGUF file's Q8_0 and k-quant ones when its experts are kept packed
+    too (its other types are dequantized). Half their VRAM or less, which the modes that keep experts off the GPU
+    turn into expert slots: where the Triton GEMM dequantizes them in-kernel (CUDA, `moe_backend` "triton" as
+    resolved), in every mode but resident. Resident, every weight fits and the faster form wins: dequantized once at
+    load, FP8's in-kernel dequantization cost more than its bytes saved on the H200 (q/k/v of Qwen3-30B-A3B at one
+    row 12.0 us against 10.7, at 2048 rows 223 against 129: docs/decisions/dense-projection-tiles-split-k-for-decode.md).
+    The values multiplied are the same."""
+    kept = cfg.fp8_block == (128, 128) or cfg.expert_format in ("q8_0", "gguf_blocks")
+    return kept and device.type == "cuda" and mode != "resident" and moe_backend == "triton"
 
 
 @dataclass(frozen=True)

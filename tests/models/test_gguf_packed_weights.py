@@ -46,3 +46,46 @@ def test_hybrids_native_cpu_kernel_computes_the_files_experts_packed(tmp_path):
 
     # the twin's weights are rounded to bf16, the packed ones exact: logits up to about 9 differ by up to 0.06
     assert_hybrid_computes_packed_experts_on_the_cpu(FIXTURE, q4_k_m_twin(tmp_path), PROMPT, tolerance=1e-1)
+
+
+def held_bytes(obj, seen: set[int]) -> int:
+    """Bytes of the tensors reachable from `obj` (tensors, packed weights, dataclasses, lists), each storage once."""
+    import dataclasses
+
+    if isinstance(obj, torch.Tensor):
+        key = obj.untyped_storage().data_ptr()
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # BlockWeight, Fp8BlockWeight
+        return sum(held_bytes(t, seen) for t in obj)
+    if dataclasses.is_dataclass(obj):
+        return sum(held_bytes(getattr(obj, f.name), seen) for f in dataclasses.fields(obj))
+    if isinstance(obj, (list, tuple)):
+        return sum(held_bytes(t, seen) for t in obj)
+    return 0
+
+
+def test_the_planner_counts_the_packed_projections_at_the_bytes_the_model_holds(monkeypatch):
+    """`ModelSizes` with the projections packed: the file's bytes for them (`packed_projection_sizes`, from its
+    tensors), and in all exactly the non-expert bytes a model loaded so holds (beside the two staging buffers)."""
+    import wisp.models.loader as loader
+    from tests.models.make_q4_k_m_fixture import FIXTURE
+    from wisp import LLM
+    from wisp.core.kernels.gguf_blocks import BLOCKS
+    from wisp.plan.sizes import ModelSizes
+
+    tensors = gguf.GGUFReader(FIXTURE).tensors
+    projections = [t for t in tensors if t.tensor_type.name in BLOCKS and (t.name == "output.weight" or t.name.endswith(
+        (".attn_q.weight", ".attn_k.weight", ".attn_v.weight", ".attn_output.weight")))]
+    monkeypatch.setattr(loader, "packs_projections", lambda *a: True)
+    llm = LLM(str(FIXTURE), device="cpu", mode="paged", expert_cap=2)
+    cfg, model = llm.config, llm.model
+    assert cfg.packed_projection_sizes == (sum(int(t.n_elements) for t in projections),
+                                           sum(int(t.n_bytes) for t in projections))
+    seen: set[int] = set()
+    held = held_bytes([model.layers, model.embed.table, model.final_norm, model.lm_head], seen)
+    sizes = ModelSizes.of(cfg, 16, packed_projections=True)
+    assert sizes.non_expert_bytes - 2 * cfg.expert_bytes == held
+    assert ModelSizes.of(cfg, 16).non_expert_bytes - sizes.non_expert_bytes > 0  # what packing gives back

@@ -32,7 +32,7 @@ import torch
 from wisp.bench.routing import routing_for
 from wisp.cli_args import backend_options
 from wisp.options import is_hybrid_zero_copy
-from wisp.config import MODES, EngineConfig, ModelConfig, parse_dtype, resolve_device
+from wisp.config import MODES, EngineConfig, ModelConfig, packs_projections, parse_dtype, resolve_device
 from wisp.engine.llm import LLM
 from wisp.engine.sampling import SamplingParams
 from wisp.engine.sequence import Sequence
@@ -255,7 +255,9 @@ def _hot_for_budget(args, batch: int) -> int:
     cfg, context, on_host = _budget_shape(args)
     if (dtype := parse_dtype(args.dtype)) is not None:
         cfg = replace(cfg, dtype=dtype)
-    return hot_split(cfg, PlanInputs(args.vram_budget, batch, context, embedding_on_host=on_host)).hot_experts
+    inputs = PlanInputs(args.vram_budget, batch, context, embedding_on_host=on_host,
+                        packed_projections=_packs_projections(args, cfg))
+    return hot_split(cfg, inputs).hot_experts
 
 
 def _budget_shape(args) -> tuple[ModelConfig, int, bool]:
@@ -264,6 +266,13 @@ def _budget_shape(args) -> tuple[ModelConfig, int, bool]:
     cfg = model_config_for(args.model, args.load_format)
     return (cfg, args.prompt_len + args.decode_tokens + 8,
             embedding_on_host(args.embedding, resolve_device(args.device), cfg.tie_word_embeddings))
+
+
+def _packs_projections(args, cfg: ModelConfig) -> bool:
+    """Whether a run sized for --vram-budget (paged or hybrid: not resident) keeps the model's projections packed."""
+    device = resolve_device(args.device)
+    backend = "triton" if device.type == "cuda" and args.moe_backend in ("auto", "triton") else "torch"
+    return packs_projections(cfg, "paged", device, backend)
 
 
 def _runs(args) -> list[tuple[str, int | None, int]]:
@@ -275,7 +284,8 @@ def _runs(args) -> list[tuple[str, int | None, int]]:
         raise WispError(f"unknown mode {bad[0]!r}; choose from: {', '.join((*MODES, 'accelerate'))}")
     if args.vram_budget and args.expert_cap != "0":  # (with --expert-cap 0 it sizes hot experts: _engine_options)
         cfg, context, on_host = _budget_shape(args)
-        caps = [cap_for_budget(cfg, args.vram_budget, context, embedding_on_host=on_host)]
+        caps = [cap_for_budget(cfg, args.vram_budget, context, embedding_on_host=on_host,
+                               packed_projections=_packs_projections(args, cfg))]
     return [(m, c, b) for b in _batches(args) for m in sorted(modes, key=lambda m: m != "resident")
             for c in (caps if m in SCRATCH_MODES else [None])]
 

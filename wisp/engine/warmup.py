@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from wisp.config import packs_projections
 from wisp.engine.engine import LLMEngine
 from wisp.engine.sampling import SamplingParams
 from wisp.errors import WispError
@@ -42,8 +43,10 @@ def plan_inputs(engine: LLMEngine, vram_budget: int, **costs) -> PlanInputs:
     from wisp.plan.planner import PlanInputs
 
     config = engine.config
+    device = engine.model.device
+    packed = packs_projections(engine.model_config, config.mode, device, config.resolve_backend("moe", device))
     return PlanInputs(vram_budget, config.max_concurrency, engine.max_model_len, config.kv_block_size,
-                      embedding_on_host=engine.model.embed.on_host, **costs)
+                      embedding_on_host=engine.model.embed.on_host, packed_projections=packed, **costs)
 
 
 def plan_from_warmup(engine: LLMEngine, vram_budget: int, tokens: int = 32) -> Plan:

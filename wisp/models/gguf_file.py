@@ -91,8 +91,8 @@ class GGUFFile:
 
     def expert_facts(self) -> dict[str, Any]:
         """What the config needs from the tensors themselves: the experts' GGML type and width (from the first
-        stacked experts), the types of all of them and of each layer's (gate, up, down), and the shared expert's
-        width (0: none)."""
+        stacked experts), the types of all of them and of each layer's (gate, up, down), the shared expert's
+        width (0: none), and the sizes of the dense projections in a block format that can stay packed."""
         first = next((n for n in self._tensors if n.endswith(".ffn_gate_exps.weight")), None)
         shared = next((n for n in self._tensors if n.endswith(".ffn_gate_shexp.weight")), None)
         experts = [n for n in self._tensors if n.endswith(("_exps.weight"))]
@@ -102,7 +102,16 @@ class GGUFFile:
                 "layer_types": {i: tuple(self.tensor_type(f"blk.{i}.ffn_{r}_exps.weight") for r in ("gate", "up", "down"))
                                 for i in sorted(layers)},
                 "width": self.tensor_shape(first)[1] if first else None,
+                "projections": self.projection_facts(TORCH_BLOCKS),  # what of them can stay packed
                 "shared_width": self.tensor_shape(shared)[0] if shared else 0}
+
+    def projection_facts(self, packed_types) -> tuple[int, int]:
+        """(parameters, bytes as stored) of the dense projections (every layer's attention q, k, v and output) and the
+        LM head (output) whose GGML type is one of `packed_types`: what stays packed of them."""
+        names = [n for n in self._tensors if n == "output.weight" or (n.startswith("blk.") and n.endswith(
+            (".attn_q.weight", ".attn_k.weight", ".attn_v.weight", ".attn_output.weight")))]
+        kept = [self._tensors[n] for n in names if self.tensor_type(n) in packed_types]
+        return sum(int(t.n_elements) for t in kept), sum(int(t.n_bytes) for t in kept)
 
     def packed(self, name: str) -> torch.Tensor:
         """Tensor `name`'s stored bytes, uint8 [outer..., bytes of one innermost row] (a block format's blocks)."""

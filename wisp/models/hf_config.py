@@ -76,6 +76,7 @@ def parse_hf_config(raw: dict[str, Any], generation: dict[str, Any] | None = Non
                        sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                        eos_token_ids=eos, sampling_defaults=_sampling_defaults(generation or {}), dtype=dtype,
                        fp8_block=fp8_block, expert_format=expert_format, expert_block_formats=_block_formats(raw),
+                       packed_projection_sizes=_packed_projection_sizes(raw),
                        window_layers=family.window_layers(raw), attention_sinks=family.attention_sinks,
                        routing=family.routing, expert_activation=family.expert_activation(raw),
                        expert_bias=family.expert_bias, norm_weight_float32=family.norm_weight_float32, mla=mla,
@@ -135,6 +136,13 @@ def _block_formats(raw: dict[str, Any]) -> tuple[tuple[str, str] | None, ...]:
     if not isinstance(quant, dict) or quant.get("quant_method") != "gguf_blocks":
         return ()
     return tuple(None if layer is None else (str(layer[0]), str(layer[1])) for layer in quant["layers"])
+
+
+def _packed_projection_sizes(raw: dict[str, Any]) -> tuple[int, int]:
+    """A GGUF file's (parameters, bytes) of dense projections kept packed (`wisp.models.gguf_config`), else (0, 0)."""
+    quant = raw.get("quantization_config")
+    sizes = quant.get("packed_projections") if isinstance(quant, dict) else None
+    return (int(sizes[0]), int(sizes[1])) if sizes else (0, 0)
 
 
 def _quantization(raw: dict[str, Any]) -> tuple[tuple[int, int] | None, str]:

@@ -25,7 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
-from wisp.config import EngineConfig, ModelConfig
+from wisp.config import EngineConfig, ModelConfig, packs_projections
 from wisp.core.experts.presets import PRESETS, ModelParts, build_store
 from wisp.core.experts.store import ExpertStore
 from wisp.core.kernels.cpu_expert_kernels import native_kernel_error
@@ -197,7 +197,7 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
         def opt(key: str) -> torch.Tensor | None:
             return dev(key) if key in reader else None
 
-        packed = packs_projections(model_cfg, engine, device)
+        packed = packs_projections(model_cfg, engine.mode, device, engine.resolve_backend("moe", device))
 
         def proj(key: str) -> torch.Tensor | Fp8BlockWeight | BlockWeight:  # a dense projection: packed where it can be
             if not packed:
@@ -259,20 +259,6 @@ def plain_tensor(reader, key: str, fp8_block: tuple[int, int] | None) -> torch.T
     if tensor.dtype == FP8:
         return dequantize_blocks(tensor, reader.get(scale_key(key)), torch.float32, fp8_block)
     return tensor
-
-
-def packs_projections(cfg: ModelConfig, engine: EngineConfig, device: torch.device) -> bool:
-    """Whether the dense projections (and an untied LM head) stay packed on the device, as the checkpoint stores
-    them: an FP8 checkpoint's block-scaled ones, a GGUF file's Q8_0 and k-quant ones (`BlockWeight`; the file's
-    other types are dequantized), when its experts are kept packed too. Half their VRAM or less, which the modes that
-    keep experts off the GPU turn into expert slots: where the Triton GEMM dequantizes them in-kernel (CUDA, the
-    Triton backend), in every mode but resident. Resident, every weight fits and the faster form wins: dequantized
-    once at load, FP8's in-kernel dequantization cost more than its bytes saved on the H200 (q/k/v of Qwen3-30B-A3B
-    at one row 12.0 us against 10.7, at 2048 rows 223 against 129:
-    docs/decisions/dense-projection-tiles-split-k-for-decode.md). The values multiplied are the same."""
-    kept = cfg.fp8_block == DEFAULT_BLOCK or cfg.expert_format in ("q8_0", "gguf_blocks")
-    return (kept and device.type == "cuda" and engine.mode != "resident"
-            and engine.resolve_backend("moe", device) == "triton")
 
 
 def _load_layer(i: int, cfg: ModelConfig, n: WeightNames, dev, opt, proj) -> LayerWeights:

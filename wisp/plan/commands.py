@@ -15,7 +15,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from wisp.config import EngineConfig, ModelConfig, parse_dtype, resolve_device
+from wisp.config import EngineConfig, ModelConfig, packs_projections, parse_dtype, resolve_device
 from wisp.errors import WispError
 
 
@@ -67,7 +67,8 @@ def check_trace_fits(trace, cfg: ModelConfig, model: str) -> None:
 
 
 def _plan_inputs(args, cfg: ModelConfig):
-    """--embedding host plans for a served model that keeps its table in host memory, wherever `wisp plan` runs."""
+    """--embedding host plans for a served model that keeps its table in host memory, wherever `wisp plan` runs; a
+    GGUF file's packed projections count at their bytes where a paged server on that device keeps them packed."""
     from wisp.models.token_embedding import embedding_on_host
     from wisp.plan.plan_file import read_hybrid_costs
     from wisp.plan.planner import PlanInputs
@@ -76,12 +77,14 @@ def _plan_inputs(args, cfg: ModelConfig):
         if getattr(args, name) < 1:
             raise WispError(f"--{name.replace('_', '-')} must be >= 1")
     costs_file = getattr(args, "hybrid_costs", None)  # `wisp plan` only
+    device = resolve_device(args.device)
     return PlanInputs(args.vram_budget, args.max_concurrency, args.max_model_len, args.block_size,
                       seconds_per_byte=args.seconds_per_byte, recompute_seconds_per_token=args.recompute_cost,
                       reserve_bytes=args.reserve, tokens_per_request=args.tokens_per_request,
                       hybrid_costs=read_hybrid_costs(costs_file) if costs_file else None,
                       embedding_on_host=not cfg.tie_word_embeddings and (args.embedding == "host" or embedding_on_host(
-                          args.embedding, resolve_device(args.device), cfg.tie_word_embeddings)))
+                          args.embedding, device, cfg.tie_word_embeddings)),
+                      packed_projections=packs_projections(cfg, "paged", device, "triton" if device.type == "cuda" else "torch"))
 
 
 def plan_from_args(args, cfg: ModelConfig, trace, kv):

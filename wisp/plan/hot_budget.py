@@ -34,7 +34,7 @@ class HotSplit:
 def hot_split(cfg: ModelConfig, inputs: PlanInputs) -> HotSplit:
     """The split of `inputs.vram_budget` (see the module docstring); WispError naming the smallest budget that
     serves the promised concurrency x context when this one does not."""
-    sizes = ModelSizes.of(cfg, inputs.block_size, inputs.embedding_on_host)
+    sizes = ModelSizes.of(cfg, inputs.block_size, inputs.embedding_on_host, inputs.packed_projections)
     pageable = inputs.vram_budget - sizes.non_expert_bytes - inputs.reserve_bytes
     floor = inputs.admission_floor_blocks * sizes.block_bytes
     if pageable < floor:

@@ -55,6 +55,7 @@ class PlanInputs:
     tokens_per_request: int | None = None
     hybrid_costs: HybridCosts | None = None  # given: the plan carries a HybridAdvice
     embedding_on_host: bool = False  # the token embedding table in pinned host memory (--embedding): not budgeted
+    packed_projections: bool = False  # a GGUF file's projections kept packed (`wisp.config.packs_projections`)
 
     @property
     def admission_floor_blocks(self) -> int:
@@ -65,7 +66,7 @@ class PlanInputs:
 def make_plan(cfg: ModelConfig, inputs: PlanInputs, trace: RoutingTrace, kv: KVTrace | None,
               device: torch.device) -> Plan:
     """The plan for `inputs` (see the module docstring); WispError when the budget cannot meet the floor."""
-    sizes = ModelSizes.of(cfg, inputs.block_size, inputs.embedding_on_host)
+    sizes = ModelSizes.of(cfg, inputs.block_size, inputs.embedding_on_host, inputs.packed_projections)
     costs = cost_model(cfg, inputs, sizes, kv, device)
     per_layer = layer_curves(trace, cfg)
     curves = PlanCurves.of(np.sum(per_layer, axis=0), kv_curve_per_request(kv, inputs.admission_floor_blocks),

@@ -30,13 +30,17 @@ class ModelSizes:
     block_bytes: int  # one KV block across layers
 
     @classmethod
-    def of(cls, cfg: ModelConfig, block_size: int, embedding_on_host: bool = False) -> "ModelSizes":
-        """embedding_on_host: the token embedding table lives in pinned host memory (`--embedding`), not in VRAM."""
+    def of(cls, cfg: ModelConfig, block_size: int, embedding_on_host: bool = False,
+           packed_projections: bool = False) -> "ModelSizes":
+        """embedding_on_host: the token embedding table lives in pinned host memory (`--embedding`), not in VRAM;
+        packed_projections: a GGUF file's packed projections stay packed (`wisp.config.packs_projections`), at
+        their bytes as stored (`ModelConfig.packed_projection_sizes`)."""
         element = torch.empty((), dtype=cfg.dtype).element_size()
         staging = 2 * cfg.expert_bytes  # paged mode's two staging buffers for wide steps (`wisp.core.experts.expert_major`)
         kv_block = cfg.kv_tensors * cfg.num_layers * cfg.num_kv_heads * block_size * cfg.head_dim * element  # MLA: 1
-        return cls(non_expert_params(cfg, embedding_on_host) * element + staging, cfg.expert_bytes,
-                   cfg.slot_bytes, kv_block)
+        params, packed = cfg.packed_projection_sizes if packed_projections else (0, 0)
+        weights = (non_expert_params(cfg, embedding_on_host) - params) * element + packed
+        return cls(weights + staging, cfg.expert_bytes, cfg.slot_bytes, kv_block)
 
 
 def _attention_params(cfg: ModelConfig) -> int:
@@ -88,10 +92,10 @@ def non_expert_params(cfg: ModelConfig, embedding_on_host: bool = False) -> int:
 
 
 def cap_for_budget(cfg: ModelConfig, budget: int, max_model_len: int, block_size: int = 16,
-                   embedding_on_host: bool = False) -> int:
+                   embedding_on_host: bool = False, packed_projections: bool = False) -> int:
     """The largest paged cap whose scratch fits `budget` beside the non-expert weights, a batch-1 KV pool
     and the planner's reserve (clamped to [top_k, num_experts])."""
-    sizes = ModelSizes.of(cfg, block_size, embedding_on_host)
+    sizes = ModelSizes.of(cfg, block_size, embedding_on_host, packed_projections)
     kv = -(-max_model_len // block_size) * sizes.block_bytes
     cap = (budget - sizes.non_expert_bytes - kv - DEFAULT_RESERVE_BYTES) // sizes.slot_bytes
     return int(min(max(cap, cfg.top_k), cfg.num_experts))
