@@ -29,7 +29,7 @@ lscpu | grep -E "Model name|^CPU\(s\)" > "$out/host.txt"; free -g >> "$out/host.
 steps=" ${STEPS:-make peer wisp} "
 if [[ $steps == *" tests "* ]]; then  # the k-quant kernels compiled for the first time: their CUDA tests
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/core/kernels/test_k_quants.py \
-    tests/models/test_gguf_packed_weights.py > "$out/pytest_k_quants_cuda.txt" 2>&1; tail -3 "$out/pytest_k_quants_cuda.txt"
+    tests/models/test_packed_weights.py > "$out/pytest_k_quants_cuda.txt" 2>&1; tail -3 "$out/pytest_k_quants_cuda.txt"
   timeout 200 python3 -m wisp bench sweep moe-attention --shapes qwen3-q4_k,qwen3-q6_k,qwen3-q8_0,qwen3-fp8 \
     --no-attention --out "$out/moe_sweep_k_quants.json" > "$out/moe_sweep_k_quants.txt" 2>&1
 fi

@@ -76,7 +76,8 @@ def parse_hf_config(raw: dict[str, Any], generation: dict[str, Any] | None = Non
                        sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                        eos_token_ids=eos, sampling_defaults=_sampling_defaults(generation or {}), dtype=dtype,
                        fp8_block=fp8_block, expert_format=expert_format, expert_block_formats=_block_formats(raw),
-                       packed_projection_sizes=_packed_projection_sizes(raw),
+                       packed_projection_sizes=_packed_projection_sizes(raw) if fp8_block is None else
+                       _fp8_projection_sizes(layout, attention, fp8_block, family.mla),
                        window_layers=family.window_layers(raw), attention_sinks=family.attention_sinks,
                        routing=family.routing, expert_activation=family.expert_activation(raw),
                        expert_bias=family.expert_bias, norm_weight_float32=family.norm_weight_float32, mla=mla,
@@ -143,6 +144,19 @@ def _packed_projection_sizes(raw: dict[str, Any]) -> tuple[int, int]:
     quant = raw.get("quantization_config")
     sizes = quant.get("packed_projections") if isinstance(quant, dict) else None
     return (int(sizes[0]), int(sizes[1])) if sizes else (0, 0)
+
+
+def _fp8_projection_sizes(layout: dict[str, Any], attention: dict[str, Any], block: tuple[int, int],
+                          mla: bool) -> tuple[int, int]:
+    """An FP8 checkpoint's attention projections q, k, v and o, kept packed where `packs_projections` says:
+    (parameters, bytes: a byte a weight and a float32 scale a block). Latent attention is dequantized at load: none."""
+    if mla:
+        return 0, 0
+    d, hd, heads, kv = layout["hidden_size"], layout["head_dim"], layout["num_heads"], attention["num_kv_heads"]
+    shapes = [(heads * hd, d), (kv * hd, d), (kv * hd, d), (d, heads * hd)]
+    params = sum(r * c for r, c in shapes)
+    scales = sum(-(-r // block[0]) * -(-c // block[1]) for r, c in shapes)
+    return layout["num_layers"] * params, layout["num_layers"] * (params + 4 * scales)
 
 
 def _quantization(raw: dict[str, Any]) -> tuple[tuple[int, int] | None, str]:

@@ -1,6 +1,7 @@
-"""A llama-quantize'd Q4_K_M file (tests/models/data/qwen3_moe_q4_k_m.gguf) served from its own bytes beyond the
-experts: its dense projections and LM head kept packed where the Triton GEMM reads them (`BlockWeight`), and its
-experts computed packed by hybrid's native CPU kernel, gate/up and down each in its layer's type."""
+"""Checkpoints served from their own packed bytes beyond the experts' banks: a llama-quantize'd Q4_K_M file
+(tests/models/data/qwen3_moe_q4_k_m.gguf) keeps its dense projections and LM head packed where the Triton GEMM reads
+them (`BlockWeight`) and its experts are computed packed by hybrid's native CPU kernel, gate/up and down each in its
+layer's type; the planner counts packed projections (the file's, an FP8 checkpoint's) at the bytes a model holds."""
 
 from __future__ import annotations
 
@@ -89,3 +90,20 @@ def test_the_planner_counts_the_packed_projections_at_the_bytes_the_model_holds(
     sizes = ModelSizes.of(cfg, 16, packed_projections=True)
     assert sizes.non_expert_bytes - 2 * cfg.expert_bytes == held
     assert ModelSizes.of(cfg, 16).non_expert_bytes - sizes.non_expert_bytes > 0  # what packing gives back
+
+
+def test_the_planner_counts_an_fp8_checkpoints_packed_projections_at_the_bytes_the_model_holds(monkeypatch, tmp_path):
+    """The same for an FP8 checkpoint's attention projections (float8 codes and their float32 block scales)."""
+    import wisp.models.loader as loader
+    from tests.models.test_fp8_checkpoint import FP8_QWEN3
+    from wisp import LLM
+    from wisp.core.kernels.fp8_blocks import Fp8BlockWeight
+    from wisp.models.random_checkpoint import write_random_checkpoint
+    from wisp.plan.sizes import ModelSizes
+
+    folder = write_random_checkpoint(FP8_QWEN3, tmp_path / "fp8", seed=3)
+    monkeypatch.setattr(loader, "packs_projections", lambda *a: True)
+    llm = LLM(str(folder), device="cpu", mode="paged", expert_cap=2)
+    assert isinstance(llm.model.layers[0].attn.q, Fp8BlockWeight)
+    held = held_bytes([llm.model.layers, llm.model.embed.table, llm.model.final_norm, llm.model.lm_head], set())
+    assert ModelSizes.of(llm.config, 16, packed_projections=True).non_expert_bytes - 2 * llm.config.expert_bytes == held
