@@ -171,3 +171,17 @@ def demo_routing():
     from wisp.trace.format import RoutingTrace
 
     return RoutingTrace.load(TRAINED_DEMO_ROUTING)
+
+
+def assert_the_same_on_one_thread_and_more(call) -> None:
+    """call() gives the same bits on one thread as on all of them (at least two)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = call()
+        torch.set_num_threads(max(2, threads))
+        assert torch.equal(call(), one)
+    finally:
+        torch.set_num_threads(threads)

@@ -43,7 +43,7 @@ def test_the_files_projections_stay_packed_and_give_the_dequantized_bits(monkeyp
 def test_hybrids_native_cpu_kernel_computes_the_files_experts_packed(tmp_path):
     """Layer 0's experts all Q4_K, layer 1's down in Q6_K: the native kernel takes both, from the packed banks."""
     from tests.models.make_q4_k_m_fixture import FIXTURE
-    from tests.models.test_gguf import q4_k_m_twin
+    from tests.models.test_gguf_k_quants import q4_k_m_twin
 
     # the twin's weights are rounded to bf16, the packed ones exact: logits up to about 9 differ by up to 0.06
     assert_hybrid_computes_packed_experts_on_the_cpu(FIXTURE, q4_k_m_twin(tmp_path), PROMPT, tolerance=1e-1)

@@ -29,7 +29,7 @@ from wisp.config import EngineConfig, ModelConfig, packs_projections
 from wisp.core.experts.presets import PRESETS, ModelParts, build_store
 from wisp.core.experts.store import ExpertStore
 from wisp.core.kernels.cpu_expert_kernels import native_kernel_error
-from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK, FP8, Fp8BlockWeight, dequantize_blocks, scale_key
+from wisp.core.kernels.fp8_blocks import FP8, Fp8BlockWeight, dequantize_blocks, scale_key
 from wisp.core.kernels.quantized_weights import BlockWeight
 from wisp.core.learners.hybrid_pace import CpuPace
 from wisp.core.learners.hybrid_probe import probe_hybrid_costs

@@ -150,7 +150,7 @@ def bank_in(fmt: str, host: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A bf16 bank's experts quantized to `fmt` (weights and their scale banks), or the bank as it is."""
     if fmt == "bf16":
         return host
-    from tests.core.kernels.test_cpu_expert_kernels import quantize
+    from tests.core.kernels.test_cpu_quantized_experts import quantize
 
     (gate_up, gate_up_scale), (down, down_scale) = quantize(fmt, host["gate_up"]), quantize(fmt, host["down"])
     return {"gate_up": gate_up, "down": down, "gate_up_scale": gate_up_scale, "down_scale": down_scale}

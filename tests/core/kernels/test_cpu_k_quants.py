@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.core.kernels.test_cpu_expert_kernels import assert_the_same_on_one_thread_and_more
+from tests.helpers import assert_the_same_on_one_thread_and_more
 from tests.core.kernels.test_k_quants import random_rows
 from wisp.core.kernels.cpu_expert_kernels import LANES, applies, native_experts_mlp, native_kernel_error, one_at_a_time
 from wisp.core.kernels.cpu_expert_kernels import plain_expert_mlp, rows_matmul

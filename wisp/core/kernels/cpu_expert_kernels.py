@@ -57,7 +57,8 @@ from wisp.core.kernels.quantized_weights import dequantize_expert, weight_format
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "cpu_experts.cpp"
-HEADERS = (SOURCE.with_name("weight_formats.h"), SOURCE.with_name("expert_activation.h"))  # hashed into a flag
+HEADERS = tuple(SOURCE.with_name(h) for h in ("weight_formats.h", "expert_activation.h", "checked_weights.h"))  # hashed
+# into a flag
 LANES = 16  # the kernel's sum runs in 16 lanes: K must be a multiple
 
 
