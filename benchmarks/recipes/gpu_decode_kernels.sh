@@ -31,6 +31,10 @@
 #       here) with every expert on the GPU, then wisp on the same file (`--model FILE.gguf`: the same weights, the same
 #       random routing), resident decode and cold TTFT 512 / 2048. The A/B of a tree against this one (e.g. the MXFP4
 #       rewrite 4d19c91 applied to a copy under .gpu_data): STAGE=arms ARMS="new TREE" MODEL=gpt-oss-20b.
+#   STAGE=weights-first: the MoE sweep on SHAPES (default qwen3-fp8,gpt-oss,qwen3,qwen3-q4_k), the launch fields in VARY
+#       (default weights_first,rows) varied alone (`Blocks.weights_first`: the dequantized weight tile as the
+#       tensor-core product's register operand), then resident decode of MODELS (default gpt-oss-20b qwen3-30b-a3b-fp8) alternating the shipped
+#       launch and weights_first on every format, twice each (about 8 minutes, not yet run).
 # Results and logs in $OUT (packed into one archive: the device tool returns few files).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -233,5 +237,25 @@ for arm in sorted({r["tree"] for r in recs}):
     print(arm, "tok/s", v, "median", v[len(v) // 2])
 PY
   rm -f "$out"/decode_kernels.tgz; exit 0 ;;
+weights-first)  # the MoE kernels with the weight tile as the product's register operand (`Blocks.weights_first`):
+  # the MoE sweep (each launch field varied alone, weights_first among them) on SHAPES, then resident decode of each
+  # model in MODELS alternating the shipped launch and weights_first on every format (patched in-process), twice
+  timeout 260 python3 -m wisp bench sweep moe-attention --shapes "${SHAPES:-qwen3-fp8,gpt-oss,qwen3,qwen3-q4_k}" \
+    --vary "${VARY:-weights_first,rows}" --no-attention --out "$out/moe_sweep_weights_first.json" > "$out/moe_sweep_weights_first.txt" 2>&1
+  grep -E "T=1 |T=2048 " "$out/moe_sweep_weights_first.txt" | grep -E "device$|weights_first|device  " | head -40
+  cat > /tmp/weights_first.py <<'PY'
+import sys
+from dataclasses import replace
+import wisp.core.kernels.triton_moe as moe
+moe.TILES = {k: tuple(replace(b, weights_first=True) for b in v) for k, v in moe.TILES.items()}
+from wisp.cli import main
+sys.argv = ["wisp"] + sys.argv[1:]
+raise SystemExit(main())
+PY
+  for m in ${MODELS:-gpt-oss-20b qwen3-30b-a3b-fp8}; do for round in 1 2; do
+    timeout 100 $wisp $decode --model "$m" --out "$out/decode_${m}_shipped_r$round.json" 2>/dev/null | tail -1
+    timeout 100 python3 /tmp/weights_first.py $decode --model "$m" --out "$out/decode_${m}_weights_first_r$round.json" \
+      2>/dev/null | tail -1
+  done; done ;;
 esac
 pack

@@ -321,7 +321,9 @@ def _add_sweep_parsers(kinds) -> None:
     moe.add_argument("--compare-with", default=None, help="another triton_moe.py, timed on the same inputs")
     moe.add_argument("--no-sweep", action="store_true", help="the default blocks only")
     moe.add_argument("--shapes", default=None, help="MoE shapes to time, comma-separated (default: all of "
-                     "olmoe, qwen3, qwen3-fp8, qwen3-q8_0, gpt-oss)")
+                     "olmoe, qwen3, qwen3-fp8, qwen3-q8_0, qwen3-q4_k, qwen3-q6_k, gpt-oss)")
+    moe.add_argument("--vary", default=None, help="launch fields to vary, comma-separated (default: all of rows, cols, "
+                     "warps, stages, loads, weights_first)")
     moe.add_argument("--no-attention", action="store_true", help="the MoE kernels only")
     linear = _kind(sweeps, "linear", "sweeps.linear.sweep_linear",
                    "a preset's dense projections: cuBLAS on 16-row tiles against triton_linear and its tiles (CUDA)")

@@ -91,8 +91,9 @@ def _timed(call, t: int) -> float:
     return do_bench(call) * 1e3
 
 
-def _variants(fmt: int):
-    """(name, TILES entry) for each launch parameter of each kernel varied alone from the format's default."""
+def _variants(fmt: int, fields=tuple(VARIANTS)):
+    """(name, TILES entry) for each launch parameter in `fields` of each kernel varied alone from the format's
+    default."""
     from dataclasses import replace
 
     import wisp.core.kernels.triton_moe as moe
@@ -100,6 +101,8 @@ def _variants(fmt: int):
     default = moe.TILES[fmt]
     for kernel, name in enumerate(("gate_up", "down")):
         for field, values in VARIANTS.items():
+            if field not in fields:
+                continue
             if field == "loads":  # steps a load, read in place: MXFP4's and the k-quants' own choices
                 values = values.get(fmt, ())
             elif isinstance(values, dict):  # per kernel
@@ -113,7 +116,7 @@ def _variants(fmt: int):
 
 
 def sweep_moe(results: dict[str, float], same: dict[str, bool], sweep: bool, baseline=None,
-              bandwidth: dict[str, float] | None = None, shapes=tuple(SHAPES)) -> None:
+              bandwidth: dict[str, float] | None = None, shapes=tuple(SHAPES), fields=tuple(VARIANTS)) -> None:
     """Time the MoE kernel at every case (each launch parameter varied alone when `sweep`), into `results` (us),
     `same` (bits equal to the default launch's) and `bandwidth` (GB/s of expert bytes at one token)."""
     import wisp.core.kernels.triton_moe as moe
@@ -138,7 +141,7 @@ def sweep_moe(results: dict[str, float], same: dict[str, bool], sweep: bool, bas
             if not (sweep and (where == "host" or t in VARIED)):
                 continue
             default = moe.TILES[fmt]
-            for variant, tiles in list(_variants(fmt)):
+            for variant, tiles in list(_variants(fmt, fields)):
                 moe.TILES[fmt] = tiles
                 try:
                     same[f"{name} {variant}"] = bool(torch.equal(call(), ref))
@@ -193,7 +196,10 @@ def sweep_moe_attention(args) -> dict:
     unknown = sorted(set(shapes) - set(SHAPES))
     if unknown:
         raise WispError(f"unknown MoE shapes {unknown}: the sweep knows {', '.join(SHAPES)}")
-    sweep_moe(results, same, not args.no_sweep, baseline, bandwidth, shapes)
+    fields = tuple(args.vary.split(",")) if args.vary else tuple(VARIANTS)
+    if set(fields) - set(VARIANTS):
+        raise WispError(f"--vary {args.vary}: comma-separated {', '.join(VARIANTS)}")
+    sweep_moe(results, same, not args.no_sweep, baseline, bandwidth, shapes, fields)
     if not args.no_attention:
         sweep_attention(results, same)
     width = max(map(len, results))
