@@ -107,3 +107,23 @@ def test_the_planner_counts_an_fp8_checkpoints_packed_projections_at_the_bytes_t
     assert isinstance(llm.model.layers[0].attn.q, Fp8BlockWeight)
     held = held_bytes([llm.model.layers, llm.model.embed.table, llm.model.final_norm, llm.model.lm_head], set())
     assert ModelSizes.of(llm.config, 16, packed_projections=True).non_expert_bytes - 2 * llm.config.expert_bytes == held
+
+
+@pytest.mark.slow
+def test_a_llama_architecture_files_q_and_k_rows_are_put_back_in_rotary_order_packed(monkeypatch, tmp_path):
+    """Mixtral as llama.cpp's converter writes it (the `llama` architecture: q and k rows permuted for its rotation of
+    adjacent pairs), all in Q8_0: packed, each row of codes and scales moved back whole, the run keeps the bits of the
+    run that dequantized the same file at load."""
+    import wisp.models.loader as loader
+    from tests.models.test_gguf import hf_checkpoint, write_gguf
+    from wisp import LLM
+    from wisp.core.kernels.quantized_weights import BlockWeight
+
+    folder = hf_checkpoint("mixtral", tmp_path / "hf", wide=256)
+    file = write_gguf("mixtral", folder, tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q8_0)[0]
+    plain = LLM(str(file), device="cpu", mode="paged", expert_cap=2)
+    monkeypatch.setattr(loader, "packs_projections", lambda *a: True)
+    packed = LLM(str(file), device="cpu", mode="paged", expert_cap=2)
+    q = packed.model.layers[0].attn.q
+    assert isinstance(q, BlockWeight) and torch.equal(q.dequantized(torch.bfloat16), plain.model.layers[0].attn.q)
+    assert torch.equal(packed.prompt_logits(PROMPT), plain.prompt_logits(PROMPT))
