@@ -82,6 +82,29 @@ inline void block_dot(const Matrix& w, int64_t row, int64_t stride, const float*
     float scales[Count][kGroups], mins[Count][kGroups];
     for (int64_t super = 0; super < depth; super += F::kSuper) {
       for (int64_t r = 0; r < Count; ++r) F::factors(w, row + r * stride, super, depth, scales[r], mins[r]);
+      if constexpr (F::kPairs) {  // Q4_K, Q5_K: sub-blocks 2m and 2m + 1 from one load of their code bytes, each
+        for (int64_t g = 0; g < kGroups; g += 2) {  // summed and applied in the same order as one at a time
+          Lanes low[Count] = {}, high[Count] = {}, x_low = {}, x_high = {};
+          for (int64_t k = super + g * F::kGroup; k < super + (g + 1) * F::kGroup; k += kLanes) {
+            const Lanes xs_low = load_float(x + k), xs_high = load_float(x + k + F::kGroup);
+            x_low += xs_low;
+            x_high += xs_high;
+            for (int64_t r = 0; r < Count; ++r) {
+              Lanes a, b;
+              F::code_pair(w, row + r * stride, k, depth, a, b);
+              low[r] += a * xs_low;
+              high[r] += b * xs_high;
+            }
+          }
+          for (int64_t r = 0; r < Count; ++r) {
+            acc[r] += low[r] * scales[r][g];
+            acc[r] -= x_low * mins[r][g];
+            acc[r] += high[r] * scales[r][g + 1];
+            acc[r] -= x_high * mins[r][g + 1];
+          }
+        }
+        continue;
+      }
       for (int64_t g = 0; g < kGroups; ++g) {
         Lanes part[Count] = {}, x_sum = {};
         for (int64_t k = super + g * F::kGroup; k < super + (g + 1) * F::kGroup; k += kLanes) {

@@ -245,8 +245,23 @@ inline float f16_value(const uint8_t* p) {  // the little-endian float16 at p, a
 template <int64_t kCodeBytes>
 struct KQuant4Or5 {  // Q4_K (128 code bytes: nibbles) and Q5_K (160: 32 bytes of fifth bits, then the nibbles)
   static constexpr int64_t kGroup = 32, kSuper = 256;
-  static constexpr bool kMin = true;
+  static constexpr bool kMin = true, kPairs = true;
   static int64_t row_bytes(int64_t depth) { return depth / 256 * kCodeBytes; }
+  // Sub-blocks 2m and 2m + 1 share their code bytes (low nibbles, high ones): the 16 columns from k (in sub-block
+  // 2m) and the 16 from k + 32, from one load of 16 bytes (`codes`' values, two at a time)
+  static void code_pair(const Matrix& w, int64_t row, int64_t k, int64_t depth, Lanes& low, Lanes& high) {
+    const int64_t j = (k & 255) >> 5, lane0 = k & 31;  // j = 2m
+    const uint8_t* block = w.codes + row * row_bytes(depth) + (k >> 8) * kCodeBytes;
+    const Words bytes = widen_bytes(block + (kCodeBytes - 128) + 16 * j + lane0);
+    Words lo = bytes & 0xFu, hi = (bytes >> 4u) & 0xFu;
+    if constexpr (kCodeBytes == 160) {
+      const Words fifth = widen_bytes(block + lane0);
+      lo |= ((fifth >> uint32_t(j)) & 1u) << 4;
+      hi |= ((fifth >> uint32_t(j + 1)) & 1u) << 4;
+    }
+    low = __builtin_convertvector((Ints)lo, Lanes);
+    high = __builtin_convertvector((Ints)hi, Lanes);
+  }
   static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
     const int64_t j = (k & 255) >> 5, lane0 = k & 31;  // the sub-block and where in it the 16 columns start
     const uint8_t* block = w.codes + row * row_bytes(depth) + (k >> 8) * kCodeBytes;
@@ -273,7 +288,7 @@ using Q5_K = KQuant4Or5<160>;
 
 struct Q6_K {  // codes: 128 bytes of low nibbles, then 64 of high bit pairs; heads: 16 int8 scales, then float16 d
   static constexpr int64_t kGroup = 16, kSuper = 256;
-  static constexpr bool kMin = false;
+  static constexpr bool kMin = false, kPairs = false;
   static int64_t row_bytes(int64_t depth) { return depth / 256 * 192; }
   static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
     const int64_t half = (k & 255) >> 7, t = (k & 127) >> 5, lane0 = k & 31;  // 128-column half, its quarter
