@@ -1,7 +1,8 @@
 """`wisp bench sweep linear`: a preset's dense projections timed both ways on the GPU: `rows.linear` (cuBLAS on
 16-row tiles, one launch a tile) against `triton_linear` (one launch), at one-token decode and prefill row
 counts, for the default tile and a sweep of tiles (one tile serves every row count of a weight: a row's bits
-depend on it). Prints a table per weight and saves every timing as JSON.
+depend on it); `triton_linear` also on the weight packed in FP8 blocks and in a GGUF file's Q4_K (its default tile).
+Prints a table per weight and saves every timing as JSON.
 
     wisp bench sweep linear --models olmoe-1b-7b,qwen3-30b-a3b --out linear_sweep.json
 """
@@ -53,10 +54,12 @@ def time_weight(model: str, name: str, n: int, k: int, args) -> list[dict]:
     w = itertools.cycle(ws).__next__  # each call the next copy (graph captures too: one copy per replayed call)
     packed = [Fp8BlockWeight(*quantize_blocks(wi.float())) for wi in ws] if name != "lm_head" else []  # copies too
     p = itertools.cycle(packed).__next__
+    q4 = q4_k_copies(n, k, copies)  # a GGUF file's Q4_K (random codes: times, not values)
+    q = itertools.cycle(q4).__next__
     default = tile_for(n, k, torch.bfloat16)
     print(f"\n{model} {name} [{n}, {k}]  default tile {tuple(default)}  FP8 {tuple(tile_for(n, k, FP8))}")
     print(f"{'rows':>6} {'cuBLAS tiles ms':>16} {'triton ms':>10} {'GB/s':>6} {'FP8 ms':>7} {'GB/s':>6} "
-          f"{'best tile':>24} {'best ms':>8}")
+          f"{'Q4_K ms':>7} {'GB/s':>6} {'best tile':>24} {'best ms':>8}")
     records = []
     for t in args.rows:
         x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
@@ -66,6 +69,8 @@ def time_weight(model: str, name: str, n: int, k: int, args) -> list[dict]:
                  timing="cuda-graph" if t <= args.graph_rows else "launched")
         r["triton_weight_gb_s"] = 2 * n * k / r["triton_ms"] / 1e6  # the weight's bytes over the time: decode's floor
         r["fp8_weight_gb_s"] = n * k * (1 + 4 / 128**2) / r["fp8_ms"] / 1e6 if packed else None
+        r["q4_k_ms"] = ms(lambda: triton_linear(x, q()), t) if q4 else None
+        r["q4_k_weight_gb_s"] = n * k * 144 / 256 / r["q4_k_ms"] / 1e6 if q4 else None
         if not args.no_sweep:
             for tile in tiles():
                 key = ",".join(map(str, tile))
@@ -76,10 +81,26 @@ def time_weight(model: str, name: str, n: int, k: int, args) -> list[dict]:
         timed = {key: v for key, v in r["tiles"].items() if isinstance(v, float)}
         best = min(timed, key=timed.get) if timed else "-"
         fp8 = f"{r['fp8_ms']:>7.4f} {r['fp8_weight_gb_s']:>6.0f}" if packed else f"{'-':>7} {'-':>6}"
+        fp8 += f" {r['q4_k_ms']:>7.4f} {r['q4_k_weight_gb_s']:>6.0f}" if q4 else f" {'-':>7} {'-':>6}"
         print(f"{t:>6} {r['cublas_tiles_ms']:>16.4f} {r['triton_ms']:>10.4f} {r['triton_weight_gb_s']:>6.0f} {fp8} "
               f"{best:>24} {timed.get(best, float('nan')):>8.4f}", flush=True)
         records.append(r)
     return records
+
+
+def q4_k_copies(n: int, k: int, copies: int) -> list:
+    """`copies` random Q4_K `BlockWeight`s [n, k] on the GPU (k a multiple of 256, else none): random codes, heads
+    with finite scales."""
+    from wisp.core.kernels.k_quants import bank_shapes
+    from wisp.core.kernels.quantized_weights import BlockWeight
+    from wisp.models.random_checkpoint import random_k_quant_heads
+
+    if k % 256:
+        return []
+    codes, heads = bank_shapes(n, k, "Q4_K")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return [BlockWeight(torch.randint(0, 256, codes, generator=g, device="cuda", dtype=torch.uint8),
+                        random_k_quant_heads(heads, 0.05, g, "cuda")) for _ in range(copies)]
 
 
 def print_closest_tiles(records: list[dict]) -> None:
