@@ -158,3 +158,44 @@ def test_the_mixtral_problems_replay_as_four_requests():
     for j, sequence in enumerate(trace.sequences()):
         want = sequence.ids.astype(np.int64)[np.arange(200) % sequence.num_tokens]
         assert np.array_equal(np.stack([rows[j] for rows in steps]), want)  # missing cells stay -1: the router's
+
+
+class _Seq(SimpleNamespace):
+    def __len__(self) -> int:
+        return self.length
+
+
+class _Counting(RoutingReplay):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.loads = 0
+
+    def load(self, index) -> None:
+        self.loads += 1
+        super().load(index)
+
+
+def test_the_next_decode_steps_rows_are_loaded_while_a_step_computes_and_kept_only_for_that_step():
+    """`prefetch` (the runner calls it before sampling) queues the rows of the decode step that would follow;
+    `advance` keeps them for exactly that step (the same sequences, a token each, at the prefetched positions) and
+    loads afresh for any other, so every step routes by its own rows either way."""
+    replay = _Counting(TRACE, CFG.moe_layer_ids, CFG.num_experts, CFG.top_k, torch.device("cpu"), 8)
+    replay.active = True
+    a = _Seq(request_id="a", prompt_ids=[0] * 4, num_computed=4, length=5)  # decoding output 0 now
+    replay.advance(_batch([a], [1]))
+    replay.prefetch([a])  # output 1 (position len(a) = 5) while this step computes
+    assert replay.loads == 2 and torch.equal(replay.buf[:1], torch.from_numpy(_own_rows(0, 2)[[1]]))
+    a.num_computed, a.length = 5, 6
+    replay.advance(_batch([a], [1]))  # that step came: nothing loaded again
+    assert replay.loads == 2 and torch.equal(replay.buf[:1], torch.from_numpy(_own_rows(0, 2)[[1]]))
+    replay.prefetch([a])  # output 2, but a second request joins instead
+    b = _Seq(request_id="b", prompt_ids=[0] * 3, num_computed=3, length=4)
+    a.num_computed, a.length = 6, 7
+    replay.advance(_batch([a, b], [1, 1]))
+    assert replay.loads == 4 and torch.equal(replay.buf[:2], torch.from_numpy(np.stack([_own_rows(0, 3)[2],
+                                                                                          _own_rows(1, 1)[0]])))
+    replay.prefetch([a, b])
+    replay.active = False  # now inactive: the prefetched rows are not this step's
+    a.num_computed, b.num_computed = 7, 4
+    replay.advance(_batch([a, b], [1, 1]))
+    assert replay.loads == 6 and (replay.buf[:2] == -1).all()

@@ -67,6 +67,9 @@ class RoutingReplayer(Protocol):
         """The replayed ids [tokens, K] at `layer` (device, int64, unit column stride), -1 where the router's
         choice stands (`ids` is `replayed_or_routed` of these): the route kernel's `override`."""
 
+    def prefetch(self, seqs: list[Sequence]) -> None:
+        """While a step computes: queue the choices of the decode step that would follow (`advance` keeps them)."""
+
 
 @dataclass(frozen=True)
 class ObserverHandle:
@@ -272,9 +275,10 @@ class ModelRunner:
         else:
             self.tokens_prefilled += n
 
-    @staticmethod
-    def sample(seqs: list[Sequence], logits) -> list[int | RequestFailure]:
+    def sample(self, seqs: list[Sequence], logits) -> list[int | RequestFailure]:
         """Each sequence's next token from its logits row, or its RequestFailure if its sampler raised."""
+        if self.replay is not None:  # the next step's replayed routing, queued while the device computes this one's
+            self.replay.prefetch(seqs)
         tokens: list[int | RequestFailure] = []
         try:  # the grammars' masks on the CPU while the device may still be computing the logits
             prepare_masks([s.constraint for s in seqs if isinstance(s.constraint, GrammarConstraint)])

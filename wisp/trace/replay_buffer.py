@@ -92,6 +92,10 @@ class ReplayBuffer:
             self._staged.record()
         self.buf[:n].copy_(torch.index_select(self._device_rows, 0, rows))  # widened to int64 in the copy
 
+    def prefetch(self, seqs) -> None:
+        """While a step computes: the next step's rows, where a replay knows them ahead (`RoutingReplay.prefetch`);
+        here nothing: each step loads its own in `advance`."""
+
     def replayed(self, layer: int, tokens: int) -> torch.Tensor:
         return self.buf[:tokens, self.layer_index[layer]]  # [T, K]
 
