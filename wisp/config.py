@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from wisp.core.kernels.expert_extras import SILU, Activation
+from wisp.core.kernels.fp8_blocks import DEFAULT_BLOCK
 from wisp.core.kernels.gguf_blocks import block_bytes
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
@@ -190,7 +191,7 @@ def packs_projections(cfg: ModelConfig, mode: str, device: torch.device, moe_bac
     load, FP8's in-kernel dequantization cost more than its bytes saved on the H200 (q/k/v of Qwen3-30B-A3B at one
     row 12.0 us against 10.7, at 2048 rows 223 against 129: docs/decisions/dense-projection-tiles-split-k-for-decode.md).
     The values multiplied are the same."""
-    kept = cfg.fp8_block == (128, 128) or cfg.expert_format in ("q8_0", "gguf_blocks")
+    kept = cfg.fp8_block == DEFAULT_BLOCK or cfg.expert_format in ("q8_0", "gguf_blocks")
     return kept and device.type == "cuda" and mode != "resident" and moe_backend == "triton"
 
 

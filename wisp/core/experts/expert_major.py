@@ -46,28 +46,30 @@ class StagingBuffers:
 
     def __init__(self, like: dict[str, torch.Tensor], device: torch.device):
         self.device = torch.device(device)
-        self._banks: dict[tuple, dict[str, torch.Tensor]] = {}
-        self.bank = self.bank_for(like)  # the first layout's
+        self._banks: dict[tuple, tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]] = {}  # bank, buffers
+        self.bank_for(like)  # the first layout's, allocated now
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.free_after: list[torch.cuda.Event | None] = [None, None]
         self.turn = 0
 
     def bank_for(self, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The [2, ...] tensors for experts laid out as `like`'s (a bank or a layer's masters, [N, ...] per tensor)."""
-        key = tuple((name, tuple(t.shape[1:]), t.dtype) for name, t in like.items())
-        if key not in self._banks:
-            self._banks[key] = {name: torch.empty((self.rows, *shape), dtype=dtype, device=self.device)
-                                for name, shape, dtype in key}
-        return self._banks[key]
+        return self._layout(like)[0]
 
     def buffers_for(self, like: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         """`bank_for(like)` as its two buffers, each a dict of one expert's tensors."""
-        bank = self.bank_for(like)
-        return [{name: t[i] for name, t in bank.items()} for i in range(self.rows)]
+        return self._layout(like)[1]
+
+    def _layout(self, like: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
+        key = tuple((name, tuple(t.shape[1:]), t.dtype) for name, t in like.items())
+        if key not in self._banks:
+            bank = {name: torch.empty((self.rows, *shape), dtype=dtype, device=self.device) for name, shape, dtype in key}
+            self._banks[key] = bank, [{name: t[i] for name, t in bank.items()} for i in range(self.rows)]
+        return self._banks[key]
 
     @property
     def device_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for bank in self._banks.values() for t in bank.values())
+        return sum(t.numel() * t.element_size() for bank, _ in self._banks.values() for t in bank.values())
 
     def take(self) -> int:
         """The index of the buffer to fill next (they alternate)."""

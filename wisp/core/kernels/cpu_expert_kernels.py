@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from wisp.core.kernels.expert_extras import SILU, Activation, ExpertExtras, extras_at, extras_of
 from wisp.core.bank_keys import DOWN, GATE_UP
 from wisp.core.kernels.moe import expert_mlp
-from wisp.core.kernels.quantized_weights import dequantize_expert, weight_format
+from wisp.core.kernels.quantized_weights import GGUF_BLOCK_FORMATS, dequantize_expert, weight_format
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,6 @@ def rows_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = N
 
 
 NATIVE_FORMATS = ("plain", "fp8", "mxfp4", "q8_0", "q4_k", "q5_k", "q6_k")  # `weight_format`s it reads (plain: bf16)
-GGUF_BLOCK_FORMATS = ("q8_0", "q4_k", "q5_k", "q6_k")  # a GGUF file's: gate_up and down may differ among these
 
 
 def _reads(w: torch.Tensor, scale: torch.Tensor | None) -> bool:

@@ -26,12 +26,9 @@ from wisp.core.kernels.k_quants import dequantize_k_quant, format_of_codes
 from wisp.core.kernels.mxfp4 import dequantize_mxfp4
 from wisp.core.kernels.q8_0 import dequantize_q8_0
 
-QUANTIZED = ("fp8", "mxfp4", "q8_0", "q4_k", "q5_k", "q6_k")  # `weight_format`'s names of quantized formats
-
-
 def weight_format(weight: torch.Tensor, scale: torch.Tensor | None) -> str:
-    """One weight's format (an expert's, or a bank's with its leading [N]): "plain" without a scale, else one of
-    QUANTIZED. Raises ValueError for a pairing no format stores."""
+    """One weight's format (an expert's, or a bank's with its leading [N]): "plain" without a scale, else "fp8",
+    "mxfp4" or one of GGUF_BLOCK_FORMATS. Raises ValueError for a pairing no format stores."""
     if scale is None:
         return "plain"
     if weight.dtype == FP8 and scale.dtype == torch.float32:
@@ -64,6 +61,9 @@ def dequantize_weight(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dt
     return dequantize_k_quant(weight, scale, dtype)
 
 
+GGUF_BLOCK_FORMATS = ("q8_0", "q4_k", "q5_k", "q6_k")  # `weight_format`s of a GGUF file's block formats
+
+
 def dequantize_expert(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras, dtype: torch.dtype):
     """(gate_up, down) as plain weights: as they are without scales, else dequantized to `dtype`. extras: an
     `ExpertExtras` (or None)."""
@@ -71,9 +71,6 @@ def dequantize_expert(w_gate_up: torch.Tensor, w_down: torch.Tensor, extras, dty
     if scales is None:
         return w_gate_up, w_down
     return dequantize_weight(w_gate_up, scales[0], dtype), dequantize_weight(w_down, scales[1], dtype)
-
-
-GGUF_BLOCK_FORMATS = ("q8_0", "q4_k", "q5_k", "q6_k")  # `weight_format`s of a GGUF file's block formats
 
 
 class BlockWeight(NamedTuple):

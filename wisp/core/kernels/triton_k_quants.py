@@ -18,12 +18,7 @@ import triton
 import triton.language as tl
 
 from wisp.core.kernels.triton_interpreter import dot_cols, dot_rows, rounded
-
-Q4_K, Q5_K, Q6_K = 4, 5, 6  # `triton_moe._weight_tile`'s FMT codes of the k-quants
-CODE_BYTES = {Q4_K: 128, Q5_K: 160, Q6_K: 192}  # bytes of codes a super-block of 256 (`k_quants.K_QUANTS`)
-HEAD_BYTES = {Q4_K: 16, Q5_K: 16, Q6_K: 18}
-STEP = 32  # columns a step
-
+from wisp.core.kernels.triton_mxfp4 import first_last
 
 @triton.jit
 def _f16(p, ok):
@@ -39,16 +34,11 @@ def _byte(p, ok):
 
 
 @triton.jit
-def _first_last(t):
-    """A tile [R, 2H] -> its first H columns and its last H (in registers)."""
-    return tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, t.shape[1] // 2)), (0, 2, 1)))
-
-
-@triton.jit
 def _places(w, sc, rows, col0, COLS: tl.constexpr, FMT: tl.constexpr):
-    """Where the super-block holding column col0 lies for each row: its codes [rows, 1] and its heads [rows]."""
-    code_bytes = 128 + 32 * (FMT - 4)  # CODE_BYTES[FMT]
-    head_bytes = 16 + 2 * (FMT // 6)  # HEAD_BYTES[FMT]
+    """Where the super-block holding column col0 lies for each row: its codes [rows, 1] and its heads [rows]. FMT:
+    `triton_weight_tiles.FORMAT_IDS`' 4, 5, 6 for Q4_K, Q5_K, Q6_K (their widths: `k_quants.K_QUANTS`)."""
+    code_bytes = 128 + 32 * (FMT - 4)  # 128, 160, 192
+    head_bytes = 16 + 2 * (FMT // 6)  # 16, 16, 18
     g = col0 // 256
     codes = w + rows.to(tl.int64)[:, None] * (COLS // 256 * code_bytes) + g * code_bytes
     return codes, sc + rows.to(tl.int64) * (COLS // 256 * head_bytes) + g * head_bytes
@@ -129,7 +119,7 @@ def _chunk(acc, a_ptr, a_off, a_ok, col0, COLS: tl.constexpr, byte, high5, heads
 def _half(acc, a_ptr, a_off, a_ok, col0, COLS: tl.constexpr, low, high, heads, row_ok, n: tl.constexpr,
           ROUND: tl.constexpr, IEEE: tl.constexpr, WFIRST: tl.constexpr):
     """Q6_K: half n's four quarters, its 64 low bytes `low` [rows, 64] and 32 high ones `high` [rows, 32]."""
-    low0, low1 = _first_last(low)  # quarters 0 and 2 read the first 32 bytes, 1 and 3 the last
+    low0, low1 = first_last(low)  # quarters 0 and 2 read the first 32 bytes, 1 and 3 the last
     col = col0 + 128 * n
     acc = _step(acc, a_ptr, a_off, a_ok, col, COLS, _q6_values(low0, high, heads, row_ok, n, 0), ROUND, IEEE, WFIRST)
     acc = _step(acc, a_ptr, a_off, a_ok, col + 32, COLS, _q6_values(low1, high, heads, row_ok, n, 1), ROUND, IEEE,
@@ -153,15 +143,15 @@ def k_quant_super_block(acc, a_ptr, a_off, a_ok, w, sc, rows, row_ok, col0, COLS
     if FMT == 6:
         low = _byte(codes + wide[None, :], row_ok[:, None] & (wide < 128)[None, :])  # [rows, 128]: each half's 64
         high = _byte(codes + 128 + half[None, :], row_ok[:, None] & (half < 64)[None, :])
-        high0, high1 = _first_last(high)
-        low_n0, low_n1 = _first_last(low)
+        high0, high1 = first_last(high)
+        low_n0, low_n1 = first_last(low)
         acc = _half(acc, a_ptr, a_off, a_ok, col0, COLS, low_n0, high0, heads, row_ok, 0, ROUND, IEEE, WFIRST)
         acc = _half(acc, a_ptr, a_off, a_ok, col0, COLS, low_n1, high1, heads, row_ok, 1, ROUND, IEEE, WFIRST)
     else:
         byte = _byte(codes + 32 * (FMT - 4) + wide[None, :], row_ok[:, None] & (wide < 128)[None, :])  # [rows, 128]
-        b01, b23 = _first_last(byte)
-        b0, b1 = _first_last(b01)
-        b2, b3 = _first_last(b23)
+        b01, b23 = first_last(byte)
+        b0, b1 = first_last(b01)
+        b2, b3 = first_last(b23)
         high5 = b0  # (unread but for Q5_K)
         if FMT == 5:  # one 32-byte load of fifth bits serves every sub-block
             lane = tl.arange(0, 32)

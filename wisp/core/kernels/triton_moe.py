@@ -19,7 +19,7 @@ bit; a prefill chunk's tokens get the bits they get alone), and decode and prefi
 Weights may be pinned host tensors (zero-copy mode): they are read in place over PCIe through UVA
 (`wisp.core.kernels.uva`), with the same arithmetic, so the bits match a device copy.
 
-Quantized weights are dequantized in-kernel (`_weight_tile`), reading only their packed bytes and scales:
+Quantized weights are dequantized in-kernel (`triton_weight_tiles.weight_tile`), reading only their packed bytes and scales:
 FP8 block-scaled (`wisp.core.kernels.fp8_blocks`) and Q8_0 (`wisp.core.kernels.q8_0`: int8 codes, a float16 scale
 per 32 columns): each element times its block's scale in float32, rounded to
 hidden's dtype (`wisp.core.kernels.triton_interpreter.rounded`, to nearest even); MXFP4 (`wisp.core.kernels.mxfp4`): codes and power-of-two
@@ -237,7 +237,7 @@ WIDE = (2, 4, 5, 6)  # formats whose banks read in place load `Blocks.loads` ste
 
 
 def _format(weight: torch.Tensor, scale: torch.Tensor | None, hidden: torch.Tensor) -> int:
-    """`_weight_tile`'s FMT for one role's weights (`wisp.core.kernels.quantized_weights.weight_format`); plain
+    """`weight_tile`'s FMT for one role's weights (`wisp.core.kernels.quantized_weights.weight_format`); plain
     weights must be in hidden's dtype."""
     fmt = FORMAT_IDS[weight_format(weight, scale)]
     if fmt == 0 and weight.dtype != hidden.dtype:

@@ -43,7 +43,7 @@ def _mxfp4_decoded(byte, s, ROUND: tl.constexpr):
 
 
 @triton.jit
-def _first_last(t):
+def first_last(t):
     """A tile [R, 2H] -> its first H columns and its last H (in registers)."""
     return tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, t.shape[1] // 2)), (0, 2, 1)))
 
@@ -62,8 +62,8 @@ def _two_steps(acc, a_ptr, a_off, a_ok, col0, COLS: tl.constexpr, BLOCK_C: tl.co
                ROUND: tl.constexpr, IEEE: tl.constexpr, WFIRST: tl.constexpr):
     """acc + the two BLOCK_C-column steps from col0 whose bytes and scales [rows, BLOCK_C] were loaded as one tile,
     in turn (`_mxfp4_step`); the second skipped where it starts past COLS."""
-    b0, b1 = _first_last(byte)
-    s0, s1 = _first_last(s)
+    b0, b1 = first_last(byte)
+    s0, s1 = first_last(s)
     acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b0, s0, ROUND, IEEE, WFIRST)
     if col0 + BLOCK_C < COLS:
         acc = _mxfp4_step(acc, a_ptr, a_off, a_ok, col0 + BLOCK_C, COLS, BLOCK_C, b1, s1, ROUND, IEEE, WFIRST)
@@ -84,8 +84,8 @@ def mxfp4_steps(acc, a_ptr, a_off, a_ok, w, sc, rows, w_ok, col0, COLS: tl.const
         acc = _two_steps(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, byte, s, ROUND, IEEE, WFIRST)
     else:
         tl.static_assert(LOADS == 4)
-        b01, b23 = _first_last(byte)
-        s01, s23 = _first_last(s)
+        b01, b23 = first_last(byte)
+        s01, s23 = first_last(s)
         acc = _two_steps(acc, a_ptr, a_off, a_ok, col0, COLS, BLOCK_C, b01, s01, ROUND, IEEE, WFIRST)
         if col0 + 2 * BLOCK_C < COLS:
             acc = _two_steps(acc, a_ptr, a_off, a_ok, col0 + 2 * BLOCK_C, COLS, BLOCK_C, b23, s23, ROUND, IEEE, WFIRST)
