@@ -1,7 +1,8 @@
 """Hybrid's native CPU kernel on k-quant experts kept packed (Q4_K, Q5_K, Q6_K): its documented order bit for bit (per
-sub-block, the codes' products with x summed in 16 lanes from zero, times d * scale, then less the sub-block's x summed
-in the lanes times dmin * min), every weight the `gguf` package's value, an expert whose gate_up and down are in two
-types (a Q4_K_M file's), and bits that do not depend on the thread count."""
+sub-block, the codes' products with x summed in 16 lanes from zero, times d * scale, added to the lanes' running sum;
+for Q4_K and Q5_K, beside it in 8 lanes, each super-block's dmin * min times its sub-blocks' sums of x, subtracted
+once both are folded), every weight the `gguf` package's value, an expert whose gate_up and down are in two types (a
+Q4_K_M file's), and bits that do not depend on the thread count."""
 
 from __future__ import annotations
 
@@ -49,25 +50,32 @@ def parts(raw: torch.Tensor, qtype: str) -> tuple[torch.Tensor, torch.Tensor, to
     return q.reshape(n, -1).float(), scales.reshape(n, -1), mins.reshape(n, -1), 32
 
 
+def fold(lanes: torch.Tensor) -> torch.Tensor:
+    """The last dimension's lanes summed pairwise: (l, l + half) for half = n / 2, ..., 1."""
+    half = lanes.shape[-1] // 2
+    while half:
+        lanes = lanes[..., :half] + lanes[..., half : 2 * half]
+        half //= 2
+    return lanes[..., 0]
+
+
 def in_order(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, group: int):
-    """The kernel's order, one IEEE float32 operation at a time (see the module docstring); then the lanes folded 8,
-    4, 2, 1."""
+    """The kernel's order, one IEEE float32 operation at a time (see the module docstring)."""
     m, k = x.shape
     products = x[:, None, :] * q[None, :, :]  # [M, N, K]
     acc = torch.zeros((m, q.shape[0], LANES))
     for g, start in enumerate(range(0, k, group)):
-        part, x_sum = torch.zeros_like(acc), torch.zeros((m, 1, LANES))
+        part = torch.zeros_like(acc)
         for step in range(start, start + group, LANES):
             part = part + products[:, :, step : step + LANES]
-            x_sum = x_sum + x[:, None, step : step + LANES]
         acc = acc + part * scales[None, :, g, None]
-        if mins is not None:
-            acc = acc - x_sum * mins[None, :, g, None]
-    half = LANES // 2
-    while half:
-        acc = acc[..., :half] + acc[..., half : 2 * half]
-        half //= 2
-    return acc[..., 0]
+    if mins is None:
+        return fold(acc)
+    x_sums = fold(x.view(m, -1, 2, LANES)[:, :, 0] + x.view(m, -1, 2, LANES)[:, :, 1])  # [M, K / 32]
+    min_acc = torch.zeros((m, q.shape[0], 8))
+    for s in range(0, k // group, 8):  # lane j: sub-block j of each super-block
+        min_acc = min_acc + mins[None, :, s : s + 8] * x_sums[:, None, s : s + 8]
+    return fold(acc) - fold(min_acc)
 
 
 # rows' codes shorter than a page (page-strided blocks) or longer, whole spans and remainders

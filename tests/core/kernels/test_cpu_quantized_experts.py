@@ -68,10 +68,15 @@ def code_values_and_scales(fmt: str, w: torch.Tensor, scale: torch.Tensor) -> tu
     return w.float(), scale.float(), 32
 
 
-def grouped_lanes_in_order(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+def grouped_lanes_in_order(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group: int,
+                           paired: bool = False) -> torch.Tensor:
     """The kernel's order for quantized weights, one IEEE float32 operation at a time: per group of columns, the
     products x * code summed in 16 lanes from zero, times the group's scale, added to the running lanes; then the
-    lanes folded 8, 4, 2, 1."""
+    lanes folded 8, 4, 2, 1. Lane l takes columns l, l + 16, ... of a group, or where `paired` (MXFP4, whose byte
+    holds two codes) its columns 2l, then 2l + 1."""
+    if paired:  # a group's even columns, then its odd ones
+        order = torch.arange(x.shape[1]).view(-1, LANES, 2).transpose(1, 2).reshape(-1)
+        x, codes = x[:, order], codes[:, order]
     m, k = x.shape
     products = x[:, None, :] * codes[None, :, :]  # [M, N, K]
     acc = torch.zeros((m, codes.shape[0], LANES))
@@ -135,7 +140,7 @@ def test_a_quantized_weight_computes_its_documented_order_bit_for_bit(fmt, m, n,
     w, scale = QUANTIZED[fmt](n, k, g)
     x = torch.randn((m, k), generator=g)
     out = rows_matmul(x, w, scale)
-    assert torch.equal(out, grouped_lanes_in_order(x, *code_values_and_scales(fmt, w, scale)))
+    assert torch.equal(out, grouped_lanes_in_order(x, *code_values_and_scales(fmt, w, scale), paired=fmt == "mxfp4"))
     exact = x.double() @ dequantize_weight(w, scale, torch.float64 if fmt != "fp8" else torch.float32).double().T
     bound = (x.double().abs() @ dequantize_weight(w, scale, torch.float32).double().abs().T) * (k + 2) * 2 ** -23
     assert ((out.double() - exact).abs() <= bound).all()

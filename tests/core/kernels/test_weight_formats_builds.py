@@ -1,5 +1,5 @@
-"""The native CPU kernel's weight formats (wisp/core/kernels/native/weight_formats.h) widen every code to the same
-bits whatever the build: AVX-512, AVX2 with F16C, baseline x86-64 (SSE2) and the plain loops other CPUs compile
+"""The native CPU kernel's weight formats (wisp/core/kernels/native/weight_formats.h, k_quant_formats.h) widen every
+code, and decode the k-quants' factors, to the same bits whatever the build: AVX-512, AVX2 with F16C, baseline x86-64 (SSE2) and the plain loops other CPUs compile
 (WISP_GENERIC_WIDEN), each one compiled here from the header and run where this CPU can; and those bits are the
 formats' own values (torch's float8_e4m3fn, the e2m1 table, int8)."""
 
@@ -56,7 +56,7 @@ def dumps(tmp_path_factory) -> dict[str, str]:
 
 def test_every_build_widens_every_code_to_the_same_bits(dumps):
     reference = dumps["generic loops"]
-    assert len(reference.splitlines()) == 256 + 5 + 3 * 256
+    assert len(reference.splitlines()) == 256 + 5 + 3 * 256 + 8 + 8 + 16
     for name, dump in dumps.items():
         assert dump == reference, name
 
@@ -92,3 +92,26 @@ def test_the_k_quants_codes_are_their_values(dumps):
         want = parts(raw[None], qtype)[0][0]
         got = torch.tensor([int(r[1], 16) for r in rows if r[0] == qtype.lower()], dtype=torch.int64).to(torch.int32)
         assert torch.equal(got.view(torch.float32), want), qtype
+
+
+def test_the_k_quants_factors_are_their_values(dumps):
+    """A head of bytes (11 i + 5) mod 256 with d (and dmin) 0.1: each sub-block's d * scale (and dmin * min) as the
+    kernel decodes them is the reference decomposition's."""
+    from tests.core.kernels.test_cpu_k_quants import parts
+    from wisp.core.kernels.k_quants import K_QUANTS
+
+    def read(name: str) -> torch.Tensor:
+        bits = [int(r[1], 16) for r in (line.split() for line in dumps["generic loops"].splitlines()) if r[0] == name]
+        return torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+
+    for qtype in ("Q4_K", "Q6_K"):
+        k = K_QUANTS[qtype]
+        head = (torch.arange(18) * 11 + 5).to(torch.uint8)  # the dump's 18 bytes: a Q4_K head is the first 16
+        head[[0, 2, 16]], head[[1, 3, 17]] = 0x66, 0x2E
+        head = head[: k.head_bytes]
+        raw = torch.zeros(k.block_bytes, dtype=torch.uint8)
+        raw[slice(*k.heads)] = head
+        _, scales, mins, _ = parts(raw[None], qtype)
+        assert torch.equal(read(f"{qtype.lower()}_scale"), scales[0]), qtype
+        if mins is not None:
+            assert torch.equal(read(f"{qtype.lower()}_min"), mins[0]), qtype

@@ -57,8 +57,8 @@ from wisp.core.kernels.quantized_weights import GGUF_BLOCK_FORMATS, dequantize_e
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "cpu_experts.cpp"
-HEADERS = tuple(SOURCE.with_name(h) for h in ("weight_formats.h", "expert_activation.h", "checked_weights.h"))  # hashed
-# into a flag
+HEADERS = tuple(SOURCE.with_name(h) for h in ("weight_formats.h", "k_quant_formats.h", "row_dots.h",
+                                                 "expert_activation.h", "checked_weights.h"))  # hashed into a flag
 LANES = 16  # the kernel's sum runs in 16 lanes: K must be a multiple
 
 

@@ -1,6 +1,6 @@
 // The native kernel's weights as the ops receive them (cpu_experts.cpp): which format each tensor pair is (a weight's
 // dtype, and for uint8 codes the widths that tell MXFP4 and the k-quants apart: wisp.core.kernels.quantized_weights),
-// its shape checked, as a Matrix the format's reader reads (weight_formats.h); one expert's two roles in one format,
+// its shape checked, as a Matrix the format's reader reads (weight_formats.h, k_quant_formats.h); one expert's two roles in one format,
 // or each in one of a GGUF file's block formats.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "k_quant_formats.h"
 #include "weight_formats.h"
 
 namespace wisp_cpu {
@@ -121,6 +122,20 @@ inline void check_role_formats(Format gate_up, Format down) {
   TORCH_CHECK(gate_up == down || (gguf_block(gate_up) && gguf_block(down)), "gate_up and down in one format, or each "
               "in Q8_0, Q4_K, Q5_K or Q6_K; got ", format_name(gate_up), " and ", format_name(down));
 }
+
+template <class Fn>
+void with_format(Format format, Fn&& fn) {  // fn(F{}) for the format's reader F
+  switch (format) {
+    case Format::kBf16: fn(Bf16{}); break;
+    case Format::kFp8: fn(Fp8{}); break;
+    case Format::kMxfp4: fn(Mxfp4{}); break;
+    case Format::kQ8_0: fn(Q8_0{}); break;
+    case Format::kQ4_K: fn(Q4_K{}); break;
+    case Format::kQ5_K: fn(Q5_K{}); break;
+    case Format::kQ6_K: fn(Q6_K{}); break;
+  }
+}
+
 
 template <class Fn>
 void with_formats(Format gate_up, Format down, Fn&& fn) {  // fn(G{}, D{}) for the two roles' readers

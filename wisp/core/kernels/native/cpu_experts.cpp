@@ -1,9 +1,11 @@
 // out[m, n] = sum_k x[m, k] * w[n, k]: float32 rows x [M, K] against a weight w [N, K] as its bank keeps it (bf16,
-// or FP8 / MXFP4 / Q8_0 / k-quant codes beside their scales: weight_formats.h), float32 out [M, N], for groups of rows each
+// or FP8 / MXFP4 / Q8_0 / k-quant codes beside their scales: weight_formats.h, k_quant_formats.h), float32 out
+// [M, N], for groups of rows each
 // against its own w (a layer's CPU experts). Hybrid mode's CPU expert kernel (wisp.core.kernels.cpu_expert_kernels).
 // A quantized weight is read packed (1 byte a weight for FP8, 17/32 for MXFP4, 17/16 for Q8_0, not bf16's 2): its
 // codes widened to their exact values in registers, and each group of columns sharing a scale summed apart, then
-// scaled (block_dot): the exact dequantized weights' products, regrouped, with no rounding of the weights.
+// scaled (row_dots.h's block_dot): the exact dequantized weights' products, regrouped, with no rounding of the
+// weights.
 //
 // At a decode step's few rows it is bound by reading w, so it reads each weight once for all M rows, kBlock weight
 // rows at a time (independent streams and sums in registers). The kBlock rows of a block lie in kBlock different
@@ -11,10 +13,9 @@
 // block's P passes covering the P x kBlock rows between. The CPU's L2 prefetcher follows one stream a page; two rows
 // of one page read side by side defeat it (docs/decisions/cpu-kernel-reads-rows-a-page-apart.md).
 // Threads come from ATen's pool (at::parallel_for; the library links the OpenMP runtime torch loaded), the same team
-// as torch's own CPU kernels; they claim the work a few blocks at a time rather than in fixed shares. Each sum over
-// k runs in 16 lanes (lane l takes k = l mod 16) folded pairwise (8, 4, 2, 1) at the end, compiled without
-// contraction into FMAs: the bits are the same on every x86 CPU whatever its SIMD width, and whichever rows share a
-// block (an output is one row's sum alone).
+// as torch's own CPU kernels; they claim the work a few blocks at a time rather than in fixed shares. Each output is
+// one row's sum alone, in row_dots.h's fixed order, compiled without contraction into FMAs: the bits are the same on
+// every x86 CPU whatever its SIMD width, whatever the thread count, and whichever rows share a block.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -29,6 +30,7 @@
 
 #include "checked_weights.h"
 #include "expert_activation.h"
+#include "row_dots.h"
 #include "weight_formats.h"
 
 namespace {
@@ -42,85 +44,6 @@ constexpr int64_t kBlock = 8;  // 8 sums of 16 lanes: 8 of the 32 vector registe
 constexpr int64_t kBlock = 4;  // 16 lanes are two registers of 8 here: 8 sums would spill
 #endif
 
-inline Lanes load_float(const float* x) {
-  Lanes value;
-  std::memcpy(&value, x, sizeof(value));
-  return value;
-}
-
-inline float fold(Lanes acc) {  // lanes (l, l + half) summed, half = 8, 4, 2, 1
-  float lanes[kLanes];
-  std::memcpy(lanes, &acc, sizeof(lanes));
-  for (int64_t half = kLanes / 2; half > 0; half /= 2)
-    for (int64_t l = 0; l < half; ++l) lanes[l] += lanes[l + half];
-  return lanes[0];
-}
-
-// Count outputs for one x row: weight rows row, row + stride, ... streamed at once, their sums in registers. A
-// quantized format's sum runs group by group: each group's products of codes (exact values) and x summed in the 16
-// lanes from zero, then times the group's scale, then added to the running sum (acc += scale * partial); a format
-// with mins (Q4_K, Q5_K) then subtracts the group's x summed in the lanes times its min (acc -= min * x_sum).
-template <class F, int64_t Count>
-inline void block_dot(const Matrix& w, int64_t row, int64_t stride, const float* x, int64_t depth, float* out) {
-  Lanes acc[Count] = {};
-  if constexpr (F::kGroup == 0) {
-    for (int64_t k = 0; k < depth; k += kLanes) {
-      const Lanes xs = load_float(x + k);
-      for (int64_t r = 0; r < Count; ++r) acc[r] += F::load(w, row + r * stride, k, depth) * xs;
-    }
-  } else if constexpr (F::kSuper == 0) {
-    for (int64_t group = 0; group < depth; group += F::kGroup) {
-      Lanes part[Count] = {};
-      for (int64_t k = group; k < std::min(group + F::kGroup, depth); k += kLanes) {
-        const Lanes xs = load_float(x + k);
-        for (int64_t r = 0; r < Count; ++r) part[r] += F::codes(w, row + r * stride, k, depth) * xs;
-      }
-      for (int64_t r = 0; r < Count; ++r) acc[r] += part[r] * F::scale(w, row + r * stride, group, depth);
-    }
-  } else {  // the k-quants: each super-block's factors read once a row, then its groups as above, less their mins
-    constexpr int64_t kGroups = F::kSuper / F::kGroup;
-    float scales[Count][kGroups], mins[Count][kGroups];
-    for (int64_t super = 0; super < depth; super += F::kSuper) {
-      for (int64_t r = 0; r < Count; ++r) F::factors(w, row + r * stride, super, depth, scales[r], mins[r]);
-      if constexpr (F::kPairs) {  // Q4_K, Q5_K: sub-blocks 2m and 2m + 1 from one load of their code bytes, each
-        for (int64_t g = 0; g < kGroups; g += 2) {  // summed and applied in the same order as one at a time
-          Lanes low[Count] = {}, high[Count] = {}, x_low = {}, x_high = {};
-          for (int64_t k = super + g * F::kGroup; k < super + (g + 1) * F::kGroup; k += kLanes) {
-            const Lanes xs_low = load_float(x + k), xs_high = load_float(x + k + F::kGroup);
-            x_low += xs_low;
-            x_high += xs_high;
-            for (int64_t r = 0; r < Count; ++r) {
-              Lanes a, b;
-              F::code_pair(w, row + r * stride, k, depth, a, b);
-              low[r] += a * xs_low;
-              high[r] += b * xs_high;
-            }
-          }
-          for (int64_t r = 0; r < Count; ++r) {
-            acc[r] += low[r] * scales[r][g];
-            acc[r] -= x_low * mins[r][g];
-            acc[r] += high[r] * scales[r][g + 1];
-            acc[r] -= x_high * mins[r][g + 1];
-          }
-        }
-        continue;
-      }
-      for (int64_t g = 0; g < kGroups; ++g) {
-        Lanes part[Count] = {}, x_sum = {};
-        for (int64_t k = super + g * F::kGroup; k < super + (g + 1) * F::kGroup; k += kLanes) {
-          const Lanes xs = load_float(x + k);
-          if constexpr (F::kMin) x_sum += xs;
-          for (int64_t r = 0; r < Count; ++r) part[r] += F::codes(w, row + r * stride, k, depth) * xs;
-        }
-        for (int64_t r = 0; r < Count; ++r) acc[r] += part[r] * scales[r][g];
-        if constexpr (F::kMin)
-          for (int64_t r = 0; r < Count; ++r) acc[r] -= x_sum * mins[r][g];
-      }
-    }
-  }
-  for (int64_t r = 0; r < Count; ++r) out[r * stride] = fold(acc[r]);
-}
-
 // Group e's rows x[offsets[e] : offsets[e + 1]] [., depth] against its weights weights[e] [n_out, depth] into
 // out's same rows [., n_out], in one parallel region (one wake-up of the team for all groups).
 template <class F>
@@ -132,6 +55,12 @@ void grouped_rows(const float* xs, const std::vector<Matrix>& weights, const std
   const int64_t per_matrix = spans + (rest > 0), items = per_matrix * int64_t(weights.size());
   // Each thread of the team claims kClaim items at a time until none are left: a thread the OS delays, or
   // one sharing its core with the CUDA driver, holds up only its last claim, not a fixed share of the work.
+  std::vector<float> x_sums, paired;  // a k-quant's sub-block sums of x; MXFP4's x, even columns first: once a call
+  if constexpr (F::kGroup != 0) {
+    if constexpr (F::kSuper != 0 && F::kMin) x_sums = sub_block_sums(xs, offsets.back(), depth);
+    if constexpr (F::kSuper == 0 && F::kPairs) xs = (paired = paired_columns(xs, offsets.back(), depth)).data();
+  }
+  const auto sums_of = [&](int64_t m) { return x_sums.empty() ? nullptr : x_sums.data() + m * (depth / 32); };
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (int64_t begin; (begin = next.fetch_add(kClaim, std::memory_order_relaxed)) < items;) {
@@ -140,11 +69,11 @@ void grouped_rows(const float* xs, const std::vector<Matrix>& weights, const std
         for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
           float* o = outs + m * n_out + n;
           if (n + span > n_out) {  // the matrix's last rows, one at a time
-            for (int64_t r = 0; r < rest; ++r) block_dot<F, 1>(weights[e], n + r, 1, xs + m * depth, depth, o + r);
+            for (int64_t r = 0; r < rest; ++r) block_dot<F, 1>(weights[e], n + r, 1, xs + m * depth, sums_of(m), depth, o + r);
             continue;
           }
           for (int64_t pass = 0; pass < per_page; ++pass)
-            block_dot<F, kBlock>(weights[e], n + pass, per_page, xs + m * depth, depth, o + pass);
+            block_dot<F, kBlock>(weights[e], n + pass, per_page, xs + m * depth, sums_of(m), depth, o + pass);
         }
       }
     }

@@ -1,7 +1,8 @@
 // Weight formats as hybrid's native CPU kernel reads them (cpu_experts.cpp): 16 weights of a row at a time, plain
 // bf16 widened to float32, or a quantized format's codes widened to their exact float32 values (FP8 e4m3fn, MXFP4's
-// e2m1, Q8_0's int8) beside the float32 scale of their group of columns (wisp.core.kernels.quantized_weights). Exact
-// conversions only, so the same values on every CPU and SIMD width (FP8's NaN codes excepted: see fp8_values).
+// e2m1, Q8_0's int8) beside the float32 scale of their group of columns (wisp.core.kernels.quantized_weights; the
+// k-quants: k_quant_formats.h). Exact conversions only, so the same values on every CPU and SIMD width (FP8's NaN
+// codes excepted: see fp8_values).
 #pragma once
 
 // x86-64 widens bytes with SSE/AVX intrinsics where the build's -march has them; elsewhere (or with
@@ -80,21 +81,10 @@ inline Words widen_bytes(__m128i b) {
 }
 
 inline Words widen_bytes(const uint8_t* p) { return widen_bytes(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-
-inline Words widen_byte_pairs(const uint8_t* p) {  // 8 bytes from p, byte j in lanes 2j and 2j + 1
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return widen_bytes(_mm_unpacklo_epi8(b, b));
-}
 #else
 inline Words widen_bytes(const uint8_t* p) {
   Words w;
   for (int64_t l = 0; l < kLanes; ++l) w[l] = p[l];
-  return w;
-}
-
-inline Words widen_byte_pairs(const uint8_t* p) {  // 8 bytes from p, byte j in lanes 2j and 2j + 1
-  Words w;
-  for (int64_t l = 0; l < kLanes; ++l) w[l] = p[l / 2];
   return w;
 }
 #endif
@@ -139,17 +129,17 @@ inline bool any_fp8_nan(const uint8_t* codes, int64_t n) {
   return (seen & 0x80u) != 0;
 }
 
-// 16 e2m1 codes from 8 bytes (the even element in the low nibble) -> their float32 values, exactly: with AVX-512
-// a lookup in the 16 values (one permute); otherwise built from the bits: magnitude codes 0 and 1 are 0 and 0.5;
-// 2-7 (1, 1.5, 2, 3, 4, 6) have exponent (m >> 1) - 1 and mantissa bit m & 1; bit 3 the sign
-inline Lanes e2m1_values(const uint8_t* codes) {
-  const Words c = (widen_byte_pairs(codes) >> (Words){0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4}) & 0xFu;
-#ifdef WISP_AVX512_WIDEN  // the 16 codes' values are one register: a lookup is one permute
+// 16 e2m1 codes, each in the low 4 bits of its lane (the bits above are ignored) -> their float32 values, exactly:
+// with AVX-512 a lookup in the 16 values (one permute, which reads only the index's low 4 bits); otherwise built from
+// the bits: magnitude codes 0 and 1 are 0 and 0.5; 2-7 (1, 1.5, 2, 3, 4, 6) have exponent (m >> 1) - 1 and mantissa
+// bit m & 1; bit 3 the sign
+inline Lanes e2m1_values(Words codes) {
+#ifdef WISP_AVX512_WIDEN
   const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-  return (Lanes)_mm512_permutexvar_ps((__m512i)c, table);
+  return (Lanes)_mm512_permutexvar_ps((__m512i)codes, table);
 #else
-  const Words m = c & 7u;
+  const Words c = codes & 0xFu, m = c & 7u;
   const Words small = (Words)(m < 2u);
   const Words normal = (((m >> 1) + 126u) << 23) | ((m & 1u) << 22);
   return as_lanes((normal & ~small) | (small & (m * 0x3F000000u)) | ((c & 8u) << 28));  // 0x3F000000: 0.5
@@ -180,9 +170,9 @@ struct Matrix {
 // A weight format: its codes' bytes a row; for plain weights (kGroup 0) `load`, the 16 weights of row `row` from
 // column k (a multiple of 16) as float32; for quantized ones `codes`, the 16 codes' exact values there, and `scale`,
 // the float32 factor of the kGroup columns from k (a multiple of kGroup) of that row (the kernel multiplies a
-// group's partial sums by it, not each weight). The k-quants (kSuper 256) give instead, once a super-block of a row,
-// `factors`: each of its groups' scale and, where kMin, min, the float32 the group's values are offset by (value =
-// scale * code - min: the kernel subtracts min times the group's sum of x).
+// group's partial sums by it, not each weight). The k-quants (kSuper 256: k_quant_formats.h) give instead, once a
+// super-block of a row, `factors`: each of its groups' scale and, where kMin, min, the float32 the group's values
+// are offset by (value = scale * code - min: the kernel subtracts min times the group's sum of x).
 struct Bf16 {
   static constexpr int64_t kGroup = 0;
   static int64_t row_bytes(int64_t depth) { return 2 * depth; }
@@ -193,7 +183,7 @@ struct Bf16 {
 
 struct Fp8 {  // codes float8_e4m3fn [N, K] (no NaN: `fp8_values`), scales float32 [ceil(N / 128), ceil(K / 128)]
   static constexpr int64_t kGroup = 128;
-  static constexpr bool kMin = false;
+  static constexpr bool kMin = false, kPairs = false;
   static constexpr int64_t kSuper = 0;
   static int64_t row_bytes(int64_t depth) { return depth; }
   static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
@@ -204,13 +194,18 @@ struct Fp8 {  // codes float8_e4m3fn [N, K] (no NaN: `fp8_values`), scales float
   }
 };
 
-struct Mxfp4 {  // codes uint8 [N, K / 32, 16] (two a byte), scales e8m0 [N, K / 32]
+// codes uint8 [N, K / 32, 16] (two a byte: element 2j in byte j's low nibble, 2j + 1 in its high one), scales e8m0
+// [N, K / 32]. A group's 16 bytes are read at once (kPairs), its even elements' values as one 16 lanes and its odd
+// ones' as another: the kernel multiplies them by x's even and odd columns of the group (`paired_columns`).
+struct Mxfp4 {
   static constexpr int64_t kGroup = 32;
-  static constexpr bool kMin = false;
+  static constexpr bool kMin = false, kPairs = true;
   static constexpr int64_t kSuper = 0;
   static int64_t row_bytes(int64_t depth) { return depth / 2; }
-  static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
-    return e2m1_values(w.codes + row * (depth >> 1) + (k >> 1));
+  static void code_pair(const Matrix& w, int64_t row, int64_t k, int64_t depth, Lanes& even, Lanes& odd) {
+    const Words bytes = widen_bytes(w.codes + row * (depth >> 1) + (k >> 1));
+    even = e2m1_values(bytes);
+    odd = e2m1_values(bytes >> 4u);
   }
   static float scale(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
     return power_of_two(w.scales[row * (depth >> 5) + (k >> 5)]);
@@ -219,7 +214,7 @@ struct Mxfp4 {  // codes uint8 [N, K / 32, 16] (two a byte), scales e8m0 [N, K /
 
 struct Q8_0 {  // codes int8 [N, K], scales float16 [N, K / 32]
   static constexpr int64_t kGroup = 32;
-  static constexpr bool kMin = false;
+  static constexpr bool kMin = false, kPairs = false;
   static constexpr int64_t kSuper = 0;
   static int64_t row_bytes(int64_t depth) { return depth; }
   static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
@@ -230,94 +225,7 @@ struct Q8_0 {  // codes int8 [N, K], scales float16 [N, K / 32]
   }
 };
 
-// 16 nibbles: bytes p[0..15] shifted right by `shift` (0 or 4), low 4 bits, as 32-bit lanes
-inline Words nibbles(const uint8_t* p, uint32_t shift) { return (widen_bytes(p) >> shift) & 0xFu; }
-
-inline float f16_value(const uint8_t* p) {  // the little-endian float16 at p, as float32 (exact)
-  return c10::detail::fp16_ieee_to_fp32_value(uint16_t(p[0] | (p[1] << 8)));
-}
-
-// llama.cpp's k-quants, kept packed as codes [N, K / 256, C] and heads [N, K / 256, H] (wisp.core.kernels.k_quants).
-// A super-block of 256 columns has float16 d (Q4_K / Q5_K: and dmin) in its heads and 6-bit (Q6_K: int8) scales of
-// its sub-blocks; a value is (d * scale) * q - dmin * min (Q4_K: q 4 bits; Q5_K: 5) or (d * scale) * (q - 32) (Q6_K: 6
-// bits). The kernel sums a sub-block's q * x in the 16 lanes, then acc += partial * (d * scale) and, where there is a
-// min, acc -= (sum of x over the sub-block) * (dmin * min): exact values, regrouped, like the other formats.
-template <int64_t kCodeBytes>
-struct KQuant4Or5 {  // Q4_K (128 code bytes: nibbles) and Q5_K (160: 32 bytes of fifth bits, then the nibbles)
-  static constexpr int64_t kGroup = 32, kSuper = 256;
-  static constexpr bool kMin = true, kPairs = true;
-  static int64_t row_bytes(int64_t depth) { return depth / 256 * kCodeBytes; }
-  // Sub-blocks 2m and 2m + 1 share their code bytes (low nibbles, high ones): the 16 columns from k (in sub-block
-  // 2m) and the 16 from k + 32, from one load of 16 bytes (`codes`' values, two at a time)
-  static void code_pair(const Matrix& w, int64_t row, int64_t k, int64_t depth, Lanes& low, Lanes& high) {
-    const int64_t j = (k & 255) >> 5, lane0 = k & 31;  // j = 2m
-    const uint8_t* block = w.codes + row * row_bytes(depth) + (k >> 8) * kCodeBytes;
-    const Words bytes = widen_bytes(block + (kCodeBytes - 128) + 16 * j + lane0);
-    Words lo = bytes & 0xFu, hi = (bytes >> 4u) & 0xFu;
-    if constexpr (kCodeBytes == 160) {
-      const Words fifth = widen_bytes(block + lane0);
-      lo |= ((fifth >> uint32_t(j)) & 1u) << 4;
-      hi |= ((fifth >> uint32_t(j + 1)) & 1u) << 4;
-    }
-    low = __builtin_convertvector((Ints)lo, Lanes);
-    high = __builtin_convertvector((Ints)hi, Lanes);
-  }
-  static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
-    const int64_t j = (k & 255) >> 5, lane0 = k & 31;  // the sub-block and where in it the 16 columns start
-    const uint8_t* block = w.codes + row * row_bytes(depth) + (k >> 8) * kCodeBytes;
-    Words q = nibbles(block + (kCodeBytes - 128) + 32 * (j >> 1) + lane0, uint32_t(4 * (j & 1)));
-    if constexpr (kCodeBytes == 160) q |= ((widen_bytes(block + lane0) >> uint32_t(j)) & 1u) << 4;
-    return __builtin_convertvector((Ints)q, Lanes);
-  }
-  // The super-block from column k of row `row`: its 8 sub-blocks' d * scale and dmin * min (llama.cpp's
-  // get_scale_min_k4 unpacks the 6-bit values from the 12 bytes after d and dmin)
-  static void factors(const Matrix& w, int64_t row, int64_t k, int64_t depth, float* scales, float* mins) {
-    const uint8_t* h = w.scales + (row * (depth / 256) + (k >> 8)) * 16;
-    const float d = f16_value(h), dmin = f16_value(h + 2);
-    const uint8_t* q = h + 4;
-    for (int j = 0; j < 4; ++j) {
-      scales[j] = d * float(q[j] & 63);
-      mins[j] = dmin * float(q[j + 4] & 63);
-      scales[j + 4] = d * float((q[j + 8] & 15) | ((q[j] >> 6) << 4));
-      mins[j + 4] = dmin * float((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
-    }
-  }
-};
-using Q4_K = KQuant4Or5<128>;
-using Q5_K = KQuant4Or5<160>;
-
-struct Q6_K {  // codes: 128 bytes of low nibbles, then 64 of high bit pairs; heads: 16 int8 scales, then float16 d
-  static constexpr int64_t kGroup = 16, kSuper = 256;
-  static constexpr bool kMin = false, kPairs = false;
-  static int64_t row_bytes(int64_t depth) { return depth / 256 * 192; }
-  static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
-    const int64_t half = (k & 255) >> 7, t = (k & 127) >> 5, lane0 = k & 31;  // 128-column half, its quarter
-    const uint8_t* block = w.codes + row * row_bytes(depth) + (k >> 8) * 192;
-    const Words low = nibbles(block + 64 * half + 32 * (t & 1) + lane0, uint32_t(4 * (t >> 1)));
-    const Words high = (widen_bytes(block + 128 + 32 * half + lane0) >> uint32_t(2 * t)) & 3u;
-    return __builtin_convertvector((Ints)(low | (high << 4)) - 32, Lanes);
-  }
-  // The super-block's 16 sub-blocks of 16: d * scale (sub-block 8 half + 2 t + lane0 / 16 of `codes`)
-  static void factors(const Matrix& w, int64_t row, int64_t k, int64_t depth, float* scales, float*) {
-    const uint8_t* h = w.scales + (row * (depth / 256) + (k >> 8)) * 18;
-    const float d = f16_value(h + 16);
-    for (int j = 0; j < 16; ++j) scales[j] = d * float(int8_t(h[j]));
-  }
-};
-
+// Every format a reader here or in k_quant_formats.h reads (checked_weights.h dispatches on it)
 enum class Format { kBf16, kFp8, kMxfp4, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
-
-template <class Fn>
-void with_format(Format format, Fn&& fn) {  // fn(F{}) for the format's reader F
-  switch (format) {
-    case Format::kBf16: fn(Bf16{}); break;
-    case Format::kFp8: fn(Fp8{}); break;
-    case Format::kMxfp4: fn(Mxfp4{}); break;
-    case Format::kQ8_0: fn(Q8_0{}); break;
-    case Format::kQ4_K: fn(Q4_K{}); break;
-    case Format::kQ5_K: fn(Q5_K{}); break;
-    case Format::kQ6_K: fn(Q6_K{}); break;
-  }
-}
 
 }  // namespace wisp_cpu

@@ -1,0 +1,158 @@
+// The dot products of weight rows with one x row, in the native kernel's fixed order (cpu_experts.cpp calls
+// block_dot for kBlock rows at a time). Every sum over k runs in 16 lanes and is folded pairwise (8, 4, 2, 1) at the
+// end: plain weights' lane l takes columns l, l + 16, ...; a quantized format's groups of columns that share a scale
+// are summed apart, then scaled (block_dot says how, format by format). Nothing here depends on the SIMD width: GCC
+// lowers the 16-lane and 8-lane vector types lane by lane alike, and the build does not contract into FMAs.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "k_quant_formats.h"
+#include "weight_formats.h"
+
+namespace wisp_cpu {
+
+inline Lanes load_float(const float* x) {
+  Lanes value;
+  std::memcpy(&value, x, sizeof(value));
+  return value;
+}
+
+inline float fold(Lanes acc) {  // lanes (l, l + half) summed, half = 8, 4, 2, 1
+  float lanes[kLanes];
+  std::memcpy(lanes, &acc, sizeof(lanes));
+  for (int64_t half = kLanes / 2; half > 0; half /= 2)
+    for (int64_t l = 0; l < half; ++l) lanes[l] += lanes[l + half];
+  return lanes[0];
+}
+
+inline float fold8(Eights acc) {  // lanes (l, l + half) summed, half = 4, 2, 1
+  float lanes[8];
+  std::memcpy(lanes, &acc, sizeof(lanes));
+  for (int64_t half = 4; half > 0; half /= 2)
+    for (int64_t l = 0; l < half; ++l) lanes[l] += lanes[l + half];
+  return lanes[0];
+}
+
+// The sum of x over each sub-block of 32 columns of each row of xs [rows, depth] (what a k-quant's mins multiply):
+// its two 16-lane halves added, then folded (8, 4, 2, 1). [rows, depth / 32]
+inline std::vector<float> sub_block_sums(const float* xs, int64_t rows, int64_t depth) {
+  std::vector<float> sums(size_t(rows * (depth / 32)));
+  for (int64_t i = 0; i < rows * (depth / 32); ++i) sums[size_t(i)] = fold(load_float(xs + 32 * i) + load_float(xs + 32 * i + kLanes));
+  return sums;
+}
+
+// xs [rows, depth] with each group of 32 columns as its 16 even columns, then its 16 odd ones (MXFP4's pairs of codes
+// in a byte: Mxfp4::code_pair)
+inline std::vector<float> paired_columns(const float* xs, int64_t rows, int64_t depth) {
+  std::vector<float> out(size_t(rows * depth));
+  for (int64_t i = 0; i < rows * depth; i += 32)
+    for (int64_t l = 0; l < kLanes; ++l) {
+      out[size_t(i + l)] = xs[i + 2 * l];
+      out[size_t(i + kLanes + l)] = xs[i + 2 * l + 1];
+    }
+  return out;
+}
+
+// Count outputs for one x row: weight rows row, row + stride, ... streamed at once, their sums in registers. A
+// quantized format's sum runs group by group: each group's products of codes (exact values) and x summed in the 16
+// lanes (the first product, then each next one added), then times the group's scale, then added to the running sum
+// (acc += partial * scale). Starting a group's sum from its first product rather than from +0 changes no bit of an
+// output: only a -0 product differs (+0 + -0 is +0), and acc, which starts at +0, never becomes -0 either way.
+// A k-quant with mins (Q4_K, Q5_K) also keeps, in 8 lanes (lane j: sub-block j of a super-block), the mins times
+// the sub-blocks' sums of x (`x_sums`, from sub_block_sums) added super-block by super-block, and subtracts that,
+// folded (4, 2, 1), from the folded sum: out = fold(acc) - fold8(min_acc).
+template <class F, int64_t Count>
+inline void block_dot(const Matrix& w, int64_t row, int64_t stride, const float* x, const float* x_sums, int64_t depth,
+                      float* out) {
+  Lanes acc[Count] = {};
+  if constexpr (F::kGroup == 0) {
+    for (int64_t k = 0; k < depth; k += kLanes) {
+      const Lanes xs = load_float(x + k);
+      for (int64_t r = 0; r < Count; ++r) acc[r] += F::load(w, row + r * stride, k, depth) * xs;
+    }
+    for (int64_t r = 0; r < Count; ++r) out[r * stride] = fold(acc[r]);
+  } else if constexpr (F::kSuper == 0 && F::kPairs) {  // MXFP4: a group's even columns, then its odd ones
+    static_assert(F::kGroup == 2 * kLanes, "a pair of 16 lanes a group");
+    for (int64_t group = 0; group < depth; group += F::kGroup) {
+      const Lanes x_even = load_float(x + group), x_odd = load_float(x + group + kLanes);
+      for (int64_t r = 0; r < Count; ++r) {
+        Lanes even, odd;
+        F::code_pair(w, row + r * stride, group, depth, even, odd);
+        Lanes part = even * x_even;
+        part += odd * x_odd;
+        acc[r] += part * F::scale(w, row + r * stride, group, depth);
+      }
+    }
+    for (int64_t r = 0; r < Count; ++r) out[r * stride] = fold(acc[r]);
+  } else if constexpr (F::kSuper == 0) {
+    for (int64_t group = 0; group < depth; group += F::kGroup) {
+      const int64_t end = std::min(group + F::kGroup, depth);
+      Lanes part[Count];
+      const Lanes xs = load_float(x + group);
+      for (int64_t r = 0; r < Count; ++r) part[r] = F::codes(w, row + r * stride, group, depth) * xs;
+      for (int64_t k = group + kLanes; k < end; k += kLanes) {
+        const Lanes xk = load_float(x + k);
+        for (int64_t r = 0; r < Count; ++r) part[r] += F::codes(w, row + r * stride, k, depth) * xk;
+      }
+      for (int64_t r = 0; r < Count; ++r) acc[r] += part[r] * F::scale(w, row + r * stride, group, depth);
+    }
+    for (int64_t r = 0; r < Count; ++r) out[r * stride] = fold(acc[r]);
+  } else {  // the k-quants: each super-block's factors read once a row, then its groups as above
+    constexpr int64_t kGroups = F::kSuper / F::kGroup, kSteps = F::kGroup / kLanes;
+    float scales[Count][kGroups];
+    Eights min_acc[Count] = {};
+    for (int64_t super = 0; super < depth; super += F::kSuper) {
+      if constexpr (F::kMin) {
+        Eights x_sum;
+        std::memcpy(&x_sum, x_sums + super / 32, sizeof(x_sum));
+        for (int64_t r = 0; r < Count; ++r) {
+          Eights mins;
+          F::factors(w, row + r * stride, super, depth, scales[r], mins);
+          min_acc[r] += mins * x_sum;
+        }
+      } else {
+        for (int64_t r = 0; r < Count; ++r) F::factors(w, row + r * stride, super, depth, scales[r]);
+      }
+      if constexpr (F::kPairs) {  // Q4_K, Q5_K: sub-blocks 2m and 2m + 1 from one load of their code bytes
+        for (int64_t g = 0; g < kGroups; g += 2) {
+          const int64_t k0 = super + g * F::kGroup;
+          Lanes x_low[kSteps], x_high[kSteps];
+          for (int64_t s = 0; s < kSteps; ++s) {
+            x_low[s] = load_float(x + k0 + s * kLanes);
+            x_high[s] = load_float(x + k0 + F::kGroup + s * kLanes);
+          }
+          for (int64_t r = 0; r < Count; ++r) {
+            Lanes low, high, a, b;
+            F::code_pair(w, row + r * stride, k0, depth, low, high);
+            low *= x_low[0];
+            high *= x_high[0];
+            for (int64_t s = 1; s < kSteps; ++s) {
+              F::code_pair(w, row + r * stride, k0 + s * kLanes, depth, a, b);
+              low += a * x_low[s];
+              high += b * x_high[s];
+            }
+            acc[r] += low * scales[r][g];
+            acc[r] += high * scales[r][g + 1];
+          }
+        }
+      } else {
+        for (int64_t g = 0; g < kGroups; ++g) {
+          const int64_t k0 = super + g * F::kGroup;
+          for (int64_t r = 0; r < Count; ++r) {
+            Lanes part = F::codes(w, row + r * stride, k0, depth) * load_float(x + k0);
+            for (int64_t s = 1; s < kSteps; ++s)
+              part += F::codes(w, row + r * stride, k0 + s * kLanes, depth) * load_float(x + k0 + s * kLanes);
+            acc[r] += part * scales[r][g];
+          }
+        }
+      }
+    }
+    for (int64_t r = 0; r < Count; ++r) out[r * stride] = F::kMin ? fold(acc[r]) - fold8(min_acc[r]) : fold(acc[r]);
+  }
+}
+
+}  // namespace wisp_cpu
