@@ -301,7 +301,7 @@ def test_a_failing_sampler_fails_its_requests_alone(llm, monkeypatch):
     def boom(self, logits, *args):
         raise RuntimeError("sampler failed")
 
-    monkeypatch.setattr("wisp.engine.sampling.Sampler.__call__", boom)  # one request's part of the step fails
+    monkeypatch.setattr("wisp.engine.sampling.Sampler.prepare", boom)  # one request's part of the step fails
     outs = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=3))
     assert [(o.finish_reason, o.token_ids) for o in outs] == [("error", [])] * 2
     assert all("failed in its sampling" in o.error for o in outs)

@@ -182,17 +182,18 @@ class ModelConfig:
         return sum(self.expert_bytes_of(li) for li in self.moe_layer_ids)
 
 
-def packs_projections(cfg: ModelConfig, mode: str, device: torch.device, moe_backend: str) -> bool:
+def packs_projections(cfg: ModelConfig, config: EngineConfig, device: torch.device) -> bool:
     """Whether the dense projections (and an untied LM head) stay packed on the device, as the checkpoint stores
     them: an FP8 checkpoint's block-scaled ones, a GGUF file's Q8_0 and k-quant ones when its experts are kept packed
     too (its other types are dequantized). Half their VRAM or less, which the modes that keep experts off the GPU
     turn into expert slots: where the Triton GEMM dequantizes them in-kernel (CUDA, `moe_backend` "triton" as
-    resolved), in every mode but resident. Resident, every weight fits and the faster form wins: dequantized once at
+    resolved by `config`), in every mode but resident. Resident, every weight fits and the faster form wins: dequantized once at
     load, FP8's in-kernel dequantization cost more than its bytes saved on the H200 (q/k/v of Qwen3-30B-A3B at one
     row 12.0 us against 10.7, at 2048 rows 223 against 129: docs/decisions/dense-projection-tiles-split-k-for-decode.md).
     The values multiplied are the same."""
     kept = cfg.fp8_block == DEFAULT_BLOCK or cfg.expert_format in ("q8_0", "gguf_blocks")
-    return kept and device.type == "cuda" and mode != "resident" and moe_backend == "triton"
+    return (kept and device.type == "cuda" and config.mode != "resident"
+            and config.resolve_backend("moe", device) == "triton")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@
 #       (default weights_first,rows) varied alone (`Blocks.weights_first`: the dequantized weight tile as the
 #       tensor-core product's register operand), then resident decode of MODELS (default gpt-oss-20b qwen3-30b-a3b-fp8) alternating the shipped
 #       launch and weights_first on every format, twice each (about 8 minutes, not yet run).
+#   STAGE=sampling: the device sampler's CUDA tests, `wisp bench profile sampling` at batches 1, 4, 16, and resident
+#       decode of MODEL (default olmoe-1b-7b) greedy and at temperature 0.7, batches 1 and 16, against .gpu_data/old
+#       where it is there (about 4 minutes, not yet run).
 # Results and logs in $OUT (packed into one archive: the device tool returns few files).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -256,6 +259,19 @@ PY
     timeout 100 $wisp $decode --model "$m" --out "$out/decode_${m}_shipped_r$round.json" 2>/dev/null | tail -1
     timeout 100 python3 /tmp/weights_first.py $decode --model "$m" --out "$out/decode_${m}_weights_first_r$round.json" \
       2>/dev/null | tail -1
+  done; done ;;
+sampling)  # the step's sampling drawn on the device (wisp.engine.batch_sampler): its CUDA tests, its cost alone at
+  # Qwen3's vocabulary, then resident decode of MODEL (default olmoe-1b-7b) greedy and at temperature 0.7, batches 1
+  # and 16 (.gpu_data/old too where it is there: the per-row host sampler before)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider --wisp-device cuda tests/engine/test_batch_sampler.py \
+    tests/engine/test_sampling.py tests/engine/test_failure_isolation.py > "$out/pytest_sampling_cuda.txt" 2>&1
+  tail -2 "$out/pytest_sampling_cuda.txt"
+  timeout 120 $wisp bench profile sampling --batch 1,4,16 --out "$out/sampling_h200.json" 2>&1 | tail -12
+  for b in 1 16; do for t in 0 0.7; do
+    [ -d .gpu_data/old ] && timeout 100 /tmp/old $decode --model "${MODEL:-olmoe-1b-7b}" --batch $b --temperature $t \
+      --out "$out/decode_sampling_old_b${b}_t$t.json" 2>/dev/null | tail -1
+    timeout 100 $wisp $decode --model "${MODEL:-olmoe-1b-7b}" --batch $b --temperature $t \
+      --out "$out/decode_sampling_b${b}_t$t.json" 2>/dev/null | tail -1
   done; done ;;
 esac
 pack

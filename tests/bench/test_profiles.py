@@ -67,3 +67,15 @@ def test_a_file_that_is_no_chrome_trace_is_one_line(tmp_path):
     (tmp_path / "x.json").write_text("[1, 2]")
     proc = run_wisp(["profile", "timeline", tmp_path / "x.json"], tmp_path, timeout=60, command="bench")
     assert proc.returncode == 2 and "not a Chrome trace" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_sampling_times_each_preset_at_each_batch_and_refuses_an_unknown_one(tmp_path):
+    out = tmp_path / "sampling.json"
+    proc = run_wisp(["profile", "sampling", "--vocab", "1000", "--batch", "1,3", "--repeats", "2", "--device", "cpu",
+                     "--out", out], tmp_path, timeout=120, command="bench")
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(out.read_text())
+    assert set(rec["steps"]) == {f"{p}/batch_{b}" for p in ("greedy", "temperature", "top-p", "qwen3") for b in (1, 3)}
+    assert all(s["ms_a_step"] > 0 for s in rec["steps"].values()) and "qwen3        batch   3" in proc.stdout
+    proc = run_wisp(["profile", "sampling", "--params", "beam"], tmp_path, timeout=60, command="bench")
+    assert proc.returncode == 2 and "unknown sampling preset 'beam'" in proc.stderr and "Traceback" not in proc.stderr

@@ -31,16 +31,24 @@ def make_engine(device, attention_backend):
 
 
 class Poisoned:
-    """A sampler double: the real one, except that its `FAIL_AT`-th call raises."""
+    """A sampler double: the real one, except that its `FAIL_AT`-th call of `stage` (prepare, noise or finish)
+    raises."""
 
-    def __init__(self, real):
-        self.real, self.calls = real, 0
+    def __init__(self, real, stage: str):
+        self.real, self.stage, self.calls = real, stage, 0
+        self.params = real.params
 
-    def __call__(self, logits: torch.Tensor, *context):
-        self.calls += 1
-        if self.calls == FAIL_AT:
-            raise RuntimeError("injected sampler failure")
-        return self.real(logits, *context)
+    def __getattr__(self, name):
+        method = getattr(self.real, name)
+        if name != self.stage:
+            return method
+
+        def poisoned(*args):
+            self.calls += 1
+            if self.calls == FAIL_AT:
+                raise RuntimeError("injected sampler failure")
+            return method(*args)
+        return poisoned
 
 
 def run(engine: LLMEngine, rids: list[str]) -> tuple[dict, list[list]]:
@@ -71,7 +79,8 @@ def assert_no_leak(engine: LLMEngine) -> None:
     engine.pool.check_integrity([])
 
 
-def test_a_failing_sampler_ends_its_request_alone(make_engine):
+@pytest.mark.parametrize("stage", ["prepare", "noise", "finish"])
+def test_a_failing_sampler_ends_its_request_alone(make_engine, stage):
     healthy = ["r0", "r1", "r3"]
     ref, _ = run(make_engine(), healthy)
 
@@ -79,7 +88,7 @@ def test_a_failing_sampler_ends_its_request_alone(make_engine):
     for j in range(4):
         engine.add_request(f"r{j}", PROMPTS[j], PARAMS[j], keep_logits=True)
     seqs = {rid: engine.requests[rid] for rid in ("r0", "r1", "r2", "r3")}
-    seqs[POISONED].sampler = Poisoned(seqs[POISONED].sampler)
+    seqs[POISONED].sampler = Poisoned(seqs[POISONED].sampler, stage)
     failed_step = None
     while engine.has_unfinished():
         outs = engine.step()
@@ -130,3 +139,24 @@ def test_a_failing_forward_still_fails_the_step(make_engine, monkeypatch):
     monkeypatch.setattr(engine.runner.model, "forward", broken)
     with pytest.raises(RuntimeError, match="injected forward failure"):
         engine.step()
+
+
+def test_a_batch_draw_that_raises_is_drawn_row_by_row_with_the_same_tokens(make_engine, monkeypatch):
+    """Should the batch's draw itself raise (no request to blame), each row is drawn alone from the draws it already
+    took: every request finishes with the tokens it gets when the batch draw works."""
+    import wisp.engine.sequence_sampling as sequence_sampling
+
+    rids = ["r0", "r1", "r2", "r3"]
+    ref, _ = run(make_engine(), rids)
+    real = sequence_sampling.sample_batch
+
+    def fails_on_batches(rows, params, noise):
+        if rows.shape[0] > 1:
+            raise RuntimeError("injected batch failure")
+        return real(rows, params, noise)
+
+    monkeypatch.setattr(sequence_sampling, "sample_batch", fails_on_batches)
+    engine = make_engine()
+    seqs, _ = run(engine, rids)
+    assert_healthy_match(seqs, ref)
+    assert_no_leak(engine)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -60,3 +61,27 @@ def test_fused_expert_tensors_load_the_same(hf_checkpoints, tmp_path, device):
     a = LLM(str(src), device=device, mode="paged", expert_cap=2).prompt_logits(PROMPT)
     b = LLM(str(dst), device=device, mode="paged", expert_cap=2).prompt_logits(PROMPT)
     assert torch.equal(a, b)
+
+
+def test_hybrid_probes_each_bank_layout_once_and_each_layer_keeps_its_own(monkeypatch):
+    """A Q4_K_M file keeps layer 0's down in Q4_K and layer 1's in Q6_K (tests/models/data/qwen3_moe_q4_k_m.gguf):
+    hybrid probes the CPU's costs on each layout's bank, once, and each layer's CPU server assigns by its own."""
+    pytest.importorskip("gguf")
+    import wisp.models.loader as loader
+    from tests.models.make_q4_k_m_fixture import FIXTURE
+    from wisp.core.bank_keys import DOWN
+    from wisp.core.learners.hybrid_costs import HybridCosts
+    from wisp.models.expert_banks import bank_layout
+
+    probed = []
+
+    def probe(bank, device, cpu_kernel=None, dtype=None, activation=None):  # costs that name the layout's down codes
+        probed.append(bank[DOWN].shape[-1])
+        return HybridCosts(copy_s=1.0, cpu_rows=(1,), cpu_s_at_rows=(float(probed[-1]),))
+
+    monkeypatch.setattr(loader, "probe_hybrid_costs", probe)
+    llm = LLM(str(FIXTURE), device="cpu", mode="hybrid", expert_cap=2, moe_backend="torch")
+    cfg = llm.engine.model_config
+    assert sorted(probed) == [128, 192]  # Q4_K's code bytes a super-block, and Q6_K's: each layout probed once
+    for li, store in llm.engine.model.experts.items():
+        assert store.cpu.costs.cpu_s(1) == bank_layout(cfg, li)[DOWN][0][-1]

@@ -127,3 +127,27 @@ def test_a_llama_architecture_files_q_and_k_rows_are_put_back_in_rotary_order_pa
     q = packed.model.layers[0].attn.q
     assert isinstance(q, BlockWeight) and torch.equal(q.dequantized(torch.bfloat16), plain.model.layers[0].attn.q)
     assert torch.equal(packed.prompt_logits(PROMPT), plain.prompt_logits(PROMPT))
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v2"])
+def test_the_planner_counts_every_packed_projection_a_family_loads(family, monkeypatch, tmp_path):
+    """A Q8_0 file's shared experts (Qwen2-MoE, DeepSeek-V2), first dense layer and LM head (DeepSeek-V2, whose latent
+    attention is dequantized) stay packed beside its attention's: the planner counts each at the file's bytes, so the
+    non-expert bytes it plans are the ones a model loaded so holds."""
+    import wisp.models.loader as loader
+    from tests.models.test_gguf import hf_checkpoint, write_gguf
+    from wisp import LLM
+    from wisp.core.kernels.quantized_weights import BlockWeight
+    from wisp.plan.sizes import ModelSizes
+
+    widths = {"qwen2_moe": dict(intermediate_size=64, shared_expert_intermediate_size=64),  # whole Q8_0 blocks
+              "deepseek_v2": dict(intermediate_size=64, kv_lora_rank=32, qk_nope_head_dim=32, v_head_dim=32)}[family]
+    file = write_gguf(family, hf_checkpoint(family, tmp_path / "hf", wide=64, **widths), tmp_path / "f.gguf",
+                      gguf.GGMLQuantizationType.Q8_0)[0]
+    monkeypatch.setattr(loader, "packs_projections", lambda *a: True)
+    llm = LLM(str(file), device="cpu", mode="paged", expert_cap=2)
+    model = llm.model
+    assert isinstance(model.lm_head, BlockWeight) and any(isinstance(lw.shared.gate, BlockWeight) for lw in model.layers
+                                                          if lw.shared is not None)
+    held = held_bytes([model.layers, model.embed.table, model.final_norm, model.lm_head], set())
+    assert ModelSizes.of(llm.config, 16, packed_projections=True).non_expert_bytes - 2 * llm.config.expert_bytes == held

@@ -39,13 +39,13 @@ class PoisonedSampler(Sampler):
         super().__init__(params)
         self.calls = 0
 
-    def __call__(self, logits, *args):
+    def prepare(self, logits, *args):
         self.calls += 1
         running = len(self.scheduler.running)
         if self.params.seed == POISON_SEED and self.calls >= FAIL_AT and running >= self.batch_of:
             type(self).failed_beside = running
             raise RuntimeError("injected sampler failure")
-        return super().__call__(logits, *args)
+        return super().prepare(logits, *args)
 
 
 @pytest.fixture

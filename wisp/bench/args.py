@@ -1,6 +1,6 @@
 """The arguments of every `wisp bench` kind: decode, prefill, serve, agent, soak, accuracy, perplexity, and the tool groups
 llama-cpp (run, compare, pair, gguf, peak, sampler-cost), sweep (moe-attention, linear, cpu-experts) and
-profile (steps, timeline).
+profile (steps, sampling, timeline).
 
 Each kind's parser names the function that runs it in `run_bench` ("module.function" under wisp/bench/);
 `wisp.cli.cmd_bench` imports it only then.
@@ -377,6 +377,15 @@ def _add_profile_parsers(kinds) -> None:
     steps.add_argument("--trace", default=None, help="write the profile as a Chrome trace here")
     steps.add_argument("--host", action="store_true",
                        help="profile the host's Python (cProfile) instead of the device's kernels")
+    sampling = _kind(profiles, "sampling", "profiles.sampling.profile_sampling",
+                     "a decode step's sampling alone: ms a step at batch sizes and sampling parameters")
+    sampling.add_argument("--vocab", type=int, default=151936, help="the logits' width (Qwen3's: 151936)")
+    sampling.add_argument("--batch", type=parse_int_list, default=[1, 4, 16], help="requests sampled together")
+    sampling.add_argument("--params", default="greedy,temperature,top-p,qwen3",
+                          help="comma-separated presets: greedy, temperature, top-p, qwen3")
+    sampling.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    sampling.add_argument("--repeats", type=int, default=20)
+    sampling.add_argument("--out", type=parse_output_file, default=None)
     timeline = _kind(profiles, "timeline", "profiles.timeline.share_timeline",
                      "where a rank-share decode step's time goes, from a Chrome trace of `wisp bench profile steps --trace`")
     timeline.add_argument("trace", help="the Chrome trace (JSON)")

@@ -270,9 +270,8 @@ def _budget_shape(args) -> tuple[ModelConfig, int, bool]:
 
 def _packs_projections(args, cfg: ModelConfig) -> bool:
     """Whether a run sized for --vram-budget (paged or hybrid: not resident) keeps the model's projections packed."""
-    device = resolve_device(args.device)
-    backend = "triton" if device.type == "cuda" and args.moe_backend in ("auto", "triton") else "torch"
-    return packs_projections(cfg, "paged", device, backend)
+    return packs_projections(cfg, EngineConfig(model=args.model, mode="paged", moe_backend=args.moe_backend),
+                             resolve_device(args.device))
 
 
 def _runs(args) -> list[tuple[str, int | None, int]]:

@@ -41,10 +41,10 @@ from wisp.engine.decode.select import graph_strategy
 from wisp.engine.decode.step_kinds import StepKindChooser
 from wisp.engine.decode.strategy import DecodeStrategy, EagerDecode
 from wisp.engine.kv_cache import BlockTableKV, DecodeBatchKV, KVCache
-from wisp.engine.grammar import GrammarConstraint, prepare_masks
-from wisp.engine.request_failure import SAMPLING, RequestFailure
+from wisp.engine.request_failure import RequestFailure
 from wisp.engine.scheduler import Batch, decodes
 from wisp.engine.sequence import Sequence
+from wisp.engine.sequence_sampling import sample_sequences
 from wisp.models.moe_decoder import Chunk, MoEDecoder
 
 
@@ -222,7 +222,7 @@ class ModelRunner:
         if self.strategy.captured:
             self.model.lru_state_on("host")  # after graph decode: every layer's LRU state in one read
         sampling = [seq.num_computed + n == len(seq) for seq, n in zip(batch.seqs, batch.num_tokens)]
-        logits = iter(self._run_eager(batch, sampling))
+        logits = self._run_eager(batch, sampling)
         sampled = self.sample([s for s, keep in zip(batch.seqs, sampling) if keep], logits)
         tokens = iter(sampled)
         return [next(tokens) if keep else None for keep in sampling]
@@ -276,28 +276,11 @@ class ModelRunner:
             self.tokens_prefilled += n
 
     def sample(self, seqs: list[Sequence], logits) -> list[int | RequestFailure]:
-        """Each sequence's next token from its logits row, or its RequestFailure if its sampler raised."""
+        """Each sequence's next token from its logits row (`logits` [S, V]), or its RequestFailure if its sampling
+        raised (`wisp.engine.sequence_sampling`)."""
         if self.replay is not None:  # the next step's replayed routing, queued while the device computes this one's
             self.replay.prefetch(seqs)
-        tokens: list[int | RequestFailure] = []
-        try:  # the grammars' masks on the CPU while the device may still be computing the logits
-            prepare_masks([s.constraint for s in seqs if isinstance(s.constraint, GrammarConstraint)])
-        except Exception:  # noqa: BLE001 (each constraint computes its own mask in `mask`, and fails alone there)
-            pass
-        for seq, row in zip(seqs, logits):
-            try:
-                sampled = seq.sampler(row, seq.output_ids, seq.constraint)
-                if seq.constraint is not None:
-                    seq.constraint.accept(sampled.token)
-            except Exception as exc:
-                tokens.append(RequestFailure.caught(seq.request_id, SAMPLING, exc))
-                continue
-            tokens.append(sampled.token)
-            if sampled.logprobs is not None:
-                seq.output_logprobs.append(sampled.logprobs)
-            if seq.logits is not None:
-                seq.logits.append(row.cpu())
-        return tokens
+        return sample_sequences(seqs, logits)
 
     @torch.inference_mode()
     def prompt_logits(self, prompt_ids: list[int], block_table: list[int]) -> torch.Tensor:

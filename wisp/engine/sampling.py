@@ -1,7 +1,8 @@
 """Sampling parameters and the per-request sampler.
 
-Each request samples with its own torch.Generator (seeded from `seed`, or from a random seed drawn at
-submission), so its tokens never depend on the other requests in a batch. temperature 0 is greedy.
+Each request samples with its own torch.Generator on the logits' device (seeded from `seed`, or from a random seed
+drawn at submission), so its tokens never depend on the other requests in a batch; a step draws every request's token
+at once on the device (`wisp.engine.batch_sampler`). temperature 0 is greedy.
 
 Before it samples, the sampler adjusts its request's logits row, in this order (OpenAI's semantics): `logit_bias`
 adds to the listed tokens; `presence_penalty` subtracts from every token the request has generated, and
@@ -28,6 +29,7 @@ from typing import NamedTuple, Protocol, Sequence
 
 import torch
 
+from wisp.engine.batch_sampler import sample_batch
 from wisp.errors import InvalidParameter
 
 FLOAT32_MIN_POSITIVE = 2.0**-149  # the smallest positive (subnormal) float32
@@ -145,43 +147,45 @@ def token_logprobs(logits: torch.Tensor, token: int, top: int) -> TokenLogprobs:
 
 
 class Sampler:
-    """Turns one request's logits [V] (float32) into its next token id."""
+    """One request's sampling: its parameters, its seed (`seed`, or one drawn at submission) and, per device, the
+    generator its draws come from. `prepare` adjusts its logits row, `noise` draws its uniforms, `sample_batch`
+    (`wisp.engine.batch_sampler`) picks its token beside the batch's others, `finish` adds its logprobs."""
 
     def __init__(self, params: SamplingParams):
         self.params = params
-        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+        self._generators: dict[torch.device, torch.Generator] = {}
 
-    def __call__(self, logits: torch.Tensor, history: Sequence[int] = (),
-                 constraint: TokenConstraint | None = None) -> Sampled:
-        """The next token from `logits` [V] after `history` (the request's output so far), within `constraint`."""
+    def noise(self, width: int, device: torch.device) -> torch.Tensor | None:
+        """The next `width` uniform draws in [0, 1) (float64) of this request's generator on `device` (None for a
+        greedy request, which draws nothing)."""
+        if self.params.temperature == 0:
+            return None
+        device = torch.device(device)
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return torch.rand(width, generator=generator, device=device, dtype=torch.float64)
+
+    def prepare(self, logits: torch.Tensor, history: Sequence[int] = (),
+                constraint: TokenConstraint | None = None) -> torch.Tensor:
+        """The row [V] this request samples from: `logits` after its bias and penalties given `history` (its output
+        so far), within `constraint` (a new tensor; `logits` itself when nothing changes it)."""
         row = adjusted(logits, self.params, history)
         if constraint is not None:
             row = logits.float().clone() if row is logits else row  # the caller's row stays as it was
             constraint.mask(row)
-        token = self._choose(row)
+        return row
+
+    def finish(self, row: torch.Tensor, token: int) -> Sampled:
+        """`token`, drawn from `row` (`prepare`'s), with its logprobs where the request asked for them."""
         if self.params.logprobs is None:
             return Sampled(token, None)
         return Sampled(token, token_logprobs(row, token, self.params.logprobs))
 
-    def _choose(self, logits: torch.Tensor) -> int:
-        p = self.params
-        if p.temperature == 0:
-            return int(torch.argmax(logits).item())
-        logits = logits.float().cpu()
-        top = logits.max()
-        logits = (logits - top) / p.temperature  # max first: a tiny temperature cannot overflow
-        if not torch.isfinite(top):  # NaN or infinite logits (the shifted max is 0 exactly when top is finite)
-            return int(torch.argmax(logits).item())
-        if p.top_k:
-            kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_probs, 0) - sorted_probs < p.top_p  # smallest prefix reaching top_p
-            mask = torch.zeros_like(probs, dtype=torch.bool)
-            mask[order[keep]] = True
-            probs = torch.where(mask, probs, torch.zeros_like(probs))
-            probs = probs / probs.sum()
-        return int(torch.multinomial(probs, 1, generator=self.generator).item())
+    def __call__(self, logits: torch.Tensor, history: Sequence[int] = (),
+                 constraint: TokenConstraint | None = None) -> Sampled:
+        """The next token from `logits` [V] alone (as `sample_batch` draws it in any batch)."""
+        row = self.prepare(logits, history, constraint)
+        noise = self.noise(row.shape[-1], row.device)
+        return self.finish(row, int(sample_batch(row.float()[None], [self.params], [noise])[0]))

@@ -44,7 +44,7 @@ def plan_inputs(engine: LLMEngine, vram_budget: int, **costs) -> PlanInputs:
 
     config = engine.config
     device = engine.model.device
-    packed = packs_projections(engine.model_config, config.mode, device, config.resolve_backend("moe", device))
+    packed = packs_projections(engine.model_config, config, device)
     return PlanInputs(vram_budget, config.max_concurrency, engine.max_model_len, config.kv_block_size,
                       embedding_on_host=engine.model.embed.on_host, packed_projections=packed, **costs)
 

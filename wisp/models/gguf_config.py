@@ -101,8 +101,10 @@ def hf_config_from_gguf(meta: dict[str, Any], experts: dict[str, Any] | None = N
         layers = experts["layer_types"]  # k-quants among them: each layer's roles kept in their own types
         raw["quantization_config"] = {"quant_method": "gguf_blocks", "layers": [
             [layers[i][0], layers[i][2]] if i in layers else None for i in range(int(get("block_count")))]}
-    if raw.get("quantization_config", {}).get("quant_method") in ("gguf_q8_0", "gguf_blocks") and not family.mla:
-        raw["quantization_config"]["packed_projections"] = list(experts.get("projections") or (0, 0))
+    if raw.get("quantization_config", {}).get("quant_method") in ("gguf_q8_0", "gguf_blocks"):
+        sizes = experts.get("projections") or {}  # latent attention is dequantized at load: only the others stay packed
+        parts = [sizes.get("other", (0, 0))] + ([] if family.mla else [sizes.get("attention", (0, 0))])
+        raw["quantization_config"]["packed_projections"] = [sum(p[0] for p in parts), sum(p[1] for p in parts)]
     if get("expert_weights_norm") is not None:
         raw["norm_topk_prob"] = bool(get("expert_weights_norm"))
     if family.mla:

@@ -105,13 +105,18 @@ class GGUFFile:
                 "projections": self.projection_facts(TORCH_BLOCKS),  # what of them can stay packed
                 "shared_width": self.tensor_shape(shared)[0] if shared else 0}
 
-    def projection_facts(self, packed_types) -> tuple[int, int]:
-        """(parameters, bytes as stored) of the dense projections (every layer's attention q, k, v and output) and the
-        LM head (output) whose GGML type is one of `packed_types`: what stays packed of them."""
-        names = [n for n in self._tensors if n == "output.weight" or (n.startswith("blk.") and n.endswith(
-            (".attn_q.weight", ".attn_k.weight", ".attn_v.weight", ".attn_output.weight")))]
-        kept = [self._tensors[n] for n in names if self.tensor_type(n) in packed_types]
-        return sum(int(t.n_elements) for t in kept), sum(int(t.n_bytes) for t in kept)
+    def projection_facts(self, packed_types) -> dict[str, tuple[int, int]]:
+        """(parameters, bytes as stored) of the dense weights whose GGML type is one of `packed_types` (what stays
+        packed of them, as the loader's projections): "attention", every layer's q, k, v and output; "other", the
+        shared experts', the dense layers' MLPs and the LM head (output)."""
+        def sizes(suffixes: tuple[str, ...], extra: tuple[str, ...] = ()) -> tuple[int, int]:
+            kept = [t for n, t in self._tensors.items() if (n in extra or (n.startswith("blk.") and n.endswith(suffixes)))
+                    and self.tensor_type(n) in packed_types]
+            return sum(int(t.n_elements) for t in kept), sum(int(t.n_bytes) for t in kept)
+
+        return {"attention": sizes((".attn_q.weight", ".attn_k.weight", ".attn_v.weight", ".attn_output.weight")),
+                "other": sizes(tuple(f".ffn_{p}{s}.weight" for p in ("gate", "up", "down") for s in ("_shexp", "")),
+                               extra=("output.weight",))}
 
     def packed(self, name: str) -> torch.Tensor:
         """Tensor `name`'s stored bytes, uint8 [outer..., bytes of one innermost row] (a block format's blocks)."""

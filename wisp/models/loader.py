@@ -32,6 +32,7 @@ from wisp.core.kernels.cpu_expert_kernels import native_kernel_error
 from wisp.core.kernels.fp8_blocks import FP8, Fp8BlockWeight, dequantize_blocks, scale_key
 from wisp.core.kernels.quantized_weights import BlockWeight
 from wisp.core.learners.hybrid_pace import CpuPace
+from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.core.learners.hybrid_probe import probe_hybrid_costs
 from wisp.core.kernels.registry import moe_kernels
 from wisp.errors import WispError
@@ -197,7 +198,7 @@ def load_model(reader, model_cfg: ModelConfig, engine: EngineConfig, device: tor
         def opt(key: str) -> torch.Tensor | None:
             return dev(key) if key in reader else None
 
-        packed = packs_projections(model_cfg, engine.mode, device, engine.resolve_backend("moe", device))
+        packed = packs_projections(model_cfg, engine, device)
 
         def proj(key: str) -> torch.Tensor | Fp8BlockWeight | BlockWeight:  # a dense projection: packed where it can be
             if not packed:
@@ -328,11 +329,15 @@ def _load_experts(
     kernels = moe_kernels(engine.resolve_backend("moe", device)).with_activation(cfg.expert_activation)
     bar = tqdm(total=len(cfg.moe_layer_ids) * cfg.num_experts, desc="Loading experts", unit="expert", file=sys.stderr,
                disable=None)
+    probed: dict[tuple, HybridCosts] = {}  # per bank layout: a Q4_K_M file's layers keep down in Q4_K or Q6_K
     for li in cfg.moe_layer_ids:
         bank = _allocate_bank(cfg, li, target, host)
         fill_bank(bank, reader, cfg, n, li, bar)
-        if parts.costs is None and PRESETS[engine.mode].needs_cpu:
-            parts.costs = _probe_cpu_costs(engine, cfg, bank, device)  # every layer has the same shapes: once
+        if engine.hybrid_costs is None and PRESETS[engine.mode].needs_cpu:
+            layout = tuple(sorted((key, tuple(t.shape), t.dtype) for key, t in bank.items()))
+            if layout not in probed:
+                probed[layout] = _probe_cpu_costs(engine, cfg, bank, device)
+            parts.costs = probed[layout]  # the CPU server this layer builds keeps its layout's costs
         stores[li] = build_store(engine.mode, bank, device, caps[li], parts, hot=engine.hot_experts,
                                  cpu_kernel=engine.hybrid_cpu_kernel, kernels=kernels)
     bar.close()
@@ -340,7 +345,8 @@ def _load_experts(
 
 
 def _probe_cpu_costs(engine: EngineConfig, cfg: ModelConfig, bank: dict[str, torch.Tensor], device: torch.device):
-    """The copy and CPU costs a CPU-serving mode splits misses by, measured on one layer's bank."""
+    """The copy and CPU costs a CPU-serving mode splits misses by, measured on one layer's bank (once for every layer
+    of its layout: its tensors' shapes and dtypes)."""
     if engine.hybrid_cpu_kernel == "native" and (why := native_kernel_error()) is not None:
         raise WispError(f"hybrid CPU kernel 'native' could not be built here ({why}); choose plain or reference")
     return probe_hybrid_costs(bank, device, engine.hybrid_cpu_kernel, dtype=cfg.dtype, activation=cfg.expert_activation)

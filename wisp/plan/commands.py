@@ -84,7 +84,10 @@ def _plan_inputs(args, cfg: ModelConfig):
                       hybrid_costs=read_hybrid_costs(costs_file) if costs_file else None,
                       embedding_on_host=not cfg.tie_word_embeddings and (args.embedding == "host" or embedding_on_host(
                           args.embedding, device, cfg.tie_word_embeddings)),
-                      packed_projections=packs_projections(cfg, "paged", device, "triton" if device.type == "cuda" else "torch"))
+                      packed_projections=packs_projections(cfg, PAGED_SERVER, device))
+
+
+PAGED_SERVER = EngineConfig(model="", mode="paged")  # what a plan is for: a paged server with the default backends
 
 
 def plan_from_args(args, cfg: ModelConfig, trace, kv):

@@ -40,6 +40,8 @@ class ModelSizes:
         kv_block = cfg.kv_tensors * cfg.num_layers * cfg.num_kv_heads * block_size * cfg.head_dim * element  # MLA: 1
         params, packed = cfg.packed_projection_sizes if packed_projections else (0, 0)
         weights = (non_expert_params(cfg, embedding_on_host) - params) * element + packed
+        if cfg.router_float32:  # DeepSeek's routers are held in float32
+            weights += len(cfg.moe_layer_ids) * cfg.num_experts * cfg.hidden_size * (4 - element)
         return cls(weights + staging, cfg.expert_bytes, cfg.slot_bytes, kv_block)
 
 

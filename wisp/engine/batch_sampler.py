@@ -1,0 +1,78 @@
+"""`sample_batch`: a decode step's next tokens from its logits rows, on the device the rows are on, with one read
+to the host for the whole batch.
+
+A request's row is first adjusted by its own sampler (`Sampler.prepare`: logit bias, penalties, a grammar's mask;
+most rows need none and are used as they are). Then, row by row but in one batch of tensor operations:
+- temperature 0: the row's argmax (the first index of its largest value), as is any row whose largest value is not
+  finite;
+- otherwise the row is shifted by its largest value and divided by the temperature; top-k keeps the values at least
+  its k-th largest, top-p the values at least the smallest of the fewest largest values whose probabilities
+  (softmax of the kept values, summed largest first) reach p; ties at either edge are kept;
+- then the token is drawn by the Gumbel-max rule: the argmax of the kept values plus -log(-log(u)), u uniform in
+  [0, 1), one float64 per token of the vocabulary, from the request's own generator on the rows' device
+  (`Sampler.noise`), which is drawn from exactly once per token the request samples (the caller draws it, row by
+  row, so a request whose draw fails fails alone and takes no draw from another).
+
+Invariants: a request's token depends only on its own row, parameters, seed and how many tokens it has sampled, never
+on the other rows of the batch (every operation is row-wise, over rows of one length, and the noise is the request's
+own); a greedy row's token is its argmax whatever else the batch holds. No value crosses to the host but the tokens,
+once a batch (where the old sampler read each row's token apart and sorted each sampled row on the CPU: 13-26 ms a
+row at a 151,936-token vocabulary on this project's CPU machine).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from wisp.engine.sampling import SamplingParams
+
+
+def sample_batch(rows: torch.Tensor, params: Sequence["SamplingParams"],
+                 noise: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """rows [S, V] float32 (each request's row, already adjusted), with each request's parameters and its uniform
+    draws [V] (`Sampler.noise`; None for a greedy row) -> the S tokens [S] int64 on the rows' device."""
+    tokens = rows.argmax(-1)  # [S]: the greedy answer, kept where a row samples nothing
+    drawn = [i for i, p in enumerate(params) if p.temperature > 0]
+    if not drawn:
+        return tokens
+    kept = [params[i] for i in drawn]
+    index = torch.tensor(drawn, device=rows.device)
+    sub = rows.index_select(0, index)  # [R, V]
+    top = sub.max(-1, keepdim=True).values  # [R, 1]
+    temperature = torch.tensor([p.temperature for p in kept], dtype=torch.float32, device=rows.device)[:, None]
+    scaled = (sub - top) / temperature  # [R, V], the largest value 0 where top is finite
+    scaled = _top_k(scaled, [p.top_k for p in kept])
+    scaled = _top_p(scaled, [p.top_p for p in kept])
+    uniform = torch.stack([noise[i] for i in drawn])  # [R, V] float64 in [0, 1)
+    choice = (scaled.double() - torch.log(-torch.log(uniform))).argmax(-1)  # [R]
+    choice = torch.where(torch.isfinite(top[:, 0]), choice, tokens.index_select(0, index))
+    return tokens.index_copy(0, index, choice)
+
+
+def _top_k(scaled: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """Each row's values below its k-th largest set to -inf (k 0 or at least V: none)."""
+    width = scaled.shape[1]
+    if not any(0 < k < width for k in ks):
+        return scaled
+    most = max(k for k in ks if 0 < k < width)
+    kept = [k if 0 < k < width else 1 for k in ks]  # a row without top-k compares with its largest value: -inf below
+    kth = scaled.topk(most, dim=-1).values.gather(1, torch.tensor(kept, device=scaled.device)[:, None] - 1)  # [R, 1]
+    unlimited = torch.tensor([not 0 < k < width for k in ks], device=scaled.device)[:, None]
+    return scaled.masked_fill((scaled < kth) & ~unlimited, float("-inf"))
+
+
+def _top_p(scaled: torch.Tensor, ps: list[float]) -> torch.Tensor:
+    """Each row's values below the smallest of its nucleus set to -inf (p 1: none)."""
+    if all(p >= 1.0 for p in ps):
+        return scaled
+    ordered = scaled.sort(dim=-1, descending=True).values  # [R, V]
+    probs = torch.softmax(ordered, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # the probability of the larger values
+    p = torch.tensor(ps, dtype=torch.float32, device=scaled.device)[:, None]
+    count = (before < p).sum(-1, keepdim=True)  # >= 1: nothing is larger than the largest
+    smallest = ordered.gather(1, count - 1)  # [R, 1]
+    limited = p < 1.0
+    return scaled.masked_fill((scaled < smallest) & limited, float("-inf"))
