@@ -12,8 +12,9 @@
 #         folder's record less a bare CUDA context); all-gpu, resident. Decode 64 tokens after 512 under ROUTING
 #         (default uniform; router: the file's random router; else a routing trace, e.g. OLMoE's layer-0 one under
 #         .gpu_data), then cold TTFT at 512 / 2048 with no hot experts.
-#   tests (not by default; first): the k-quant kernels' CUDA tests, and the MoE sweep on the Q4_K / Q6_K shapes beside
-#         Q8_0 and FP8 (each launch field varied, weights_first among them).
+#   tests (not by default; first): the k-quant kernels' CUDA tests, the MoE sweep on the Q4_K / Q6_K shapes beside
+#         Q8_0 and FP8 (each launch field varied, weights_first among them), and hybrid's CPU kernel on the host's
+#         cores (Q4_K, Q6_K, MXFP4, Q8_0 at 1, 8 and 16 threads).
 #   STEPS (default "make peer wisp") picks them: Qwen3-30B-A3B's three together take more than one call's 10 minutes
 #   (the BF16 file is 61 GB): STEPS="make peer" in one call, STEPS=wisp in the next, on the same warm machine.
 set -uo pipefail
@@ -32,6 +33,8 @@ if [[ $steps == *" tests "* ]]; then  # the k-quant kernels compiled for the fir
     tests/models/test_packed_weights.py > "$out/pytest_k_quants_cuda.txt" 2>&1; tail -3 "$out/pytest_k_quants_cuda.txt"
   timeout 200 python3 -m wisp bench sweep moe-attention --shapes qwen3-q4_k,qwen3-q6_k,qwen3-q8_0,qwen3-fp8 \
     --no-attention --out "$out/moe_sweep_k_quants.json" > "$out/moe_sweep_k_quants.txt" 2>&1
+  timeout 120 python3 -m wisp bench sweep cpu-experts --weights q4_k,q6_k,mxfp4,q8_0 --hidden 2048 --intermediate 768 \
+    --experts 64 --kernels native --threads 1,8,16 --out "$out/cpu_experts_host.json" > "$out/cpu_experts_host.txt" 2>&1
 fi
 if [[ $steps == *" make "* ]]; then
   if [ -f "$file" ]; then note "$file is here already ($(du -h "$file" | cut -f1))"

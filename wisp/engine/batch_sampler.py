@@ -33,35 +33,51 @@ if TYPE_CHECKING:
 def sample_batch(rows: torch.Tensor, params: Sequence["SamplingParams"],
                  noise: Sequence[torch.Tensor | None]) -> torch.Tensor:
     """rows [S, V] float32 (each request's row, already adjusted), with each request's parameters and its uniform
-    draws [V] (`Sampler.noise`; None for a greedy row) -> the S tokens [S] int64 on the rows' device."""
+    draws [V] (`Sampler.noise`; None for a greedy row) -> the S tokens [S] int64 on the rows' device. Launched
+    without waiting on the device where every drawn row shares its parameters (`_per_row`); the rows are selected
+    only where some are greedy."""
     tokens = rows.argmax(-1)  # [S]: the greedy answer, kept where a row samples nothing
     drawn = [i for i, p in enumerate(params) if p.temperature > 0]
     if not drawn:
         return tokens
     kept = [params[i] for i in drawn]
-    index = torch.tensor(drawn, device=rows.device)
-    sub = rows.index_select(0, index)  # [R, V]
+    every = len(drawn) == len(params)
+    index = None if every else torch.tensor(drawn, device=rows.device)
+    sub = rows if every else rows.index_select(0, index)  # [R, V]
     top = sub.max(-1, keepdim=True).values  # [R, 1]
-    temperature = torch.tensor([p.temperature for p in kept], dtype=torch.float32, device=rows.device)[:, None]
-    scaled = (sub - top) / temperature  # [R, V], the largest value 0 where top is finite
+    scaled = (sub - top) / _per_row([p.temperature for p in kept], rows.device)  # the largest value 0 where finite
     scaled = _top_k(scaled, [p.top_k for p in kept])
     scaled = _top_p(scaled, [p.top_p for p in kept])
     uniform = torch.stack([noise[i] for i in drawn])  # [R, V] float64 in [0, 1)
     choice = (scaled.double() - torch.log(-torch.log(uniform))).argmax(-1)  # [R]
+    if every:
+        return torch.where(torch.isfinite(top[:, 0]), choice, tokens)
     choice = torch.where(torch.isfinite(top[:, 0]), choice, tokens.index_select(0, index))
     return tokens.index_copy(0, index, choice)
+
+
+def _per_row(values: list, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A parameter of each row as a device tensor: [1, 1] filled on the device where every row has one value (nothing
+    copied, nothing waited for), else [R, 1] copied. Always a tensor: CUDA divides by a host scalar through its
+    reciprocal, which rounds otherwise than dividing by a tensor, and a row's bits must not depend on its batch."""
+    if all(v == values[0] for v in values):
+        return torch.full((1, 1), values[0], dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, device=device)[:, None]
 
 
 def _top_k(scaled: torch.Tensor, ks: list[int]) -> torch.Tensor:
     """Each row's values below its k-th largest set to -inf (k 0 or at least V: none)."""
     width = scaled.shape[1]
-    if not any(0 < k < width for k in ks):
+    ks = [k if 0 < k < width else 0 for k in ks]  # 0: no limit
+    if not any(ks):
         return scaled
-    most = max(k for k in ks if 0 < k < width)
-    kept = [k if 0 < k < width else 1 for k in ks]  # a row without top-k compares with its largest value: -inf below
-    kth = scaled.topk(most, dim=-1).values.gather(1, torch.tensor(kept, device=scaled.device)[:, None] - 1)  # [R, 1]
-    unlimited = torch.tensor([not 0 < k < width for k in ks], device=scaled.device)[:, None]
-    return scaled.masked_fill((scaled < kth) & ~unlimited, float("-inf"))
+    most = max(ks)
+    largest = scaled.topk(most, dim=-1).values  # [R, most], descending
+    if all(k == most for k in ks):
+        return scaled.masked_fill(scaled < largest[:, most - 1 :], float("-inf"))
+    k = _per_row(ks, scaled.device, torch.int64)
+    kth = largest.gather(1, k.clamp(min=1) - 1)  # [R, 1]; a row without top-k compares with its largest value
+    return scaled.masked_fill((scaled < kth) & (k > 0), float("-inf"))
 
 
 def _top_p(scaled: torch.Tensor, ps: list[float]) -> torch.Tensor:
@@ -71,8 +87,7 @@ def _top_p(scaled: torch.Tensor, ps: list[float]) -> torch.Tensor:
     ordered = scaled.sort(dim=-1, descending=True).values  # [R, V]
     probs = torch.softmax(ordered, dim=-1)
     before = torch.cumsum(probs, dim=-1) - probs  # the probability of the larger values
-    p = torch.tensor(ps, dtype=torch.float32, device=scaled.device)[:, None]
+    p = _per_row([float(p) for p in ps], scaled.device)
     count = (before < p).sum(-1, keepdim=True)  # >= 1: nothing is larger than the largest
     smallest = ordered.gather(1, count - 1)  # [R, 1]
-    limited = p < 1.0
-    return scaled.masked_fill((scaled < smallest) & limited, float("-inf"))
+    return scaled.masked_fill((scaled < smallest) & (p < 1.0), float("-inf"))

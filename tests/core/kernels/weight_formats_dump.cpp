@@ -25,9 +25,11 @@ void dump_codes(const char* name, const Matrix& w) {  // every column's code val
       F::code_pair(w, 0, k, 256, low, high);
       std::memcpy(values + k, &low, sizeof(low));
       std::memcpy(values + k + 32, &high, sizeof(high));
-    } else {
-      const Lanes v = F::codes(w, 0, k, 256);
-      std::memcpy(values + k, &v, sizeof(v));
+    } else {  // Q6_K: a half's 8 sub-blocks at once
+      if (k % 128 != 0) continue;
+      Lanes half[8];
+      F::half_codes(w, 0, k, 256, half);
+      std::memcpy(values + k, half, sizeof(half));
     }
   }
   dump(name, values, 256);

@@ -58,9 +58,11 @@ void grouped_rows(const float* xs, const std::vector<Matrix>& weights, const std
   std::vector<float> x_sums, paired;  // a k-quant's sub-block sums of x; MXFP4's x, even columns first: once a call
   if constexpr (F::kGroup != 0) {
     if constexpr (F::kSuper != 0 && F::kMin) x_sums = sub_block_sums(xs, offsets.back(), depth);
-    if constexpr (F::kSuper == 0 && F::kPairs) xs = (paired = paired_columns(xs, offsets.back(), depth)).data();
+    if constexpr (F::kSuper == 0 && F::kPairs) paired = paired_columns(xs, offsets.back(), depth);
   }
-  const auto sums_of = [&](int64_t m) { return x_sums.empty() ? nullptr : x_sums.data() + m * (depth / 32); };
+  const float* const x_rows = paired.empty() ? xs : paired.data();
+  const float* const sums = x_sums.empty() ? nullptr : x_sums.data();
+  const int64_t sub_blocks = depth / 32;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (int64_t begin; (begin = next.fetch_add(kClaim, std::memory_order_relaxed)) < items;) {
@@ -69,11 +71,13 @@ void grouped_rows(const float* xs, const std::vector<Matrix>& weights, const std
         for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
           float* o = outs + m * n_out + n;
           if (n + span > n_out) {  // the matrix's last rows, one at a time
-            for (int64_t r = 0; r < rest; ++r) block_dot<F, 1>(weights[e], n + r, 1, xs + m * depth, sums_of(m), depth, o + r);
+            for (int64_t r = 0; r < rest; ++r)
+              block_dot<F, 1>(weights[e], n + r, 1, x_rows + m * depth, sums ? sums + m * sub_blocks : nullptr, depth, o + r);
             continue;
           }
           for (int64_t pass = 0; pass < per_page; ++pass)
-            block_dot<F, kBlock>(weights[e], n + pass, per_page, xs + m * depth, sums_of(m), depth, o + pass);
+            block_dot<F, kBlock>(weights[e], n + pass, per_page, x_rows + m * depth, sums ? sums + m * sub_blocks : nullptr, depth,
+                                 o + pass);
         }
       }
     }

@@ -113,14 +113,22 @@ struct Q6_K {  // codes: 128 bytes of low nibbles, then 64 of high bit pairs; he
   static constexpr int64_t kGroup = 16, kSuper = 256;
   static constexpr bool kMin = false, kPairs = false;
   static int64_t row_bytes(int64_t depth) { return depth / 256 * 192; }
-  static Lanes codes(const Matrix& w, int64_t row, int64_t k, int64_t depth) {
-    const int64_t half = (k & 255) >> 7, t = (k & 127) >> 5, lane0 = k & 31;  // 128-column half, its quarter
+  // The 128 columns from k (a half of a super-block) as 8 sub-blocks of 16, in column order, from 6 loads: column
+  // 32 t + 16 j + l (quarter t, lane l) is low-nibble byte 64 half + 32 (t & 1) + 16 j + l, its low nibble for t < 2,
+  // its high one above, under bits 2t, 2t + 1 of high byte 128 + 32 half + 16 j + l; the code less 32 fits a byte
+  static void half_codes(const Matrix& w, int64_t row, int64_t k, int64_t depth, Lanes* codes) {
+    const int64_t half = (k & 255) >> 7;
     const uint8_t* block = w.codes + row * row_bytes(depth) + (k >> 8) * 192;
-    const Bytes low = shifted_right(load_bytes(block + 64 * half + 32 * (t & 1) + lane0), int(4 * (t >> 1))) & 0xF;
-    const Bytes high = shifted_right(load_bytes(block + 128 + 32 * half + lane0), int(2 * t)) & 3;
-    return signed_values((Bytes)((low | shifted_left(high, 4)) - 32));  // q - 32 fits a signed byte
+    for (int64_t j = 0; j < 2; ++j) {
+      const Bytes a = load_bytes(block + 64 * half + 16 * j), b = load_bytes(block + 64 * half + 32 + 16 * j);
+      const Bytes h = load_bytes(block + 128 + 32 * half + 16 * j);
+      codes[j] = signed_values((Bytes)(((a & 0xF) | (shifted_left(h, 4) & 0x30)) - 32));
+      codes[2 + j] = signed_values((Bytes)(((b & 0xF) | (shifted_left(h, 2) & 0x30)) - 32));
+      codes[4 + j] = signed_values((Bytes)(((shifted_right(a, 4) & 0xF) | (h & 0x30)) - 32));
+      codes[6 + j] = signed_values((Bytes)(((shifted_right(b, 4) & 0xF) | (shifted_right(h, 2) & 0x30)) - 32));
+    }
   }
-  // The super-block's 16 sub-blocks of 16: d * scale (sub-block 8 half + 2 t + lane0 / 16 of `codes`)
+  // The super-block's 16 sub-blocks of 16: d * scale (sub-block 8 half + 2 t + j of `half_codes`)
   static void factors(const Matrix& w, int64_t row, int64_t k, int64_t depth, float* scales) {
     const uint8_t* h = w.scales + (row * (depth / 256) + (k >> 8)) * 18;
     const Lanes values = int8_values(h) * f16_value(h + 16);
