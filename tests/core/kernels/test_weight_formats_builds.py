@@ -38,20 +38,25 @@ def builds() -> list[tuple[str, list[str]]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def dumps(tmp_path_factory) -> dict[str, str]:
+def outputs_of_every_build(source: Path, folder: Path) -> dict[str, str]:
+    """`source` compiled with each of `builds()` (as the kernel is: no contraction into FMAs) and run: its output per
+    build (skips without g++ on an x86-64 Linux host)."""
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None or not cpu_flags() or not Path("/proc/cpuinfo").exists():
         pytest.skip("needs g++ on an x86-64 Linux host")
-    folder = tmp_path_factory.mktemp("formats")
     includes = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{NATIVE}"]
     out = {}
     for name, flags in builds():
         binary = folder / name.replace(" ", "_").replace("+", "")
         subprocess.run([compiler, "-O2", "-std=c++17", "-ffp-contract=off", "-Wno-psabi", *flags, *includes,
-                        str(DUMP), "-o", str(binary)], check=True, capture_output=True, timeout=300)
+                        str(source), "-o", str(binary)], check=True, capture_output=True, timeout=300)
         out[name] = subprocess.run([str(binary)], check=True, capture_output=True, text=True, timeout=60).stdout
     return out
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> dict[str, str]:
+    return outputs_of_every_build(DUMP, tmp_path_factory.mktemp("formats"))
 
 
 def test_every_build_widens_every_code_to_the_same_bits(dumps):
