@@ -48,8 +48,8 @@ def sample_batch(rows: torch.Tensor, params: Sequence["SamplingParams"],
     scaled = (sub - top) / _per_row([p.temperature for p in kept], rows.device)  # the largest value 0 where finite
     scaled = _top_k(scaled, [p.top_k for p in kept])
     scaled = _top_p(scaled, [p.top_p for p in kept])
-    uniform = torch.stack([noise[i] for i in drawn])  # [R, V] float64 in [0, 1)
-    choice = (scaled.double() - torch.log(-torch.log(uniform))).argmax(-1)  # [R]
+    gumbel = torch.stack([noise[i] for i in drawn]).log_().neg_().log_().neg_()  # [R, V] float64: -log(-log(u))
+    choice = gumbel.add_(scaled).argmax(-1)  # [R]; in place: the noise takes one [R, V] float64, no more
     if every:
         return torch.where(torch.isfinite(top[:, 0]), choice, tokens)
     choice = torch.where(torch.isfinite(top[:, 0]), choice, tokens.index_select(0, index))
