@@ -16,13 +16,14 @@ void dump(const char* name, const float* values, int n) {
 }
 
 template <class F>
-void dump_codes(const char* name, const Matrix& w) {  // every column's code value, in column order
+void dump_codes(const char* name, const Matrix& w) {  // every column's code value of a k-quant, in column order
   float values[256];
   for (int64_t k = 0; k < 256; k += kLanes) {
     if constexpr (F::kPairs) {  // the kernel reads sub-blocks 2m and 2m + 1 together: k in 2m, k + 32 in 2m + 1
       if ((k >> 5) % 2 == 1) continue;
       Lanes low, high;
-      F::code_pair(w, 0, k, 256, low, high);
+      const uint8_t* block = F::block_of(w, 0, k, 256);
+      F::code_pair(block, F::kFifths ? F::fifth_bits(block, k & 31) : Bytes{}, k, low, high);
       std::memcpy(values + k, &low, sizeof(low));
       std::memcpy(values + k + 32, &high, sizeof(high));
     } else {  // Q6_K: a half's 8 sub-blocks at once

@@ -63,13 +63,17 @@ inline Eights times_bytes(float d, uint64_t bytes) {
 template <int64_t kCodeBytes>
 struct KQuant4Or5 {  // Q4_K (128 code bytes: nibbles) and Q5_K (160: 32 bytes of fifth bits, then the nibbles)
   static constexpr int64_t kGroup = 32, kSuper = 256;
-  static constexpr bool kMin = true, kPairs = true;
+  static constexpr bool kMin = true, kPairs = true, kFifths = kCodeBytes == 160;
   static int64_t row_bytes(int64_t depth) { return depth / 256 * kCodeBytes; }
+  static const uint8_t* block_of(const Matrix& w, int64_t row, int64_t k, int64_t depth) {  // k's super-block's codes
+    return w.codes + row * row_bytes(depth) + (k >> 8) * kCodeBytes;
+  }
+  // Q5_K: the fifth bits of the 16 columns from lane0 of every sub-block (a row's super-block loads them once)
+  static Bytes fifth_bits(const uint8_t* block, int64_t lane0) { return load_bytes(block + lane0); }
   // Sub-blocks 2m and 2m + 1 share their code bytes (low nibbles, high ones): the 16 columns from k (in sub-block
-  // 2m) as `low` and the 16 from k + 32 as `high`, from one load of 16 bytes
-  static void code_pair(const Matrix& w, int64_t row, int64_t k, int64_t depth, Lanes& low, Lanes& high) {
+  // 2m) as `low` and the 16 from k + 32 as `high`, from one load of 16 bytes (Q5_K: and `fifth`, fifth_bits' of k)
+  static void code_pair(const uint8_t* block, Bytes fifth, int64_t k, Lanes& low, Lanes& high) {
     const int64_t j = (k & 255) >> 5, lane0 = k & 31;  // j = 2m
-    const uint8_t* block = w.codes + row * row_bytes(depth) + (k >> 8) * kCodeBytes;
     const Bytes bytes = load_bytes(block + (kCodeBytes - 128) + 16 * j + lane0);
     if constexpr (kCodeBytes == 128) {
 #ifdef WISP_AVX512_WIDEN  // a lookup in the 16 values 0..15 (one permute) reads only an index's low 4 bits
@@ -82,7 +86,6 @@ struct KQuant4Or5 {  // Q4_K (128 code bytes: nibbles) and Q5_K (160: 32 bytes o
     }
     Bytes lo = bytes & 0xF, hi = shifted_right(bytes, 4) & 0xF;
     if constexpr (kCodeBytes == 160) {  // bit j of fifth-bit byte l: column l of sub-block j
-      const Bytes fifth = load_bytes(block + lane0);
       lo |= shifted_left(shifted_right(fifth, int(j)) & 1, 4);
       hi |= shifted_left(shifted_right(fifth, int(j + 1)) & 1, 4);
     }
@@ -111,7 +114,7 @@ using Q5_K = KQuant4Or5<160>;
 
 struct Q6_K {  // codes: 128 bytes of low nibbles, then 64 of high bit pairs; heads: 16 int8 scales, then float16 d
   static constexpr int64_t kGroup = 16, kSuper = 256;
-  static constexpr bool kMin = false, kPairs = false;
+  static constexpr bool kMin = false, kPairs = false, kFifths = false;
   static int64_t row_bytes(int64_t depth) { return depth / 256 * 192; }
   // The 128 columns from k (a half of a super-block) as 8 sub-blocks of 16, in column order, from 6 loads: column
   // 32 t + 16 j + l (quarter t, lane l) is low-nibble byte 64 half + 32 (t & 1) + 16 j + l, its low nibble for t < 2,

@@ -119,7 +119,25 @@ __attribute__((noinline)) void block_dot(const Matrix& w, int64_t row, int64_t s
       } else {
         for (int64_t r = 0; r < Count; ++r) F::factors(w, row + r * stride, super, depth, scales[r]);
       }
-      if constexpr (F::kPairs) {  // Q4_K, Q5_K: sub-blocks 2m and 2m + 1 from one load of their code bytes
+      if constexpr (F::kPairs && F::kFifths) {  // Q5_K: a row's super-block at once, its fifth bits loaded once
+        static_assert(kSteps == 2, "two 16-lane steps a sub-block");
+        for (int64_t r = 0; r < Count; ++r) {
+          const uint8_t* block = F::block_of(w, row + r * stride, super, depth);
+          const Bytes fifth[2] = {F::fifth_bits(block, 0), F::fifth_bits(block, kLanes)};
+          for (int64_t g = 0; g < kGroups; g += 2) {
+            const int64_t k0 = super + g * F::kGroup;
+            Lanes low, high, a, b;
+            F::code_pair(block, fifth[0], k0, low, high);
+            F::code_pair(block, fifth[1], k0 + kLanes, a, b);
+            low *= load_float(x + k0);
+            high *= load_float(x + k0 + F::kGroup);
+            low += a * load_float(x + k0 + kLanes);
+            high += b * load_float(x + k0 + F::kGroup + kLanes);
+            acc[r] += low * scales[r][g];
+            acc[r] += high * scales[r][g + 1];
+          }
+        }
+      } else if constexpr (F::kPairs) {  // Q4_K: sub-blocks 2m and 2m + 1 from one load of their code bytes
         for (int64_t g = 0; g < kGroups; g += 2) {
           const int64_t k0 = super + g * F::kGroup;
           Lanes x_low[kSteps], x_high[kSteps];
@@ -128,12 +146,13 @@ __attribute__((noinline)) void block_dot(const Matrix& w, int64_t row, int64_t s
             x_high[s] = load_float(x + k0 + F::kGroup + s * kLanes);
           }
           for (int64_t r = 0; r < Count; ++r) {
+            const uint8_t* block = F::block_of(w, row + r * stride, k0, depth);
             Lanes low, high, a, b;
-            F::code_pair(w, row + r * stride, k0, depth, low, high);
+            F::code_pair(block, Bytes{}, k0, low, high);
             low *= x_low[0];
             high *= x_high[0];
             for (int64_t s = 1; s < kSteps; ++s) {
-              F::code_pair(w, row + r * stride, k0 + s * kLanes, depth, a, b);
+              F::code_pair(block, Bytes{}, k0 + s * kLanes, a, b);
               low += a * x_low[s];
               high += b * x_high[s];
             }
