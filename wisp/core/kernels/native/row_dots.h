@@ -22,18 +22,12 @@ inline Lanes load_float(const float* x) {
   return value;
 }
 
-inline float fold(Lanes acc) {  // lanes (l, l + half) summed, half = 8, 4, 2, 1
-  float lanes[kLanes];
+template <class Vector>
+inline float fold(Vector acc) {  // n lanes: lanes (l, l + half) summed, half = n / 2, ..., 1 (16 lanes or 8)
+  constexpr int64_t n = sizeof(Vector) / sizeof(float);
+  float lanes[n];
   std::memcpy(lanes, &acc, sizeof(lanes));
-  for (int64_t half = kLanes / 2; half > 0; half /= 2)
-    for (int64_t l = 0; l < half; ++l) lanes[l] += lanes[l + half];
-  return lanes[0];
-}
-
-inline float fold8(Eights acc) {  // lanes (l, l + half) summed, half = 4, 2, 1
-  float lanes[8];
-  std::memcpy(lanes, &acc, sizeof(lanes));
-  for (int64_t half = 4; half > 0; half /= 2)
+  for (int64_t half = n / 2; half > 0; half /= 2)
     for (int64_t l = 0; l < half; ++l) lanes[l] += lanes[l + half];
   return lanes[0];
 }
@@ -65,7 +59,7 @@ inline std::vector<float> paired_columns(const float* xs, int64_t rows, int64_t 
 // output: only a -0 product differs (+0 + -0 is +0), and acc, which starts at +0, never becomes -0 either way.
 // A k-quant with mins (Q4_K, Q5_K) also keeps, in 8 lanes (lane j: sub-block j of a super-block), the mins times
 // the sub-blocks' sums of x (`x_sums`, from sub_block_sums) added super-block by super-block, and subtracts that,
-// folded (4, 2, 1), from the folded sum: out = fold(acc) - fold8(min_acc).
+// folded (4, 2, 1), from the folded sum: out = fold(acc) - fold(min_acc).
 // Not inlined into its caller: there, with the caller's values live, GCC kept the sums in memory (bf16 10% slower).
 template <class F, int64_t Count>
 __attribute__((noinline)) void block_dot(const Matrix& w, int64_t row, int64_t stride, const float* x,
@@ -119,11 +113,13 @@ __attribute__((noinline)) void block_dot(const Matrix& w, int64_t row, int64_t s
       } else {
         for (int64_t r = 0; r < Count; ++r) F::factors(w, row + r * stride, super, depth, scales[r]);
       }
-      if constexpr (F::kPairs && F::kFifths) {  // Q5_K: a row's super-block at once, its fifth bits loaded once
+      if constexpr (F::kPairs) {  // Q4_K, Q5_K: a row's super-block at once (Q5_K: its fifth bits loaded once),
+        // sub-blocks 2m and 2m + 1 from one load of their code bytes
         static_assert(kSteps == 2, "two 16-lane steps a sub-block");
         for (int64_t r = 0; r < Count; ++r) {
           const uint8_t* block = F::block_of(w, row + r * stride, super, depth);
-          const Bytes fifth[2] = {F::fifth_bits(block, 0), F::fifth_bits(block, kLanes)};
+          Bytes fifth[2] = {};
+          if constexpr (F::kFifths) fifth[0] = F::fifth_bits(block, 0), fifth[1] = F::fifth_bits(block, kLanes);
           for (int64_t g = 0; g < kGroups; g += 2) {
             const int64_t k0 = super + g * F::kGroup;
             Lanes low, high, a, b;
@@ -133,29 +129,6 @@ __attribute__((noinline)) void block_dot(const Matrix& w, int64_t row, int64_t s
             high *= load_float(x + k0 + F::kGroup);
             low += a * load_float(x + k0 + kLanes);
             high += b * load_float(x + k0 + F::kGroup + kLanes);
-            acc[r] += low * scales[r][g];
-            acc[r] += high * scales[r][g + 1];
-          }
-        }
-      } else if constexpr (F::kPairs) {  // Q4_K: sub-blocks 2m and 2m + 1 from one load of their code bytes
-        for (int64_t g = 0; g < kGroups; g += 2) {
-          const int64_t k0 = super + g * F::kGroup;
-          Lanes x_low[kSteps], x_high[kSteps];
-          for (int64_t s = 0; s < kSteps; ++s) {
-            x_low[s] = load_float(x + k0 + s * kLanes);
-            x_high[s] = load_float(x + k0 + F::kGroup + s * kLanes);
-          }
-          for (int64_t r = 0; r < Count; ++r) {
-            const uint8_t* block = F::block_of(w, row + r * stride, k0, depth);
-            Lanes low, high, a, b;
-            F::code_pair(block, Bytes{}, k0, low, high);
-            low *= x_low[0];
-            high *= x_high[0];
-            for (int64_t s = 1; s < kSteps; ++s) {
-              F::code_pair(block, Bytes{}, k0 + s * kLanes, a, b);
-              low += a * x_low[s];
-              high += b * x_high[s];
-            }
             acc[r] += low * scales[r][g];
             acc[r] += high * scales[r][g + 1];
           }
@@ -174,7 +147,7 @@ __attribute__((noinline)) void block_dot(const Matrix& w, int64_t row, int64_t s
         }
       }
     }
-    for (int64_t r = 0; r < Count; ++r) out[r * stride] = F::kMin ? fold(acc[r]) - fold8(min_acc[r]) : fold(acc[r]);
+    for (int64_t r = 0; r < Count; ++r) out[r * stride] = F::kMin ? fold(acc[r]) - fold(min_acc[r]) : fold(acc[r]);
   }
 }
 
