@@ -114,7 +114,7 @@ using Q5_K = KQuant4Or5<160>;
 
 struct Q6_K {  // codes: 128 bytes of low nibbles, then 64 of high bit pairs; heads: 16 int8 scales, then float16 d
   static constexpr int64_t kGroup = 16, kSuper = 256;
-  static constexpr bool kMin = false, kPairs = false, kFifths = false;
+  static constexpr bool kMin = false, kPairs = false;
   static int64_t row_bytes(int64_t depth) { return depth / 256 * 192; }
   // The 128 columns from k (a half of a super-block) as 8 sub-blocks of 16, in column order, from 6 loads: column
   // 32 t + 16 j + l (quarter t, lane l) is low-nibble byte 64 half + 32 (t & 1) + 16 j + l, its low nibble for t < 2,

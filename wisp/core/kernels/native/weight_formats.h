@@ -199,7 +199,7 @@ struct Fp8 {  // codes float8_e4m3fn [N, K] (no NaN: `fp8_values`), scales float
 // ones' as another: the kernel multiplies them by x's even and odd columns of the group (`paired_columns`).
 struct Mxfp4 {
   static constexpr int64_t kGroup = 32;
-  static constexpr bool kMin = false, kPairs = true, kFifths = false;
+  static constexpr bool kMin = false, kPairs = true;
   static constexpr int64_t kSuper = 0;
   static int64_t row_bytes(int64_t depth) { return depth / 2; }
   static void code_pair(const Matrix& w, int64_t row, int64_t k, int64_t depth, Lanes& even, Lanes& odd) {
