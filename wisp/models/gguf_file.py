@@ -91,16 +91,17 @@ class GGUFFile:
 
     def expert_facts(self) -> dict[str, Any]:
         """What the config needs from the tensors themselves: the experts' GGML type and width (from the first
-        stacked experts), the types of all of them and of each layer's (gate, up, down), the shared expert's
+        stacked experts), the types of each layer's (gate, up, down) and of all of them, the shared expert's
         width (0: none), and the sizes of the dense projections in a block format that can stay packed."""
         first = next((n for n in self._tensors if n.endswith(".ffn_gate_exps.weight")), None)
         shared = next((n for n in self._tensors if n.endswith(".ffn_gate_shexp.weight")), None)
         experts = [n for n in self._tensors if n.endswith(("_exps.weight"))]
         layers = {int(n.split(".")[1]) for n in experts if n.startswith("blk.")}
+        layer_types = {i: tuple(self.tensor_type(f"blk.{i}.ffn_{r}_exps.weight") for r in ("gate", "up", "down"))
+                       for i in sorted(layers)}
         return {"type": self.tensor_type(first) if first else None,
-                "types": {self.tensor_type(n) for n in experts},  # every layer's gate, up and down experts'
-                "layer_types": {i: tuple(self.tensor_type(f"blk.{i}.ffn_{r}_exps.weight") for r in ("gate", "up", "down"))
-                                for i in sorted(layers)},
+                "types": {t for roles in layer_types.values() for t in roles},  # every layer's gate, up and down experts'
+                "layer_types": layer_types,
                 "width": self.tensor_shape(first)[1] if first else None,
                 "projections": self.projection_facts(TORCH_BLOCKS),  # what of them can stay packed
                 "shared_width": self.tensor_shape(shared)[0] if shared else 0}
