@@ -268,18 +268,24 @@ def _launch(per_k, hidden, w_gate_up, w_down, counts, order, max_tiles: int, top
     common = dict(SP=triton.next_power_of_2(slots), BLOCK_M=BLOCK_M, FP8_BLOCK=DEFAULT_BLOCK[0],
                   ROUND=ROUND_IDS[hidden.dtype], HAS_BIAS=has_bias, IEEE=ieee_products(hidden.dtype))
     gate_up, down = TILES[fmt_gate_up][0], TILES[fmt_down][1]
-    in_place = w_gate_up.device.type == "cpu"  # MXFP4 read in place from pinned host memory: wide loads
+    in_place = w_gate_up.device.type == "cpu"  # read in place from pinned host memory: MXFP4 and k-quants load wide
+
+    def loads(blocks: Blocks, fmt: int) -> int:
+        return blocks.loads if in_place and fmt in WIDE else 1
+
     h = torch.empty((max_tiles * BLOCK_M, inter), dtype=hidden.dtype, device=dev)  # [place, I]
     _gate_up_act[(max_tiles, triton.cdiv(inter, gate_up.rows))](
         hidden, device_view(w_gate_up, dev), order, counts, h, stride0(w_gate_up), device_view(s_gate_up, dev),
         stride0(s_gate_up), device_view(b_gate_up, dev), stride0(b_gate_up), activation.alpha, activation.limit, slots,
-        K=top_k, D=d, I=inter, BLOCK_I=gate_up.rows, BLOCK_D=gate_up.cols, LOADS=gate_up.loads if in_place and fmt_gate_up in WIDE else 1, FMT=fmt_gate_up,
-        SWIGLU=activation.kind == "clamped_swiglu", WFIRST=gate_up.weights_first, num_warps=gate_up.warps, num_stages=gate_up.stages, **common,
+        K=top_k, D=d, I=inter, BLOCK_I=gate_up.rows, BLOCK_D=gate_up.cols, LOADS=loads(gate_up, fmt_gate_up),
+        FMT=fmt_gate_up, SWIGLU=activation.kind == "clamped_swiglu", WFIRST=gate_up.weights_first,
+        num_warps=gate_up.warps, num_stages=gate_up.stages, **common,
     )
     _down[(max_tiles, triton.cdiv(d, down.rows))](
         h, device_view(w_down, dev), order, counts, per_k, stride0(w_down), device_view(s_down, dev),
         stride0(s_down), device_view(b_down, dev), stride0(b_down), slots, D=d, I=inter, BLOCK_D=down.rows,
-        BLOCK_I=down.cols, LOADS=down.loads if in_place and fmt_down in WIDE else 1, FMT=fmt_down, WFIRST=down.weights_first, num_warps=down.warps, num_stages=down.stages, **common,
+        BLOCK_I=down.cols, LOADS=loads(down, fmt_down), FMT=fmt_down, WFIRST=down.weights_first,
+        num_warps=down.warps, num_stages=down.stages, **common,
     )
 
 
