@@ -6,3 +6,9 @@ names `wisp.core.kernels.expert_extras` reads. Loaders fill banks under these ke
 """
 
 GATE_UP, DOWN = "gate_up", "down"
+
+
+def layout_key(bank: dict) -> tuple:
+    """What tells experts laid out alike: each tensor's name, per-expert shape and dtype (a GGUF file's layers may keep
+    their experts in different block formats; every other model's layers share one layout)."""
+    return tuple((name, tuple(t.shape[1:]), t.dtype) for name, t in bank.items())

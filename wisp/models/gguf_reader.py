@@ -149,7 +149,7 @@ class GGUFCheckpoint:
         if key not in self.names:
             raise WispError(f"the GGUF checkpoint {self.file.parts[0]} has no tensor for {key}")
         if key.endswith(Q8_0_KEYS):  # Q8_0 experts, kept packed: [N, rows, K] / [N, rows, K/32], gate then up
-            return self._packed_experts(key, Q8_0_KEYS, lambda b, _: split_blocks(b), lambda xs: torch.cat(xs, dim=1))
+            return self._packed_experts(key, Q8_0_KEYS, split_gguf_blocks, lambda xs: torch.cat(xs, dim=1))
         if key.endswith(BLOCK_KEYS):  # a layer's experts in GGUF block formats, kept packed, each as its type splits
             return self._packed_experts(key, BLOCK_KEYS, split_gguf_blocks, lambda xs: torch.cat(xs, dim=1))
         if key.endswith(MXFP4_KEYS):  # MXFP4 experts, kept packed: [N, rows, G, 16] / [N, rows, G]

@@ -26,6 +26,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from wisp.config import EngineConfig, ModelConfig, packs_projections
+from wisp.core.bank_keys import layout_key
 from wisp.core.experts.presets import PRESETS, ModelParts, build_store
 from wisp.core.experts.store import ExpertStore
 from wisp.core.kernels.cpu_expert_kernels import native_kernel_error
@@ -334,7 +335,7 @@ def _load_experts(
         bank = _allocate_bank(cfg, li, target, host)
         fill_bank(bank, reader, cfg, n, li, bar)
         if engine.hybrid_costs is None and PRESETS[engine.mode].needs_cpu:
-            layout = tuple(sorted((key, tuple(t.shape), t.dtype) for key, t in bank.items()))
+            layout = layout_key(bank)
             if layout not in probed:
                 probed[layout] = _probe_cpu_costs(engine, cfg, bank, device)
             parts.costs = probed[layout]  # the CPU server this layer builds keeps its layout's costs

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from wisp.core.bank_keys import DOWN, GATE_UP
+from wisp.core.bank_keys import DOWN, GATE_UP, layout_key
 from wisp.core.kernels.expert_extras import extras_of
 from wisp.core.kernels.registry import MoEKernels
 
@@ -61,7 +61,7 @@ class StagingBuffers:
         return self._layout(like)[1]
 
     def _layout(self, like: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
-        key = tuple((name, tuple(t.shape[1:]), t.dtype) for name, t in like.items())
+        key = layout_key(like)
         if key not in self._banks:
             bank = {name: torch.empty((self.rows, *shape), dtype=dtype, device=self.device) for name, shape, dtype in key}
             self._banks[key] = bank, [{name: t[i] for name, t in bank.items()} for i in range(self.rows)]
