@@ -5,7 +5,8 @@
 #   make: MODEL's shapes (default qwen3-30b-a3b) written as a BF16 GGUF (random weights, `wisp bench llama-cpp gguf`)
 #         to GGUF_DIR (default /dev/shm) while llama-bench and llama-quantize build for sm_90, then llama-quantize to
 #         QUANT (default Q4_K_M; 16 threads), the BF16 file deleted. The quantized file stays for the next steps (a warm
-#         machine keeps /dev/shm between calls); made already, the step is skipped.
+#         machine keeps /dev/shm between calls); made already, the step is skipped. QUANT_DIR (default GGUF_DIR) holds
+#         the quantized file where the BF16 one and it do not fit together (Qwen3-30B-A3B: 61 + 19 GB).
 #   peer: llama-bench on the file at PLACEMENTS (default all-cpu,half,all-gpu), prompts 512 and 2048, a 64-token decode.
 #   wisp: wisp on the same file (its own weights, not dummy ones) at each placement: all-cpu, hybrid-zero-copy with no
 #         hot experts; half, hybrid-zero-copy with --vram-budget HALF (bytes; auto: llama.cpp's half peak in this
@@ -23,7 +24,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps .llama_cpp/wheels/*.whl 2>&1 | tail -1
 model=${MODEL:-qwen3-30b-a3b}; type=bf16; quant=${QUANT:-Q4_K_M}
 source benchmarks/recipes/llama_cpp/common.sh  # bench, gguf_and_build, llama_bench
-dir=${GGUF_DIR:-/dev/shm}; file=$dir/$model-$quant.gguf; peer="$out/llama_cpp_${model}_$quant.json"
+dir=${GGUF_DIR:-/dev/shm}; file=${QUANT_DIR:-$dir}/$model-$quant.gguf; peer="$out/llama_cpp_${model}_$quant.json"
 placements=${PLACEMENTS:-all-cpu,half,all-gpu}
 note() { echo "[${SECONDS}s] $*" | tee -a "$out/summary.txt"; }
 lscpu | grep -E "Model name|^CPU\(s\)" > "$out/host.txt"; free -g >> "$out/host.txt"
