@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from wisp.bench.args import add_parser as add_bench_parser
 from wisp.cli_args import (
-    DTYPES, Parser, add_engine_args, backend_options, fail, parse_port, parse_positive_float, parse_positive_int,
+    DTYPES, LOAD_FORMATS, Parser, add_engine_args, backend_options, fail, parse_port, parse_positive_float, parse_positive_int,
     parse_size, parse_token_ids,
 )
 from wisp.errors import WispError
@@ -88,9 +88,10 @@ def _add_serve_parser(sub) -> None:
                              "--expert-cap 0: the KV pool's floor, then as many hot experts a layer as fit)")
     srv.add_argument("--split-controller", action="store_true",
                      help="with --plan or --vram-budget: re-split the budget while serving as the workload drifts")
-    srv.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors",
-                     help="dummy: random weights of the model's (or a preset's) shape, made on the device (no "
-                          "tokenizer: prompts as token ids)")
+    srv.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                     help="auto: the checkpoint as found (a safetensors folder or a GGUF file); safetensors, gguf: "
+                          "only that format; dummy: random weights of the model's (or a preset's) shape, made on the "
+                          "device (no tokenizer: prompts as token ids)")
     srv.add_argument("--enable-resize-endpoint", action="store_true",
                      help="(debug) mount POST /admin/resize {expert_cap, kv_blocks}: resize both pools live; "
                           "for soak tests (`wisp bench soak`), never for production")

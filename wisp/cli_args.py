@@ -18,11 +18,11 @@ import sys
 from typing import NoReturn
 
 from wisp.options import (ATTENTION_BACKENDS, CACHE_POLICIES, CUDA_GRAPH_MAX_BATCH, DEFAULT_MAX_DECODE_WAIT_MS,
-                          EMBEDDINGS, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS, check_load_control)
+                          EMBEDDINGS, LOAD_FORMATS, MAX_NUM_BATCHED_TOKENS, MODES, MOE_BACKENDS, check_load_control)
 from wisp.options import DTYPE_NAMES as DTYPES
 
-__all__ = [  # CACHE_POLICIES and DTYPES are offered here for the parsers built elsewhere (cli, plan.args)
-    "ATTENTION_BACKENDS", "CACHE_POLICIES", "CUDA_GRAPH_MAX_BATCH", "DTYPES", "EMBEDDINGS", "MAX_NUM_BATCHED_TOKENS",
+__all__ = [  # CACHE_POLICIES, DTYPES and LOAD_FORMATS are offered here for the parsers built elsewhere (cli, plan.args)
+    "ATTENTION_BACKENDS", "CACHE_POLICIES", "CUDA_GRAPH_MAX_BATCH", "DTYPES", "EMBEDDINGS", "LOAD_FORMATS", "MAX_NUM_BATCHED_TOKENS",
     "MODES", "MOE_BACKENDS",
     "Parser", "add_backend_args", "add_engine_args", "backend_options", "fail", "parse_load_control", "parse_output_file",
     "parse_port", "parse_positive_float",

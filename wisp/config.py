@@ -19,8 +19,8 @@ from wisp.core.kernels.gguf_blocks import block_bytes
 from wisp.core.learners.hybrid_costs import HybridCosts
 from wisp.errors import WispError
 from wisp.options import (ATTENTION_BACKENDS, CUDA_GRAPH_MAX_BATCH, DEFAULT_MAX_DECODE_WAIT_MS, DTYPE_NAMES, EMBEDDINGS,
-                          HYBRID_CPU_KERNELS, MAX_NUM_BATCHED_TOKENS, check_load_control, MODES, IN_PLACE_MODES,
-                          MOE_BACKENDS, SCRATCH_MODES)
+                          HYBRID_CPU_KERNELS, LOAD_FORMATS, MAX_NUM_BATCHED_TOKENS, check_load_control, MODES,
+                          IN_PLACE_MODES, MOE_BACKENDS, SCRATCH_MODES)
 
 log = logging.getLogger("wisp")
 
@@ -221,7 +221,8 @@ class EngineConfig:
     per_layer_caps: tuple[int, ...] | None = None  # one cap per MoE layer (a plan's uneven caps), paged and hybrid modes
     moe_backend: str = "auto"  # "torch" (the reference, CPU and CUDA), "triton" (CUDA), auto: triton on CUDA
     attention_backend: str = "auto"  # "torch" (reference) or "triton" (CUDA; same fixed order, one kernel)
-    load_format: str = "safetensors"  # or "dummy": random weights of the model's shape, made on the device
+    load_format: str = "auto"  # LOAD_FORMATS: the checkpoint as found, one named format, or "dummy" (random weights of the
+    # model's shape, made on the device)
     enforce_eager: bool = False  # never replay CUDA graphs (they need both Triton backends)
     cuda_graph_max_batch: int = CUDA_GRAPH_MAX_BATCH  # decode graphs for batch sizes 1..min(this, max_concurrency)
     hybrid_costs: HybridCosts | None = None  # hybrid mode's copy / CPU costs; None: probed at load
@@ -257,8 +258,8 @@ class EngineConfig:
             log.warning("--expert-cap %s does nothing in --mode %s: it has no expert slots (%s); the cap is for "
                         "%s", self.expert_cap, self.mode, NO_SLOTS_BECAUSE.get(self.mode, "no slots"),
                         " and ".join(SCRATCH_MODES))
-        if self.load_format not in ("safetensors", "dummy"):
-            raise WispError(f"unknown load format {self.load_format!r}; choose one of: safetensors, dummy")
+        if self.load_format not in LOAD_FORMATS:
+            raise WispError(f"unknown load format {self.load_format!r}; choose one of: {', '.join(LOAD_FORMATS)}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise WispError(f"unknown attention backend {self.attention_backend!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
         if self.hybrid_cpu_kernel not in (None, *HYBRID_CPU_KERNELS):

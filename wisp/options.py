@@ -9,6 +9,7 @@ HYBRID_CPU_KERNELS = ("native", "plain", "reference")  # hybrid mode's CPU kerne
 MOE_BACKENDS = ("auto", "torch", "triton")  # auto: triton on CUDA, torch on the CPU
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 EMBEDDINGS = ("auto", "device", "host")  # where the token embedding table lives (auto: host on CUDA when untied)
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")  # auto: the checkpoint as found; dummy: random weights
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 CACHE_POLICIES = ("lru", "opt", "lfu", "lrfu", "arc", "static")  # the replacement policies `wisp sim` replays
 DEFAULT_MAX_DECODE_WAIT_MS = 2000.0  # load control's bound on a running request's wait between two tokens

@@ -402,3 +402,21 @@ def test_a_split_the_tokenizer_table_does_not_name_gives_no_tokenizer_rather_tha
     assert build_tokenizer({**meta, "tokenizer.ggml.pre": "qwen2"}).encode("ab").ids == [2]
     assert build_tokenizer({**meta, "tokenizer.ggml.pre": "some-new-model"}) is None
     assert build_tokenizer({**meta, "tokenizer.ggml.model": "llama"}) is None
+
+
+def test_a_named_load_format_reads_only_its_own_kind_of_checkpoint():
+    """--load-format auto reads a GGUF file and a safetensors folder alike; safetensors or gguf refuses the other kind
+    with one message naming what the path is."""
+    from tests.models.make_q4_k_m_fixture import FIXTURE
+    from wisp.config import EngineConfig
+    from wisp.errors import WispError
+    from wisp.models.source import model_source
+
+    for fmt in ("auto", "gguf"):
+        assert model_source(EngineConfig(model=str(FIXTURE), load_format=fmt))[0] == FIXTURE
+    with pytest.raises(WispError, match="is a GGUF file"):
+        model_source(EngineConfig(model=str(FIXTURE), load_format="safetensors"))
+    folder = model_source(EngineConfig(model="demo", load_format="safetensors"))[0]
+    assert folder.is_dir() and model_source(EngineConfig(model="demo"))[0] == folder
+    with pytest.raises(WispError, match="is a checkpoint directory"):
+        model_source(EngineConfig(model="demo", load_format="gguf"))

@@ -14,7 +14,7 @@ import argparse
 
 from collections.abc import Callable
 
-from wisp.cli_args import (MAX_NUM_BATCHED_TOKENS, MODES, add_backend_args, parse_load_control, parse_output_file,
+from wisp.cli_args import (LOAD_FORMATS, MAX_NUM_BATCHED_TOKENS, MODES, add_backend_args, parse_load_control, parse_output_file,
                            parse_positive_float, parse_positive_int, parse_size)
 
 
@@ -107,7 +107,7 @@ def _add_serve_parser(kinds) -> None:
                 "latency and decode width per concurrency (closed loop) or request rate (open loop)",
                 conflict_handler="resolve")
     srv.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
-    srv.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    srv.add_argument("--load-format", choices=LOAD_FORMATS, default="auto")
     srv.add_argument("--mode", choices=MODES, default="paged")
     srv.add_argument("--expert-cap", type=int, default=None, help="scratch slots per MoE layer (paged, hybrid)")
     srv.add_argument("--dtype", default=None)
@@ -141,7 +141,7 @@ def _add_serve_parser(kinds) -> None:
 def _add_agent_parser(kinds) -> None:
     agent = _kind(kinds, "agent", "agent.bench_agent", "multi-turn agent sessions against one VRAM budget, per allocator arm")
     agent.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
-    agent.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    agent.add_argument("--load-format", choices=LOAD_FORMATS, default="auto")
     agent.add_argument("--sessions", nargs="+", required=True, metavar="FILE",
                        help="AgentInstruct .json/.jsonl or the agentinfer log; several run back to back")
     agent.add_argument("--concurrency", type=int, default=None,
@@ -206,7 +206,7 @@ def _add_soak_parser(kinds) -> None:
     soak.add_argument("--concurrency", type=int, default=8, help="client threads")
     soak.add_argument("--model", default="demo")
     soak.add_argument("--device", default="cpu")
-    soak.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    soak.add_argument("--load-format", choices=LOAD_FORMATS, default="auto")
     soak.add_argument("--mode", default="paged")
     soak.add_argument("--max-concurrency", type=int, default=8, help="the server's")
     soak.add_argument("--max-model-len", type=int, default=512, help="the server's")
@@ -226,7 +226,7 @@ def _add_accuracy_parser(kinds) -> None:
     acc = _kind(kinds, "accuracy", "accuracy.bench_accuracy",
                 "how close hybrid mode's outputs are to resident: max logit difference and greedy agreement")
     acc.add_argument("--model", default="demo")
-    acc.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    acc.add_argument("--load-format", choices=LOAD_FORMATS, default="auto")
     acc.add_argument("--device", default="cpu")
     acc.add_argument("--dtype", default=None)
     acc.add_argument("--expert-cap", type=int, default=2)
@@ -395,6 +395,6 @@ def _add_profile_parsers(kinds) -> None:
 def _add_model_and_modes(p, default_modes: str, modes: str) -> None:
     """What every bench runs: a model (or a shape preset) and the expert modes and caps to compare."""
     p.add_argument("--model", required=True, help="checkpoint dir, 'demo', or a preset with --load-format dummy")
-    p.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    p.add_argument("--load-format", choices=LOAD_FORMATS, default="auto")
     p.add_argument("--mode", default=default_modes, help=f"comma list of {modes}")
     p.add_argument("--expert-cap", default=None, help="comma list of caps for paged and hybrid runs (hybrid: 0 for no slots)")

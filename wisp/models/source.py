@@ -20,13 +20,18 @@ def cache_dir() -> Path:
 
 
 def model_source(config: EngineConfig) -> tuple[Path | None, ModelConfig]:
-    """(checkpoint folder or None, config): a folder / 'demo' / hub id, or with --load-format dummy also
-    a preset name (qwen3-30b-a3b, ...), whose weights are made up on the device."""
+    """(checkpoint folder or GGUF file or None, config): a folder / GGUF file / 'demo' / hub id, or with --load-format
+    dummy also a preset name (qwen3-30b-a3b, ...), whose weights are made up on the device. --load-format safetensors
+    or gguf names the format the checkpoint must be in."""
     if config.model in PRESETS:
         if config.load_format != "dummy":
             raise WispError(f"{config.model} is a shape preset with no weights: use --load-format dummy")
         return None, model_config(preset(config.model))
     path = resolve_model_path(config.model)
+    found = "gguf" if is_gguf(path) else "safetensors"
+    if config.load_format in ("safetensors", "gguf") and config.load_format != found:
+        raise WispError(f"--load-format {config.load_format} does not read {path}: it is a "
+                        f"{'GGUF file' if found == 'gguf' else 'checkpoint directory'} (--load-format auto reads it)")
     return path, read_model_config(path)
 
 

@@ -16,7 +16,7 @@ class SoakConfig:
     concurrency: int = 8
     model: str = "demo"
     device: str = "cpu"
-    load_format: str = "safetensors"
+    load_format: str = "auto"
     mode: str = "paged"
     max_concurrency: int = 8
     max_model_len: int = 512
