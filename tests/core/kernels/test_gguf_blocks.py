@@ -43,3 +43,12 @@ def test_other_formats_and_partial_blocks_are_refused():
         dequantize(torch.zeros(1, 66, dtype=torch.uint8), "IQ2_XXS")
     with pytest.raises(ValueError, match="whole 144-byte blocks"):
         dequantize(torch.zeros(1, 100, dtype=torch.uint8), "Q4_K")
+
+
+@pytest.mark.parametrize("qtype", sorted(BLOCKS))
+def test_the_blocks_are_decoded_on_their_own_device(qtype):
+    """Every constant the decoding makes lives on the codes' device: codes on another device than the CPU (here
+    "meta", on a GPU "cuda") decode there, where a CPU constant beside them is an error."""
+    values, nbytes = BLOCKS[qtype]
+    got = dequantize(torch.zeros(3, 2 * nbytes, dtype=torch.uint8, device="meta"), qtype)
+    assert got.device.type == "meta" and got.shape == (3, 2 * values) and got.dtype == torch.float32

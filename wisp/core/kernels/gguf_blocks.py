@@ -40,6 +40,11 @@ def _scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
+def _shifts(b: torch.Tensor, *bits: int) -> torch.Tensor:
+    """The shift amounts `bits` as an int32 tensor on b's device (a CPU tensor beside CUDA codes is an error)."""
+    return torch.tensor(bits, dtype=torch.int32, device=b.device)
+
+
 def _q8_0(b: torch.Tensor) -> torch.Tensor:
     return q8_0.dequantize_q8_0(*q8_0.split_blocks(b), torch.float32)  # what the packed experts compute with
 
@@ -53,7 +58,7 @@ def _k_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _q4_k(b: torch.Tensor) -> torch.Tensor:
     d, dm = _k_scales(b)
     qs = b[:, 16:].to(torch.int32).view(-1, 4, 1, 32)  # 4 chunks of 32 bytes: low nibbles, then high, a sub-block each
-    q = ((qs >> torch.tensor([0, 4]).view(1, 1, 2, 1)) & 0x0F).view(-1, 8, 32).float()
+    q = ((qs >> _shifts(b, 0, 4).view(1, 1, 2, 1)) & 0x0F).view(-1, 8, 32).float()
     return (d * q - dm).view(-1, 256)
 
 
@@ -61,16 +66,16 @@ def _q5_k(b: torch.Tensor) -> torch.Tensor:
     d, dm = _k_scales(b)
     qh = b[:, 16:48].to(torch.int32).view(-1, 1, 32)  # bit s of byte l: sub-block s's value l's fifth bit
     qs = b[:, 48:].to(torch.int32).view(-1, 4, 1, 32)
-    low = ((qs >> torch.tensor([0, 4]).view(1, 1, 2, 1)) & 0x0F).view(-1, 8, 32)
-    high = (qh >> torch.arange(8).view(1, 8, 1)) & 0x01
+    low = ((qs >> _shifts(b, 0, 4).view(1, 1, 2, 1)) & 0x0F).view(-1, 8, 32)
+    high = (qh >> torch.arange(8, device=b.device).view(1, 8, 1)) & 0x01
     return (d * (low | (high << 4)).float() - dm).view(-1, 256)
 
 
 def _q6_k(b: torch.Tensor) -> torch.Tensor:
     ql, qh, scales = b[:, :128].to(torch.int32), b[:, 128:192].to(torch.int32), b[:, 192:208]
     d = (_f16(b[:, 208:210]) * scales.contiguous().view(torch.int8).float()).view(-1, 16, 1)
-    low = ((ql.view(-1, 2, 1, 64) >> torch.tensor([0, 4]).view(1, 1, 2, 1)) & 0x0F).reshape(-1, 8, 32)
-    high = ((qh.view(-1, 2, 1, 32) >> torch.tensor([0, 2, 4, 6]).view(1, 1, 4, 1)) & 0x03).reshape(-1, 8, 32)
+    low = ((ql.view(-1, 2, 1, 64) >> _shifts(b, 0, 4).view(1, 1, 2, 1)) & 0x0F).reshape(-1, 8, 32)
+    high = ((qh.view(-1, 2, 1, 32) >> _shifts(b, 0, 2, 4, 6).view(1, 1, 4, 1)) & 0x03).reshape(-1, 8, 32)
     q = ((low | (high << 4)) - 32).view(-1, 16, 16).float()
     return (d * q).view(-1, 256)
 
