@@ -35,8 +35,9 @@ SHAPES = {  # hidden, moe_intermediate, experts, top-k, weight format
 FORMAT_IDS = {"bf16": 0, "fp8": 1, "mxfp4": 2, "q8_0": 3, "q4_k": 4, "q6_k": 6}  # `triton_moe.TILES`' keys
 CASES = [(t, "device") for t in (1, 8, 2048)] + [(1, "host")]
 VARIED = (1, 2048)  # token counts at which each launch parameter is varied
-VARIANTS = {"rows": {0: (16, 64), 1: (32, 128)}, "cols": (64, 128, 256), "warps": (2, 8), "stages": (2, 4),
-            "loads": {2: (1, 2, 4), 4: (1, 8), 6: (1, 8)}, "weights_first": (True,)}  # per kernel; loads: per format
+VARIANTS = {"rows": {0: (16, 32, 64), 1: (32, 64, 128)}, "cols": (64, 128, 256), "warps": (2, 8), "stages": (2, 4),
+            "loads": {2: (1, 2, 4), 4: (1, 8), 6: (1, 8)}, "weights_first": (False, True)}  # per kernel; loads: per
+# format; a value equal to the format's default launch is skipped
 BF16 = torch.bfloat16
 
 
@@ -110,6 +111,8 @@ def _variants(fmt: int, fields=tuple(VARIANTS)):
             for value in values:
                 if field == "cols" and (fmt == 1 and 128 % value or fmt == 3 and 32 % value or fmt >= 4):  # a step's
                     continue  # columns share one scale block (FP8's 128, Q8_0's 32; a k-quant's step is its 32)
+                if getattr(default[kernel], field) == value:
+                    continue
                 tiles = list(default)
                 tiles[kernel] = replace(default[kernel], **{field: value})
                 yield f"{name}.{field}={value}", tuple(tiles)
