@@ -124,7 +124,7 @@ def test_bench_agent_phases_abba_records_each_phase_and_the_split_over_time(tmp_
     assert sum(records[0]["expert_caps"]) == sum(records[1]["expert_caps"])
     assert records[0]["kv_blocks"] == records[1]["kv_blocks"]
     for r in records[1:3]:
-        first, wide = r["per_phase"][0], r["per_phase"][1]
+        first = r["per_phase"][0]
         assert first["kv_blocks_end"] < floor and first["admission_limit_end"] < 8  # one session: KV below W = 8's
         assert first["expert_cap_end"] > r["expert_cap"]  # ... and more expert slots
         assert any(e["reason"].startswith("admission") and e["admission_limit"] == 8 for e in r["resizes"])
