@@ -228,12 +228,12 @@ TILES = {  # weight format (`_format`: 0 plain, 1 FP8, 2 MXFP4, 3 Q8_0, 4-6 Q4_K
     2: (Blocks(32, 64, loads=4), Blocks(64, 64, loads=4)),  # MXFP4 (loads: in place from host memory only)
     3: (Blocks(64, 32), Blocks(64, 32)),  # Q8_0: a step is one scale block
     # Q4_K, Q5_K, Q6_K: a step is a sub-block of 32; read in place, the 8 steps of a super-block from one load of its
-    # codes a row (`triton_k_quants.k_quant_super_block`: the same sums). gate/up weights first (H200, one token, 8
-    # experts, one field varied at a time: Q6_K on the device 188 -> 114 us and at 2048 tokens 4.4 -> 2.5 ms; Q4_K
-    # read in place 757 -> 530 us), Q4_K's 16 rows a program (device 112 -> 87 us), Q6_K's down 128 (188 -> 165 us);
-    # all bitwise equal to the launch before (docs/decisions/moe-blocks-per-weight-format.md). Q5_K follows Q4_K.
-    4: (Blocks(16, 32, loads=8, weights_first=True), Blocks(64, 32, loads=8)),
-    5: (Blocks(16, 32, loads=8, weights_first=True), Blocks(64, 32, loads=8)),
+    # codes a row (`triton_k_quants.k_quant_super_block`: the same sums). From two sweeps on the H200 (one token, 8
+    # experts; docs/decisions/moe-blocks-per-weight-format.md): gate/up weights first, Q4_K's 32 rows a program, Q6_K's
+    # down 128 rows. Q4_K 112 -> 81 us on the device, 757 -> 487 read in place; Q6_K 188 -> 98 us, and at 2048 tokens
+    # 4.4 -> 1.6 ms. Q5_K follows Q4_K.
+    4: (Blocks(32, 32, loads=8, weights_first=True), Blocks(64, 32, loads=8)),
+    5: (Blocks(32, 32, loads=8, weights_first=True), Blocks(64, 32, loads=8)),
     6: (Blocks(64, 32, loads=8, weights_first=True), Blocks(128, 32, loads=8)),
 }
 WIDE = (2, 4, 5, 6)  # formats whose banks read in place load `Blocks.loads` steps at once: MXFP4, the k-quants
