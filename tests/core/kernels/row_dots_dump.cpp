@@ -1,8 +1,11 @@
 // Prints, as hex bits, the native kernel's dot products (row_dots.h's block_dot) of 8 weight rows of every format
 // with one x row, 8 rows a call and one row a call, for test_row_dots_builds.py to compare builds (SIMD widths,
-// intrinsics or the generic loops): the order is the code's, so the bits must not depend on the build.
+// intrinsics or the generic loops): the order is the code's, so the bits must not depend on the build. Q4_K runs twice,
+// on float32 x and on bfloat16 x (which an AVX512-BF16 build sums with vdpbf16ps: bf16_pairs); the lines "pairs ..."
+// say which x rows bf16_pairs takes (in such a build; none elsewhere).
 #include "row_dots.h"
 
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -23,14 +26,20 @@ struct Random {  // a fixed linear congruential sequence: the same data in every
 template <class F>
 void dump_dots(const char* name, const Matrix& w, const float* x) {
   std::vector<float> sums, paired;
+  std::vector<uint16_t> pairs;
   const float* rows = x;
   if constexpr (F::kGroup != 0) {  // what grouped_rows lays out once a call
     if constexpr (F::kSuper != 0 && F::kMin) sums = sub_block_sums(x, 1, kDepth);
+    if constexpr (F::kSuper != 0 && F::kPairs) {
+      if constexpr (!F::kFifths) pairs = bf16_pairs(x, 1, kDepth);
+    }
     if constexpr (F::kSuper == 0 && F::kPairs) rows = (paired = paired_columns(x, 1, kDepth)).data();
   }
+  const float* s = sums.empty() ? nullptr : sums.data();
+  const uint16_t* p = pairs.empty() ? nullptr : pairs.data();
   float together[kRows], alone[kRows];
-  block_dot<F, kRows>(w, 0, 1, rows, sums.empty() ? nullptr : sums.data(), kDepth, together);
-  for (int64_t r = 0; r < kRows; ++r) block_dot<F, 1>(w, r, 1, rows, sums.empty() ? nullptr : sums.data(), kDepth, alone + r);
+  block_dot<F, kRows>(w, 0, 1, rows, s, kDepth, together, p);
+  for (int64_t r = 0; r < kRows; ++r) block_dot<F, 1>(w, r, 1, rows, s, kDepth, alone + r, p);
   for (int64_t r = 0; r < kRows; ++r) {
     uint32_t a, b;
     std::memcpy(&a, &together[r], 4);
@@ -83,6 +92,21 @@ int main() {
   fill(kRows * kDepth / 256 * 128, 0xFF);
   k_quant_heads(16, 0);
   dump_dots<Q4_K>("q4_k", w, x.data());
+  std::vector<float> bf16_x(x);  // x rounded down to bfloat16 (its low 16 bits cleared)
+  for (float& v : bf16_x) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    bits &= 0xFFFF0000u;
+    std::memcpy(&v, &bits, 4);
+  }
+  dump_dots<Q4_K>("q4_k_bf16_x", w, bf16_x.data());
+  const auto taken = [&](float value) {  // does bf16_pairs take x with one value replaced?
+    std::vector<float> probe(bf16_x);
+    probe[77] = value;
+    return int(!bf16_pairs(probe.data(), 1, kDepth).empty());
+  };
+  std::printf("pairs %d %d %d %d %d %d\n", taken(0.0f), taken(-0.0f), taken(std::ldexp(1.0f, -100)),
+              taken(std::ldexp(1.0f, -101)), taken(1.0f + std::ldexp(1.0f, -10)), taken(INFINITY));
   fill(kRows * kDepth / 256 * 160, 0xFF);
   k_quant_heads(16, 0);
   dump_dots<Q5_K>("q5_k", w, x.data());

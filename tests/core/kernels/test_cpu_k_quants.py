@@ -79,13 +79,18 @@ def in_order(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, mins: torch
 
 
 # rows' codes shorter than a page (page-strided blocks) or longer, whole spans and remainders
+# x in float32, or bfloat16's values (a model's hidden state: on an AVX512-BF16 CPU, Q4_K then sums each lane's two
+# products in one vdpbf16ps, row_dots.h's bf16_pairs, to the same bits)
+@pytest.mark.parametrize("x_values", ["float32", "bfloat16"])
 @pytest.mark.parametrize("qtype", list(K_QUANTS))
 @pytest.mark.parametrize("m, n, k", [(1, 64, 256), (3, 37, 512), (2, 130, 768), (1, 40, 4096)])
-def test_a_k_quant_weight_computes_its_documented_order_bit_for_bit(qtype, m, n, k):
+def test_a_k_quant_weight_computes_its_documented_order_bit_for_bit(qtype, m, n, k, x_values):
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     raw = random_rows(qtype, (n,), k, g, d_scale=0.05)
     codes, heads = split_blocks(raw, qtype)
     x = torch.randn((m, k), generator=g)
+    if x_values == "bfloat16":
+        x = x.bfloat16().float()
     out = rows_matmul(x, codes, heads)
     assert torch.equal(out, in_order(x, *parts(raw, qtype)))
     exact = x.double() @ dequantize_weight(codes, heads, torch.float32).double().T

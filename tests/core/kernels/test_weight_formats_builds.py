@@ -35,6 +35,8 @@ def builds() -> list[tuple[str, list[str]]]:
         out.append(("avx2 + f16c", ["-march=haswell"]))
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
         out.append(("avx-512", ["-march=skylake-avx512"]))
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"} <= flags:
+        out.append(("avx-512 + bf16", ["-march=cooperlake"]))
     return out
 
 
