@@ -25,21 +25,10 @@ struct Random {  // a fixed linear congruential sequence: the same data in every
 
 template <class F>
 void dump_dots(const char* name, const Matrix& w, const float* x) {
-  std::vector<float> sums, paired;
-  std::vector<uint16_t> pairs;
-  const float* rows = x;
-  if constexpr (F::kGroup != 0) {  // what grouped_rows lays out once a call
-    if constexpr (F::kSuper != 0 && F::kMin) sums = sub_block_sums(x, 1, kDepth);
-    if constexpr (F::kSuper != 0 && F::kPairs) {
-      if constexpr (!F::kFifths) pairs = bf16_pairs(x, 1, kDepth);
-    }
-    if constexpr (F::kSuper == 0 && F::kPairs) rows = (paired = paired_columns(x, 1, kDepth)).data();
-  }
-  const float* s = sums.empty() ? nullptr : sums.data();
-  const uint16_t* p = pairs.empty() ? nullptr : pairs.data();
+  const XRows<F> rows(x, 1, kDepth);  // as grouped_rows lays x out once a call
   float together[kRows], alone[kRows];
-  block_dot<F, kRows>(w, 0, 1, rows, s, kDepth, together, p);
-  for (int64_t r = 0; r < kRows; ++r) block_dot<F, 1>(w, r, 1, rows, s, kDepth, alone + r, p);
+  block_dot<F, kRows>(w, 0, 1, rows.row(0), rows.sums(0), kDepth, together, rows.pairs(0));
+  for (int64_t r = 0; r < kRows; ++r) block_dot<F, 1>(w, r, 1, rows.row(0), rows.sums(0), kDepth, alone + r, rows.pairs(0));
   for (int64_t r = 0; r < kRows; ++r) {
     uint32_t a, b;
     std::memcpy(&a, &together[r], 4);

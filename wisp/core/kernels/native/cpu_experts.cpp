@@ -55,19 +55,7 @@ void grouped_rows(const float* xs, const std::vector<Matrix>& weights, const std
   const int64_t per_matrix = spans + (rest > 0), items = per_matrix * int64_t(weights.size());
   // Each thread of the team claims kClaim items at a time until none are left: a thread the OS delays, or
   // one sharing its core with the CUDA driver, holds up only its last claim, not a fixed share of the work.
-  std::vector<float> x_sums, paired;  // a k-quant's sub-block sums of x; MXFP4's x, even columns first: once a call
-  std::vector<uint16_t> pairs;  // Q4_K's x as bfloat16 pairs, where it is bfloat16 and the CPU sums them (row_dots.h)
-  if constexpr (F::kGroup != 0) {
-    if constexpr (F::kSuper != 0 && F::kMin) x_sums = sub_block_sums(xs, offsets.back(), depth);
-    if constexpr (F::kSuper != 0 && F::kPairs) {
-      if constexpr (!F::kFifths) pairs = bf16_pairs(xs, offsets.back(), depth);
-    }
-    if constexpr (F::kSuper == 0 && F::kPairs) paired = paired_columns(xs, offsets.back(), depth);
-  }
-  const float* const x_rows = paired.empty() ? xs : paired.data();
-  const float* const sums = x_sums.empty() ? nullptr : x_sums.data();
-  const uint16_t* const x_pairs = pairs.empty() ? nullptr : pairs.data();
-  const int64_t sub_blocks = depth / 32;
+  const XRows<F> x(xs, offsets.back(), depth);  // what block_dot reads of x, laid out once a call
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (int64_t begin; (begin = next.fetch_add(kClaim, std::memory_order_relaxed)) < items;) {
@@ -77,13 +65,11 @@ void grouped_rows(const float* xs, const std::vector<Matrix>& weights, const std
           float* o = outs + m * n_out + n;
           if (n + span > n_out) {  // the matrix's last rows, one at a time
             for (int64_t r = 0; r < rest; ++r)
-              block_dot<F, 1>(weights[e], n + r, 1, x_rows + m * depth, sums ? sums + m * sub_blocks : nullptr, depth, o + r,
-                              x_pairs ? x_pairs + m * depth : nullptr);
+              block_dot<F, 1>(weights[e], n + r, 1, x.row(m), x.sums(m), depth, o + r, x.pairs(m));
             continue;
           }
           for (int64_t pass = 0; pass < per_page; ++pass)
-            block_dot<F, kBlock>(weights[e], n + pass, per_page, x_rows + m * depth, sums ? sums + m * sub_blocks : nullptr, depth,
-                                 o + pass, x_pairs ? x_pairs + m * depth : nullptr);
+            block_dot<F, kBlock>(weights[e], n + pass, per_page, x.row(m), x.sums(m), depth, o + pass, x.pairs(m));
         }
       }
     }

@@ -107,6 +107,32 @@ inline void q4_k_pair_sums(const uint8_t* bytes, const uint16_t* x_low, const ui
 }
 #endif
 
+// What block_dot reads of x, laid out once a call from rows xs [rows, depth] for format F: each row (MXFP4: its
+// paired_columns), a k-quant's sub-block sums (sub_block_sums; else null) and Q4_K's bf16_pairs (where they apply;
+// else null), row m's by row(m), sums(m) and pairs(m).
+template <class F>
+class XRows {
+ public:
+  XRows(const float* xs, int64_t rows, int64_t depth) : xs_(xs), depth_(depth) {
+    if constexpr (F::kGroup != 0) {
+      if constexpr (F::kSuper != 0 && F::kMin) sums_ = sub_block_sums(xs, rows, depth);
+      if constexpr (F::kSuper != 0 && F::kPairs) {
+        if constexpr (!F::kFifths) pairs_ = bf16_pairs(xs, rows, depth);
+      }
+      if constexpr (F::kSuper == 0 && F::kPairs) paired_ = paired_columns(xs, rows, depth);
+    }
+  }
+  const float* row(int64_t m) const { return (paired_.empty() ? xs_ : paired_.data()) + m * depth_; }
+  const float* sums(int64_t m) const { return sums_.empty() ? nullptr : sums_.data() + m * (depth_ / 32); }
+  const uint16_t* pairs(int64_t m) const { return pairs_.empty() ? nullptr : pairs_.data() + m * depth_; }
+
+ private:
+  const float* xs_;
+  int64_t depth_;
+  std::vector<float> sums_, paired_;
+  std::vector<uint16_t> pairs_;
+};
+
 // Count outputs for one x row: weight rows row, row + stride, ... streamed at once, their sums in registers. A
 // quantized format's sum runs group by group: each group's products of codes (exact values) and x summed in the 16
 // lanes (the first product, then each next one added), then times the group's scale, then added to the running sum
@@ -176,15 +202,17 @@ __attribute__((noinline)) void block_dot(const Matrix& w, int64_t row, int64_t s
         for (int64_t r = 0; r < Count; ++r) {
           const uint8_t* block = F::block_of(w, row + r * stride, super, depth);
 #ifdef WISP_BF16_DOTS
-          if (!F::kFifths && x_pairs != nullptr) {
-            for (int64_t g = 0; g < kGroups; g += 2) {
-              const int64_t k0 = super + g * F::kGroup;
-              Lanes low, high;
-              q4_k_pair_sums(block + 16 * g, x_pairs + k0, x_pairs + k0 + F::kGroup, low, high);
-              acc[r] += low * scales[r][g];
-              acc[r] += high * scales[r][g + 1];
+          if constexpr (!F::kFifths) {
+            if (x_pairs != nullptr) {
+              for (int64_t g = 0; g < kGroups; g += 2) {
+                const int64_t k0 = super + g * F::kGroup;
+                Lanes low, high;
+                q4_k_pair_sums(block + 16 * g, x_pairs + k0, x_pairs + k0 + F::kGroup, low, high);
+                acc[r] += low * scales[r][g];
+                acc[r] += high * scales[r][g + 1];
+              }
+              continue;
             }
-            continue;
           }
 #endif
           Bytes fifth[2] = {};
